@@ -1,0 +1,73 @@
+"""The one place that knows how Pallas/JAX APIs differ between jax 0.10.2 and 0.12.
+
+Everything else imports these names instead of probing versions itself.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+try:  # jax >= 0.7: Triton compiler params live in pallas.triton
+    from jax.experimental.pallas import triton as _pltriton
+
+    _TritonParams = _pltriton.CompilerParams
+except (ImportError, AttributeError):  # older layout
+    from jax.experimental.pallas import gpu as _plgpu
+
+    _TritonParams = _plgpu.TritonCompilerParams
+
+_TpuParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
+_TpuInterpretParams = getattr(pltpu, "InterpretParams", None) or getattr(pltpu, "TPUInterpretParams")
+
+# DeviceIdType moved from pltpu to pl; the pltpu alias is deprecated.
+DeviceIdType = getattr(pl, "DeviceIdType", None) or getattr(pltpu, "DeviceIdType")
+
+shard_map = getattr(jax, "shard_map", None)
+if shard_map is None:  # pragma: no cover - only on jax without jax.shard_map
+    from jax.experimental.shard_map import shard_map  # type: ignore[no-redef]
+
+
+def triton_compiler_params(num_warps: int | None, num_stages: int | None) -> Any:
+    return _TritonParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def tpu_compiler_params(dimension_semantics: Sequence[str] | None) -> Any:
+    return _TpuParams(dimension_semantics=tuple(dimension_semantics) if dimension_semantics else None)
+
+
+def tpu_interpret_params(*, seed: int | None, detect_races: bool = True) -> Any:
+    """TPU interpreter with race detection, NaN-filled uninitialised memory and a
+    seeded shuffle of the grid points along "parallel" dimensions."""
+    return _TpuInterpretParams(detect_races=detect_races, uninitialized_memory="nan", random_seed=seed)
+
+
+def reset_tpu_interpreter() -> None:
+    """Clear the TPU interpreter's global state (semaphores, buffers, race records),
+    which otherwise survives a failing kernel and poisons the next one."""
+    reset = getattr(pltpu, "reset_tpu_interpret_mode_state", None)
+    if reset is not None:
+        reset()
+
+
+def races_detected() -> bool:
+    """Whether the TPU interpreter saw a data race since its last reset."""
+    try:  # private module: the interpreter has no public race-report API yet
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _ipc
+    except ImportError:  # pragma: no cover
+        return False
+    state = getattr(_ipc, "races", None)
+    return bool(getattr(state, "races_found", False))
+
+
+@contextlib.contextmanager
+def float64_enabled() -> Iterator[None]:
+    """Enable float64 in JAX inside the block only (oracle gradients)."""
+    enable = getattr(jax, "enable_x64", None)
+    if enable is None:  # pragma: no cover
+        from jax.experimental import enable_x64 as enable
+    with enable(True):
+        yield

@@ -1,0 +1,237 @@
+"""Tiled matmul ``act(x @ y)`` with an f32 accumulator and an in-kernel K loop.
+
+Grid: one program per (block_m, block_n) output tile. Each program loops over K in
+steps of block_k, multiplying (block_m, block_k) x (block_k, block_n) tiles with
+``preferred_element_type=f32`` and adding into an f32 accumulator, then applies the
+activation in f32 and rounds once to the output dtype.
+
+Shapes need not be multiples of the blocks:
+- rows and columns past M and N live in the padding of the edge blocks; they are
+  computed from garbage and dropped on store, and never mix with valid rows/columns;
+- the K range is padded to a multiple of block_k and the padding is *masked* to
+  zero with ``jnp.where`` on both operands (padding may hold NaN in interpret mode,
+  and 0 * NaN would leak), so it adds exact zeros to the sum.
+
+The fused ``gelu_tanh`` is accurate for ``|x @ y| <= GELU_TANH_RANGE``; beyond it
+its f32 intermediate z**3 overflows and its gradient becomes NaN, as
+``jax.nn.gelu(approximate=True)``'s does. The other activations have no such limit.
+
+Batched matmul: ``jax.vmap(matmul)`` (pallas_call adds a grid dimension).
+Gradients: ``custom_vjp``; the backward pass runs the same Pallas kernel on
+``dz @ y.T`` and ``x.T @ dz`` with ``dz = g * act'(z)`` rounded to the input dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import validation
+from .activations import get_activation
+from .backends import Backend, get_backend
+
+
+GELU_TANH_RANGE = 1e12  # (1e12)**3 = 1e36 < f32 max 3.4e38
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    num_warps: int = 4  # GPU only
+    num_stages: int = 2  # GPU only
+
+    def __post_init__(self) -> None:
+        # 16 is the smallest tile Triton's tensor-core dot accepts.
+        for field in ("block_m", "block_n", "block_k"):
+            validation.require_positive_power_of_two(f"config.{field}", getattr(self, field), 16)
+        validation.require_positive_power_of_two("config.num_warps", self.num_warps)
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
+
+
+def _blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
+    """Block sizes worth trying for a dimension: never more than one block of pure padding."""
+    fitting = tuple(b for b in choices if b < 2 * max(size, 16))
+    return fitting or (min(choices),)
+
+
+def configs(m: int, n: int, k: int, backend: "str | Backend | None" = None) -> list[Config]:
+    """The autotuning space for an (m, k) @ (k, n) product on a backend."""
+    be = get_backend(backend)
+    if be.name == "gpu":
+        mn, kk, warps, stages = (64, 128), (32, 64), (4, 8), (3, 4)
+    else:  # interpreters: keep the space small, every config costs a compile
+        mn, kk, warps, stages = (16, 32, 64), (16, 32), (4,), (2,)
+    return [
+        Config(bm, bn, bk, w, s)
+        for bm, bn, bk, w, s in itertools.product(
+            _blocks_for(m, mn), _blocks_for(n, mn), _blocks_for(k, kk), warps, stages
+        )
+    ]
+
+
+def _matmul_kernel(x_ref, y_ref, *out_refs, k_size: int, block_k: int, activation: str):
+    block_m = x_ref.shape[0]
+    block_n = y_ref.shape[1]
+    num_k_tiles = x_ref.shape[1] // block_k
+    ragged_k = k_size % block_k != 0
+
+    def k_step(i, acc):
+        start = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(start, block_k)]
+        y = y_ref[pl.ds(start, block_k), :]
+        if ragged_k:  # zero the padding past K (where, not multiply: padding may be NaN)
+            kx = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+            ky = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
+            x = jnp.where(kx < k_size, x, jnp.zeros_like(x))
+            y = jnp.where(ky < k_size, y, jnp.zeros_like(y))
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = lax.fori_loop(0, num_k_tiles, k_step, jnp.zeros((block_m, block_n), jnp.float32))
+    out_ref = out_refs[0]
+    out_ref[...] = get_activation(activation)(acc).astype(out_ref.dtype)
+    if len(out_refs) == 2:  # pre-activation residual for the backward pass
+        out_refs[1][...] = acc
+
+
+KernelBody = Callable[..., None]
+
+
+def tiled_call(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    out_dtype: Any,
+    activation: str,
+    save_preactivation: bool,
+    config: Config,
+    backend: Backend,
+    body: KernelBody = _matmul_kernel,
+) -> Any:
+    """Run ``body`` over the (M/bm, N/bn) grid; ``body`` is swappable so that test
+    variants reuse the tiling and change only the arithmetic."""
+    (m, k), n = x.shape, y.shape[1]
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    k_padded = pl.cdiv(k, bk) * bk
+    out_shape = [jax.ShapeDtypeStruct((m, n), out_dtype)]
+    out_specs = [pl.BlockSpec((bm, bn), lambda i, j: (i, j))]
+    if save_preactivation:
+        out_shape.append(jax.ShapeDtypeStruct((m, n), jnp.float32))
+        out_specs.append(pl.BlockSpec((bm, bn), lambda i, j: (i, j)))
+    call = backend.pallas_call(
+        functools.partial(body, k_size=k, block_k=bk, activation=activation),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
+        in_specs=[
+            pl.BlockSpec((bm, k_padded), lambda i, j: (i, 0)),
+            pl.BlockSpec((k_padded, bn), lambda i, j: (0, j)),
+        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dimension_semantics=("parallel", "parallel"),
+        name="pallascheck_matmul",
+    )
+    outs = call(x, y)
+    return outs if save_preactivation else outs[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _matmul(x, y, activation, out_dtype, config, backend):
+    return tiled_call(
+        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=False,
+        config=config, backend=backend,
+    )
+
+
+def _matmul_fwd(x, y, activation, out_dtype, config, backend):
+    if activation == "none":
+        out = _matmul(x, y, activation, out_dtype, config, backend)
+        return out, (x, y, None)
+    out, z = tiled_call(
+        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=True,
+        config=config, backend=backend,
+    )
+    return out, (x, y, z)
+
+
+def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
+    x, y, z = residuals
+    dz = g.astype(jnp.float32)
+    if z is not None:
+        _, act_vjp = jax.vjp(get_activation(activation), z)
+        (dz,) = act_vjp(dz)
+
+    def product(a, b, dtype):
+        return tiled_call(
+            a, b, out_dtype=dtype, activation="none", save_preactivation=False,
+            config=config, backend=backend,
+        )
+
+    dx = product(dz.astype(x.dtype), y.T, x.dtype)
+    dy = product(x.T, dz.astype(y.dtype), y.dtype)
+    return dx, dy
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+# jit so that repeated calls with the same shapes and config reuse the compiled kernel.
+_matmul_jit = jax.jit(_matmul, static_argnums=(2, 3, 4, 5))
+
+
+def _validate(x: Any, y: Any, out_dtype: Any) -> None:
+    validation.require_array("x", x)
+    validation.require_array("y", y)
+    vmap_hint = "; use jax.vmap(matmul) for batched products"
+    validation.require_rank("x", x, 2, vmap_hint)
+    validation.require_rank("y", y, 2, vmap_hint)
+    validation.require_float_dtype("x", x.dtype)
+    validation.require_float_dtype("y", y.dtype)
+    if x.dtype != y.dtype:
+        raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
+    if x.shape[1] != y.shape[0]:
+        raise ValueError(
+            f"contracting dimensions must match: x.shape[1]={x.shape[1]} != y.shape[0]={y.shape[0]}"
+        )
+    validation.require_nonempty("x", tuple(x.shape))
+    validation.require_nonempty("y", tuple(y.shape))
+    validation.require_float_dtype("out_dtype", out_dtype)
+
+
+def matmul(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    activation: str = "none",
+    out_dtype: Any = None,
+    config: Config | None = None,
+    backend: "str | Backend | None" = None,
+) -> jax.Array:
+    """``activation(x @ y)`` for x: [M, K], y: [K, N] in f32, bf16 or f16.
+
+    Accumulates in f32 and rounds once to ``out_dtype`` (default: the input dtype).
+    Any M, N, K are accepted (see the module docstring for how edges are handled).
+    """
+    out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
+    _validate(x, y, out_dtype)
+    get_activation(activation)
+    config = Config() if config is None else config
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a matmul.Config, got {type(config).__name__}")
+    return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, get_backend(backend))
+
+
+def xla_reference(
+    x: jax.Array, y: jax.Array, *, activation: str = "none", out_dtype: Any = None
+) -> jax.Array:
+    """What a user writes instead: one XLA dot accumulating in f32, activation in f32."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    z = jnp.dot(x, y, preferred_element_type=jnp.float32)
+    return get_activation(activation)(z).astype(out_dtype)

@@ -1,0 +1,148 @@
+"""A small algebra of error-carrying values from which kernel bounds are built.
+
+A :class:`Bounded` pairs the exact (float64) value of an intermediate the kernel
+computes with a bound on how far the kernel's computed value can be from it. Each
+operation returns the exact result and the propagated bound plus its own rounding,
+so a kernel's bound reads like the kernel's arithmetic:
+
+    z = dot(value, magnitude, n=K, arith=..., operand_dtype=bf16, order=blocked(bk))
+    y = round_to(z, out_dtype, arith)
+
+First-order propagation is made rigorous where it is cheap (exp, rsqrt and division
+use the worst point of the error interval, not the derivative at the centre).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from .tolerance import Accumulation, Arithmetic, smallest_normal, unit_roundoff
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounded:
+    value: np.ndarray  # exact value of the intermediate
+    err: np.ndarray  # |computed - value| <= err, elementwise
+
+    @staticmethod
+    def exact(value: Any) -> "Bounded":
+        value = np.asarray(value, dtype=np.float64)
+        return Bounded(value, np.zeros_like(value))
+
+    @property
+    def magnitude(self) -> np.ndarray:
+        """Largest possible |computed value|."""
+        return np.abs(self.value) + self.err
+
+
+def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
+    """Absolute error of one rounding near zero: with flush-to-zero a result below
+    the smallest normal may become 0 (error < smallest normal); with gradual
+    underflow the subnormal spacing is 2u * smallest normal, half of which is lost."""
+    tiny = smallest_normal(dtype)
+    return tiny if arith.flush_subnormals else unit_roundoff(dtype) * tiny
+
+
+def _rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray:
+    return unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
+
+
+def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
+    """One rounding of the computed value to ``dtype`` (u|y| plus the subnormal floor)."""
+    return Bounded(x.value, x.err + _rounding(x.magnitude, dtype, arith))
+
+
+def dot(
+    value: Any,
+    magnitude: Any,
+    n: int,
+    *,
+    arith: Arithmetic,
+    operand_dtype: Any,
+    order: Accumulation,
+    acc_dtype: Any = np.float32,
+) -> Bounded:
+    """A length-n dot product accumulated in ``acc_dtype``; ``magnitude = sum|a_i b_i|``.
+
+    Operands the hardware rounds first (f32 -> tf32) perturb each product by
+    (1+d1)(1+d2): 2u + u^2 relative. Products of bf16/f16 are exact in f32. The sum
+    of n terms then errs by gamma_k(u_acc) times the sum of the (perturbed)
+    magnitudes, and each of n products and n - 1 additions may underflow.
+    """
+    magnitude = np.asarray(magnitude, dtype=np.float64)
+    u_op = arith.operand_unit(operand_dtype)
+    operand_rel = 2.0 * u_op + u_op * u_op
+    acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
+    floor = 2 * n * underflow_floor(acc_dtype, arith)
+    err = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + floor
+    return Bounded(np.asarray(value, dtype=np.float64), err)
+
+
+def reduce_sum(
+    terms: Bounded, axis: int, *, arith: Arithmetic, order: Accumulation, dtype: Any = np.float32
+) -> Bounded:
+    """Sum computed terms along ``axis`` in ``dtype`` (elementwise IEEE additions)."""
+    n = terms.value.shape[axis]
+    depth = order.depth(n)
+    err = (
+        terms.err.sum(axis)
+        + arith.gamma(depth, unit_roundoff(dtype)) * terms.magnitude.sum(axis)
+        + max(n - 1, 0) * underflow_floor(dtype, arith)
+    )
+    return Bounded(terms.value.sum(axis), err)
+
+
+def add(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    value = a.value + b.value
+    err = a.err + b.err
+    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+
+
+def multiply(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
+    value = a.value * b.value
+    err = np.abs(a.value) * b.err + np.abs(b.value) * a.err + a.err * b.err
+    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+
+
+def divide(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unbounded if b^ may be 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = a.value / b.value
+        room = np.abs(b.value) - b.err
+        err = np.where(room > 0, (a.err + np.abs(value) * b.err) / room, np.inf)
+    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+
+
+def exp(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    """exp(x + d) - exp(x) = exp(x) expm1(d): an absolute error d in the argument is
+    a relative error expm1(|d|) ~ d in the result; the exp itself adds its ulps."""
+    value = np.exp(x.value)
+    propagated = value * np.expm1(x.err)
+    err = propagated + arith.transcendental_rel(dtype) * (value + propagated)
+    return Bounded(value, err + underflow_floor(dtype, arith))
+
+
+def rsqrt(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    """rsqrt is decreasing, so over [x - e, x + e] it errs most at x - e."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = 1.0 / np.sqrt(x.value)
+        low = x.value - x.err
+        worst = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)), np.inf)
+        propagated = worst - value
+    err = propagated + arith.transcendental_rel(dtype) * worst
+    return Bounded(value, err)
+
+
+def apply(
+    x: Bounded,
+    fn: Callable[[np.ndarray], np.ndarray],
+    *,
+    lipschitz: float,
+    evaluation_error: Callable[[np.ndarray], np.ndarray],
+) -> Bounded:
+    """An elementwise function with Lipschitz constant L, evaluated with an absolute
+    error ``evaluation_error(|computed input|)``: error L e + evaluation error."""
+    return Bounded(fn(x.value), lipschitz * x.err + evaluation_error(x.magnitude))

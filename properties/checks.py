@@ -1,0 +1,242 @@
+"""Reusable checks: plain functions, usable inside or outside pytest.
+
+Each check compares a kernel's result with what it promised and returns an
+:class:`Outcome`; on a broken promise it raises :class:`CheckFailure` whose message
+names the kernel, config, backend, dtype, worst element, error, bound and how to
+replay it. Bring your own kernel, oracle and bound:
+
+    from pallascheck.properties import checks
+    ctx = checks.Context(kernel="my_softmax", dtype="bfloat16", backend="gpu")
+    checks.check_values(my_kernel(x), oracle64(x), my_bound(x), context=ctx)
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Who is being checked, for failure messages."""
+
+    kernel: str
+    dtype: str = ""
+    backend: str = ""
+    config: Any = None
+    replay: str = ""  # a command or file that reproduces the failure
+
+    def describe(self) -> str:
+        parts = [f"kernel={self.kernel}"]
+        for key in ("dtype", "backend", "config"):
+            value = getattr(self, key)
+            if value not in ("", None):
+                parts.append(f"{key}={value}")
+        return " ".join(parts)
+
+    def with_config(self, config: Any) -> "Context":
+        return dataclasses.replace(self, config=config)
+
+
+@dataclasses.dataclass
+class Outcome:
+    check: str
+    passed: bool
+    budget_used: float  # worst observed error / bound (0 when nothing to compare)
+    detail: str = ""
+    examples: int = 1
+
+    def merge(self, other: "Outcome") -> "Outcome":
+        """Combine outcomes of the same check over more examples."""
+        worse = self if self.budget_used >= other.budget_used else other
+        failed = next((o for o in (self, other) if not o.passed), None)
+        return Outcome(
+            self.check,
+            self.passed and other.passed,
+            max(self.budget_used, other.budget_used),
+            (failed or worse).detail,
+            self.examples + other.examples,
+        )
+
+
+class CheckFailure(AssertionError):
+    def __init__(self, outcome: Outcome, context: Context):
+        self.outcome = outcome
+        self.context = context
+        replay = f"\n  replay: {context.replay}" if context.replay else ""
+        super().__init__(f"[{outcome.check}] {context.describe()}\n  {outcome.detail}{replay}")
+
+
+def _raise_unless(outcome: Outcome, context: Context, raise_on_failure: bool) -> Outcome:
+    if raise_on_failure and not outcome.passed:
+        raise CheckFailure(outcome, context)
+    return outcome
+
+
+def _as_f64(a: Any) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check: str = "values") -> Outcome:
+    """|actual - expected| <= bound elementwise, for float64 ``expected``.
+
+    Where ``expected`` is NaN or infinite the kernel must produce exactly that
+    (NaN for NaN, the same infinity); a non-finite result where the oracle is
+    finite is an error of infinite size.
+    """
+    actual, expected = _as_f64(actual), _as_f64(expected)
+    bound = np.broadcast_to(_as_f64(bound), expected.shape)
+    if actual.shape != expected.shape:
+        return Outcome(check, False, np.inf, f"{name}: shape {actual.shape} != expected {expected.shape}")
+    finite = np.isfinite(expected)
+    special_ok = np.where(
+        np.isnan(expected), np.isnan(actual), np.where(finite, True, actual == expected)
+    )
+    with np.errstate(invalid="ignore"):
+        error = np.where(finite, np.abs(actual - expected), 0.0)
+    error = np.where(finite & ~np.isfinite(actual), np.inf, error)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0.0, error / bound)
+    ratio = np.where(special_ok, ratio, np.inf)
+    if ratio.size == 0:
+        return Outcome(check, True, 0.0, f"{name}: empty")
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    used = float(ratio[worst])
+    detail = (
+        f"{name}: worst element {tuple(int(i) for i in worst)}: kernel={actual[worst]!r} "
+        f"oracle={expected[worst]!r} error={error[worst]:.3e} bound={bound[worst]:.3e} "
+        f"(budget used {used:.3g})"
+    )
+    if not special_ok[worst]:
+        detail = f"{name}: element {tuple(int(i) for i in worst)} is {actual[worst]!r}, oracle promises {expected[worst]!r}"
+    return Outcome(check, bool(used <= 1.0), used, detail)
+
+
+def check_values(
+    actual: Any, expected: Any, bound: Any, *, context: Context, name: str = "out",
+    raise_on_failure: bool = True,
+) -> Outcome:
+    """The kernel's output is within ``bound`` of the float64 oracle, elementwise."""
+    return _raise_unless(compare(actual, expected, bound, name=name), context, raise_on_failure)
+
+
+def _compare_trees(
+    actual: Mapping[str, Any], expected: Mapping[str, Any], bounds: Mapping[str, Any], check: str
+) -> Outcome:
+    missing = set(actual) - (set(expected) & set(bounds))
+    if missing or not actual:
+        return Outcome(check, False, np.inf, f"no oracle or bound for {sorted(missing) or 'anything'}")
+    outcomes = [compare(actual[k], expected[k], bounds[k], name=k, check=check) for k in sorted(actual)]
+    worst = max(outcomes, key=lambda o: o.budget_used)
+    return Outcome(check, all(o.passed for o in outcomes), worst.budget_used, worst.detail)
+
+
+def check_gradients(
+    actual: Mapping[str, Any], expected: Mapping[str, Any], bounds: Mapping[str, Any], *,
+    context: Context, raise_on_failure: bool = True,
+) -> Outcome:
+    """Each named gradient the kernel returns (dx, dscale, ...) is within its bound of
+    the float64 VJP (``expected`` may hold more, e.g. intermediates the bound uses)."""
+    return _raise_unless(_compare_trees(actual, expected, bounds, "gradients"), context, raise_on_failure)
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def check_deterministic(
+    run: Callable[[], Any], *, context: Context, runs: int = 2, raise_on_failure: bool = True
+) -> Outcome:
+    """``run()`` returns bitwise-identical results every time (a tuple/dict of
+    arrays or one array). Vary what should not matter (a TPU-interpreter shuffle
+    seed) inside ``run`` by passing a list of thunks via :func:`check_same_bits`."""
+    return check_same_bits([run] * runs, context=context, raise_on_failure=raise_on_failure)
+
+
+def _leaves(result: Any) -> list[np.ndarray]:
+    if isinstance(result, Mapping):
+        return [np.asarray(result[k]) for k in sorted(result)]
+    if isinstance(result, (tuple, list)):
+        return [np.asarray(r) for r in result]
+    return [np.asarray(result)]
+
+
+def check_same_bits(
+    thunks: list[Callable[[], Any]], *, context: Context, raise_on_failure: bool = True
+) -> Outcome:
+    """Every thunk returns the same bits as the first."""
+    first = _leaves(thunks[0]())
+    for i, thunk in enumerate(thunks[1:], start=1):
+        again = _leaves(thunk())
+        for j, (a, b) in enumerate(zip(first, again)):
+            if not _bitwise_equal(a, b):
+                diff = np.argwhere(np.asarray(a) != np.asarray(b))
+                where = tuple(int(v) for v in diff[0]) if len(diff) else "dtype/shape"
+                outcome = Outcome(
+                    "deterministic", False, np.inf,
+                    f"run {i} output {j} differs from run 0 at {where}: {np.asarray(a)[where] if len(diff) else ''} vs {np.asarray(b)[where] if len(diff) else ''}",
+                )
+                return _raise_unless(outcome, context, raise_on_failure)
+    return Outcome("deterministic", True, 0.0, f"{len(thunks)} runs bitwise equal")
+
+
+def check_configs_agree(
+    results: Mapping[Any, tuple[Any, Any]], *, context: Context, raise_on_failure: bool = True
+) -> Outcome:
+    """Every pair of configs agrees within the sum of their bounds.
+
+    ``results`` maps a config to (output, bound of that output against the oracle).
+    If both are within their bounds of the oracle, the triangle inequality gives
+    |a - b| <= bound_a + bound_b; a larger gap proves one of them wrong even where
+    no oracle is at hand.
+    """
+    items = list(results.items())
+    worst = Outcome("configs_agree", True, 0.0, f"{len(items)} configs")
+    base_cfg, (base, base_bound) = items[0]
+    for cfg, (out, out_bound) in items[1:]:
+        o = compare(out, _as_f64(base), _as_f64(base_bound) + _as_f64(out_bound), name=f"{cfg} vs {base_cfg}", check="configs_agree")
+        if o.budget_used >= worst.budget_used:
+            worst = Outcome("configs_agree", o.passed and worst.passed, o.budget_used, o.detail)
+        elif not o.passed:
+            worst.passed = False
+    return _raise_unless(worst, context, raise_on_failure)
+
+
+def check_errors(
+    thunk: Callable[[], Any], exception: type[BaseException], match: str, *,
+    context: Context, raise_on_failure: bool = True,
+) -> Outcome:
+    """Bad input raises ``exception`` with a message matching the regex ``match``."""
+    try:
+        thunk()
+    except exception as err:
+        if re.search(match, str(err)):
+            return Outcome("errors", True, 0.0, f"{exception.__name__}: {err}")
+        outcome = Outcome("errors", False, np.inf, f"{exception.__name__} message {str(err)!r} does not match {match!r}")
+    except Exception as err:  # noqa: BLE001 - the wrong exception is the finding
+        outcome = Outcome("errors", False, np.inf, f"expected {exception.__name__} matching {match!r}, got {type(err).__name__}: {err}")
+    else:
+        outcome = Outcome("errors", False, np.inf, f"expected {exception.__name__} matching {match!r}, nothing was raised")
+    return _raise_unless(outcome, context, raise_on_failure)
+
+
+def check_relation(
+    lhs: Any, rhs: Any, bound: Any, *, relation: str, context: Context, raise_on_failure: bool = True
+) -> Outcome:
+    """A metamorphic relation ``lhs == rhs`` that holds exactly in real arithmetic,
+    up to ``bound`` (typically the sum of both sides' bounds against the oracle)."""
+    o = compare(lhs, _as_f64(rhs), bound, name=relation, check=f"metamorphic:{relation}")
+    return _raise_unless(o, context, raise_on_failure)
+
+
+class Timer:
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds = time.perf_counter() - self.start

@@ -1,0 +1,155 @@
+"""KernelSpec for kernels/matmul.py."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels import matmul
+from pallascheck.kernels.activations import ACTIVATIONS
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import matmul as oracle
+from pallascheck.oracles.tolerance import Arithmetic
+
+from . import strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+
+M_DIMS = (1, 17, 64)
+N_DIMS = (16, 33)
+K_DIMS = (7, 64, 100)  # 7 and 100 leave a ragged last K tile for block_k 16 and 32
+
+
+def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+    @st.composite
+    def draw(draw_) -> Case:
+        m, n, k = draw_(strategies.dims(M_DIMS)), draw_(strategies.dims(N_DIMS)), draw_(strategies.dims(K_DIMS))
+        kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
+        seed = draw_(strategies.seeds())
+        # gelu_tanh promises accuracy only for |x @ y| <= matmul.GELU_TANH_RANGE.
+        allowed = sorted(set(ACTIVATIONS) - ({"gelu_tanh"} if kind == "large" else set()))
+        activation = draw_(st.sampled_from(allowed))
+        out_dtype = draw_(st.sampled_from(sorted({dtype, "float32"})))
+        # "large" cotangents would overflow the backward products; use N(0,1) ones.
+        return Case(
+            arrays={
+                "x": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
+                "y": strategies.elements(seed + 1, (k, n), dtype, kind, reduction=k),
+                "cotangent": strategies.elements(seed + 2, (m, n), out_dtype, "normal"),
+            },
+            params={"activation": activation, "out_dtype": out_dtype},
+        )
+
+    return draw()
+
+
+def _run(case: Case, config: Any, backend: Backend, x: Any = None) -> jax.Array:
+    p = case.params
+    return matmul.matmul(
+        jnp.asarray(case.arrays["x"] if x is None else x), jnp.asarray(case.arrays["y"]),
+        activation=p["activation"], out_dtype=p["out_dtype"], config=config, backend=backend,
+    )
+
+
+def _reference(case: Case) -> jax.Array:
+    p = case.params
+    return matmul.xla_reference(
+        jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["y"]),
+        activation=p["activation"], out_dtype=p["out_dtype"],
+    )
+
+
+def _oracle(case: Case) -> oracle.MatmulOracle:
+    return oracle.oracle(case.arrays["x"], case.arrays["y"], activation=case.params["activation"])
+
+
+def _block_k(config: Any) -> int | None:
+    return None if config is None else config.block_k  # None: XLA's dot, order unknown
+
+
+def _bound(case: Case, ref: oracle.MatmulOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+    return oracle.bound(
+        ref, activation=case.params["activation"], operand_dtype=case.arrays["x"].dtype,
+        out_dtype=case.params["out_dtype"], arith=arith, block_k=_block_k(config),
+    )
+
+
+def _vjp(fn, case: Case) -> dict[str, jax.Array]:
+    _, pullback = jax.vjp(fn, jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["y"]))
+    dx, dy = pullback(jnp.asarray(case.arrays["cotangent"]))
+    return {"dx": dx, "dy": dy}
+
+
+def _kernel_vjp(case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
+    p = case.params
+    return _vjp(
+        lambda x, y: matmul.matmul(x, y, activation=p["activation"], out_dtype=p["out_dtype"], config=config, backend=backend),
+        case,
+    )
+
+
+def _reference_vjp(case: Case) -> dict[str, jax.Array]:
+    p = case.params
+    return _vjp(lambda x, y: matmul.xla_reference(x, y, activation=p["activation"], out_dtype=p["out_dtype"]), case)
+
+
+def _oracle_vjp(case: Case, ref: oracle.MatmulOracle) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.oracle_vjp(a["x"], a["y"], a["cotangent"], activation=case.params["activation"])
+
+
+def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.gradient_bound(
+        ref, grads, a["x"], a["y"], a["cotangent"], activation=case.params["activation"],
+        operand_dtype=a["x"].dtype, arith=arith, block_k=_block_k(config),
+    )
+
+
+def _row_permutation(case: Case, config: Any, backend: Backend):
+    """act(P x @ y) = P act(x @ y): rows never mix, wherever the tiling puts them."""
+    x = case.arrays["x"]
+    perm = np.random.default_rng(x.shape[0]).permutation(x.shape[0])
+    lhs = np.asarray(_run(case, config, backend, x=x[perm]))
+    rhs = np.asarray(_run(case, config, backend))[perm]
+    from pallascheck.oracles.tolerance import arithmetic_for
+
+    b = _bound(case, _oracle(case), config, arithmetic_for(backend.name))[perm]
+    return lhs, rhs.astype(np.float64), 2.0 * b  # each side within b of the same oracle row
+
+
+def _bad_inputs() -> list[BadInput]:
+    f32 = jnp.ones((4, 8), jnp.float32)
+    return [
+        BadInput("rank-3 x", lambda: matmul.matmul(jnp.ones((2, 4, 8)), jnp.ones((8, 4))), ValueError, r"x must have rank 2.*vmap"),
+        BadInput("contracting mismatch", lambda: matmul.matmul(f32, jnp.ones((7, 4))), ValueError, r"contracting dimensions must match"),
+        BadInput("integer x", lambda: matmul.matmul(jnp.ones((4, 8), jnp.int32), jnp.ones((8, 4), jnp.int32)), TypeError, r"x must have dtype in"),
+        BadInput("mixed dtypes", lambda: matmul.matmul(f32, jnp.ones((8, 4), jnp.bfloat16)), TypeError, r"same dtype"),
+        BadInput("unknown activation", lambda: matmul.matmul(f32, f32.T, activation="swish2"), ValueError, r"activation must be one of"),
+        BadInput("block not power of two", lambda: matmul.Config(block_m=24), ValueError, r"config.block_m must be a power of two"),
+        BadInput("block below 16", lambda: matmul.Config(block_k=8), ValueError, r"config.block_k must be a power of two >= 16"),
+        BadInput("config type", lambda: matmul.matmul(f32, f32.T, config={"block_m": 16}), TypeError, r"config must be a matmul.Config"),
+        BadInput("empty x", lambda: matmul.matmul(jnp.ones((0, 8)), jnp.ones((8, 4))), ValueError, r"x must not have a zero-sized"),
+        BadInput("integer out_dtype", lambda: matmul.matmul(f32, f32.T, out_dtype=jnp.int8), TypeError, r"out_dtype must have dtype in"),
+    ]
+
+
+SPEC = KernelSpec(
+    name="matmul",
+    dtypes=strategies.DTYPES,
+    cases=cases,
+    kernel=_run,
+    reference=_reference,
+    oracle=_oracle,
+    expected=lambda ref: ref.out,
+    bound=_bound,
+    configs=lambda case, backend: matmul.configs(
+        case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend
+    ),
+    default_config=matmul.Config(),
+    gradients=GradientSpec(_kernel_vjp, _reference_vjp, _oracle_vjp, _gradient_bound),
+    relations=(Relation("row_permutation", _row_permutation),),
+    bad_inputs=_bad_inputs,
+)

@@ -1,0 +1,205 @@
+"""Apply a KernelSpec's checks to drawn cases, under Hypothesis.
+
+``check_case`` runs every applicable check on one case; ``run_property`` drives
+it with Hypothesis and aggregates outcomes per check. Both are used by
+``pallascheck verify`` and by the pytest suite.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import strategies as st
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.compat import reset_tpu_interpreter
+from pallascheck.oracles.tolerance import arithmetic_for
+
+from . import checks
+from .spec import Case, KernelSpec
+
+CHECKS = ("values", "reference", "configs_agree", "gradients", "deterministic", "metamorphic")
+
+
+def _np(a: Any) -> np.ndarray:
+    return np.asarray(jax.device_get(a))
+
+
+def config_to_json(config: Any) -> Any:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+
+
+@dataclasses.dataclass
+class Tally:
+    """Per-check aggregate over examples."""
+
+    outcomes: dict[str, checks.Outcome] = dataclasses.field(default_factory=dict)
+    probabilistic_budget: float = 0.0
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    failure: str = ""
+
+    def add(self, outcome: checks.Outcome, seconds: float) -> None:
+        name = outcome.check
+        self.outcomes[name] = self.outcomes[name].merge(outcome) if name in self.outcomes else outcome
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+
+def check_case(
+    spec: KernelSpec,
+    case: Case,
+    config: Any,
+    backend: Backend,
+    *,
+    context: checks.Context,
+    selected: Sequence[str] = CHECKS,
+    tally: Tally | None = None,
+) -> Tally:
+    """Run the selected checks on one case; raises CheckFailure on the first failure."""
+    tally = tally if tally is not None else Tally()
+    arith = arithmetic_for(backend.name)
+    ctx = context.with_config(config)
+    start = time.perf_counter()
+    ref = spec.oracle(case)
+    expected = spec.expected(ref)
+
+    def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
+        t0 = time.perf_counter()
+        outcome = dataclasses.replace(fn(), check=name)
+        tally.add(outcome, time.perf_counter() - t0 + (values_setup_seconds if name == "values" else 0.0))
+
+    out = None
+    if {"values", "configs_agree"} & set(selected):
+        out = _np(spec.kernel(case, config, backend))
+        bound = spec.bound(case, ref, config, arith)
+    values_setup_seconds = time.perf_counter() - start  # oracle + kernel run + bound
+    if "values" in selected:
+        timed("values", lambda: checks.check_values(out, expected, bound, context=ctx))
+        prob = spec.bound(case, ref, config, arith.with_probabilistic())
+        tally.probabilistic_budget = max(
+            tally.probabilistic_budget, checks.compare(out, expected, prob).budget_used
+        )
+    if "reference" in selected:
+        def reference() -> checks.Outcome:
+            ref_ctx = dataclasses.replace(ctx, config="xla_reference")
+            o = checks.check_values(
+                _np(spec.reference(case)), expected, spec.bound(case, ref, None, arith), context=ref_ctx
+            )
+            if spec.gradients is not None:
+                g = spec.gradients
+                exact = g.oracle_vjp(case, ref)
+                got = {k: _np(v) for k, v in g.reference_vjp(case).items()}
+                o = o.merge(checks.check_gradients(got, exact, g.bound(case, ref, exact, None, arith), context=ref_ctx))
+                o.examples = 1
+            return o
+        timed("reference", reference)
+    if "configs_agree" in selected and config != spec.default_config:
+        def agree() -> checks.Outcome:
+            other = _np(spec.kernel(case, spec.default_config, backend))
+            other_bound = spec.bound(case, ref, spec.default_config, arith)
+            return checks.check_configs_agree(
+                {config: (out, bound), spec.default_config: (other, other_bound)}, context=ctx
+            )
+        timed("configs_agree", agree)
+    if "gradients" in selected and spec.gradients is not None:
+        g = spec.gradients
+
+        def gradients() -> checks.Outcome:
+            exact = g.oracle_vjp(case, ref)
+            got = {k: _np(v) for k, v in g.kernel_vjp(case, config, backend).items()}
+            return checks.check_gradients(got, exact, g.bound(case, ref, exact, config, arith), context=ctx)
+        timed("gradients", gradients)
+    if "deterministic" in selected:
+        def deterministic() -> checks.Outcome:
+            runs = [lambda: spec.kernel(case, config, backend)] * 2
+            if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
+                shuffled = Backend("tpu_interpret", backend.seed + 1)
+                runs.append(lambda: spec.kernel(case, config, shuffled))
+            return checks.check_same_bits(runs, context=ctx)
+        timed("deterministic", deterministic)
+    if "metamorphic" in selected:
+        for relation in spec.relations:
+            def metamorphic(relation=relation) -> checks.Outcome:
+                lhs, rhs, rel_bound = relation.run(case, config, backend)
+                return checks.check_relation(_np(lhs), _np(rhs), rel_bound, relation=relation.name, context=ctx)
+            timed("metamorphic", metamorphic)
+    return tally
+
+
+def run_errors(spec: KernelSpec, *, context: checks.Context) -> checks.Outcome:
+    """Every bad input of the spec raises its promised exception."""
+    outcome = checks.Outcome("errors", True, 0.0, "no bad inputs declared", examples=0)
+    for bad in spec.bad_inputs():
+        o = checks.check_errors(bad.call, bad.exception, bad.match, context=dataclasses.replace(context, config=bad.name))
+        outcome = o if outcome.examples == 0 else outcome.merge(o)
+    return outcome
+
+
+def run_property(
+    spec: KernelSpec,
+    dtype: str,
+    backend: Backend,
+    *,
+    examples: int,
+    seed: int = 0,
+    selected: Sequence[str] = CHECKS,
+    shrink: bool = False,
+    failure_dir: str | None = None,
+    replay_hint: str = "",
+) -> Tally:
+    """Draw ``examples`` cases (and a config for each) and run the checks on them.
+
+    On failure the tally records the message; with ``failure_dir`` the failing
+    case is saved as .npz for ``pallascheck replay``.
+    """
+    tally = Tally()
+    context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
+    drawn = spec.cases(dtype, backend).flatmap(
+        lambda case: st.tuples(st.just(case), st.sampled_from(list(spec.configs(case, backend))))
+    )
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+
+    @settings(
+        max_examples=examples, database=None, deadline=None, phases=phases, derandomize=False,
+        suppress_health_check=list(HealthCheck), print_blob=False,
+    )
+    @hypothesis_seed(seed)
+    @given(drawn)
+    def property_(case_and_config: tuple[Case, Any]) -> None:
+        case, config = case_and_config
+        try:
+            check_case(spec, case, config, backend, context=context, selected=selected, tally=tally)
+        except checks.CheckFailure as failure:
+            if failure_dir is not None:
+                save_failure(failure_dir, spec, dtype, backend, case, config, failure)
+            raise
+        finally:
+            if backend.name == "tpu_interpret":
+                reset_tpu_interpreter()
+
+    try:
+        property_()
+    except checks.CheckFailure as failure:
+        check = failure.outcome.check.split(":")[0]
+        if failure.context.config == "xla_reference":
+            check = "reference"
+        tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)
+        tally.failure = str(failure)
+    return tally
+
+
+def save_failure(
+    directory: str, spec: KernelSpec, dtype: str, backend: Backend, case: Case, config: Any,
+    failure: checks.CheckFailure,
+) -> str:
+    os.makedirs(directory, exist_ok=True)
+    check = failure.outcome.check.split(":")[0]
+    path = os.path.join(directory, f"{spec.name}-{dtype}-{check}.npz")
+    meta = {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "check": check,
+            "config": config_to_json(config), "message": str(failure)}
+    Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
+    return path

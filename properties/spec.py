@@ -1,0 +1,122 @@
+"""KernelSpec: everything the harness needs to check one kernel, and the registry.
+
+A spec binds a kernel to its float64 oracle, its error bound, its input
+strategies, its config space and the checks that apply. ``verify``, the test
+suite and fuzz campaigns iterate the registry; register a spec for your own
+kernel and every check runs on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles.tolerance import Arithmetic
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One drawn input: named arrays plus static parameters (JSON-serialisable)."""
+
+    arrays: Mapping[str, np.ndarray]
+    params: Mapping[str, Any]
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{k}{tuple(v.shape)}:{v.dtype}" for k, v in self.arrays.items())
+        return f"{shapes}; {json.dumps(dict(self.params), sort_keys=True, default=str)}"
+
+    def save(self, path: str) -> None:
+        """Write the case as .npz (arrays bit-exact; bf16 stored as its uint16 bits)."""
+        payload = {}
+        dtypes = {}
+        for key, value in self.arrays.items():
+            dtypes[key] = value.dtype.name
+            payload[f"array:{key}"] = value.view(np.uint16) if value.dtype.name == "bfloat16" else value
+        payload["meta"] = np.array(json.dumps({"params": dict(self.params), "dtypes": dtypes}, default=str))
+        np.savez(path, **payload)
+
+    @staticmethod
+    def load(path: str) -> "Case":
+        import ml_dtypes
+
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+            arrays = {}
+            for key, dtype in meta["dtypes"].items():
+                value = data[f"array:{key}"]
+                arrays[key] = value.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+        return Case(arrays, meta["params"])
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientSpec:
+    """Backward-pass checks. Cases carry the output cotangent as ``arrays['cotangent']``."""
+
+    kernel_vjp: Callable[[Case, Any, Backend], Mapping[str, np.ndarray]]
+    reference_vjp: Callable[[Case], Mapping[str, np.ndarray]]
+    oracle_vjp: Callable[[Case, Any], Mapping[str, np.ndarray]]
+    # (case, oracle, exact grads, config or None for xla_reference, arithmetic) -> bounds
+    bound: Callable[[Case, Any, Mapping[str, np.ndarray], Any, Arithmetic], Mapping[str, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+    """A metamorphic relation: ``run(case, config, backend)`` returns (lhs, rhs, bound)."""
+
+    name: str
+    run: Callable[[Case, Any, Backend], tuple[Any, Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class BadInput:
+    """Bad input and the promised exception (regex on its message)."""
+
+    name: str
+    call: Callable[[], Any]
+    exception: type[BaseException]
+    match: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    dtypes: Sequence[str]
+    cases: Callable[[str, Backend], st.SearchStrategy[Case]]
+    kernel: Callable[[Case, Any, Backend], np.ndarray]
+    reference: Callable[[Case], np.ndarray]  # xla_reference, same dtype
+    oracle: Callable[[Case], Any]
+    expected: Callable[[Any], np.ndarray]  # the oracle's output
+    # (case, oracle, config or None for xla_reference, arithmetic) -> bound array
+    bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]
+    configs: Callable[[Case, Backend], Sequence[Any]]
+    default_config: Any
+    gradients: GradientSpec | None = None
+    relations: Sequence[Relation] = ()
+    bad_inputs: Callable[[], Sequence[BadInput]] = lambda: ()
+
+
+_REGISTRY: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    """Add (or replace) a spec; returns it so it can be used as a decorator result."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def registry() -> dict[str, KernelSpec]:
+    """All registered specs, the built-in kernels first."""
+    from . import builtin_specs  # noqa: F401 - registers the shipped kernels on import
+
+    return dict(_REGISTRY)
+
+
+def get_spec(name: str) -> KernelSpec:
+    specs = registry()
+    if name not in specs:
+        raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}")
+    return specs[name]

@@ -1,0 +1,184 @@
+"""Deliberately broken layer_norm / rms_norm variants for the sensitivity meta-test.
+
+Each variant swaps exactly one kernel body (forward or backward) through
+``norms.make_norm`` and keeps the tiling, custom_vjp wiring and public signature, so
+the harness must catch it from the numbers alone.
+
+``VARIANTS`` maps a variant name to ``(kernel it breaks, callable)``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallascheck.kernels import norms
+
+# --------------------------------------------------------------------- forward bodies
+
+
+def _one_pass_variance_in_input_dtype_forward(
+    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
+):
+    """var = E[x^2] - E[x]^2 in the input dtype: catastrophic cancellation for large means."""
+    col_ok = norms.column_mask(x_ref.shape[1], features)
+    raw = x_ref[...]
+    x = jnp.where(col_ok, raw, jnp.zeros_like(raw))  # BUG: no upcast
+    mean = jnp.sum(x, axis=1, keepdims=True) / features
+    mean_sq = jnp.sum(x * x, axis=1, keepdims=True) / features
+    var = mean_sq - mean * mean  # BUG: one pass, cancels
+    mean32 = mean.astype(jnp.float32)
+    rstd = lax.rsqrt(var.astype(jnp.float32) + eps)
+    centered = x.astype(jnp.float32) - mean32
+    centered = jnp.where(col_ok, centered, jnp.zeros_like(centered))
+    mean_ref[...] = mean32
+    rstd_ref[...] = rstd
+    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+
+
+def _eps_outside_sqrt_forward(
+    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
+):
+    """rstd = 1 / (sqrt(var) + eps) (layer norm) or 1 / (sqrt(ms) + eps) (rms norm)."""
+    col_ok = norms.column_mask(x_ref.shape[1], features)
+    x = norms.load_f32(x_ref, col_ok)
+    if kind == "layer_norm":
+        mean, centered, _ = norms.layer_norm_statistics(x, col_ok, features, eps)
+        var = jnp.sum(centered * centered, axis=1, keepdims=True) / features
+        mean_ref[...] = mean
+    else:
+        centered = x
+        var = jnp.sum(x * x, axis=1, keepdims=True) / features
+    rstd = 1.0 / (jnp.sqrt(var) + eps)  # BUG: eps outside the square root
+    rstd_ref[...] = rstd
+    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+
+
+def _unmasked_padding_forward(
+    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
+):
+    """Statistics summed over the padding columns too (garbage/NaN leaks when D is not a power of two)."""
+    col_ok = norms.column_mask(x_ref.shape[1], features)
+    x = x_ref[...].astype(jnp.float32)  # BUG: padding columns not masked
+    mean = jnp.sum(x, axis=1, keepdims=True) / features
+    centered = x - mean  # BUG: not masked either
+    var = jnp.sum(centered * centered, axis=1, keepdims=True) / features
+    rstd = lax.rsqrt(var + eps)
+    mean_ref[...] = mean
+    rstd_ref[...] = rstd
+    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+
+
+# -------------------------------------------------------------------- backward bodies
+
+
+def _missing_rstd_backward(
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+):
+    """dx without the final rstd factor."""
+    g, gs, xhat, rstd, ok = norms.backward_operands(
+        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
+    )
+    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / features
+    if kind == "layer_norm":
+        dx = gs - jnp.sum(gs, axis=1, keepdims=True) / features - xhat * proj  # BUG: no rstd
+    else:
+        dx = gs - xhat * proj  # BUG: no rstd
+    dx_ref[...] = dx.astype(dx_ref.dtype)
+    norms.store_param_partials(dscale_ref, doffset_ref, g, xhat, ok)
+
+
+def _missing_projection_backward(
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+):
+    """dx drops the xhat * mean(gs * xhat) term."""
+    g, gs, xhat, rstd, ok = norms.backward_operands(
+        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
+    )
+    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / features)  # BUG: no projection
+    dx_ref[...] = dx.astype(dx_ref.dtype)
+    norms.store_param_partials(dscale_ref, doffset_ref, g, xhat, ok)
+
+
+def _dscale_drops_last_row_block_backward(
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+):
+    """The last row block's dscale partial is zeroed (visible only when rows > block_rows)."""
+    g, gs, xhat, rstd, ok = norms.backward_operands(
+        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
+    )
+    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / features
+    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / features - xhat * proj)
+    dx_ref[...] = dx.astype(dx_ref.dtype)
+    last = pl.program_id(0) == pl.num_programs(0) - 1
+    keep = ok & jnp.logical_not(last)  # BUG: the last row block contributes nothing
+    gx = g * xhat
+    dscale_ref[...] = jnp.sum(jnp.where(keep, gx, jnp.zeros_like(gx)), axis=0, keepdims=True)
+    doffset_ref[...] = jnp.sum(jnp.where(ok, g, jnp.zeros_like(g)), axis=0, keepdims=True)
+
+
+# ------------------------------------------------------------------------- variants
+
+
+def _variant(kind: str, doc: str, **bodies) -> Callable:
+    fn = norms.make_norm(kind, **bodies)
+    fn.__doc__ = doc
+    return fn
+
+
+ln_one_pass_variance_in_input_dtype = _variant(
+    "layer_norm",
+    "Forward var = E[x^2] - E[x]^2 in the input dtype: cancellation for rows with a large mean.",
+    forward_body=_one_pass_variance_in_input_dtype_forward,
+)
+ln_eps_outside_sqrt = _variant(
+    "layer_norm",
+    "Forward rstd = 1 / (sqrt(var) + eps) instead of rsqrt(var + eps).",
+    forward_body=_eps_outside_sqrt_forward,
+)
+ln_backward_missing_rstd = _variant(
+    "layer_norm",
+    "Backward dx misses the final rstd factor.",
+    backward_body=_missing_rstd_backward,
+)
+ln_backward_missing_projection = _variant(
+    "layer_norm",
+    "Backward dx drops the xhat * mean(gs * xhat) term.",
+    backward_body=_missing_projection_backward,
+)
+rms_eps_outside_sqrt = _variant(
+    "rms_norm",
+    "Forward rstd = 1 / (sqrt(mean(x^2)) + eps) instead of rsqrt(mean(x^2) + eps).",
+    forward_body=_eps_outside_sqrt_forward,
+)
+rms_backward_missing_rstd = _variant(
+    "rms_norm",
+    "Backward dx misses the final rstd factor.",
+    backward_body=_missing_rstd_backward,
+)
+ln_unmasked_padding = _variant(
+    "layer_norm",
+    "Forward statistics sum over the padding columns unmasked (garbage/NaN when D is not a power of two).",
+    forward_body=_unmasked_padding_forward,
+)
+ln_dscale_drops_last_row_block = _variant(
+    "layer_norm",
+    "The last row block's dscale partial sum is dropped (visible only when rows > block_rows).",
+    backward_body=_dscale_drops_last_row_block_backward,
+)
+
+VARIANTS: dict[str, tuple[str, Callable]] = {
+    name: (fn.kind, fn)
+    for name, fn in {
+        "ln_one_pass_variance_in_input_dtype": ln_one_pass_variance_in_input_dtype,
+        "ln_eps_outside_sqrt": ln_eps_outside_sqrt,
+        "ln_backward_missing_rstd": ln_backward_missing_rstd,
+        "ln_backward_missing_projection": ln_backward_missing_projection,
+        "rms_eps_outside_sqrt": rms_eps_outside_sqrt,
+        "rms_backward_missing_rstd": rms_backward_missing_rstd,
+        "ln_unmasked_padding": ln_unmasked_padding,
+        "ln_dscale_drops_last_row_block": ln_dscale_drops_last_row_block,
+    }.items()
+}
