@@ -53,7 +53,7 @@ def _verify_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
                 spec, dtype, backend, examples=args.examples, seed=args.seed,
                 failure_dir=args.failures, replay_hint=replay,
             )
-            for check in runner.CHECKS:
+            for check in runner.REPORTED:
                 if check not in tally.outcomes:
                     continue
                 o = tally.outcomes[check]

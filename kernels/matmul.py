@@ -7,10 +7,10 @@ activation in f32 and rounds once to the output dtype.
 
 Shapes need not be multiples of the blocks:
 - rows and columns past M and N live in the padding of the edge blocks; they are
-  computed from garbage and dropped on store, and never mix with valid rows/columns;
+  masked on load and store (kernels/block_io.py) and never mix with valid ones;
 - the K range is padded to a multiple of block_k and the padding is *masked* to
-  zero with ``jnp.where`` on both operands (padding may hold NaN in interpret mode,
-  and 0 * NaN would leak), so it adds exact zeros to the sum.
+  zero on both operands (padding may hold NaN in interpret mode, and 0 * NaN would
+  leak), so it adds exact zeros to the sum.
 
 The fused ``gelu_tanh`` is accurate for ``|x @ y| <= GELU_TANH_RANGE``; beyond it
 its f32 intermediate z**3 overflows and its gradient becomes NaN, as
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import validation
+from . import block_io, validation
 from .activations import get_activation
 from .backends import Backend, get_backend
 
@@ -78,28 +78,31 @@ def configs(m: int, n: int, k: int, backend: "str | Backend | None" = None) -> l
     ]
 
 
-def _matmul_kernel(x_ref, y_ref, *out_refs, k_size: int, block_k: int, activation: str):
+def _matmul_kernel(
+    x_ref, y_ref, *out_refs, m_size: int, n_size: int, k_size: int, block_k: int,
+    activation: str, masked_io: bool,
+):
     block_m = x_ref.shape[0]
     block_n = y_ref.shape[1]
     num_k_tiles = x_ref.shape[1] // block_k
-    ragged_k = k_size % block_k != 0
+    rows = pl.program_id(0) * block_m + lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
+    cols = pl.program_id(1) * block_n + lax.broadcasted_iota(jnp.int32, (1, block_n), 1)
+    row_ok, col_ok = rows < m_size, cols < n_size
 
     def k_step(i, acc):
         start = pl.multiple_of(i * block_k, block_k)
-        x = x_ref[:, pl.ds(start, block_k)]
-        y = y_ref[pl.ds(start, block_k), :]
-        if ragged_k:  # zero the padding past K (where, not multiply: padding may be NaN)
-            kx = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
-            ky = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
-            x = jnp.where(kx < k_size, x, jnp.zeros_like(x))
-            y = jnp.where(ky < k_size, y, jnp.zeros_like(y))
+        kx = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+        ky = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
+        # Zero the padding past K (and, on the GPU, never read past M or N).
+        x = block_io.load(x_ref.at[:, pl.ds(start, block_k)], row_ok & (kx < k_size), masked_io=masked_io)
+        y = block_io.load(y_ref.at[pl.ds(start, block_k), :], (ky < k_size) & col_ok, masked_io=masked_io)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, num_k_tiles, k_step, jnp.zeros((block_m, block_n), jnp.float32))
-    out_ref = out_refs[0]
-    out_ref[...] = get_activation(activation)(acc).astype(out_ref.dtype)
+    ok = row_ok & col_ok
+    block_io.store(out_refs[0], get_activation(activation)(acc), ok, masked_io=masked_io)
     if len(out_refs) == 2:  # pre-activation residual for the backward pass
-        out_refs[1][...] = acc
+        block_io.store(out_refs[1], acc, ok, masked_io=masked_io)
 
 
 KernelBody = Callable[..., None]
@@ -127,7 +130,10 @@ def tiled_call(
         out_shape.append(jax.ShapeDtypeStruct((m, n), jnp.float32))
         out_specs.append(pl.BlockSpec((bm, bn), lambda i, j: (i, j)))
     call = backend.pallas_call(
-        functools.partial(body, k_size=k, block_k=bk, activation=activation),
+        functools.partial(
+            body, m_size=m, n_size=n, k_size=k, block_k=bk, activation=activation,
+            masked_io=backend.name == "gpu",
+        ),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
         in_specs=[
             pl.BlockSpec((bm, k_padded), lambda i, j: (i, 0)),

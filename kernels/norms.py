@@ -10,9 +10,13 @@ two >= D (Triton only builds power-of-two tiles). The block is larger than the a
 - columns past D are padding (NaN in interpret mode) and are *masked* to zero with
   ``jnp.where`` before any arithmetic (never multiplied by a mask: 0 * NaN = NaN), so
   every sum below runs over exactly the D valid columns plus exact zeros;
-- rows past ``rows`` live in the padding of the last row block; they are computed
-  from garbage, never mix with valid rows, and are dropped on store (and masked out
-  of the parameter-gradient partial sums).
+- rows past ``rows`` live in the padding of the last row block; they are loaded as
+  zeros, never mix with valid rows, are not stored, and are masked out of the
+  parameter-gradient partial sums.
+Block I/O goes through ``Tile.load`` / ``Tile.store``: on the interpreters a plain
+``ref[...]`` (the interpreter pads blocks and drops out-of-bounds writes); on Triton,
+which does not bounds-check a block hanging over the array's edge, masked
+``load``/``store`` restricted to the valid rows and columns.
 
 Forward arithmetic, per row, all in f32 (``x`` upcast once on load):
 - layer norm (two-pass statistics):
@@ -47,10 +51,10 @@ are a two-level f32 reduction over rows:
 instead: plain ``jax.numpy`` in the input dtype (no upcast), differentiated by autodiff.
 
 Kernel bodies are swappable (``forward_call(..., body=)``, ``backward_call(..., body=)``,
-``make_norm(kind, forward_body, backward_body)``) so test variants reuse the tiling and
-the custom_vjp wiring and change only the arithmetic. The helpers ``column_mask``,
-``row_mask``, ``load_f32``, ``layer_norm_statistics``, ``rms_statistics``,
-``store_output``, ``backward_operands``, ``store_param_partials`` are the building
+``make_norm(kind, forward_body=, backward_body=)``) so test variants reuse the tiling
+and the custom_vjp wiring and change only the arithmetic. Bodies receive the static
+``Tile`` (masks and masked I/O); ``layer_norm_statistics``, ``rms_statistics``,
+``store_output``, ``backward_operands`` and ``store_param_partials`` are the building
 blocks of the default bodies.
 """
 from __future__ import annotations
@@ -67,7 +71,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import validation
+from . import block_io, validation
 from .backends import Backend, get_backend
 
 KINDS = ("layer_norm", "rms_norm")
@@ -119,22 +123,49 @@ def configs(rows: int, features: int, backend: "str | Backend | None" = None) ->
 # ---------------------------------------------------------------------------------
 # Kernel building blocks (shared by the default bodies and the test variants).
 
-
-def column_mask(width: int, features: int) -> jax.Array:
-    """(1, width) bool: True on the ``features`` valid columns of a padded block."""
-    return lax.broadcasted_iota(jnp.int32, (1, width), 1) < features
-
-
-def row_mask(block_rows: int, rows: int) -> jax.Array:
-    """(block_rows, 1) bool: True on the rows of this program's block that exist."""
-    first = pl.program_id(0) * block_rows
-    return first + lax.broadcasted_iota(jnp.int32, (block_rows, 1), 0) < rows
+# Triton does not bounds-check a block that hangs over the array's edge (the
+# interpreters pad it and drop out-of-bounds writes), so on "gpu" every block load and
+# store is masked to the rows and columns that exist.
 
 
-def load_f32(ref: Any, mask: jax.Array) -> jax.Array:
-    """The block upcast to f32, with the padding selected to exact zeros."""
-    value = ref[...].astype(jnp.float32)
-    return jnp.where(mask, value, jnp.zeros_like(value))
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """Static facts about one program's (block_rows, width) block, and masked block I/O.
+
+    Masks: ``col_ok()`` (1, width), ``row_ok()`` (block_rows, 1), ``ok()`` both.
+    """
+
+    rows: int  # valid rows of the whole array
+    features: int  # D
+    block_rows: int
+    width: int  # D_padded
+    masked_io: bool  # True on Triton: mask loads/stores at the array's edges
+
+    def col_ok(self) -> jax.Array:
+        return lax.broadcasted_iota(jnp.int32, (1, self.width), 1) < self.features
+
+    def row_ok(self) -> jax.Array:
+        first = pl.program_id(0) * self.block_rows
+        return first + lax.broadcasted_iota(jnp.int32, (self.block_rows, 1), 0) < self.rows
+
+    def ok(self) -> jax.Array:
+        return self.row_ok() & self.col_ok()
+
+    def load(self, ref: Any, mask: jax.Array) -> jax.Array:
+        """The block in its own dtype, exact zeros where ``mask`` is False."""
+        return block_io.load(ref, mask, masked_io=self.masked_io)
+
+    def load_f32(self, ref: Any, mask: jax.Array) -> jax.Array:
+        return self.load(ref, mask).astype(jnp.float32)
+
+    def store(self, ref: Any, value: jax.Array, mask: jax.Array) -> None:
+        """Write the block; what ``mask`` excludes may hold anything afterwards
+        (interpreters drop only the out-of-bounds part, Triton writes none of it)."""
+        block_io.store(ref, value, mask, masked_io=self.masked_io)
+
+
+def make_tile(rows: int, features: int, config: Config, backend: Backend) -> Tile:
+    return Tile(rows, features, config.block_rows, padded_features(features), backend.name == "gpu")
 
 
 def layer_norm_statistics(
@@ -155,82 +186,84 @@ def rms_statistics(x: jax.Array, features: int, eps: float) -> jax.Array:
 
 
 def store_output(
-    y_ref: Any, centered: jax.Array, rstd: jax.Array, scale_ref: Any, offset_ref: Any, col_ok: jax.Array
+    tile: Tile, y_ref: Any, centered: jax.Array, rstd: jax.Array, scale_ref: Any, offset_ref: Any
 ) -> None:
     """y = (centered * rstd) * scale (+ offset) in f32, rounded once to y's dtype."""
-    y = (centered * rstd) * load_f32(scale_ref, col_ok)
+    col_ok = tile.col_ok()
+    y = (centered * rstd) * tile.load_f32(scale_ref, col_ok)
     if offset_ref is not None:
-        y = y + load_f32(offset_ref, col_ok)
-    y_ref[...] = y.astype(y_ref.dtype)
+        y = y + tile.load_f32(offset_ref, col_ok)
+    tile.store(y_ref, y, tile.ok())
 
 
 def backward_operands(
-    x_ref: Any, scale_ref: Any, mean_ref: Any, rstd_ref: Any, g_ref: Any, *, features: int, rows: int
+    tile: Tile, x_ref: Any, scale_ref: Any, mean_ref: Any, rstd_ref: Any, g_ref: Any
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Masked f32 operands of the backward pass: (g, gs = g*scale, xhat, rstd [br,1],
     ok = valid rows & valid columns). ``mean_ref`` is None for rms_norm."""
-    block_rows, width = x_ref.shape
-    col_ok = column_mask(width, features)
-    x = load_f32(x_ref, col_ok)
-    g = load_f32(g_ref, col_ok)
-    rstd = rstd_ref[...]
+    col_ok, row_ok = tile.col_ok(), tile.row_ok()
+    ok = row_ok & col_ok
+    x = tile.load_f32(x_ref, ok)
+    g = tile.load_f32(g_ref, ok)
+    rstd = tile.load_f32(rstd_ref, row_ok)
     if mean_ref is not None:
-        centered = x - mean_ref[...]
+        centered = x - tile.load_f32(mean_ref, row_ok)
         centered = jnp.where(col_ok, centered, jnp.zeros_like(centered))
     else:
         centered = x
     xhat = centered * rstd
-    gs = g * load_f32(scale_ref, col_ok)
-    return g, gs, xhat, rstd, row_mask(block_rows, rows) & col_ok
+    gs = g * tile.load_f32(scale_ref, col_ok)
+    return g, gs, xhat, rstd, ok
 
 
 def store_param_partials(
-    dscale_ref: Any, doffset_ref: Any, g: jax.Array, xhat: jax.Array, ok: jax.Array
+    tile: Tile, dscale_ref: Any, doffset_ref: Any, g: jax.Array, xhat: jax.Array, ok: jax.Array
 ) -> None:
     """This row block's f32 partial sums of g*xhat (and of g) over its valid rows."""
     gx = g * xhat
-    dscale_ref[...] = jnp.sum(jnp.where(ok, gx, jnp.zeros_like(gx)), axis=0, keepdims=True)
+    col_ok = tile.col_ok()
+    partial = jnp.sum(jnp.where(ok, gx, jnp.zeros_like(gx)), axis=0, keepdims=True)
+    tile.store(dscale_ref, partial, col_ok)
     if doffset_ref is not None:
-        doffset_ref[...] = jnp.sum(jnp.where(ok, g, jnp.zeros_like(g)), axis=0, keepdims=True)
+        partial = jnp.sum(jnp.where(ok, g, jnp.zeros_like(g)), axis=0, keepdims=True)
+        tile.store(doffset_ref, partial, col_ok)
 
 
 # ---------------------------------------------------------------------------------
 # Default kernel bodies. Signatures (refs; ``None`` where the kind has no such ref):
-#   forward:  (x, scale, offset, y, mean, rstd, *, kind, features, eps)
-#   backward: (x, scale, mean, rstd, g, dx, dscale_partial, doffset_partial,
-#              *, kind, features, rows)
+#   forward:  (x, scale, offset, y, mean, rstd, *, kind, eps, tile)
+#   backward: (x, scale, mean, rstd, g, dx, dscale_partial, doffset_partial, *, kind, tile)
 # x, y, g, dx blocks: (block_rows, D_padded); scale, offset, partials: (1, D_padded);
 # mean, rstd: (block_rows, 1). rms_norm has no offset, mean or doffset refs.
 
 
 def _forward_kernel(
-    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind: str, features: int, eps: float
+    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind: str, eps: float, tile: Tile
 ):
-    col_ok = column_mask(x_ref.shape[1], features)
-    x = load_f32(x_ref, col_ok)
+    col_ok, row_ok = tile.col_ok(), tile.row_ok()
+    x = tile.load_f32(x_ref, row_ok & col_ok)
     if kind == "layer_norm":
-        mean, centered, rstd = layer_norm_statistics(x, col_ok, features, eps)
-        mean_ref[...] = mean
+        mean, centered, rstd = layer_norm_statistics(x, col_ok, tile.features, eps)
+        tile.store(mean_ref, mean, row_ok)
     else:
-        centered, rstd = x, rms_statistics(x, features, eps)
-    rstd_ref[...] = rstd
-    store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+        centered, rstd = x, rms_statistics(x, tile.features, eps)
+    tile.store(rstd_ref, rstd, row_ok)
+    store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
 
 
 def _backward_kernel(
     x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref,
-    *, kind: str, features: int, rows: int,
+    *, kind: str, tile: Tile,
 ):
-    g, gs, xhat, rstd, ok = backward_operands(
-        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
-    )
+    g, gs, xhat, rstd, ok = backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
+    features = tile.features
     proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / features
     if kind == "layer_norm":
         dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / features - xhat * proj)
     else:
         dx = rstd * (gs - xhat * proj)
-    dx_ref[...] = dx.astype(dx_ref.dtype)
-    store_param_partials(dscale_ref, doffset_ref, g, xhat, ok)
+    tile.store(dx_ref, dx, ok)
+    store_param_partials(tile, dscale_ref, doffset_ref, g, xhat, ok)
 
 
 KernelBody = Callable[..., None]
@@ -253,13 +286,14 @@ def forward_call(
     ``offset`` and ``mean`` are ``None`` for rms_norm.
     """
     rows, features = x2d.shape
-    br, width = config.block_rows, padded_features(features)
+    tile = make_tile(rows, features, config, backend)
+    br, width = tile.block_rows, tile.width
     layer = kind == "layer_norm"
     row_block = pl.BlockSpec((br, width), lambda i: (i, 0))
     param = pl.BlockSpec((1, width), lambda i: (0, 0))
     stat = pl.BlockSpec((br, 1), lambda i: (i, 0))
     stat_shape = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
-    kernel = functools.partial(body, kind=kind, features=features, eps=eps)
+    kernel = functools.partial(body, kind=kind, eps=eps, tile=tile)
     if layer:
         params = (scale.reshape(1, features), offset.reshape(1, features))
         in_specs = [row_block, param, param]
@@ -307,7 +341,8 @@ def backward_call(
     partials are f32 ``[num_row_blocks, D]`` (``doffset_partial`` is None for rms_norm).
     """
     rows, features = x2d.shape
-    br, width = config.block_rows, padded_features(features)
+    tile = make_tile(rows, features, config, backend)
+    br, width = tile.block_rows, tile.width
     blocks = pl.cdiv(rows, br)
     layer = kind == "layer_norm"
     row_block = pl.BlockSpec((br, width), lambda i: (i, 0))
@@ -316,7 +351,7 @@ def backward_call(
     partial_spec = pl.BlockSpec((1, width), lambda i: (i, 0))
     partial_shape = jax.ShapeDtypeStruct((blocks, features), jnp.float32)
     dx_shape = jax.ShapeDtypeStruct(x2d.shape, x2d.dtype)
-    kernel = functools.partial(body, kind=kind, features=features, rows=rows)
+    kernel = functools.partial(body, kind=kind, tile=tile)
     if layer:
         args = (x2d, scale.reshape(1, features), mean, rstd, g)
         in_specs = [row_block, param, stat, stat, row_block]

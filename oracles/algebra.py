@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .tolerance import Accumulation, Arithmetic, smallest_normal, unit_roundoff
+from .tolerance import Accumulation, Arithmetic, largest_finite, smallest_normal, unit_roundoff
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,21 @@ class Bounded:
         return np.abs(self.value) + self.err
 
 
+def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
+    """An input as the hardware reads it: exact, except that with
+    denormals-are-zero a subnormal operand may be read as 0 (error |x|)."""
+    value = np.asarray(value, dtype=np.float64)
+    subnormal = np.abs(value) < smallest_normal(dtype)
+    err = np.where(subnormal, np.abs(value), 0.0) if arith.flush_subnormals else np.zeros_like(value)
+    return Bounded(value, err)
+
+
+def subnormal_part(value: Any, dtype: Any = np.float32) -> np.ndarray:
+    """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0."""
+    value = np.abs(np.asarray(value, dtype=np.float64))
+    return np.where(value < smallest_normal(dtype), value, 0.0)
+
+
 def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
     """Absolute error of one rounding near zero: with flush-to-zero a result below
     the smallest normal may become 0 (error < smallest normal); with gradual
@@ -46,7 +61,17 @@ def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
 
 
 def _rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray:
-    return unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
+    """Error of one rounding of a result of at most ``magnitude``; unbounded where
+    the result may overflow to infinity."""
+    err = unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
+    return np.where(magnitude <= largest_finite(dtype), err, np.inf)
+
+
+def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a * b for error terms, with 0 * inf = 0: an exactly-zero factor contributes
+    nothing however unbounded the other is."""
+    with np.errstate(invalid="ignore"):
+        return np.where((a == 0) | (b == 0), 0.0, a * b)
 
 
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
@@ -63,8 +88,12 @@ def dot(
     operand_dtype: Any,
     order: Accumulation,
     acc_dtype: Any = np.float32,
+    flushed_magnitude: Any = 0.0,
 ) -> Bounded:
     """A length-n dot product accumulated in ``acc_dtype``; ``magnitude = sum|a_i b_i|``.
+
+    ``flushed_magnitude`` = sum of |a_i b_i| over products with a subnormal operand
+    (:func:`subnormal_part`): with denormals-are-zero those products may be lost whole.
 
     Operands the hardware rounds first (f32 -> tf32) perturb each product by
     (1+d1)(1+d2): 2u + u^2 relative. Products of bf16/f16 are exact in f32. The sum
@@ -77,6 +106,8 @@ def dot(
     acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
     floor = 2 * n * underflow_floor(acc_dtype, arith)
     err = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + floor
+    if arith.flush_subnormals:
+        err = err + np.asarray(flushed_magnitude, dtype=np.float64)
     return Bounded(np.asarray(value, dtype=np.float64), err)
 
 
@@ -103,7 +134,7 @@ def add(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -
 def multiply(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
     value = a.value * b.value
-    err = np.abs(a.value) * b.err + np.abs(b.value) * a.err + a.err * b.err
+    err = _times(np.abs(a.value), b.err) + _times(np.abs(b.value), a.err) + _times(a.err, b.err)
     return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
 
 

@@ -19,6 +19,7 @@ class MatmulOracle:
     out: np.ndarray  # act(x @ y), float64
     preactivation: np.ndarray  # x @ y
     magnitude: np.ndarray  # |x| @ |y| = sum_k |x_ik y_kj|, what the dot error scales with
+    flushed_magnitude: np.ndarray  # the part of |x| @ |y| from products with a subnormal factor
     k: int
 
 
@@ -33,6 +34,7 @@ def oracle(x: Any, y: Any, *, activation: str = "none") -> MatmulOracle:
         out=activation_model(activation).fn(z),
         preactivation=z,
         magnitude=np.abs(x64) @ np.abs(y64),
+        flushed_magnitude=algebra.subnormal_part(x64) @ np.abs(y64) + np.abs(x64) @ algebra.subnormal_part(y64),
         k=x64.shape[1],
     )
 
@@ -42,7 +44,8 @@ def _preactivation(
 ) -> algebra.Bounded:
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
     return algebra.dot(
-        ref.preactivation, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype, order=order
+        ref.preactivation, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype, order=order,
+        flushed_magnitude=ref.flushed_magnitude,
     )
 
 
@@ -120,11 +123,13 @@ def gradient_bound(
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
 
     def product(a: algebra.Bounded, b: np.ndarray, exact: np.ndarray, n: int, a_on_left: bool):
+        a_abs, a_sub, b_abs, b_sub = a.magnitude, algebra.subnormal_part(a.value), np.abs(b), algebra.subnormal_part(b)
         if a_on_left:
-            propagated, magnitude = a.err @ np.abs(b), a.magnitude @ np.abs(b)
+            propagated, magnitude, flushed = a.err @ b_abs, a_abs @ b_abs, a_sub @ b_abs + a_abs @ b_sub
         else:
-            propagated, magnitude = np.abs(b) @ a.err, np.abs(b) @ a.magnitude
-        d = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order)
+            propagated, magnitude, flushed = b_abs @ a.err, b_abs @ a_abs, b_sub @ a_abs + b_abs @ a_sub
+        d = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
+                        flushed_magnitude=flushed)
         return algebra.round_to(algebra.Bounded(exact, d.err + propagated), operand_dtype, arith).err
 
     return {

@@ -66,7 +66,8 @@ def smallest_normal(dtype: Any) -> float:
 
 
 def largest_finite(dtype: Any) -> float:
-    return float(ml_dtypes.finfo(np.dtype(dtype_name(dtype))).max)
+    name = dtype_name(dtype)
+    return float(ml_dtypes.finfo(np.dtype("float32" if name == TF32 else name)).max)
 
 
 def gamma(k: Any, u: float) -> Any:

@@ -1,7 +1,8 @@
 """KernelSpec for kernels/matmul.py."""
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,10 @@ from pallascheck.kernels import matmul
 from pallascheck.kernels.activations import ACTIVATIONS
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import matmul as oracle
-from pallascheck.oracles.tolerance import Arithmetic
+from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+from . import relations, strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec
 
 M_DIMS = (1, 17, 64)
 N_DIMS = (16, 33)
@@ -45,10 +46,10 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     return draw()
 
 
-def _run(case: Case, config: Any, backend: Backend, x: Any = None) -> jax.Array:
+def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> jax.Array:
     p = case.params
-    return matmul.matmul(
-        jnp.asarray(case.arrays["x"] if x is None else x), jnp.asarray(case.arrays["y"]),
+    return kernel(
+        jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["y"]),
         activation=p["activation"], out_dtype=p["out_dtype"], config=config, backend=backend,
     )
 
@@ -82,10 +83,10 @@ def _vjp(fn, case: Case) -> dict[str, jax.Array]:
     return {"dx": dx, "dy": dy}
 
 
-def _kernel_vjp(case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
+def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
     p = case.params
     return _vjp(
-        lambda x, y: matmul.matmul(x, y, activation=p["activation"], out_dtype=p["out_dtype"], config=config, backend=backend),
+        lambda x, y: kernel(x, y, activation=p["activation"], out_dtype=p["out_dtype"], config=config, backend=backend),
         case,
     )
 
@@ -108,18 +109,6 @@ def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     )
 
 
-def _row_permutation(case: Case, config: Any, backend: Backend):
-    """act(P x @ y) = P act(x @ y): rows never mix, wherever the tiling puts them."""
-    x = case.arrays["x"]
-    perm = np.random.default_rng(x.shape[0]).permutation(x.shape[0])
-    lhs = np.asarray(_run(case, config, backend, x=x[perm]))
-    rhs = np.asarray(_run(case, config, backend))[perm]
-    from pallascheck.oracles.tolerance import arithmetic_for
-
-    b = _bound(case, _oracle(case), config, arithmetic_for(backend.name))[perm]
-    return lhs, rhs.astype(np.float64), 2.0 * b  # each side within b of the same oracle row
-
-
 def _bad_inputs() -> list[BadInput]:
     f32 = jnp.ones((4, 8), jnp.float32)
     return [
@@ -136,20 +125,37 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
-SPEC = KernelSpec(
-    name="matmul",
-    dtypes=strategies.DTYPES,
-    cases=cases,
-    kernel=_run,
-    reference=_reference,
-    oracle=_oracle,
-    expected=lambda ref: ref.out,
-    bound=_bound,
-    configs=lambda case, backend: matmul.configs(
-        case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend
-    ),
-    default_config=matmul.Config(),
-    gradients=GradientSpec(_kernel_vjp, _reference_vjp, _oracle_vjp, _gradient_bound),
-    relations=(Relation("row_permutation", _row_permutation),),
-    bad_inputs=_bad_inputs,
-)
+def make_spec(
+    kernel: Callable[..., jax.Array] = matmul.matmul, name: str = "matmul", differentiable: bool = True
+) -> KernelSpec:
+    """The matmul spec, for ``kernel`` (any callable with matmul.matmul's signature);
+    ``differentiable=False`` drops the gradient checks (forward-only kernels)."""
+    gradients = GradientSpec(
+        functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp
+    )
+    return KernelSpec(
+        name=name,
+        dtypes=strategies.DTYPES,
+        cases=cases,
+        kernel=functools.partial(_run, kernel),
+        reference=_reference,
+        oracle=_oracle,
+        expected=lambda ref: ref.out,
+        bound=_bound,
+        configs=lambda case, backend: matmul.configs(
+            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend
+        ),
+        default_config=matmul.Config(),
+        gradients=gradients if differentiable else None,
+        relations=(
+            relations.row_permutation(
+                ("x", "cotangent"),
+                functools.partial(_run, kernel),
+                lambda case, config, backend: _bound(case, _oracle(case), config, arithmetic_for(backend.name)),
+            ),
+        ),
+        bad_inputs=_bad_inputs,
+    )
+
+
+SPEC = make_spec()

@@ -24,6 +24,7 @@ from . import checks
 from .spec import Case, KernelSpec
 
 CHECKS = ("values", "reference", "configs_agree", "gradients", "deterministic", "metamorphic")
+REPORTED = CHECKS + ("crash",)  # a crash is reported as its own failed row
 
 
 def _np(a: Any) -> np.ndarray:
@@ -89,7 +90,7 @@ def check_case(
             o = checks.check_values(
                 _np(spec.reference(case)), expected, spec.bound(case, ref, None, arith), context=ref_ctx
             )
-            if spec.gradients is not None:
+            if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
                 exact = g.oracle_vjp(case, ref)
                 got = {k: _np(v) for k, v in g.reference_vjp(case).items()}
@@ -134,7 +135,12 @@ def run_errors(spec: KernelSpec, *, context: checks.Context) -> checks.Outcome:
     """Every bad input of the spec raises its promised exception."""
     outcome = checks.Outcome("errors", True, 0.0, "no bad inputs declared", examples=0)
     for bad in spec.bad_inputs():
-        o = checks.check_errors(bad.call, bad.exception, bad.match, context=dataclasses.replace(context, config=bad.name))
+        o = checks.check_errors(
+            bad.call, bad.exception, bad.match, context=dataclasses.replace(context, config=bad.name),
+            raise_on_failure=False,
+        )
+        if not o.passed:
+            o.detail = f"{bad.name}: {o.detail}"
         outcome = o if outcome.examples == 0 else outcome.merge(o)
     return outcome
 
@@ -189,6 +195,9 @@ def run_property(
             check = "reference"
         tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)
         tally.failure = str(failure)
+    except Exception as crash:  # noqa: BLE001 - a kernel that crashes is a failed check
+        tally.add(checks.Outcome("crash", False, float("inf"), repr(crash), examples=0), 0.0)
+        tally.failure = f"[crash] {context.describe()}\n  {type(crash).__name__}: {crash}"
     return tally
 
 

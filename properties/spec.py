@@ -57,10 +57,11 @@ class GradientSpec:
     """Backward-pass checks. Cases carry the output cotangent as ``arrays['cotangent']``."""
 
     kernel_vjp: Callable[[Case, Any, Backend], Mapping[str, np.ndarray]]
-    reference_vjp: Callable[[Case], Mapping[str, np.ndarray]]
     oracle_vjp: Callable[[Case, Any], Mapping[str, np.ndarray]]
     # (case, oracle, exact grads, config or None for xla_reference, arithmetic) -> bounds
     bound: Callable[[Case, Any, Mapping[str, np.ndarray], Any, Arithmetic], Mapping[str, np.ndarray]]
+    # xla_reference's VJP, where the bound models autodiff's graph of it (else None)
+    reference_vjp: Callable[[Case], Mapping[str, np.ndarray]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

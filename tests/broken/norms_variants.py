@@ -20,12 +20,11 @@ from pallascheck.kernels import norms
 
 
 def _one_pass_variance_in_input_dtype_forward(
-    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
+    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, eps, tile
 ):
     """var = E[x^2] - E[x]^2 in the input dtype: catastrophic cancellation for large means."""
-    col_ok = norms.column_mask(x_ref.shape[1], features)
-    raw = x_ref[...]
-    x = jnp.where(col_ok, raw, jnp.zeros_like(raw))  # BUG: no upcast
+    col_ok, row_ok, features = tile.col_ok(), tile.row_ok(), tile.features
+    x = tile.load(x_ref, row_ok & col_ok)  # BUG: no upcast
     mean = jnp.sum(x, axis=1, keepdims=True) / features
     mean_sq = jnp.sum(x * x, axis=1, keepdims=True) / features
     var = mean_sq - mean * mean  # BUG: one pass, cancels
@@ -33,90 +32,83 @@ def _one_pass_variance_in_input_dtype_forward(
     rstd = lax.rsqrt(var.astype(jnp.float32) + eps)
     centered = x.astype(jnp.float32) - mean32
     centered = jnp.where(col_ok, centered, jnp.zeros_like(centered))
-    mean_ref[...] = mean32
-    rstd_ref[...] = rstd
-    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+    tile.store(mean_ref, mean32, row_ok)
+    tile.store(rstd_ref, rstd, row_ok)
+    norms.store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
 
 
-def _eps_outside_sqrt_forward(
-    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
-):
+def _eps_outside_sqrt_forward(x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, eps, tile):
     """rstd = 1 / (sqrt(var) + eps) (layer norm) or 1 / (sqrt(ms) + eps) (rms norm)."""
-    col_ok = norms.column_mask(x_ref.shape[1], features)
-    x = norms.load_f32(x_ref, col_ok)
+    col_ok, row_ok, features = tile.col_ok(), tile.row_ok(), tile.features
+    x = tile.load_f32(x_ref, row_ok & col_ok)
     if kind == "layer_norm":
         mean, centered, _ = norms.layer_norm_statistics(x, col_ok, features, eps)
         var = jnp.sum(centered * centered, axis=1, keepdims=True) / features
-        mean_ref[...] = mean
+        tile.store(mean_ref, mean, row_ok)
     else:
         centered = x
         var = jnp.sum(x * x, axis=1, keepdims=True) / features
     rstd = 1.0 / (jnp.sqrt(var) + eps)  # BUG: eps outside the square root
-    rstd_ref[...] = rstd
-    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+    tile.store(rstd_ref, rstd, row_ok)
+    norms.store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
 
 
-def _unmasked_padding_forward(
-    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, features, eps
-):
+def _unmasked_padding_forward(x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, eps, tile):
     """Statistics summed over the padding columns too (garbage/NaN leaks when D is not a power of two)."""
-    col_ok = norms.column_mask(x_ref.shape[1], features)
-    x = x_ref[...].astype(jnp.float32)  # BUG: padding columns not masked
+    row_ok, features = tile.row_ok(), tile.features
+    # BUG: only the rows are masked (memory safety on Triton); padding columns hold
+    # NaN on the interpreters and the next row's values on Triton.
+    x = tile.load_f32(x_ref, row_ok)
     mean = jnp.sum(x, axis=1, keepdims=True) / features
     centered = x - mean  # BUG: not masked either
     var = jnp.sum(centered * centered, axis=1, keepdims=True) / features
     rstd = lax.rsqrt(var + eps)
-    mean_ref[...] = mean
-    rstd_ref[...] = rstd
-    norms.store_output(y_ref, centered, rstd, scale_ref, offset_ref, col_ok)
+    tile.store(mean_ref, mean, row_ok)
+    tile.store(rstd_ref, rstd, row_ok)
+    norms.store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
 
 
 # -------------------------------------------------------------------- backward bodies
 
 
 def _missing_rstd_backward(
-    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, tile
 ):
     """dx without the final rstd factor."""
-    g, gs, xhat, rstd, ok = norms.backward_operands(
-        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
-    )
-    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / features
+    g, gs, xhat, rstd, ok = norms.backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
+    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / tile.features
     if kind == "layer_norm":
-        dx = gs - jnp.sum(gs, axis=1, keepdims=True) / features - xhat * proj  # BUG: no rstd
+        dx = gs - jnp.sum(gs, axis=1, keepdims=True) / tile.features - xhat * proj  # BUG: no rstd
     else:
         dx = gs - xhat * proj  # BUG: no rstd
-    dx_ref[...] = dx.astype(dx_ref.dtype)
-    norms.store_param_partials(dscale_ref, doffset_ref, g, xhat, ok)
+    tile.store(dx_ref, dx, ok)
+    norms.store_param_partials(tile, dscale_ref, doffset_ref, g, xhat, ok)
 
 
 def _missing_projection_backward(
-    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, tile
 ):
     """dx drops the xhat * mean(gs * xhat) term."""
-    g, gs, xhat, rstd, ok = norms.backward_operands(
-        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
-    )
-    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / features)  # BUG: no projection
-    dx_ref[...] = dx.astype(dx_ref.dtype)
-    norms.store_param_partials(dscale_ref, doffset_ref, g, xhat, ok)
+    g, gs, xhat, rstd, ok = norms.backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
+    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / tile.features)  # BUG: no projection
+    tile.store(dx_ref, dx, ok)
+    norms.store_param_partials(tile, dscale_ref, doffset_ref, g, xhat, ok)
 
 
 def _dscale_drops_last_row_block_backward(
-    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, features, rows
+    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, tile
 ):
     """The last row block's dscale partial is zeroed (visible only when rows > block_rows)."""
-    g, gs, xhat, rstd, ok = norms.backward_operands(
-        x_ref, scale_ref, mean_ref, rstd_ref, g_ref, features=features, rows=rows
-    )
-    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / features
-    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / features - xhat * proj)
-    dx_ref[...] = dx.astype(dx_ref.dtype)
+    g, gs, xhat, rstd, ok = norms.backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
+    proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / tile.features
+    dx = rstd * (gs - jnp.sum(gs, axis=1, keepdims=True) / tile.features - xhat * proj)
+    tile.store(dx_ref, dx, ok)
     last = pl.program_id(0) == pl.num_programs(0) - 1
     keep = ok & jnp.logical_not(last)  # BUG: the last row block contributes nothing
     gx = g * xhat
-    dscale_ref[...] = jnp.sum(jnp.where(keep, gx, jnp.zeros_like(gx)), axis=0, keepdims=True)
-    doffset_ref[...] = jnp.sum(jnp.where(ok, g, jnp.zeros_like(g)), axis=0, keepdims=True)
+    col_ok = tile.col_ok()
+    tile.store(dscale_ref, jnp.sum(jnp.where(keep, gx, jnp.zeros_like(gx)), axis=0, keepdims=True), col_ok)
+    tile.store(doffset_ref, jnp.sum(jnp.where(ok, g, jnp.zeros_like(g)), axis=0, keepdims=True), col_ok)
 
 
 # ------------------------------------------------------------------------- variants
