@@ -2,6 +2,7 @@
 
     pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--json PATH]
     pallascheck replay FILE.npz [--backend B]
+    pallascheck bench [--backend gpu] [--json PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
 (kernels -> oracles -> properties -> fuzz).
@@ -131,6 +132,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import jax
+
+    from . import bench
+
+    backend = get_backend(args.backend)
+    print(f"benchmark on {backend}: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+    rows = bench.run(backend)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": str(backend), "device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}, f, indent=2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pallascheck", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file")
     replay.add_argument("--backend", default=None)
     replay.set_defaults(func=cmd_replay)
+    bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
+    bench.add_argument("--backend", default="gpu")
+    bench.add_argument("--json", help="also write the results as JSON")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,94 @@
+"""``pallascheck bench``: kernel speed against xla_reference in the same dtype.
+
+Times are medians over repeated calls of jitted functions after a warm-up, with
+``block_until_ready``; each kernel is timed with its default config and with the
+fastest config of its autotuning space.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from pallascheck.kernels import matmul, norms
+from pallascheck.kernels.backends import Backend
+
+MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192))
+NORM_SHAPES = ((8192, 1024), (8192, 4096), (32768, 2048))
+DTYPES = ("bfloat16", "float32")
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
+    jax.block_until_ready(fn())  # compile + warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _best(make: Callable[[Any], Callable[[], Any]], configs: list[Any]) -> tuple[float, Any]:
+    results = []
+    for config in configs:
+        try:
+            results.append((median_seconds(make(config), repeats=5), config))
+        except Exception as err:  # noqa: BLE001 - a config that does not compile is skipped, and said
+            print(f"    config {config} failed: {type(err).__name__}: {str(err)[:120]}")
+    return min(results, key=lambda r: r[0])
+
+
+def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
+    rows = []
+    for m, k, n in MATMUL_SIZES:
+        kx, ky = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(kx, (m, k), dtype)
+        y = jax.random.normal(ky, (k, n), dtype)
+        ref = jax.jit(matmul.xla_reference)
+        t_ref = median_seconds(lambda: ref(x, y))
+        t_best, cfg = _best(lambda c: (lambda: matmul.matmul(x, y, config=c, backend=backend)), matmul.configs(m, n, k, backend))
+        t_default = median_seconds(lambda: matmul.matmul(x, y, backend=backend))
+        flops = 2.0 * m * n * k
+        rows.append({"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype, "xla_ms": t_ref * 1e3,
+                     "kernel_default_ms": t_default * 1e3, "kernel_best_ms": t_best * 1e3, "best_config": str(cfg),
+                     "kernel_tflops": flops / t_best / 1e12, "xla_tflops": flops / t_ref / 1e12,
+                     "speed_vs_xla": t_ref / t_best})
+    return rows
+
+
+def bench_norms(backend: Backend, dtype: str) -> list[dict]:
+    rows = []
+    for kind in norms.KINDS:
+        kernel, reference = getattr(norms, kind), getattr(norms, f"xla_reference_{kind}")
+        for r, d in NORM_SHAPES:
+            x = jax.random.normal(jax.random.key(1), (r, d), dtype)
+            scale = jnp.ones((d,), dtype)
+            g = jax.random.normal(jax.random.key(2), (r, d), dtype)
+
+            def fwd_bwd(fn):
+                return jax.jit(lambda x, s: jax.vjp(lambda a, b: fn(a, b), x, s)[1](g))
+
+            ref_f, ref_fb = jax.jit(lambda x, s: reference(x, s)), fwd_bwd(reference)
+            t_ref, t_ref_fb = median_seconds(lambda: ref_f(x, scale)), median_seconds(lambda: ref_fb(x, scale))
+            t_best, cfg = _best(lambda c: (lambda: kernel(x, scale, config=c, backend=backend)), norms.configs(r, d, backend))
+            k_fb = fwd_bwd(lambda a, b: kernel(a, b, config=cfg, backend=backend))
+            t_fb = median_seconds(lambda: k_fb(x, scale))
+            bytes_fwd = 2 * x.size * x.dtype.itemsize
+            rows.append({"op": kind, "shape": f"{r}x{d}", "dtype": dtype, "xla_ms": t_ref * 1e3,
+                         "kernel_best_ms": t_best * 1e3, "best_config": str(cfg),
+                         "kernel_GBps": bytes_fwd / t_best / 1e9, "speed_vs_xla": t_ref / t_best,
+                         "xla_fwd_bwd_ms": t_ref_fb * 1e3, "kernel_fwd_bwd_ms": t_fb * 1e3,
+                         "fwd_bwd_speed_vs_xla": t_ref_fb / t_fb})
+    return rows
+
+
+def run(backend: Backend) -> list[dict]:
+    rows = []
+    for dtype in DTYPES:
+        for row in bench_matmul(backend, dtype) + bench_norms(backend, dtype):
+            print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+            rows.append(row)
+    return rows
