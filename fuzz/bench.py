@@ -49,7 +49,7 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         y = jax.random.normal(ky, (k, n), dtype)
         ref = jax.jit(matmul.xla_reference)
         t_ref = median_seconds(lambda: ref(x, y))
-        t_best, cfg = _best(lambda c: (lambda: matmul.matmul(x, y, config=c, backend=backend)), matmul.configs(m, n, k, backend))
+        t_best, cfg = _best(lambda c: (lambda: matmul.matmul(x, y, config=c, backend=backend)), matmul.configs(m, n, k, backend, itemsize=x.dtype.itemsize))
         t_default = median_seconds(lambda: matmul.matmul(x, y, backend=backend))
         flops = 2.0 * m * n * k
         rows.append({"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype, "xla_ms": t_ref * 1e3,

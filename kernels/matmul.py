@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import block_io, validation
-from .activations import get_activation
+from .activations import ACTIVATIONS, get_activation
 from .backends import Backend, get_backend
 
 
@@ -63,8 +63,14 @@ def _blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
     return fitting or (min(choices),)
 
 
-def configs(m: int, n: int, k: int, backend: "str | Backend | None" = None) -> list[Config]:
-    """The autotuning space for an (m, k) @ (k, n) product on a backend."""
+# Triton keeps num_stages copies of both input tiles in shared memory (227 KiB on H100/H200).
+_SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def configs(
+    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
+) -> list[Config]:
+    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs."""
     be = get_backend(backend)
     if be.name == "gpu":
         mn, kk, warps, stages = (64, 128), (32, 64), (4, 8), (3, 4)
@@ -75,7 +81,14 @@ def configs(m: int, n: int, k: int, backend: "str | Backend | None" = None) -> l
         for bm, bn, bk, w, s in itertools.product(
             _blocks_for(m, mn), _blocks_for(n, mn), _blocks_for(k, kk), warps, stages
         )
+        if be.name != "gpu" or s * (bm + bn) * bk * itemsize <= _SHARED_MEMORY_BYTES
     ]
+
+
+def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, ...]:
+    """Pallas' Triton lowering has no erf, so exact gelu is not offered on the GPU."""
+    names = tuple(sorted(ACTIVATIONS))
+    return tuple(a for a in names if a != "gelu") if get_backend(backend).name == "gpu" else names
 
 
 def _matmul_kernel(
@@ -231,7 +244,13 @@ def matmul(
     config = Config() if config is None else config
     if not isinstance(config, Config):
         raise TypeError(f"config must be a matmul.Config, got {type(config).__name__}")
-    return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, get_backend(backend))
+    backend = get_backend(backend)
+    if activation not in supported_activations(backend):
+        raise ValueError(
+            f"activation {activation!r} is not supported on backend {backend}: Pallas' Triton "
+            f"lowering has no erf; use 'gelu_tanh' (supported there: {supported_activations(backend)})"
+        )
+    return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, backend)
 
 
 def xla_reference(

@@ -128,9 +128,10 @@ class Arithmetic:
     - ``mma_order_known``: whether the summation order of a tiled K loop is the
       blocked order of the source. On the GPU the accumulator is fed back into the
       MMA, so the chunks join one sequential chain; there the order is sequential.
-    - ``transcendental_ulps``: accuracy of exp/log/erf/tanh/rsqrt in f32. XLA's CPU
-      polynomials and PTX's approximate instructions (rsqrt.approx: 2^-22.9
-      relative; ex2.approx: 2 ulp) are all within 2 ulp = 4u.
+    - ``transcendental_ulps``: accuracy of exp/log/erf/tanh/rsqrt in f32: 3 ulp = 6u.
+      Measured on XLA:CPU (tests/test_activation_models.py): erf 5.3u, tanh 4.8u,
+      rsqrt 2.7u, log 1.9u, exp 1.4u; PTX's approximate instructions are within 2 ulp
+      (rsqrt.approx 2^-22.9 relative, ex2.approx 2 ulp).
     - ``flush_subnormals``: the hardware may flush subnormal results to zero, so
       every operation can lose up to the smallest normal in absolute terms.
     - ``probabilistic``: use lambda sqrt(k) u instead of gamma_k (reporting only).
@@ -140,7 +141,7 @@ class Arithmetic:
     matmul_input_f32: str = "float32"
     mma_unit_factor: float = 1.0
     mma_order_known: bool = True
-    transcendental_ulps: float = 2.0
+    transcendental_ulps: float = 3.0
     flush_subnormals: bool = True
     probabilistic: bool = False
 

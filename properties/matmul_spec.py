@@ -10,7 +10,6 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import matmul
-from pallascheck.kernels.activations import ACTIVATIONS
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
@@ -30,7 +29,7 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
         kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
         seed = draw_(strategies.seeds())
         # gelu_tanh promises accuracy only for |x @ y| <= matmul.GELU_TANH_RANGE.
-        allowed = sorted(set(ACTIVATIONS) - ({"gelu_tanh"} if kind == "large" else set()))
+        allowed = sorted(set(matmul.supported_activations(backend)) - ({"gelu_tanh"} if kind == "large" else set()))
         activation = draw_(st.sampled_from(allowed))
         out_dtype = draw_(st.sampled_from(sorted({dtype, "float32"})))
         # "large" cotangents would overflow the backward products; use N(0,1) ones.
@@ -143,7 +142,8 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=_bound,
         configs=lambda case, backend: matmul.configs(
-            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend
+            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend,
+            itemsize=case.arrays["x"].dtype.itemsize,
         ),
         default_config=matmul.Config(),
         gradients=gradients if differentiable else None,

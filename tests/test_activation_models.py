@@ -2,8 +2,6 @@
 accuracy they assume, against the f32 kernels (kernels/activations.py) run by
 XLA:CPU and against float64 derivatives computed by jax autodiff.
 
-Model claims that XLA:CPU does not meet are kept as strict xfails with the
-measured numbers, so that they fail loudly (XPASS) once the model is fixed.
 """
 from __future__ import annotations
 
@@ -123,14 +121,7 @@ def test_evaluation_error_of_f32_kernel(name):
     assert ratio <= 1.0, ratio
 
 
-UNDERFLOW_REASON = (
-    "model gap: evaluation_error has no underflow floor. XLA:CPU flushes 0.5*z to 0 "
-    "for |z| < 2*2^-126, e.g. gelu(1.5*2^-126): computed 0, exact 8.8e-39, "
-    "evaluation_error 5.8e-45 (the matmul bound is saved by the dot's floor)"
-)
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=UNDERFLOW_REASON)
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
 def test_evaluation_error_near_underflow(name):
     model = ACTIVATION_MODELS[name]
@@ -143,25 +134,12 @@ def test_evaluation_error_near_underflow(name):
     assert np.all(err <= bound), (z, got, model.fn(z), err, bound)
 
 
-DERIVATIVE_REASON = {
-    "gelu_tanh": (
-        "model gap: f' = 0.5(1+T) + 0.5 z (1-T)(1+T) s'(z) amplifies the error of "
-        "T = tanh(s) by |z s'(z)| (~16 at z~4.9); derivative_error 2t+10u = 1.07e-6, "
-        "measured 3.55e-6 at z=4.8677 (ratio 3.3)"
-    ),
-    "silu": (
-        "model gap: f' = s + z s (1-s) amplifies the error of s = sigmoid(z) by ~|z| "
-        "(1 - s cancels); derivative_error 2t+8u = 9.54e-7, measured 9.75e-7 at z=16.6355"
-    ),
-}
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=DERIVATIVE_REASON[n]))
-        if n in DERIVATIVE_REASON
-        else n
+        n
         for n in sorted(ACTIVATIONS)
     ],
 )
@@ -179,10 +157,6 @@ def test_derivative_error_of_f32_autodiff(name):
     assert err[i] <= bound, f"{name}: z={float(z32[i])!r} error {err[i]!r} > {bound!r} (ratio {err[i] / bound:.3g})"
 
 
-TRANSCENDENTAL_REASON = {
-    "tanh": "model gap: XLA:CPU f32 tanh errs up to 4.8u relative (4.6 ulp), t = 4u (2 ulp)",
-    "erf": "model gap: XLA:CPU f32 erf errs up to 5.3u relative (5.3 ulp), t = 4u (2 ulp)",
-}
 TRANSCENDENTALS = {  # name: (f32 function, float64 reference, f32 inputs)
     "exp": (jnp.exp, np.exp, np.linspace(-87, 88, 1_000_001)),
     "tanh": (jnp.tanh, np.tanh, np.concatenate([np.linspace(-10, 10, 1_000_001), np.geomspace(1e-30, 1, 200_000)])),
@@ -195,9 +169,7 @@ TRANSCENDENTALS = {  # name: (f32 function, float64 reference, f32 inputs)
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=TRANSCENDENTAL_REASON[n]))
-        if n in TRANSCENDENTAL_REASON
-        else n
+        n
         for n in TRANSCENDENTALS
     ],
 )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from broken import matmul_variants
+from broken import matmul_variants, norms_variants
 from pallascheck.properties import runner
 from pallascheck.properties.matmul_spec import make_spec as matmul_spec
+from pallascheck.properties.norms_spec import make_spec as norm_spec
 
 # Enough examples for Hypothesis to reach the triggering shapes (ragged K, an
 # activation); a caught variant stops at its first failing example.
@@ -22,7 +23,15 @@ MATMUL = {
 # An input-dtype accumulator is the real kernel when the input is f32.
 MATMUL["input_dtype_accumulator"] = (MATMUL["input_dtype_accumulator"][0], ("bfloat16", "float16"))
 
-VARIANTS = {f"matmul/{k}": v for k, v in MATMUL.items()}
+NORMS = {
+    name: (norm_spec(kind, fn, name=f"{kind}[{name}]"), ALL)
+    for name, (kind, fn) in norms_variants.VARIANTS.items()
+}
+# E[x^2] - E[x]^2 computed in f32 is the real kernel's precision class for f32 input
+# only in the one-pass sense; in bf16/f16 it cancels catastrophically.
+NORMS["ln_one_pass_variance_in_input_dtype"] = (NORMS["ln_one_pass_variance_in_input_dtype"][0], ("bfloat16", "float16"))
+
+VARIANTS = {**{f"matmul/{k}": v for k, v in MATMUL.items()}, **{f"norms/{k}": v for k, v in NORMS.items()}}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
