@@ -53,16 +53,6 @@ def reset_tpu_interpreter() -> None:
         reset()
 
 
-def races_detected() -> bool:
-    """Whether the TPU interpreter saw a data race since its last reset."""
-    try:  # private module: the interpreter has no public race-report API yet
-        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _ipc
-    except ImportError:  # pragma: no cover
-        return False
-    state = getattr(_ipc, "races", None)
-    return bool(getattr(state, "races_found", False))
-
-
 @contextlib.contextmanager
 def float64_enabled() -> Iterator[None]:
     """Enable float64 in JAX inside the block only (oracle gradients)."""

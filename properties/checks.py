@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -231,12 +230,3 @@ def check_relation(
     up to ``bound`` (typically the sum of both sides' bounds against the oracle)."""
     o = compare(lhs, _as_f64(rhs), bound, name=relation, check=f"metamorphic:{relation}")
     return _raise_unless(o, context, raise_on_failure)
-
-
-class Timer:
-    def __enter__(self) -> "Timer":
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.seconds = time.perf_counter() - self.start
