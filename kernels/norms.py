@@ -269,6 +269,15 @@ def _backward_kernel(
 KernelBody = Callable[..., None]
 
 
+def _launch(kernel, blocks, in_specs, out_specs, out_shape, config: Config, backend: Backend, name: str):
+    """One program per row block; the blocks are independent ("parallel")."""
+    return backend.pallas_call(
+        kernel, grid=(blocks,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        dimension_semantics=("parallel",), name=name,
+    )
+
+
 def forward_call(
     x2d: jax.Array,
     scale: jax.Array,
@@ -308,18 +317,8 @@ def forward_call(
         def kernel(x_ref, scale_ref, y_ref, rstd_ref, _inner=kernel):  # noqa: F811
             _inner(x_ref, scale_ref, None, y_ref, None, rstd_ref)
 
-    call = backend.pallas_call(
-        kernel,
-        grid=(pl.cdiv(rows, br),),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        dimension_semantics=("parallel",),
-        name=f"pallascheck_{kind}_fwd",
-    )
-    outs = call(x2d, *params)
+    outs = _launch(kernel, pl.cdiv(rows, br), in_specs, out_specs, out_shape, config, backend,
+                   f"pallascheck_{kind}_fwd")(x2d, *params)
     return (outs[0], outs[1], outs[2]) if layer else (outs[0], None, outs[1])
 
 
@@ -366,18 +365,8 @@ def backward_call(
         def kernel(x_ref, scale_ref, rstd_ref, g_ref, dx_ref, dscale_ref, _inner=kernel):  # noqa: F811
             _inner(x_ref, scale_ref, None, rstd_ref, g_ref, dx_ref, dscale_ref, None)
 
-    call = backend.pallas_call(
-        kernel,
-        grid=(blocks,),
-        in_specs=in_specs,
-        out_specs=out_specs,
-        out_shape=out_shape,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        dimension_semantics=("parallel",),
-        name=f"pallascheck_{kind}_bwd",
-    )
-    outs = call(*args)
+    outs = _launch(kernel, blocks, in_specs, out_specs, out_shape, config, backend,
+                   f"pallascheck_{kind}_bwd")(*args)
     return (outs[0], outs[1], outs[2]) if layer else (outs[0], outs[1], None)
 
 

@@ -41,8 +41,7 @@ def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounde
     """An input as the hardware reads it: exact, except that with
     denormals-are-zero a subnormal operand may be read as 0 (error |x|)."""
     value = np.asarray(value, dtype=np.float64)
-    subnormal = np.abs(value) < smallest_normal(dtype)
-    err = np.where(subnormal, np.abs(value), 0.0) if arith.flush_subnormals else np.zeros_like(value)
+    err = subnormal_part(value, dtype) if arith.flush_subnormals else np.zeros_like(value)
     return Bounded(value, err)
 
 
@@ -105,7 +104,7 @@ def dot(
     operand_rel = 2.0 * u_op + u_op * u_op
     acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
     floor = 2 * n * underflow_floor(acc_dtype, arith)
-    err = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + floor
+    err = operand_rel * magnitude + _times(acc, (1.0 + operand_rel) * magnitude) + floor
     if arith.flush_subnormals:
         err = err + np.asarray(flushed_magnitude, dtype=np.float64)
     return Bounded(np.asarray(value, dtype=np.float64), err)
@@ -119,7 +118,7 @@ def reduce_sum(
     depth = order.depth(n)
     err = (
         terms.err.sum(axis)
-        + arith.gamma(depth, unit_roundoff(dtype)) * terms.magnitude.sum(axis)
+        + _times(arith.gamma(depth, unit_roundoff(dtype)), terms.magnitude.sum(axis))
         + max(n - 1, 0) * underflow_floor(dtype, arith)
     )
     return Bounded(terms.value.sum(axis), err)

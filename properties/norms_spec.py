@@ -136,7 +136,7 @@ def make_spec(
         reference=run_reference,
         oracle=oracle_of,
         expected=lambda ref: ref.out,
-        bound=lambda case, ref, config, arith: _bound(case, ref, config, arith),
+        bound=_bound,
         configs=lambda case, backend: norms.configs(
             int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend
         ),
