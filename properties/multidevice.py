@@ -1,0 +1,83 @@
+"""Run a check in a fresh Python process that sees N CPU devices.
+
+JAX fixes the number of CPU devices when its CPU backend starts
+(``jax_num_cpu_devices``), so a check that needs a mesh of 2, 4 or 8 devices cannot
+run inside a pytest worker that has already used JAX with one. ``run_with_cpu_devices``
+starts a child interpreter, sets the device count before anything touches JAX, calls
+``"package.module:function"(**kwargs)`` there and returns its JSON result.
+
+The child runs under a wall-clock limit in its own process group: a kernel that
+deadlocks (a DMA wait with no matching send) surfaces as ``ChildTimeout`` naming the
+target, never as a hung test run. Any exception in the child surfaces as
+``ChildFailed`` carrying the child's traceback. A fresh process per call also means the
+TPU interpreter's global state never leaks from a failed check into the next one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any, Mapping
+
+
+class ChildFailed(RuntimeError):
+    """The target raised (or the child died); the message holds its traceback."""
+
+
+class ChildTimeout(TimeoutError):
+    """The target did not finish within the limit: a deadlock or a hang."""
+
+
+def run_with_cpu_devices(
+    target: str, devices: int, kwargs: Mapping[str, Any] | None = None, *, timeout_s: float = 300.0
+) -> Any:
+    """``target(**kwargs)`` in a child process with ``devices`` CPU devices; its JSON result."""
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be an int >= 1, got {devices!r}")
+    if ":" not in target:
+        raise ValueError(f"target must be 'package.module:function', got {target!r}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PALLASCHECK_CPU_DEVICES=str(devices))
+    with tempfile.TemporaryDirectory(prefix="pallascheck-child-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        request = json.dumps({"target": target, "kwargs": dict(kwargs or {}), "result": result_path})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pallascheck.properties.multidevice", request],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: no orphaned JAX threads
+            output, _ = proc.communicate()
+            raise ChildTimeout(
+                f"{target} on {devices} CPU devices did not finish in {timeout_s:g} s "
+                f"(deadlock: a wait with no matching send?)\n--- child output (tail) ---\n{output[-4000:]}"
+            ) from None
+        if proc.returncode != 0 or not os.path.exists(result_path):
+            raise ChildFailed(
+                f"{target} on {devices} CPU devices failed (exit {proc.returncode})\n"
+                f"--- child output (tail) ---\n{output[-8000:]}"
+            )
+        with open(result_path) as f:
+            return json.load(f)
+
+
+def _child_main(request_json: str) -> None:
+    request = json.loads(request_json)
+    import jax
+
+    # Before any JAX computation: the CPU backend reads this once, when it starts.
+    jax.config.update("jax_num_cpu_devices", int(os.environ["PALLASCHECK_CPU_DEVICES"]))
+    import importlib
+
+    module_name, function_name = request["target"].split(":")
+    result = getattr(importlib.import_module(module_name), function_name)(**request["kwargs"])
+    with open(request["result"], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])
