@@ -85,10 +85,30 @@ def bench_norms(backend: Backend, dtype: str) -> list[dict]:
     return rows
 
 
-def run(backend: Backend) -> list[dict]:
+def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend], list[dict]]:
+    return lambda backend: [row for dtype in DTYPES for row in bench(backend, dtype)]
+
+
+# op family -> benchmark(backend) -> rows; every row has "op", "shape", "dtype" and
+# ratios named "*speed_vs_*" (above 1: the kernel is faster).
+BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
+    "matmul": _per_dtype(bench_matmul),
+    "norms": _per_dtype(bench_norms),
+}
+
+
+def print_row(row: dict) -> None:
+    print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+def run(backend: Backend, ops: "list[str] | None" = None) -> list[dict]:
+    """Run the benchmarks of ``ops`` (default: all of BENCHES), printing each row."""
+    unknown = sorted(set(ops or ()) - set(BENCHES))
+    if unknown:
+        raise ValueError(f"--op must be among {sorted(BENCHES)}, got {unknown}")
     rows = []
-    for dtype in DTYPES:
-        for row in bench_matmul(backend, dtype) + bench_norms(backend, dtype):
-            print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    for op in ops or BENCHES:
+        for row in BENCHES[op](backend):
+            print_row(row)
             rows.append(row)
     return rows

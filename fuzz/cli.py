@@ -2,7 +2,7 @@
 
     pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--json PATH]
     pallascheck replay FILE.npz [--backend B]
-    pallascheck bench [--backend gpu] [--json PATH]
+    pallascheck bench [--backend gpu] [--op FAMILY] [--json PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
 (kernels -> oracles -> properties -> fuzz).
@@ -139,7 +139,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     backend = get_backend(args.backend)
     print(f"benchmark on {backend}: {jax.devices()[0].device_kind}, jax {jax.__version__}")
-    rows = bench.run(backend)
+    rows = bench.run(backend, args.op)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": str(backend), "device": jax.devices()[0].device_kind, "jax": jax.__version__, "rows": rows}, f, indent=2)
@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
     bench.add_argument("--backend", default="gpu")
+    bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -13,6 +13,8 @@ from jax.experimental import pallas as pl
 from pallascheck.kernels import block_io, matmul
 from pallascheck.kernels.activations import get_activation
 from pallascheck.kernels.backends import get_backend
+from pallascheck.properties.matmul_spec import make_spec
+from pallascheck.properties.strategies import DTYPES
 
 
 def _body(x_ref, y_ref, *out_refs, m_size, n_size, k_size, block_k, activation, masked_io,
@@ -85,7 +87,7 @@ def _missing_activation_derivative(x, y, *, activation="none", out_dtype=None, c
 
 
 # name -> (kernel, differentiable). Forward-only variants skip the gradient checks.
-VARIANTS: dict[str, tuple[Callable[..., jax.Array], bool]] = {
+_BROKEN: dict[str, tuple[Callable[..., jax.Array], bool]] = {  # name -> (kernel, break is in the backward)
     "input_dtype_accumulator": (_input_dtype_accumulator, False),
     "dropped_last_k_tile": (_variant(tiles=lambda k, bk: k // bk), False),  # floor instead of cdiv
     "y_tile_lags_one_block": (_variant(y_tile=lambda i, n: jnp.maximum(i - 1, 0)), False),  # wrong block index
@@ -93,4 +95,13 @@ VARIANTS: dict[str, tuple[Callable[..., jax.Array], bool]] = {
     "unmasked_k_padding": (_variant(mask=False), False),  # NaN/garbage past K leaks into the sum
     "activation_per_k_tile": (_variant(act_per_tile=True), False),  # act(sum) != sum(act)
     "missing_activation_derivative": (_missing_activation_derivative, True),
+}
+# An input-dtype accumulator is the real kernel when the input is f32.
+_DTYPES = {"input_dtype_accumulator": ("bfloat16", "float16")}
+# Enough examples for Hypothesis to reach the triggering shapes (ragged K, an activation).
+EXAMPLES = 30
+
+VARIANTS = {
+    name: (make_spec(fn, name=f"matmul[{name}]", differentiable=grads), _DTYPES.get(name, DTYPES), EXAMPLES)
+    for name, (fn, grads) in _BROKEN.items()
 }

@@ -15,6 +15,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallascheck.kernels import norms
+from pallascheck.properties.norms_spec import make_spec
+from pallascheck.properties.strategies import DTYPES
 
 # --------------------------------------------------------------------- forward bodies
 
@@ -161,16 +163,22 @@ ln_dscale_drops_last_row_block = _variant(
     backward_body=_dscale_drops_last_row_block_backward,
 )
 
-VARIANTS: dict[str, tuple[str, Callable]] = {
-    name: (fn.kind, fn)
-    for name, fn in {
-        "ln_one_pass_variance_in_input_dtype": ln_one_pass_variance_in_input_dtype,
-        "ln_eps_outside_sqrt": ln_eps_outside_sqrt,
-        "ln_backward_missing_rstd": ln_backward_missing_rstd,
-        "ln_backward_missing_projection": ln_backward_missing_projection,
-        "rms_eps_outside_sqrt": rms_eps_outside_sqrt,
-        "rms_backward_missing_rstd": rms_backward_missing_rstd,
-        "ln_unmasked_padding": ln_unmasked_padding,
-        "ln_dscale_drops_last_row_block": ln_dscale_drops_last_row_block,
-    }.items()
+_BROKEN = {
+    "ln_one_pass_variance_in_input_dtype": ln_one_pass_variance_in_input_dtype,
+    "ln_eps_outside_sqrt": ln_eps_outside_sqrt,
+    "ln_backward_missing_rstd": ln_backward_missing_rstd,
+    "ln_backward_missing_projection": ln_backward_missing_projection,
+    "rms_eps_outside_sqrt": rms_eps_outside_sqrt,
+    "rms_backward_missing_rstd": rms_backward_missing_rstd,
+    "ln_unmasked_padding": ln_unmasked_padding,
+    "ln_dscale_drops_last_row_block": ln_dscale_drops_last_row_block,
+}
+# E[x^2] - E[x]^2 accumulated in f32 is the real kernel's precision class for f32
+# input; in bf16/f16 it cancels catastrophically.
+_DTYPES = {"ln_one_pass_variance_in_input_dtype": ("bfloat16", "float16")}
+EXAMPLES = 30
+
+VARIANTS = {
+    name: (make_spec(fn.kind, fn, name=f"{fn.kind}[{name}]"), _DTYPES.get(name, DTYPES), EXAMPLES)
+    for name, fn in _BROKEN.items()
 }
