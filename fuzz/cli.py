@@ -1,6 +1,7 @@
 """The ``pallascheck`` command.
 
     pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--json PATH]
+    pallascheck fuzz [--backend B] [--minutes M] [--kernel K ...] [--dtype D ...] [--corpus DIR]
     pallascheck replay FILE.npz [--backend B]
     pallascheck bench [--backend gpu] [--op FAMILY] [--json PATH]
 
@@ -113,6 +114,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from . import campaign
+
+    backend = get_backend(args.backend)
+    specs = [get_spec(name) for name in (args.kernel or registry())]
+    print(f"fuzzing {', '.join(s.name for s in specs)} on {backend} for {args.minutes:g} min; corpus {args.corpus}/")
+    result = campaign.run(
+        specs, backend, args.corpus, seconds=60.0 * args.minutes, examples_per_round=args.examples,
+        first_seed=args.seed, dtypes=args.dtype,
+    )
+    status = "interrupted" if result.interrupted else "done"
+    print(f"{status}: {result.rounds} rounds, {result.examples} passing examples, {len(result.findings)} findings")
+    for finding in result.findings:
+        print(f"\n{finding.kernel} {finding.dtype} (seed {finding.seed}): saved {', '.join(finding.saved) or 'nothing'}")
+        print(finding.message)
+    if result.interrupted:
+        return 130
+    return 1 if result.findings else 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     case = Case.load(args.file)
     meta: dict[str, Any] = dict(case.params).pop("__failure__")
@@ -158,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", help="also write the table as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
     verify.set_defaults(func=cmd_verify)
+    fuzz = sub.add_parser("fuzz", help="fuzz kernels until the time is up, keeping every failing case")
+    fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
+    fuzz.add_argument("--minutes", type=float, default=10.0)
+    fuzz.add_argument("--examples", type=int, default=50, help="examples per kernel, dtype and round")
+    fuzz.add_argument("--seed", type=int, default=1000, help="the first round's Hypothesis seed (then +1 per round)")
+    fuzz.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
+    fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers and the log go")
+    fuzz.set_defaults(func=cmd_fuzz)
     replay = sub.add_parser("replay", help="re-run the checks on a saved failing case")
     replay.add_argument("file")
     replay.add_argument("--backend", default=None)

@@ -179,7 +179,7 @@ def run_property(
         case, config = case_and_config
         try:
             check_case(spec, case, config, backend, context=context, selected=selected, tally=tally)
-        except checks.CheckFailure as failure:
+        except Exception as failure:  # a crash is a finding too: keep its input
             if failure_dir is not None:
                 save_failure(failure_dir, spec, dtype, backend, case, config, failure)
             raise
@@ -203,10 +203,15 @@ def run_property(
 
 def save_failure(
     directory: str, spec: KernelSpec, dtype: str, backend: Backend, case: Case, config: Any,
-    failure: checks.CheckFailure,
+    failure: Exception,
 ) -> str:
+    """Save the failing case as ``<kernel>-<dtype>-<check>.npz`` ("crash" for an exception
+    that is not a CheckFailure) under ``directory``; returns the path."""
     os.makedirs(directory, exist_ok=True)
-    check = failure.outcome.check.split(":")[0]
+    if isinstance(failure, checks.CheckFailure):
+        check = failure.outcome.check.split(":")[0]
+    else:
+        check, failure = "crash", f"{type(failure).__name__}: {failure}"
     path = os.path.join(directory, f"{spec.name}-{dtype}-{check}.npz")
     meta = {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "check": check,
             "config": config_to_json(config), "message": str(failure)}
