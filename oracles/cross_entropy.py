@@ -115,9 +115,16 @@ def _constant(exact: float) -> Bounded:
     return Bounded(np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact))
 
 
-def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int) -> Bounded:
-    """lse [T] as the kernel (block_v tiles per shard) or XLA (block_v None) computes it."""
+def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+                 logit_err: np.ndarray | None = None) -> Bounded:
+    """lse [T] as the kernel (block_v tiles per shard) or XLA (block_v None) computes it.
+
+    ``logit_err`` [T, V]: errors of computed logits (the fused kernel's dot). The
+    replay then runs on the computed logits; logsumexp is 1-Lipschitz in the max norm,
+    so they add max_j err_j, and every difference in the replay may grow by 2 max_j err_j.
+    """
     tokens, vocab = z.shape
+    worst = np.zeros(tokens) if logit_err is None else logit_err.max(axis=1)
     local = vocab // shards
     width = local if block_v is None else min(block_v, local)
     tiles = -(-local // width)
@@ -132,7 +139,7 @@ def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shard
         big = shard_max.max(axis=1)  # M
         m_k = running[:, :, :, None]
         args = (m_k - zt) + (shard_max[:, :, None, None] - m_k) + (big[:, None, None, None] - shard_max[:, :, None, None])
-        a = 2.0 * U32 * args
+        a = 2.0 * U32 * (args + 2.0 * worst[:, None, None, None])
         rescales = (tiles - 1) + (1 if shards > 1 else 0)
         e = np.exp(zt - big[:, None, None, None])
         ulps = (1 + t) ** (1 + rescales) * (1 + U32) ** rescales  # the exps and rescale multiplies
@@ -147,42 +154,49 @@ def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shard
         log_err = np.where(rel < 1.0, -np.log1p(-np.minimum(rel, 1.0)), np.inf)
     log_value = np.log(e_sum)
     log_err = log_err + t * (np.abs(log_value) + log_err) + floor
-    return algebra.add(Bounded.exact(big), Bounded(log_value, log_err), arith=arith)
+    return algebra.add(Bounded(big, worst), Bounded(log_value, log_err), arith=arith)
 
 
-def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int) -> Bounded:
+def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+               logit_err: np.ndarray | None = None) -> Bounded:
     tokens, vocab = z.shape
     local = vocab // shards
     width = local if block_v is None else min(block_v, local)
     depth = (width - 1) + (-(-local // width) - 1) + (shards - 1)
-    magnitude = np.abs(z).sum(axis=1)
-    err = gamma(depth, U32) * magnitude + (vocab - 1) * underflow_floor(F32, arith)
+    propagated = 0.0 if logit_err is None else logit_err.sum(axis=1)
+    magnitude = np.abs(z).sum(axis=1) + propagated
+    err = propagated + gamma(depth, U32) * magnitude + (vocab - 1) * underflow_floor(F32, arith)
     err = np.where(magnitude <= largest_finite(F32), err, np.inf)
     return Bounded(z.sum(axis=1), err)
 
 
-def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1) -> Bounded:
-    """Per-token loss [T] with its error (0 where ignored), before any reduction."""
+def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
+                     logit_err: np.ndarray | None = None) -> Bounded:
+    """Per-token loss [T] with its error (0 where ignored), before any reduction.
+    ``logit_err``: errors of the computed logits (None: the logits are inputs, exact)."""
     z = ref.z
     vocab = z.shape[1]
     kw = dict(arith=arith, dtype=F32)
-    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards)
+    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     loss = lse
     safe = np.where(ref.ignored, 0, ref.labels)
-    target = Bounded.exact(np.take_along_axis(z, safe[:, None], axis=1)[:, 0])
+    target_err = np.zeros(len(safe)) if logit_err is None else np.take_along_axis(logit_err, safe[:, None], axis=1)[:, 0]
+    target = Bounded(np.take_along_axis(z, safe[:, None], axis=1)[:, 0], target_err)
     if np.float32(1.0 - ref.eps) != 0.0:
         term = algebra.multiply(_constant(1.0 - ref.eps), target, **kw)
         loss = algebra.add(loss, Bounded(-term.value, term.err), **kw)
     if np.float32(ref.eps) != 0.0:
-        mean = algebra.divide(_logit_sum(z, arith=arith, block_v=block_v, shards=shards), Bounded.exact(vocab), **kw)
+        total = _logit_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+        mean = algebra.divide(total, Bounded.exact(vocab), **kw)
         term = algebra.multiply(_constant(ref.eps), mean, **kw)
         loss = algebra.add(loss, Bounded(-term.value, term.err), **kw)
     return Bounded(np.where(ref.ignored, 0.0, ref.token_loss), np.where(ref.ignored, 0.0, loss.err))
 
 
-def loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1) -> np.ndarray:
+def loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
+               logit_err: np.ndarray | None = None) -> np.ndarray:
     """|kernel - oracle| for the reduced (or per-token) loss; see the module docstring."""
-    token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards)
+    token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     if ref.reduction == "none":
         return token.err.reshape(np.shape(ref.out))
     kw = dict(arith=arith, dtype=F32)
@@ -222,18 +236,21 @@ def oracle_vjp(ref: CrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]
     return {"dlogits": dz}
 
 
-def gradient_bound(
-    ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic, block_v: int, shards: int = 1,
-) -> dict[str, np.ndarray]:
-    """Bound on dlogits [T, V] of the backward kernel; see the module docstring."""
+def dlogits_f32(
+    ref: CrossEntropyOracle, cotangent: Any, *, arith: Arithmetic, block_v: int, shards: int = 1,
+    logit_err: np.ndarray | None = None,
+) -> Bounded:
+    """dlogits [T, V] as the backward kernel computes it in f32, before its rounding."""
     z = ref.z
     vocab = z.shape[1]
     kw = dict(arith=arith, dtype=F32)
     t = arith.transcendental_rel(F32)
-    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards)
+    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(z - lse.value[:, None])
         arg_err = lse.err[:, None] + 2.0 * U32 * np.abs(z - lse.value[:, None])
+        if logit_err is not None:
+            arg_err = arg_err + logit_err * (1 + 2.0 * U32)
         rel = np.expm1(arg_err) * (1 + t) + t
         p_err = np.where(p == 0.0, 0.0, p * rel) + underflow_floor(F32, arith)
     d = Bounded(p, p_err)
@@ -246,5 +263,13 @@ def gradient_bound(
         d = algebra.add(d, Bounded(np.full_like(p, -c3.value), np.full_like(p, c3.err)), **kw)
     g = token_cotangent(ref, cotangent)
     d = algebra.multiply(Bounded(g.value[:, None], g.err[:, None]), d, **kw)
+    return Bounded(np.where(ref.ignored[:, None], 0.0, d.value), np.where(ref.ignored[:, None], 0.0, d.err))
+
+
+def gradient_bound(
+    ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic, block_v: int, shards: int = 1,
+) -> dict[str, np.ndarray]:
+    """Bound on dlogits [T, V] of the backward kernel; see the module docstring."""
+    d = dlogits_f32(ref, cotangent, arith=arith, block_v=block_v, shards=shards)
     out = algebra.round_to(d, logits_dtype, arith)
     return {"dlogits": np.where(ref.ignored[:, None], 0.0, out.err)}
