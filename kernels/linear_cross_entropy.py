@@ -245,58 +245,69 @@ def backward_call(x, w, labels, lse, g, *, c1: float, c3: float, config: Config,
     return dx, dw
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _core(x, w, labels, eps, ignore_index, config, backend):
-    return _token_losses(x, w, labels, eps, ignore_index, config, backend)[0]
+def make_linear_softmax_cross_entropy(
+    forward_body: Callable[..., None] = _forward_kernel,
+    dx_body: Callable[..., None] = _dx_kernel,
+    dw_body: Callable[..., None] = _dw_kernel,
+) -> Callable[..., jax.Array]:
+    """Build ``linear_softmax_cross_entropy`` (same public signature) around the given bodies."""
+
+    def token_losses(x, w, labels, eps, ignore_index, config, backend):
+        vocab = w.shape[1]
+        stats = forward_call(x, w, labels, config=config, backend=backend, body=forward_body)
+        loss, lse = ce.finish(stats, label_smoothing=eps, vocab=vocab)
+        ignored = labels == ignore_index
+        invalid = ~ignored & ((labels < 0) | (labels >= vocab))
+        return jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, loss)), lse, ignored, invalid
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+    def core(x, w, labels, eps, ignore_index, config, backend):
+        return token_losses(x, w, labels, eps, ignore_index, config, backend)[0]
+
+    def core_fwd(x, w, labels, eps, ignore_index, config, backend):
+        loss, lse, ignored, invalid = token_losses(x, w, labels, eps, ignore_index, config, backend)
+        return loss, (x, w, labels, lse, ignored, invalid)
+
+    def core_bwd(eps, ignore_index, config, backend, residuals, g):
+        x, w, labels, lse, ignored, invalid = residuals
+        c1, _, c3 = ce.constants(eps, w.shape[1])
+        g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
+        dx, dw = backward_call(x, w, labels, lse, g, c1=c1, c3=c3, config=config, backend=backend,
+                               dx_body=dx_body, dw_body=dw_body)
+        return dx, dw, np.zeros(labels.shape, jax.dtypes.float0)
+
+    core.defvjp(core_fwd, core_bwd)
+
+    @functools.partial(jax.jit, static_argnames=("eps", "ignore_index", "reduction", "config", "backend"))
+    def apply(x, w, labels, *, eps, ignore_index, reduction, config, backend):
+        labels = labels.astype(jnp.int32)
+        losses = core(x, w, labels, eps, ignore_index, config, backend)
+        return ce.reduce(losses, labels != ignore_index, reduction)
+
+    def linear_softmax_cross_entropy(
+        x: jax.Array,
+        w: jax.Array,
+        labels: jax.Array,
+        *,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        config: Config | None = None,
+        backend: "str | Backend | None" = None,
+    ) -> jax.Array:
+        """``cross_entropy(x @ w, labels, ...)`` for x [T, H], w [H, V] (same float dtype),
+        labels [T], without materialising the logits. Returns float32; differentiable in
+        x and w (Pallas backward kernels)."""
+        config = Config() if config is None else config
+        eps = _validate(x, w, labels, label_smoothing, ignore_index, reduction, config)
+        return apply(x, w, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
+                     config=config, backend=get_backend(backend))
+
+    return linear_softmax_cross_entropy
 
 
-def _token_losses(x, w, labels, eps, ignore_index, config, backend):
-    vocab = w.shape[1]
-    stats = forward_call(x, w, labels, config=config, backend=backend)
-    loss, lse = ce.finish(stats, label_smoothing=eps, vocab=vocab)
-    ignored = labels == ignore_index
-    invalid = ~ignored & ((labels < 0) | (labels >= vocab))
-    return jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, loss)), lse, ignored, invalid
-
-
-def _core_fwd(x, w, labels, eps, ignore_index, config, backend):
-    loss, lse, ignored, invalid = _token_losses(x, w, labels, eps, ignore_index, config, backend)
-    return loss, (x, w, labels, lse, ignored, invalid)
-
-
-def _core_bwd(eps, ignore_index, config, backend, residuals, g):
-    x, w, labels, lse, ignored, invalid = residuals
-    c1, _, c3 = ce.constants(eps, w.shape[1])
-    g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
-    dx, dw = backward_call(x, w, labels, lse, g, c1=c1, c3=c3, config=config, backend=backend)
-    return dx, dw, np.zeros(labels.shape, jax.dtypes.float0)
-
-
-_core.defvjp(_core_fwd, _core_bwd)
-
-
-@functools.partial(jax.jit, static_argnames=("eps", "ignore_index", "reduction", "config", "backend"))
-def _apply(x, w, labels, *, eps, ignore_index, reduction, config, backend):
-    labels = labels.astype(jnp.int32)
-    losses = _core(x, w, labels, eps, ignore_index, config, backend)
-    return ce.reduce(losses, labels != ignore_index, reduction)
-
-
-def linear_softmax_cross_entropy(
-    x: jax.Array,
-    w: jax.Array,
-    labels: jax.Array,
-    *,
-    label_smoothing: float = 0.0,
-    ignore_index: int = -100,
-    reduction: str = "mean",
-    config: Config | None = None,
-    backend: "str | Backend | None" = None,
-) -> jax.Array:
-    """``cross_entropy(x @ w, labels, ...)`` for x [T, H], w [H, V] (same float dtype),
-    labels [T], without materialising the logits. Returns float32; differentiable in
-    x and w (Pallas backward kernels)."""
-    config = Config() if config is None else config
+def _validate(x: Any, w: Any, labels: Any, label_smoothing: Any, ignore_index: Any, reduction: Any,
+              config: Any) -> float:
     for name, a in (("x", x), ("w", w)):
         validation.require_array(name, a)
         validation.require_rank(name, a, 2)
@@ -309,9 +320,10 @@ def linear_softmax_cross_entropy(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a linear_cross_entropy.Config, got {type(config).__name__}")
     logits_like = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
-    eps = ce.validate(logits_like, labels, label_smoothing, ignore_index, reduction, ce.Config(), None)
-    return _apply(x, w, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
-                  config=config, backend=get_backend(backend))
+    return ce.validate(logits_like, labels, label_smoothing, ignore_index, reduction, ce.Config(), None)
+
+
+linear_softmax_cross_entropy = make_linear_softmax_cross_entropy()
 
 
 def xla_reference(

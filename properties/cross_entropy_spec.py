@@ -18,7 +18,8 @@ rounding; the oracle computes it, and the allowed gap is both kernel bounds plus
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -67,13 +68,20 @@ def logits_of(seed: int, tokens: int, vocab: int, dtype: str, kind: str) -> tupl
     return z.astype(np_dtype), forced
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case]:
+    """Drawn cases; ``regime`` pins some choices (keys "kind", "ignored",
+    "label_smoothing", "reduction") to aim a campaign at one part of the input space."""
+    regime = dict(regime or {})
+
+    def pick(key: str, options: Any) -> st.SearchStrategy[Any]:
+        return st.just(regime[key]) if key in regime else st.sampled_from(options)
+
     @st.composite
     def draw(draw_) -> Case:
         leading = draw_(st.sampled_from(LEADING_SHAPES))
         vocab = draw_(strategies.dims(VOCABS))
         tokens = int(np.prod(leading))
-        kind = draw_(st.sampled_from(LOGIT_KINDS))
+        kind = draw_(pick("kind", LOGIT_KINDS))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed + 1)
         logits, forced = logits_of(seed, tokens, vocab, dtype, kind)
@@ -82,11 +90,11 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
                   "last": np.full(tokens, vocab - 1)}[pinned]
         if forced is not None:
             labels = forced
-        ignored = rng.random(tokens) < draw_(st.sampled_from((0.0, 0.3, 1.0)))
+        ignored = rng.random(tokens) < draw_(pick("ignored", (0.0, 0.3, 1.0)))
         labels = np.where(ignored, IGNORE_INDEX, labels).astype(np.int32)
-        eps = 0.0 if kind in ("near_max", "one_finite") else draw_(st.sampled_from(SMOOTHING))
+        eps = 0.0 if kind in ("near_max", "one_finite") else draw_(pick("label_smoothing", SMOOTHING))
         # near_max per-token losses reach max/4: their sum would overflow f32
-        reduction = "none" if kind == "near_max" else draw_(st.sampled_from(ce.REDUCTIONS))
+        reduction = "none" if kind == "near_max" else draw_(pick("reduction", ce.REDUCTIONS))
         out_shape = leading if reduction == "none" else ()
         return Case(
             arrays={
@@ -138,8 +146,9 @@ def _shifted(case: Case) -> Case:
 
 
 def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "cross_entropy",
-              dtypes: tuple[str, ...] = DTYPES) -> KernelSpec:
-    """The spec for ``kernel`` (default: the shipped one; any callable with its signature)."""
+              dtypes: tuple[str, ...] = DTYPES, regime: Mapping[str, Any] | None = None) -> KernelSpec:
+    """The spec for ``kernel`` (default: the shipped one; any callable with its
+    signature); ``regime`` pins parts of the case strategy (see ``cases``)."""
 
     def run(case: Case, config: Any, backend: Backend) -> jax.Array:
         return kernel(jnp.asarray(case.arrays["logits"]), jnp.asarray(case.arrays["labels"]), config=config,
@@ -167,7 +176,7 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
     return KernelSpec(
         name=name,
         dtypes=dtypes,
-        cases=cases,
+        cases=functools.partial(cases, regime=regime),
         kernel=run,
         reference=run_reference,
         oracle=_oracle,
