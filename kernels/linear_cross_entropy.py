@@ -17,13 +17,15 @@ are written; the loss is finished in XLA exactly as in cross_entropy.
 
 Backward kernels (``custom_vjp``; residuals x, w, labels, lse). Both recompute
 logits tiles and ``dlogits = g * ((exp(z - lse) - c1 onehot) - c3)`` in f32, round it
-to the input dtype (the dot operands must share a dtype), and contract it:
-- dx: grid (token blocks, H blocks of block_h); loop over vocabulary tiles:
-  dx[:, hblock] += dlogits_tile @ w[hblock, tile]^T   (f32, rounded once to x.dtype)
-- dw: grid (H blocks, vocabulary tiles); loop over token blocks:
-  dw[hblock, tile] += x[tokens, hblock]^T @ dlogits_tile (f32, rounded once to w.dtype)
-The logits are recomputed once per H block in dx and once per H block in dw:
-memory stays O(T H + H V), compute grows by about 2 H / block_h matmuls of x @ w.
+to the input dtype (the dot operands must share a dtype), and contract it into an
+f32 output that the program owns, one H chunk at a time (read, add, write):
+- dx: grid over token blocks; for each vocabulary tile in order:
+  dx[rows, chunk] += dlogits_tile @ w[chunk, tile]^T
+- dw: grid over vocabulary tiles; for each token block in order:
+  dw[chunk, tile] += x[rows, chunk]^T @ dlogits_tile
+then XLA rounds dx and dw once to the input dtype. Each backward kernel recomputes
+the logits once, so forward + backward costs about four x @ w products and the
+memory stays O(T H + H V) (plus f32 copies of dx and dw).
 
 ``xla_reference`` is the naive path a user writes: ``jnp.dot(x, w,
 preferred_element_type=f32)`` materialising the logits, then
@@ -108,16 +110,16 @@ class Dims:
     def load(self, ref: Any, rows: Any, cols: Any, ok: jax.Array) -> jax.Array:
         return block_io.load(ref.at[rows, cols], ok, masked_io=self.masked_io)
 
-    def logits_tile(self, x_ref: Any, w_ref: Any, t0: Any, v0: Any) -> jax.Array:
-        """f32 (block_t, block_v) tile of x @ w: rows t0.., columns v0.. (padding 0)."""
+    def logits_tile(self, x_ref: Any, w_ref: Any, x_row: Any, w_col: Any, row_ok: jax.Array,
+                    col_ok: jax.Array) -> jax.Array:
+        """f32 (block_t, block_v) tile of x @ w from rows ``x_row``.. of the x block and
+        columns ``w_col``.. of the w block (offsets inside the refs), zero padding."""
         bt, bv, bh = self.config.block_t, self.config.block_v, self.config.block_h
-        row_ok = self.iota(t0, bt, 0) < self.tokens
-        col_ok = self.iota(v0, bv, 1) < self.vocab
 
         def chunk(k, acc):
             h0 = pl.multiple_of(k * bh, bh)
-            x = self.load(x_ref, pl.ds(t0, bt), pl.ds(h0, bh), row_ok & (self.iota(h0, bh, 1) < self.hidden))
-            w = self.load(w_ref, pl.ds(h0, bh), pl.ds(v0, bv), (self.iota(h0, bh, 0) < self.hidden) & col_ok)
+            x = self.load(x_ref, pl.ds(x_row, bt), pl.ds(h0, bh), row_ok & (self.iota(h0, bh, 1) < self.hidden))
+            w = self.load(w_ref, pl.ds(h0, bh), pl.ds(w_col, bv), (self.iota(h0, bh, 0) < self.hidden) & col_ok)
             return acc + jnp.dot(x, w, preferred_element_type=jnp.float32)
 
         return lax.fori_loop(0, self.h_chunks, chunk, jnp.zeros((bt, bv), jnp.float32))
@@ -130,17 +132,23 @@ class Dims:
             d = d - c3
         return jnp.where((g == 0.0) | (cols >= self.vocab), 0.0, g * d)
 
+    def accumulate(self, ref: Any, rows: Any, cols: Any, ok: jax.Array, update: jax.Array, first: Any) -> None:
+        """ref[rows, cols] (f32) = update on the first visit, += update after."""
+        old = block_io.load(ref.at[rows, cols], ok, masked_io=self.masked_io)
+        total = jnp.where(first, update, old + update)
+        block_io.store(ref.at[rows, cols], total, ok, masked_io=self.masked_io)
+
 
 def _forward_kernel(x_ref, w_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, dims: Dims):
+    """x block: this program's token rows; w: whole."""
     bt, bv = dims.config.block_t, dims.config.block_v
-    t0 = pl.program_id(0) * bt
-    row_ok = dims.iota(t0, bt, 0) < dims.tokens
+    row_ok = dims.iota(pl.program_id(0) * bt, bt, 0) < dims.tokens
     labels = block_io.load(labels_ref, row_ok, masked_io=dims.masked_io)
 
     def step(j, carry):
         v0 = pl.multiple_of(j * bv, bv)
         cols = dims.iota(v0, bv, 1)
-        z = dims.logits_tile(x_ref, w_ref, t0, v0)
+        z = dims.logits_tile(x_ref, w_ref, 0, v0, row_ok, cols < dims.vocab)
         return ce.online_update(carry, z, cols < dims.vocab, cols, labels)
 
     shape = (bt, 1)
@@ -150,57 +158,67 @@ def _forward_kernel(x_ref, w_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, di
 
 
 def _dx_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dx_ref, *, dims: Dims, c1: float, c3: float):
+    """x, dx (f32) blocks: this program's token rows; w: whole. For every vocabulary
+    tile: dlogits tile, then dx[:, chunk] += dlogits @ w[chunk, tile]^T per H chunk."""
     bt, bv, bh = dims.config.block_t, dims.config.block_v, dims.config.block_h
-    t0, h0 = pl.program_id(0) * bt, pl.program_id(1) * bh
-    row_ok = dims.iota(t0, bt, 0) < dims.tokens
-    h_ok = dims.iota(h0, bh, 0) < dims.hidden
-    labels = block_io.load(labels_ref, row_ok, masked_io=dims.masked_io)
-    lse = block_io.load(lse_ref, row_ok, masked_io=dims.masked_io)
-    g = block_io.load(g_ref, row_ok, masked_io=dims.masked_io)
+    row_ok = dims.iota(pl.program_id(0) * bt, bt, 0) < dims.tokens
+    labels, lse, g = (block_io.load(r, row_ok, masked_io=dims.masked_io) for r in (labels_ref, lse_ref, g_ref))
 
-    def step(j, acc):
+    def step(j, carry):
         v0 = pl.multiple_of(j * bv, bv)
         cols = dims.iota(v0, bv, 1)
-        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, t0, v0), cols, labels, lse, g, c1, c3)
-        w = dims.load(w_ref, pl.ds(h0, bh), pl.ds(v0, bv), h_ok & (cols < dims.vocab))
-        # (bt, bv) x (bh, bv) contracted over the vocabulary: dlogits @ w^T
-        return acc + lax.dot_general(d.astype(w.dtype), w, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
+        col_ok = cols < dims.vocab
+        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, 0, v0, row_ok, col_ok), cols, labels, lse, g, c1, c3)
 
-    dx = lax.fori_loop(0, dims.v_tiles, step, jnp.zeros((bt, bh), jnp.float32))
-    block_io.store(dx_ref, dx, row_ok & (dims.iota(h0, bh, 1) < dims.hidden), masked_io=dims.masked_io)
+        def chunk(k, c):
+            h0 = pl.multiple_of(k * bh, bh)
+            w = dims.load(w_ref, pl.ds(h0, bh), pl.ds(v0, bv), (dims.iota(h0, bh, 0) < dims.hidden) & col_ok)
+            # (bt, bv) x (bh, bv) contracted over the vocabulary: dlogits @ w^T
+            update = lax.dot_general(d.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            dims.accumulate(dx_ref, slice(None), pl.ds(h0, bh), row_ok & (dims.iota(h0, bh, 1) < dims.hidden),
+                            update, j == 0)
+            return c
+
+        return lax.fori_loop(0, dims.h_chunks, chunk, carry)
+
+    lax.fori_loop(0, dims.v_tiles, step, 0)
 
 
 def _dw_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dw_ref, *, dims: Dims, c1: float, c3: float):
+    """w, dw (f32) blocks: this program's vocabulary tile; x, labels, lse, g: whole.
+    For every token block: dlogits tile, then dw[chunk, :] += x[rows, chunk]^T @ dlogits."""
     bt, bv, bh = dims.config.block_t, dims.config.block_v, dims.config.block_h
-    h0, v0 = pl.program_id(0) * bh, pl.program_id(1) * bv
-    cols = dims.iota(v0, bv, 1)
-    h_cols = dims.iota(h0, bh, 1)
+    cols = dims.iota(pl.program_id(0) * bv, bv, 1)
+    col_ok = cols < dims.vocab
 
-    def step(i, acc):
+    def step(i, carry):
         t0 = pl.multiple_of(i * bt, bt)
         row_ok = dims.iota(t0, bt, 0) < dims.tokens
-        labels = dims.load(labels_ref, pl.ds(t0, bt), slice(None), row_ok)
-        lse = dims.load(lse_ref, pl.ds(t0, bt), slice(None), row_ok)
-        g = dims.load(g_ref, pl.ds(t0, bt), slice(None), row_ok)  # 0 past T: no contribution
-        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, t0, v0), cols, labels, lse, g, c1, c3)
-        x = dims.load(x_ref, pl.ds(t0, bt), pl.ds(h0, bh), row_ok & (h_cols < dims.hidden))
-        # (bt, bh) x (bt, bv) contracted over the tokens: x^T @ dlogits
-        return acc + lax.dot_general(x, d.astype(x.dtype), (((0,), (0,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
+        labels, lse, g = (dims.load(r, pl.ds(t0, bt), slice(None), row_ok) for r in (labels_ref, lse_ref, g_ref))
+        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, t0, 0, row_ok, col_ok), cols, labels, lse, g, c1, c3)
 
-    dw = lax.fori_loop(0, dims.t_blocks, step, jnp.zeros((bh, bv), jnp.float32))
-    ok = (dims.iota(h0, bh, 0) < dims.hidden) & (cols < dims.vocab)
-    block_io.store(dw_ref, dw, ok, masked_io=dims.masked_io)
+        def chunk(k, c):
+            h0 = pl.multiple_of(k * bh, bh)
+            h_ok = dims.iota(h0, bh, 1) < dims.hidden
+            x = dims.load(x_ref, pl.ds(t0, bt), pl.ds(h0, bh), row_ok & h_ok)
+            # (bt, bh) x (bt, bv) contracted over the tokens: x^T @ dlogits
+            update = lax.dot_general(x, d.astype(x.dtype), (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+            dims.accumulate(dw_ref, pl.ds(h0, bh), slice(None), (dims.iota(h0, bh, 0) < dims.hidden) & col_ok,
+                            update, i == 0)
+            return c
+
+        return lax.fori_loop(0, dims.h_chunks, chunk, carry)
+
+    lax.fori_loop(0, dims.t_blocks, step, 0)
 
 
 def _padded(size: int, block: int) -> int:
     return pl.cdiv(size, block) * block
 
 
-def _whole(shape: tuple[int, ...], grid_rank: int) -> pl.BlockSpec:
+def _whole(shape: tuple[int, ...]) -> pl.BlockSpec:
     zeros = (0,) * len(shape)
-    return pl.BlockSpec(shape, (lambda i: zeros) if grid_rank == 1 else (lambda i, j: zeros))
+    return pl.BlockSpec(shape, lambda i: zeros)
 
 
 def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callable[..., None] = _forward_kernel) -> ce.Stats:
@@ -212,7 +230,7 @@ def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callab
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)
     outs = backend.pallas_call(
         functools.partial(body, dims=dims), grid=(dims.t_blocks,),
-        in_specs=[pl.BlockSpec((bt, hp), lambda i: (i, 0)), _whole((hp, vp), 1), col],
+        in_specs=[pl.BlockSpec((bt, hp), lambda i: (i, 0)), _whole((hp, vp)), col],
         out_specs=[col] * 4, out_shape=[stat] * 4, num_warps=config.num_warps, num_stages=config.num_stages,
         dimension_semantics=("parallel",), name="pallascheck_linear_cross_entropy_fwd",
     )(x, w, labels.reshape(tokens, 1))
@@ -221,28 +239,29 @@ def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callab
 
 def backward_call(x, w, labels, lse, g, *, c1: float, c3: float, config: Config, backend: Backend,
                   dx_body: Callable[..., None] = _dx_kernel, dw_body: Callable[..., None] = _dw_kernel):
-    """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); lse, g: [T] f32."""
+    """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); lse, g: [T] f32. The kernels
+    accumulate in f32 outputs, rounded once to the input dtype here."""
     (tokens, hidden), vocab = x.shape, w.shape[1]
     dims = Dims(tokens, hidden, vocab, config, backend.name == "gpu")
     bt, bv, bh = config.block_t, config.block_v, config.block_h
     tp, hp, vp = _padded(tokens, bt), _padded(hidden, bh), _padded(vocab, bv)
     columns = [a.reshape(tokens, 1) for a in (labels, lse, g)]
-    common = dict(num_warps=config.num_warps, num_stages=config.num_stages,
-                  dimension_semantics=("parallel", "parallel"))
+    common = dict(num_warps=config.num_warps, num_stages=config.num_stages, dimension_semantics=("parallel",))
+    token_rows = pl.BlockSpec((bt, hp), lambda i: (i, 0))
     dx = backend.pallas_call(
-        functools.partial(dx_body, dims=dims, c1=c1, c3=c3), grid=(dims.t_blocks, dims.h_chunks),
-        in_specs=[pl.BlockSpec((bt, hp), lambda i, k: (i, 0)), _whole((hp, vp), 2)]
-        + [pl.BlockSpec((bt, 1), lambda i, k: (i, 0))] * 3,
-        out_specs=pl.BlockSpec((bt, bh), lambda i, k: (i, k)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), name="pallascheck_linear_cross_entropy_dx", **common,
+        functools.partial(dx_body, dims=dims, c1=c1, c3=c3), grid=(dims.t_blocks,),
+        in_specs=[token_rows, _whole((hp, vp))] + [pl.BlockSpec((bt, 1), lambda i: (i, 0))] * 3,
+        out_specs=token_rows, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
+        name="pallascheck_linear_cross_entropy_dx", **common,
     )(x, w, *columns)
+    vocab_cols = pl.BlockSpec((hp, bv), lambda j: (0, j))
     dw = backend.pallas_call(
-        functools.partial(dw_body, dims=dims, c1=c1, c3=c3), grid=(dims.h_chunks, dims.v_tiles),
-        in_specs=[_whole((tp, hp), 2), pl.BlockSpec((hp, bv), lambda k, j: (0, j))] + [_whole((tp, 1), 2)] * 3,
-        out_specs=pl.BlockSpec((bh, bv), lambda k, j: (k, j)),
-        out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype), name="pallascheck_linear_cross_entropy_dw", **common,
+        functools.partial(dw_body, dims=dims, c1=c1, c3=c3), grid=(dims.v_tiles,),
+        in_specs=[_whole((tp, hp)), vocab_cols] + [_whole((tp, 1))] * 3,
+        out_specs=vocab_cols, out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32),
+        name="pallascheck_linear_cross_entropy_dw", **common,
     )(x, w, *columns)
-    return dx, dw
+    return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 def make_linear_softmax_cross_entropy(

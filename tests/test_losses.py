@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallascheck.fuzz.bench_losses import linear_memory
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.properties import checks, runner
 from pallascheck.properties.cross_entropy_spec import IGNORE_INDEX, SPEC, logits_of
@@ -64,3 +65,13 @@ def test_real_vocabulary_sizes(vocab: int, backend) -> None:
     tally = runner.check_case(SPEC, case, config, backend, context=checks.Context("cross_entropy", dtype, str(backend)),
                               selected=("values", "gradients"))
     assert all(o.passed for o in tally.outcomes.values())
+
+
+def test_fused_linear_cross_entropy_never_holds_the_logits(backend) -> None:
+    """Compiled peak memory of forward+backward at T=1024, H=512, V=32000 (nothing
+    runs): the fused kernel saves at least one f32 [T, V] logits array against the
+    naive x @ w then cross-entropy (which holds the logits and their gradient)."""
+    tokens, hidden, vocab = 1024, 512, 32000
+    memory = linear_memory(tokens, hidden, vocab, "bfloat16", backend)
+    logits_mib = tokens * vocab * 4 / 2**20
+    assert memory["kernel_peak_MiB"] + logits_mib <= memory["naive_peak_MiB"], memory
