@@ -54,7 +54,10 @@ shard matches the label), then the statistics are combined:
 and the loss is finished as above on every device (it is replicated over the axis).
 The backward pass is local: each device writes its shard's gradient with the global
 lse and V. Differentiate inside the ``shard_map`` body (the loss is the same on
-every device of the axis).
+every device of the axis). Build the ``shard_map`` with ``check_vma=False``
+(``compat.shard_map_unchecked``): a ``pallas_call``'s outputs carry no varying-axes
+type. Label range errors are not raised in this mode (the labels are traced); out
+of range labels give NaN as under jit.
 
 ``xla_reference`` is what a careful user writes instead: plain ``jax.numpy`` with the
 logits upcast to f32 (``jax.nn.logsumexp``), the same formula, autodiff gradients.

@@ -5,7 +5,8 @@ ignore_index, reduction, config, backend)`` has exactly the semantics of
 ``cross_entropy(x @ w, labels, ...)`` (kernels/cross_entropy.py: smoothing
 convention, ignored tokens, "mean" over non-ignored tokens, 0 when all are ignored,
 f32 loss, bad labels) with the logits formed in f32 from ``x`` and ``w`` of the same
-dtype (f32, bf16 or f16).
+dtype (f32, bf16 or f16). There is no vocabulary-parallel mode here: shard the
+vocabulary with ``cross_entropy(..., axis_name=)`` on materialised logit shards.
 
 Forward kernel: a 1-D grid over blocks of ``block_t`` tokens. For each vocabulary
 tile of ``block_v`` columns the program forms the logits tile in registers,
