@@ -85,7 +85,6 @@ from . import block_io, validation
 from .backends import Backend, get_backend
 
 REDUCTIONS = ("mean", "sum", "none")
-LABEL_DTYPES = (jnp.int32, jnp.int64, jnp.int16, jnp.int8, jnp.uint8, jnp.uint16, jnp.uint32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,7 +214,7 @@ def _sum_tokens(token: Bounded, arith: Arithmetic) -> Bounded:
     return Bounded(np.float64(token.value.sum()), err if magnitude <= largest_finite(F32) else np.inf)
 
 
-def token_cotangent(ref: CrossEntropyOracle, cotangent: Any) -> Bounded:
+def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) -> Bounded:
     """The per-token cotangent the backward kernel receives, with its f32 error."""
     g = _f64(cotangent)
     tokens = ref.z.shape[0]
@@ -225,7 +225,7 @@ def token_cotangent(ref: CrossEntropyOracle, cotangent: Any) -> Bounded:
         value, err = np.full(tokens, float(g)), np.zeros(tokens)
     else:  # d(total / count) = g / count: one f32 division
         value = np.full(tokens, float(g) / ref.count)
-        err = U32 * np.abs(value) + underflow_floor(F32, Arithmetic("cpu"))
+        err = U32 * np.abs(value) + underflow_floor(F32, arith)
     return Bounded(np.where(ref.ignored, 0.0, value), np.where(ref.ignored, 0.0, err))
 
 
@@ -261,7 +261,7 @@ def dlogits_f32(
     if np.float32(ref.eps / vocab) != 0.0:
         c3 = _constant(ref.eps / vocab)
         d = algebra.add(d, Bounded(np.full_like(p, -c3.value), np.full_like(p, c3.err)), **kw)
-    g = token_cotangent(ref, cotangent)
+    g = token_cotangent(ref, cotangent, arith)
     d = algebra.multiply(Bounded(g.value[:, None], g.err[:, None]), d, **kw)
     return Bounded(np.where(ref.ignored[:, None], 0.0, d.value), np.where(ref.ignored[:, None], 0.0, d.err))
 
