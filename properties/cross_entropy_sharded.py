@@ -115,7 +115,7 @@ def sharded_matches_unsharded(
     return {"devices": len(devices), "examples": examples * len(dtypes), "budget": budget, "failure": ""}
 
 
-def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 1) -> Relation:
+def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 2) -> Relation:
     """A metamorphic relation for specs: the sharded kernel over ``devices`` CPU devices
     (interpret mode, whatever the backend under test) equals the unsharded one and the
     oracle. It runs one child process per case; the relation's "error" is the child's
