@@ -5,7 +5,9 @@ loss finish or the reduction) through ``make_cross_entropy`` (or one body of the
 fused kernel) and keeps the tiling, custom_vjp wiring and public signature, so the
 harness must catch it from the numbers alone. The unmerged-shard-max variant only
 differs under ``axis_name``; its spec adds the multi-device relation (a child
-process with 2 CPU devices), which the real kernel passes in tests/test_losses.py.
+process with 2 CPU devices, two cases: where every shard has the same max, e.g.
+few distinct values, the bug is invisible), which the real kernel passes in
+tests/test_losses.py.
 """
 from __future__ import annotations
 
