@@ -6,6 +6,7 @@ fastest config of its autotuning space.
 """
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 from typing import Any, Callable
@@ -94,6 +95,7 @@ def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
+    "losses": lambda backend: importlib.import_module("pallascheck.fuzz.bench_losses").bench(backend),  # imports this module
 }
 
 

@@ -61,3 +61,13 @@ def float64_enabled() -> Iterator[None]:
         from jax.experimental import enable_x64 as enable
     with enable(True):
         yield
+
+
+def shard_map_unchecked(f: Any, *, mesh: Any, in_specs: Any, out_specs: Any) -> Any:
+    """``shard_map`` without replication/varying-axes type checks (``check_vma=False``;
+    ``check_rep=False`` on the experimental one): a ``pallas_call``'s outputs carry no
+    varying-axes type, which the checked mode requires."""
+    try:
+        return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    except TypeError:  # pragma: no cover - jax.experimental.shard_map spells it check_rep
+        return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)

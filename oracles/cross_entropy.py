@@ -1,0 +1,275 @@
+"""Float64 oracle and error bounds for softmax cross-entropy (kernels/cross_entropy.py).
+
+Convention checked here (PyTorch / Transformer Engine): per token
+``loss = lse - (1 - eps) z_y - eps * mean_j z_j`` (= (1-eps)(lse - z_y) + eps(lse -
+mean z)); ignored tokens 0; "mean" divides by the non-ignored count (0 if none).
+
+Forward bound (``loss_bound``), replaying the kernel per token in f32 (u = 2^-24,
+t = the transcendental relative error, oracles/tolerance.py). Let the vocabulary be
+split into D shards (D = 1 unless vocab-parallel), each scanned in tiles of b columns;
+m_k is the running max after tile k of a shard (replayed exactly: max is exact), M_d
+the shard's max and M the global max. A term j in tile k reaches the sum as
+    exp(fl(z_j - m_k)) * prod_{rescales} exp(fl(m_i - m_{i+1}))   [ * exp(fl(M_d - M)) ]
+whose exact product is e_j = exp(z_j - M). Each difference rounds (u |difference|),
+and an exp that scales its argument (exp2(x log2 e) on Triton) rounds once more, so
+the arguments err by at most a_j = 2u[(m_k - z_j) + (M_d - m_k) + (M - M_d)]
+(the rescale differences telescope); each of the <= R = tiles - 1 (+1 across shards)
+rescales adds an exp (t) and a multiply (u). So term j has relative error
+    rho_j = e^{a_j} (1 + t)^{1+R} (1 + u)^R - 1.
+The sum runs within a tile (any order: b - 1 additions), then sequentially across
+tiles (tiles - 1) and shards (D - 1): depth k = (b - 1) + (tiles - 1) + (D - 1), so
+    |s^ - S| <= sum_j rho_j e_j + gamma_k sum_j e_j (1 + rho_j) + (V + R) * floor,
+with S = sum e_j >= 1 (the max term is 1). log: |log s^ - log S| <= -log(1 - E/S),
+plus t |log s^|. lse = M + log s rounds once. The target logit is exact (one term
+plus exact zeros); the logit sum errs by gamma_k sum|z_j|. The finish replays
+(lse - c1 t) - c2 (sz / V) with the f32 constants c1 = f32(1-eps), c2 = f32(eps)
+carrying their exactly known representation error. "sum"/"mean": a sum of T f32
+terms in unknown order (gamma_{T-1}) and one division by the count.
+
+``xla_reference`` is the same replay with one tile of all V columns (no rescales)
+summed in unknown order (depth V - 1).
+
+Gradient bound (``gradient_bound``): p_j = exp(fl(z_j - lse^)) with lse^ within
+E_lse, so its argument errs by E_lse + 2u |z_j - lse| (the same two roundings as
+above), a relative error expm1 of that, then t; then d = (p - c1 onehot) - c3 with
+c3 = f32(eps / V), times the per-token cotangent g (for "mean" g / count, one f32
+division), each step rounding in f32 (oracles/algebra.py), and one rounding to the
+logits dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import scipy.special
+
+from . import algebra
+from .algebra import Bounded, underflow_floor
+from .gradients import vjp64
+from .tolerance import Arithmetic, gamma, largest_finite, unit_roundoff
+
+F32 = np.float32
+U32 = unit_roundoff(F32)
+
+
+def _f64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def reference64(z, labels, *, eps: float, ignore_index: int, reduction: str):
+    """The float64 function of the logits z [T, V] (numpy or jax.numpy; labels numpy)."""
+    xp = np if isinstance(z, np.ndarray) else jnp
+    logsumexp = scipy.special.logsumexp if xp is np else __import__("jax").nn.logsumexp
+    vocab = z.shape[1]
+    ignored = labels == ignore_index
+    safe = np.where(ignored, 0, labels)
+    lse = logsumexp(z, axis=1)
+    target = xp.take_along_axis(z, safe[:, None], axis=1)[:, 0]
+    loss = lse
+    if eps != 1.0:  # skipped terms: no 0 * (-inf) for masked logits
+        loss = loss - (1.0 - eps) * target
+    if eps != 0.0:
+        loss = loss - eps * xp.sum(z, axis=1) / vocab
+    loss = xp.where(ignored, 0.0, loss)
+    if reduction == "none":
+        return loss
+    total = xp.sum(loss)
+    return total if reduction == "sum" else total / max(int((~ignored).sum()), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyOracle:
+    out: np.ndarray  # float64: the reduced loss (scalar) or per-token losses [T]
+    z: np.ndarray  # logits [T, V], float64
+    labels: np.ndarray  # [T] int64
+    eps: float
+    ignore_index: int
+    reduction: str
+    lse: np.ndarray  # [T]
+    token_loss: np.ndarray  # [T]
+
+    @property
+    def ignored(self) -> np.ndarray:
+        return self.labels == self.ignore_index
+
+    @property
+    def count(self) -> int:
+        return max(int((~self.ignored).sum()), 1)
+
+
+def oracle(logits: Any, labels: Any, *, eps: float, ignore_index: int, reduction: str) -> CrossEntropyOracle:
+    z = _f64(logits).reshape(-1, np.shape(logits)[-1])
+    y = np.asarray(labels).astype(np.int64).reshape(-1)
+    kw = dict(eps=eps, ignore_index=ignore_index)
+    token = reference64(z, y, reduction="none", **kw)
+    out = reference64(z, y, reduction=reduction, **kw)
+    if reduction == "none":
+        out = out.reshape(np.shape(labels))
+    return CrossEntropyOracle(_f64(out), z, y, eps, ignore_index, reduction, scipy.special.logsumexp(z, axis=1), token)
+
+
+def _constant(exact: float) -> Bounded:
+    """A constant the kernel holds as f32: its representation error is known exactly."""
+    return Bounded(np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact))
+
+
+def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+                 logit_err: np.ndarray | None = None) -> Bounded:
+    """lse [T] as the kernel (block_v tiles per shard) or XLA (block_v None) computes it.
+
+    ``logit_err`` [T, V]: errors of computed logits (the fused kernel's dot). The
+    replay then runs on the computed logits; logsumexp is 1-Lipschitz in the max norm,
+    so they add max_j err_j, and every difference in the replay may grow by 2 max_j err_j.
+    """
+    tokens, vocab = z.shape
+    worst = np.zeros(tokens) if logit_err is None else logit_err.max(axis=1)
+    local = vocab // shards
+    width = local if block_v is None else min(block_v, local)
+    tiles = -(-local // width)
+    t = arith.transcendental_rel(F32)
+    floor = underflow_floor(F32, arith)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # the last tile's padding is masked to -inf, as in the kernel
+        padding = np.full((tokens, shards, tiles * width - local), -np.inf)
+        zt = np.concatenate([z.reshape(tokens, shards, local), padding], axis=2).reshape(tokens, shards, tiles, width)
+        running = np.maximum.accumulate(zt.max(axis=3), axis=2)  # m_k
+        shard_max = running[:, :, -1]  # M_d
+        big = shard_max.max(axis=1)  # M
+        m_k = running[:, :, :, None]
+        args = (m_k - zt) + (shard_max[:, :, None, None] - m_k) + (big[:, None, None, None] - shard_max[:, :, None, None])
+        a = 2.0 * U32 * (args + 2.0 * worst[:, None, None, None])
+        rescales = (tiles - 1) + (1 if shards > 1 else 0)
+        e = np.exp(zt - big[:, None, None, None])
+        ulps = (1 + t) ** (1 + rescales) * (1 + U32) ** rescales  # the exps and rescale multiplies
+        rho = np.expm1(a) * ulps + (ulps - 1)  # e^a * ulps - 1
+        perturbation = np.where(e == 0.0, 0.0, e * rho)
+    e_sum = e.sum(axis=(1, 2, 3))
+    depth = (width - 1) + (tiles - 1) + (shards - 1)
+    err_s = perturbation.sum(axis=(1, 2, 3)) + gamma(depth, U32) * (e_sum + perturbation.sum(axis=(1, 2, 3)))
+    err_s = err_s + (vocab + rescales) * floor
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = err_s / e_sum
+        log_err = np.where(rel < 1.0, -np.log1p(-np.minimum(rel, 1.0)), np.inf)
+    log_value = np.log(e_sum)
+    log_err = log_err + t * (np.abs(log_value) + log_err) + floor
+    return algebra.add(Bounded(big, worst), Bounded(log_value, log_err), arith=arith)
+
+
+def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+               logit_err: np.ndarray | None = None) -> Bounded:
+    tokens, vocab = z.shape
+    local = vocab // shards
+    width = local if block_v is None else min(block_v, local)
+    depth = (width - 1) + (-(-local // width) - 1) + (shards - 1)
+    propagated = 0.0 if logit_err is None else logit_err.sum(axis=1)
+    magnitude = np.abs(z).sum(axis=1) + propagated
+    err = propagated + gamma(depth, U32) * magnitude + (vocab - 1) * underflow_floor(F32, arith)
+    err = np.where(magnitude <= largest_finite(F32), err, np.inf)
+    return Bounded(z.sum(axis=1), err)
+
+
+def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
+                     logit_err: np.ndarray | None = None) -> Bounded:
+    """Per-token loss [T] with its error (0 where ignored), before any reduction.
+    ``logit_err``: errors of the computed logits (None: the logits are inputs, exact)."""
+    z = ref.z
+    vocab = z.shape[1]
+    kw = dict(arith=arith, dtype=F32)
+    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    loss = lse
+    safe = np.where(ref.ignored, 0, ref.labels)
+    target_err = np.zeros(len(safe)) if logit_err is None else np.take_along_axis(logit_err, safe[:, None], axis=1)[:, 0]
+    target = Bounded(np.take_along_axis(z, safe[:, None], axis=1)[:, 0], target_err)
+    if np.float32(1.0 - ref.eps) != 0.0:
+        term = algebra.multiply(_constant(1.0 - ref.eps), target, **kw)
+        loss = algebra.add(loss, Bounded(-term.value, term.err), **kw)
+    if np.float32(ref.eps) != 0.0:
+        total = _logit_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+        mean = algebra.divide(total, Bounded.exact(vocab), **kw)
+        term = algebra.multiply(_constant(ref.eps), mean, **kw)
+        loss = algebra.add(loss, Bounded(-term.value, term.err), **kw)
+    return Bounded(np.where(ref.ignored, 0.0, ref.token_loss), np.where(ref.ignored, 0.0, loss.err))
+
+
+def loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
+               logit_err: np.ndarray | None = None) -> np.ndarray:
+    """|kernel - oracle| for the reduced (or per-token) loss; see the module docstring."""
+    token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    if ref.reduction == "none":
+        return token.err.reshape(np.shape(ref.out))
+    kw = dict(arith=arith, dtype=F32)
+    total = _sum_tokens(token, arith)
+    if ref.reduction == "mean":
+        total = algebra.divide(total, Bounded.exact(float(ref.count)), **kw)
+    return np.asarray(total.err)
+
+
+def _sum_tokens(token: Bounded, arith: Arithmetic) -> Bounded:
+    """sum over T f32 terms, order unknown (XLA reduce): gamma_{T-1}."""
+    n = token.value.shape[0]
+    magnitude = token.magnitude.sum()
+    err = token.err.sum() + gamma(max(n - 1, 0), U32) * magnitude + max(n - 1, 0) * underflow_floor(F32, arith)
+    return Bounded(np.float64(token.value.sum()), err if magnitude <= largest_finite(F32) else np.inf)
+
+
+def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) -> Bounded:
+    """The per-token cotangent the backward kernel receives, with its f32 error."""
+    g = _f64(cotangent)
+    tokens = ref.z.shape[0]
+    if ref.reduction == "none":
+        value = g.reshape(tokens)
+        err = np.zeros(tokens)
+    elif ref.reduction == "sum":
+        value, err = np.full(tokens, float(g)), np.zeros(tokens)
+    else:  # d(total / count) = g / count: one f32 division
+        value = np.full(tokens, float(g) / ref.count)
+        err = U32 * np.abs(value) + underflow_floor(F32, arith)
+    return Bounded(np.where(ref.ignored, 0.0, value), np.where(ref.ignored, 0.0, err))
+
+
+def oracle_vjp(ref: CrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
+    fn = lambda z: reference64(z, ref.labels, eps=ref.eps, ignore_index=ref.ignore_index, reduction=ref.reduction)  # noqa: E731
+    g = _f64(cotangent).reshape(-1) if ref.reduction == "none" else _f64(cotangent)
+    (dz,) = vjp64(fn, (ref.z,), g)
+    return {"dlogits": dz}
+
+
+def dlogits_f32(
+    ref: CrossEntropyOracle, cotangent: Any, *, arith: Arithmetic, block_v: int, shards: int = 1,
+    logit_err: np.ndarray | None = None,
+) -> Bounded:
+    """dlogits [T, V] as the backward kernel computes it in f32, before its rounding."""
+    z = ref.z
+    vocab = z.shape[1]
+    kw = dict(arith=arith, dtype=F32)
+    t = arith.transcendental_rel(F32)
+    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(z - lse.value[:, None])
+        arg_err = lse.err[:, None] + 2.0 * U32 * np.abs(z - lse.value[:, None])
+        if logit_err is not None:
+            arg_err = arg_err + logit_err * (1 + 2.0 * U32)
+        rel = np.expm1(arg_err) * (1 + t) + t
+        p_err = np.where(p == 0.0, 0.0, p * rel) + underflow_floor(F32, arith)
+    d = Bounded(p, p_err)
+    onehot = (np.arange(vocab)[None, :] == np.where(ref.ignored, -1, ref.labels)[:, None]).astype(np.float64)
+    if ref.eps != 1.0:
+        c1 = _constant(1.0 - ref.eps)
+        d = algebra.add(d, Bounded(-onehot * c1.value, onehot * c1.err), **kw)
+    if np.float32(ref.eps / vocab) != 0.0:
+        c3 = _constant(ref.eps / vocab)
+        d = algebra.add(d, Bounded(np.full_like(p, -c3.value), np.full_like(p, c3.err)), **kw)
+    g = token_cotangent(ref, cotangent, arith)
+    d = algebra.multiply(Bounded(g.value[:, None], g.err[:, None]), d, **kw)
+    return Bounded(np.where(ref.ignored[:, None], 0.0, d.value), np.where(ref.ignored[:, None], 0.0, d.err))
+
+
+def gradient_bound(
+    ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic, block_v: int, shards: int = 1,
+) -> dict[str, np.ndarray]:
+    """Bound on dlogits [T, V] of the backward kernel; see the module docstring."""
+    d = dlogits_f32(ref, cotangent, arith=arith, block_v=block_v, shards=shards)
+    out = algebra.round_to(d, logits_dtype, arith)
+    return {"dlogits": np.where(ref.ignored[:, None], 0.0, out.err)}

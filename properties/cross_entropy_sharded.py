@@ -1,0 +1,134 @@
+"""Vocabulary-parallel cross-entropy equals the unsharded one, on N CPU devices.
+
+``sharded_matches_unsharded`` runs inside a child process that sees N CPU devices
+(properties/multidevice.run_with_cpu_devices). It builds a 1-D mesh ``('vocab',)``
+over all devices, shards the last axis of the logits over it, and for each drawn
+example checks, inside ``shard_map``:
+- the sharded loss and its gradient (differentiated inside the shard_map body) are
+  within the sharded bound of the float64 oracle (the bound replays the per-shard
+  tiles, the cross-shard rescale and the psum: oracles/cross_entropy.py, ``shards``);
+- sharded and unsharded kernels agree within the sum of their two bounds.
+Many examples run in one child to amortise its start-up. The result is JSON: the
+worst budget used per check and the first failure message, if any.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+from pallascheck.kernels import compat
+from pallascheck.kernels import cross_entropy as ce
+from pallascheck.oracles import cross_entropy as oracle
+from pallascheck.oracles.tolerance import arithmetic_for
+
+from pallascheck.kernels.backends import Backend
+
+from . import checks
+from .cross_entropy_spec import IGNORE_INDEX, logits_of
+from .multidevice import run_with_cpu_devices
+from .spec import Case, Relation
+
+AXIS = "vocab"
+KINDS = ("normal", "large", "one_finite", "few_distinct")
+LOCAL_VOCABS = (50, 128)  # per device; 50 leaves a partial tile on every shard
+TOKENS = (5, 16)
+
+
+def _kernel(target: str, path: str) -> Any:
+    if path and path not in sys.path:  # e.g. the tests folder, for deliberately broken kernels
+        sys.path.insert(0, path)
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def sharded_matches_unsharded(
+    examples: int, seed: int = 0, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    kernel: str = "pallascheck.kernels.cross_entropy:cross_entropy", path: str = "",
+    backend: str = "interpret",
+) -> dict[str, Any]:
+    """Draw ``examples`` cases per dtype and compare the sharded ``kernel`` ("module:name",
+    importable after adding ``path`` to sys.path) with the oracle and with the
+    unsharded kernel; returns {"devices", "examples", "budget": {...}, "failure"}."""
+    fn = _kernel(kernel, path)
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), (AXIS,))
+    arith = arithmetic_for(backend)
+    config = ce.Config(block_t=8, block_v=64)
+    rng = np.random.default_rng(seed)
+    budget = {"values": 0.0, "gradients": 0.0, "sharded_vs_unsharded": 0.0}
+    compiled: dict[Any, Any] = {}
+    for index in range(examples * len(dtypes)):
+        dtype = dtypes[index % len(dtypes)]
+        tokens, local = int(rng.choice(TOKENS)), int(rng.choice(LOCAL_VOCABS))
+        vocab = local * len(devices)
+        kind = str(rng.choice(KINDS))
+        logits, forced = logits_of(int(rng.integers(2**31)), tokens, vocab, dtype, kind)
+        labels = forced if forced is not None else rng.integers(0, vocab, tokens)
+        labels = np.where(rng.random(tokens) < 0.25, IGNORE_INDEX, labels).astype(np.int32)
+        eps = 0.0 if kind == "one_finite" else float(rng.choice([0.0, 0.1, 1.0]))
+        reduction = str(rng.choice(ce.REDUCTIONS))
+        cotangent = rng.standard_normal(tokens if reduction == "none" else ()).astype(np.float32)
+        kw = dict(label_smoothing=eps, ignore_index=IGNORE_INDEX, reduction=reduction, config=config, backend=backend)
+
+        key = (tokens, local, eps, reduction, dtype)
+        if key not in compiled:
+            def body(z, y, g, kw=kw):
+                loss, pullback = jax.vjp(lambda a: fn(a, y, axis_name=AXIS, **kw), z)
+                return loss, pullback(g)[0]
+
+            compiled[key] = jax.jit(compat.shard_map_unchecked(
+                body, mesh=mesh, in_specs=(P(None, AXIS), P(), P()), out_specs=(P(), P(None, AXIS)),
+            ))
+        loss, dlogits = compiled[key](jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(cotangent))
+        plain, pullback = jax.vjp(lambda a: fn(a, jnp.asarray(labels), **kw), jnp.asarray(logits))
+        (plain_grad,) = pullback(jnp.asarray(cotangent))
+
+        ref = oracle.oracle(logits, labels, eps=eps, ignore_index=IGNORE_INDEX, reduction=reduction)
+        shards = len(devices)
+        bound = oracle.loss_bound(ref, arith=arith, block_v=config.block_v, shards=shards)
+        plain_bound = oracle.loss_bound(ref, arith=arith, block_v=config.block_v)
+        exact = oracle.oracle_vjp(ref, cotangent)["dlogits"]
+        grad_bound = oracle.gradient_bound(ref, cotangent, logits_dtype=logits.dtype, arith=arith,
+                                           block_v=config.block_v, shards=shards)["dlogits"]
+        plain_grad_bound = oracle.gradient_bound(ref, cotangent, logits_dtype=logits.dtype, arith=arith,
+                                                 block_v=config.block_v)["dlogits"]
+        outcomes = {
+            "values": checks.compare(np.asarray(loss), ref.out, bound, name="loss"),
+            "gradients": checks.compare(np.asarray(dlogits), exact, grad_bound, name="dlogits", check="gradients"),
+            "sharded_vs_unsharded": checks.compare(np.asarray(loss), np.asarray(plain).astype(np.float64),
+                                                   bound + plain_bound, name="loss").merge(
+                checks.compare(np.asarray(dlogits), np.asarray(plain_grad).astype(np.float64),
+                               grad_bound + plain_grad_bound, name="dlogits")),
+        }
+        for name, outcome in outcomes.items():
+            budget[name] = max(budget[name], float(outcome.budget_used))
+            if not outcome.passed:
+                return {"devices": shards, "examples": index + 1, "budget": budget, "failure": (
+                    f"[{name}] cross_entropy axis_name over {shards} devices, dtype={dtype}, kind={kind}, "
+                    f"T={tokens}, V={vocab}, eps={eps}, reduction={reduction}: {outcome.detail}")}
+    return {"devices": len(devices), "examples": examples * len(dtypes), "budget": budget, "failure": ""}
+
+
+def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 2) -> Relation:
+    """A metamorphic relation for specs: the sharded kernel over ``devices`` CPU devices
+    (interpret mode, whatever the backend under test) equals the unsharded one and the
+    oracle. It runs one child process per case; the relation's "error" is the child's
+    worst budget used, its bound 1."""
+
+    def run(case: Case, config: Any, backend: Backend):
+        del config, backend  # the child uses its own config, in interpret mode on CPU devices
+        result = run_with_cpu_devices(
+            f"{__name__}:sharded_matches_unsharded", devices,
+            {"examples": examples, "seed": int(case.arrays["labels"].size), "kernel": kernel, "path": path,
+             "dtypes": [case.arrays["logits"].dtype.name], "backend": "interpret"},
+        )
+        worst = max(result["budget"].values())
+        return np.float64(worst if not result["failure"] else np.inf), np.float64(0.0), np.float64(1.0)
+
+    return Relation("sharded_equals_unsharded", run)

@@ -1,0 +1,213 @@
+"""KernelSpec for kernels/cross_entropy.py, with adversarial logits and labels.
+
+Element kinds of the logits (per case):
+- ``normal``: N(0, sigma^2), sigma in {1, 8};
+- ``large``: 1e4 * N(0, 1): lse and z_y are large and cancel in the loss;
+- ``near_max``: uniform in [max/4, max/2] of the dtype (label smoothing 0: the sum of
+  a row's logits would overflow f32, which the kernel documents; reduction "none":
+  the sum of such per-token losses overflows f32 as well);
+- ``one_finite``: every logit -inf except one per row, placed at a tile boundary
+  (0, 63, 64, 127, 128) or at the last index V-1, and the label on it (smoothing 0);
+- ``few_distinct``: three distinct values (ties in the max).
+Labels: uniform, or pinned to 0 / V-1; a fraction of them (0, 30 %, or all) set to
+``ignore_index``. Smoothing in {0, 0.1, 1}; every reduction.
+
+The metamorphic relation adds a constant per token. The shifted logits are rounded to
+the dtype, so the exact losses of the two inputs differ by the effect of that
+rounding; the oracle computes it, and the allowed gap is both kernel bounds plus it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels import cross_entropy as ce
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import cross_entropy as oracle
+from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
+
+from . import strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+
+DTYPES = ("float32", "bfloat16")
+LEADING_SHAPES = ((1,), (7,), (3, 11))  # tokens 1, 7, 33
+VOCABS = (16, 100, 300)  # 100 and 300 leave a partial last tile
+LOGIT_KINDS = ("normal", "large", "near_max", "one_finite", "few_distinct")
+SMOOTHING = (0.0, 0.1, 1.0)
+IGNORE_INDEX = -100
+ONE_FINITE_AT = (0, 63, 64, 127, 128)  # tile boundaries of the 64/128-column tiles
+
+
+def logits_of(seed: int, tokens: int, vocab: int, dtype: str, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(logits [tokens, vocab] in ``dtype``, labels forced by the kind or None)."""
+    rng = np.random.default_rng(seed)
+    np_dtype = strategies.np_dtype(dtype)
+    top = float(ml_dtypes.finfo(np_dtype).max)
+    forced = None
+    if kind == "normal":
+        z = rng.standard_normal((tokens, vocab)) * rng.choice([1.0, 8.0])
+    elif kind == "large":
+        z = 1e4 * rng.standard_normal((tokens, vocab))
+    elif kind == "near_max":
+        z = rng.uniform(top / 4, top / 2, (tokens, vocab))
+    elif kind == "one_finite":
+        z = np.full((tokens, vocab), -np.inf)
+        places = [p for p in ONE_FINITE_AT if p < vocab] + [vocab - 1]
+        forced = rng.choice(places, size=tokens)
+        z[np.arange(tokens), forced] = rng.standard_normal(tokens) * 4
+    elif kind == "few_distinct":
+        z = rng.choice(rng.standard_normal(3) * 4, size=(tokens, vocab))
+    else:
+        raise ValueError(f"logit kind must be one of {LOGIT_KINDS}, got {kind!r}")
+    return z.astype(np_dtype), forced
+
+
+def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case]:
+    """Drawn cases; ``regime`` pins some choices (keys "kind", "ignored",
+    "label_smoothing", "reduction") to aim a campaign at one part of the input space."""
+    regime = dict(regime or {})
+
+    def pick(key: str, options: Any) -> st.SearchStrategy[Any]:
+        return st.just(regime[key]) if key in regime else st.sampled_from(options)
+
+    @st.composite
+    def draw(draw_) -> Case:
+        leading = draw_(st.sampled_from(LEADING_SHAPES))
+        vocab = draw_(strategies.dims(VOCABS))
+        tokens = int(np.prod(leading))
+        kind = draw_(pick("kind", LOGIT_KINDS))
+        seed = draw_(strategies.seeds())
+        rng = np.random.default_rng(seed + 1)
+        logits, forced = logits_of(seed, tokens, vocab, dtype, kind)
+        pinned = draw_(st.sampled_from(("uniform", "first", "last")))
+        labels = {"uniform": rng.integers(0, vocab, tokens), "first": np.zeros(tokens, np.int64),
+                  "last": np.full(tokens, vocab - 1)}[pinned]
+        if forced is not None:
+            labels = forced
+        ignored = rng.random(tokens) < draw_(pick("ignored", (0.0, 0.3, 1.0)))
+        labels = np.where(ignored, IGNORE_INDEX, labels).astype(np.int32)
+        eps = 0.0 if kind in ("near_max", "one_finite") else draw_(pick("label_smoothing", SMOOTHING))
+        # near_max per-token losses reach max/4: their sum would overflow f32
+        reduction = "none" if kind == "near_max" else draw_(pick("reduction", ce.REDUCTIONS))
+        out_shape = leading if reduction == "none" else ()
+        return Case(
+            arrays={
+                "logits": logits.reshape(leading + (vocab,)),
+                "labels": labels.reshape(leading),
+                "cotangent": rng.standard_normal(out_shape).astype(np.float32),
+                "shift": (rng.uniform(-50, 50, leading) * rng.choice([0.0, 1.0, 100.0])).astype(np.float64),
+            },
+            params={"label_smoothing": eps, "ignore_index": IGNORE_INDEX, "reduction": reduction},
+        )
+
+    return draw()
+
+
+def _kwargs(case: Case) -> dict[str, Any]:
+    p = case.params
+    return dict(label_smoothing=p["label_smoothing"], ignore_index=p["ignore_index"], reduction=p["reduction"])
+
+
+def _oracle(case: Case) -> oracle.CrossEntropyOracle:
+    p = case.params
+    return oracle.oracle(case.arrays["logits"], case.arrays["labels"], eps=p["label_smoothing"],
+                         ignore_index=p["ignore_index"], reduction=p["reduction"])
+
+
+def _block_v(config: Any) -> int | None:
+    return None if config is None else config.block_v  # None: xla_reference, one tile in unknown order
+
+
+def _bound(case: Case, ref: oracle.CrossEntropyOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+    return oracle.loss_bound(ref, arith=arith, block_v=_block_v(config))
+
+
+def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
+    logits = case.arrays["logits"]
+    bounds = oracle.gradient_bound(ref, case.arrays["cotangent"], logits_dtype=logits.dtype, arith=arith,
+                                   block_v=config.block_v)
+    return {"dlogits": bounds["dlogits"].reshape(logits.shape)}
+
+
+def _oracle_vjp(case: Case, ref: oracle.CrossEntropyOracle) -> dict[str, np.ndarray]:
+    return {"dlogits": oracle.oracle_vjp(ref, case.arrays["cotangent"])["dlogits"].reshape(case.arrays["logits"].shape)}
+
+
+def _shifted(case: Case) -> Case:
+    logits = case.arrays["logits"]
+    moved = (logits.astype(np.float64) + case.arrays["shift"][..., None]).astype(logits.dtype)
+    return Case({**case.arrays, "logits": moved}, case.params)
+
+
+def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "cross_entropy",
+              dtypes: tuple[str, ...] = DTYPES, regime: Mapping[str, Any] | None = None) -> KernelSpec:
+    """The spec for ``kernel`` (default: the shipped one; any callable with its
+    signature); ``regime`` pins parts of the case strategy (see ``cases``)."""
+
+    def run(case: Case, config: Any, backend: Backend) -> jax.Array:
+        return kernel(jnp.asarray(case.arrays["logits"]), jnp.asarray(case.arrays["labels"]), config=config,
+                      backend=backend, **_kwargs(case))
+
+    def run_reference(case: Case) -> jax.Array:
+        return ce.xla_reference(jnp.asarray(case.arrays["logits"]), jnp.asarray(case.arrays["labels"]), **_kwargs(case))
+
+    def kernel_vjp(case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
+        labels = jnp.asarray(case.arrays["labels"])
+        fn = lambda z: kernel(z, labels, config=config, backend=backend, **_kwargs(case))  # noqa: E731
+        _, pullback = jax.vjp(fn, jnp.asarray(case.arrays["logits"]))
+        (dz,) = pullback(jnp.asarray(case.arrays["cotangent"]))
+        return {"dlogits": dz}
+
+    def shift_invariance(case: Case, config: Any, backend: Backend):
+        moved = _shifted(case)
+        arith = arithmetic_for(backend.name)
+        ref, ref_moved = _oracle(case), _oracle(moved)
+        # exact change of the loss caused by rounding the shifted logits to the dtype
+        rounding_effect = np.abs(ref_moved.out - ref.out)
+        allowed = _bound(case, ref, config, arith) + _bound(moved, ref_moved, config, arith) + rounding_effect
+        return np.asarray(run(moved, config, backend)), np.asarray(run(case, config, backend)), allowed
+
+    return KernelSpec(
+        name=name,
+        dtypes=dtypes,
+        cases=functools.partial(cases, regime=regime),
+        kernel=run,
+        reference=run_reference,
+        oracle=_oracle,
+        expected=lambda ref: ref.out,
+        bound=_bound,
+        configs=lambda case, backend: ce.configs(int(case.arrays["labels"].size), case.arrays["logits"].shape[-1], backend),
+        default_config=ce.Config(),
+        gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound),
+        relations=(Relation("shift_invariance", shift_invariance),),
+        bad_inputs=_bad_inputs(kernel),
+    )
+
+
+def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
+    def bad() -> list[BadInput]:
+        z = jnp.zeros((4, 10), jnp.float32)
+        y = jnp.zeros((4,), jnp.int32)
+        return [
+            BadInput("float labels", lambda: fn(z, jnp.zeros((4,), jnp.float32)), TypeError, r"labels must have an integer dtype"),
+            BadInput("labels shape", lambda: fn(z, jnp.zeros((4, 1), jnp.int32)), ValueError, r"labels must have shape logits.shape\[:-1\] = \(4,\)"),
+            BadInput("label >= V", lambda: fn(z, y.at[2].set(10)), ValueError, r"labels must lie in \[0, V\) = \[0, 10\).*labels\[2\] = 10"),
+            BadInput("negative label", lambda: fn(z, y.at[1].set(-1)), ValueError, r"labels\[1\] = -1"),
+            BadInput("reduction", lambda: fn(z, y, reduction="avg"), ValueError, r"reduction must be one of"),
+            BadInput("smoothing > 1", lambda: fn(z, y, label_smoothing=1.5), ValueError, r"label_smoothing must be a float in \[0, 1\]"),
+            BadInput("integer logits", lambda: fn(jnp.zeros((4, 10), jnp.int32), y), TypeError, r"logits must have dtype in"),
+            BadInput("rank-0 logits", lambda: fn(jnp.float32(0.0), y), ValueError, r"logits must have rank >= 1"),
+            BadInput("config type", lambda: fn(z, y, config=(16, 128)), TypeError, r"config must be a cross_entropy.Config"),
+            BadInput("block_v", lambda: ce.Config(block_v=100), ValueError, r"config.block_v must be a power of two >= 16"),
+        ]
+
+    return bad
+
+
+SPEC = make_spec()
