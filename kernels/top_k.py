@@ -76,6 +76,7 @@ from .backends import Backend, get_backend
 
 SENTINEL_KEY = -(2**31)  # INT32_MIN: ties with the key of one -NaN ...
 SENTINEL_INDEX = 2**31 - 1  # ... whose real index is smaller, so the sentinel still loses
+LAYOUTS = ("auto", "stacked", "unrolled")
 MAX_K = 1024  # the candidate tiles are next_pow2(k) * num_blocks wide
 
 
@@ -85,8 +86,11 @@ class Config:
     m_schedule: tuple[int, ...] = (5, 9, 17, 33)  # slots per stage; m - 1 candidates if it stops
     block_tokens: int = 8  # token rows per program
     num_warps: int = 4  # GPU only
+    layout: str = "auto"  # slot layout (see Slots): auto = unrolled on gpu, else stacked
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"config.layout must be one of {LAYOUTS}, got {self.layout!r}")
         validation.require_positive_power_of_two("config.num_blocks", self.num_blocks)
         validation.require_positive_power_of_two("config.block_tokens", self.block_tokens)
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
@@ -106,7 +110,8 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
     be = get_backend(backend)
     if be.name == "gpu":
         return [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
-    return [Config(), Config(8, (2, 3, 5), 1), Config(32, (4,), 2)]
+    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []  # the GPU's layout
+    return [Config(), Config(8, (2, 3, 5), 1), Config(32, (4,), 2)] + small
 
 
 def stages(k: int, m_schedule: tuple[int, ...]) -> tuple[int, ...]:
@@ -137,31 +142,15 @@ def beats(key_a, index_a, key_b, index_b):
     return (key_a > key_b) | ((key_a == key_b) & (index_a < index_b))
 
 
-def largest_pair(keys, indices):
-    """The largest pair of each row (keepdims): max key, then the lowest index with it."""
+def largest_pair(keys, indices, beats=beats):
+    """The largest pair along the last axis (keepdims): max key, then the lowest
+    index holding it (``beats`` is only swapped by test variants)."""
     key = jnp.max(keys, axis=-1, keepdims=True)
-    index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
+    if beats(0, 0, 0, 1):  # lower index wins ties
+        index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
+    else:
+        index = jnp.max(jnp.where(keys == key, indices, -1), axis=-1, keepdims=True)
     return key, index
-
-
-def sinking_insert(slots, key, index):
-    """Insert one pair per lane into the sorted slots; the smallest falls off the end."""
-    out = []
-    for slot_key, slot_index in slots:
-        win = beats(key, index, slot_key, slot_index)
-        out.append((jnp.where(win, key, slot_key), jnp.where(win, index, slot_index)))
-        key, index = jnp.where(win, slot_key, key), jnp.where(win, slot_index, index)
-    return tuple(out)
-
-
-def stops(slots, m: int, k: int):
-    """Stage m's criterion per token row, shape (block_tokens, 1): at least k of the
-    top-(m-1) slots' pairs beat the largest m-th pair over the blocks."""
-    pivot_key, pivot_index = largest_pair(*slots[m - 1])
-    count = jnp.zeros(pivot_key.shape, jnp.int32)
-    for key, index in slots[: m - 1]:
-        count += jnp.sum(beats(key, index, pivot_key, pivot_index).astype(jnp.int32), axis=-1, keepdims=True)
-    return count >= k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,24 +158,88 @@ class Parts:
     """The swappable pieces of the algorithm (test variants replace one each)."""
 
     keys: Callable[[jax.Array], jax.Array] = total_order_keys
-    insert: Callable[..., Any] = sinking_insert
-    stops: Callable[..., jax.Array] = stops
+    beats: Callable[..., jax.Array] = beats
     candidate_slots: Callable[[int, int], int] = candidate_slots
-    largest: Callable[..., Any] = largest_pair
     mask_vocab_tail: bool = True
+
+
+class Slots:
+    """Each block's top-m pairs, sorted, slot 0 the largest, in one of two layouts:
+
+    - stacked (interpreters, TPU): ``keys``/``indices`` are arrays [m, bt, B]; one
+      insertion is a handful of whole-array ops (a shift by one slot where the new
+      pair wins), so the compiled size does not grow with m;
+    - unrolled (Triton, which has no slicing or concatenation of register tiles):
+      tuples of m arrays [bt, B]; one insertion is m compare-exchanges.
+    Both give the same slots; tests run both layouts on the CPU.
+    """
+
+    def __init__(self, keys, indices):
+        self.keys, self.indices = keys, indices
+
+    @staticmethod
+    def empty(m: int, shape: tuple[int, int], stacked: bool) -> "Slots":
+        key = jnp.full(shape, SENTINEL_KEY, jnp.int32)
+        index = jnp.full(shape, SENTINEL_INDEX, jnp.int32)
+        if stacked:
+            return Slots(jnp.broadcast_to(key, (m,) + shape), jnp.broadcast_to(index, (m,) + shape))
+        return Slots((key,) * m, (index,) * m)
+
+    @property
+    def stacked(self) -> bool:
+        return not isinstance(self.keys, tuple)
+
+    def insert(self, key, index, beats) -> "Slots":
+        """Insert one pair per lane; the smallest pair falls off the end."""
+        if self.stacked:
+            win = beats(key[None], index[None], self.keys, self.indices)  # False...False True...True
+            above = jnp.concatenate([jnp.zeros_like(win[:1]), win[:-1]], axis=0)
+
+            def shifted(old, new):  # slot s takes slot s-1 below the insertion point
+                down = jnp.concatenate([old[:1], old[:-1]], axis=0)
+                return jnp.where(win, jnp.where(above, down, new[None]), old)
+
+            return Slots(shifted(self.keys, key), shifted(self.indices, index))
+        keys, indices = [], []
+        for slot_key, slot_index in zip(self.keys, self.indices):  # sinking compare-exchange
+            win = beats(key, index, slot_key, slot_index)
+            keys.append(jnp.where(win, key, slot_key))
+            indices.append(jnp.where(win, index, slot_index))
+            key, index = jnp.where(win, slot_key, key), jnp.where(win, slot_index, index)
+        return Slots(tuple(keys), tuple(indices))
+
+    def slot(self, s: int):
+        return self.keys[s], self.indices[s]
+
+    def count_beating(self, slots: int, key, index, beats):
+        """Per row (keepdims), how many pairs in slots [0, slots) beat (key, index)."""
+        if self.stacked:
+            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None])
+            return jnp.sum(jnp.sum(wins.astype(jnp.int32), axis=0), axis=-1, keepdims=True)
+        count = jnp.zeros(key.shape, jnp.int32)
+        for s in range(slots):
+            count += jnp.sum(beats(self.keys[s], self.indices[s], key, index).astype(jnp.int32), axis=-1, keepdims=True)
+        return count
+
+
+def stops(slots: Slots, m: int, k: int, beats=beats):
+    """Stage m's criterion per token row, shape (block_tokens, 1): at least k of the
+    top-(m-1) slots' pairs beat the largest m-th pair over the blocks."""
+    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1), beats=beats)
+    return slots.count_beating(m - 1, pivot_key, pivot_index, beats) >= k
 
 
 def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch,
                      tokens: int, vocab: int, k: int, num_blocks: int, schedule: tuple[int, ...],
-                     parts: Parts, masked_io: bool, smem_state: bool):
+                     parts: Parts, masked_io: bool, stacked: bool, smem_state: bool):
     bt, padded = logits_ref.shape
     slots_out = cand_key_ref.shape[1] // num_blocks
     rows = pl.program_id(0) * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
     row_ok = rows < tokens
     lane = lax.broadcasted_iota(jnp.int32, (1, num_blocks), 1)
 
-    def block_top(m: int):
-        def chunk(r, slots):
+    def block_top(m: int) -> Slots:
+        def chunk(r, carry):
             start = pl.multiple_of(r * num_blocks, num_blocks)
             cols = start + lane
             ok = row_ok & ((cols < vocab) | (not parts.mask_vocab_tail))
@@ -195,32 +248,39 @@ def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scrat
                 x = logits_ref[:, pl.ds(start, num_blocks)]
             key = jnp.where(ok, parts.keys(x), SENTINEL_KEY)
             index = jnp.where(ok, jnp.broadcast_to(cols, key.shape), SENTINEL_INDEX)
-            return parts.insert(slots, key, index)
+            slots = Slots(*carry).insert(key, index, parts.beats)
+            return slots.keys, slots.indices
 
-        empty = (jnp.full((bt, num_blocks), SENTINEL_KEY, jnp.int32),
-                 jnp.full((bt, num_blocks), SENTINEL_INDEX, jnp.int32))
-        return lax.fori_loop(0, padded // num_blocks, chunk, tuple([empty] * m))
+        empty = Slots.empty(m, (bt, num_blocks), stacked)
+        return Slots(*lax.fori_loop(0, padded // num_blocks, chunk, (empty.keys, empty.indices)))
 
-    def write_candidates(slots, count: int):
+    def write_candidates(slots: Slots, count: int):
+        sentinel_key = jnp.full((bt, num_blocks), SENTINEL_KEY, jnp.int32)
+        sentinel_index = jnp.full((bt, num_blocks), SENTINEL_INDEX, jnp.int32)
+        if stacked:  # one store: slot s at columns [s*B, (s+1)*B)
+            def flat(stack, fill):
+                kept = jnp.transpose(stack[:count], (1, 0, 2)).reshape(bt, count * num_blocks)
+                return jnp.concatenate([kept] + [fill] * (slots_out - count), axis=1)
+            cand_key_ref[...] = flat(slots.keys, sentinel_key)
+            cand_index_ref[...] = flat(slots.indices, sentinel_index)
+            return
         for s in range(slots_out):
             cols = pl.ds(s * num_blocks, num_blocks)
-            key, index = slots[s] if s < count else (
-                jnp.full((bt, num_blocks), SENTINEL_KEY, jnp.int32),
-                jnp.full((bt, num_blocks), SENTINEL_INDEX, jnp.int32))
+            key, index = slots.slot(s) if s < count else (sentinel_key, sentinel_index)
             block_io.store(cand_key_ref.at[:, cols], key, row_ok, masked_io=masked_io)
             block_io.store(cand_index_ref.at[:, cols], index, row_ok, masked_io=masked_io)
 
     if smem_state:  # per-token counts and the done-counter as SMEM scalars
         count_smem, done_smem = scratch
-        for i in range(bt):
-            count_smem[i] = 0
+        for t in range(bt):
+            count_smem[t] = 0
 
     def stage(i: int, counts):
         m = schedule[i]
         slots = block_top(m)
         count = parts.candidate_slots(m, k)
         write_candidates(slots, count)
-        done = parts.stops(slots, m, k) if m < k else jnp.ones((bt, 1), jnp.bool_)
+        done = stops(slots, m, k, parts.beats) if m < k else jnp.ones((bt, 1), jnp.bool_)
         done = done | ~row_ok  # rows past the end never hold the loop
         if smem_state:
             done_smem[0] = 0
@@ -228,9 +288,10 @@ def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scrat
                 first = (count_smem[t] == 0) & done[t, 0]
                 count_smem[t] = jnp.where(first, count, count_smem[t])
                 done_smem[0] += (count_smem[t] != 0).astype(jnp.int32)
+            row = lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
             counts = jnp.zeros((bt, 1), jnp.int32)
             for t in range(bt):
-                counts = jnp.where(lax.broadcasted_iota(jnp.int32, (bt, 1), 0) == t, count_smem[t], counts)
+                counts = jnp.where(row == t, count_smem[t], counts)
             more = done_smem[0] < bt
         else:
             counts = jnp.where((counts == 0) & done, count, counts)
@@ -252,7 +313,7 @@ def _select_kernel(key_ref, index_ref, out_ref, *, tokens: int, k: int, parts: P
 
     def extract(j, carry):
         keys, indices, out = carry
-        key, index = parts.largest(keys, indices)
+        key, index = largest_pair(keys, indices, parts.beats)
         taken = (keys == key) & (indices == index)
         return (jnp.where(taken, SENTINEL_KEY, keys), jnp.where(taken, SENTINEL_INDEX, indices),
                 jnp.where(column == j, index, out))
@@ -271,10 +332,12 @@ def _top_k_indices(logits, k: int, config: Config, backend: Backend, parts: Part
     grid = (pl.cdiv(tokens, bt),)
     masked_io = backend.name == "gpu"
     smem_state = backend.name in ("tpu", "tpu_interpret")
+    stacked = config.layout == "stacked" or (config.layout == "auto" and backend.name != "gpu")
     scratch = [pltpu.SMEM((bt,), jnp.int32), pltpu.SMEM((1,), jnp.int32)] if smem_state else []
     cand_key, cand_index, counts = backend.pallas_call(
         functools.partial(_superset_kernel, tokens=tokens, vocab=vocab, k=k, num_blocks=nb,
-                          schedule=schedule, parts=parts, masked_io=masked_io, smem_state=smem_state),
+                          schedule=schedule, parts=parts, masked_io=masked_io, stacked=stacked,
+                          smem_state=smem_state),
         grid=grid,
         in_specs=[pl.BlockSpec((bt, padded), lambda i: (i, 0))],
         out_specs=[pl.BlockSpec((bt, slots_out * nb), lambda i: (i, 0))] * 2 + [pl.BlockSpec((bt, 1), lambda i: (i, 0))],
