@@ -110,8 +110,9 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
     be = get_backend(backend)
     if be.name == "gpu":
         return [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
-    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []  # the GPU's layout
-    return [Config(), Config(8, (2, 3, 5), 1), Config(32, (4,), 2)] + small
+    # Few blocks first (deep slots, several stages); the unrolled layout is the GPU's.
+    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []
+    return [Config(8, (2, 3, 5), 1), Config(8, (3,), 2), Config(32, (4,), 2), Config()] + small
 
 
 def stages(k: int, m_schedule: tuple[int, ...]) -> tuple[int, ...]:
@@ -137,30 +138,22 @@ def total_order_keys(x: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ flip, bits)
 
 
-def beats(key_a, index_a, key_b, index_b):
-    """Pair a ranks above pair b: larger key, or the same key and a lower index."""
-    return (key_a > key_b) | ((key_a == key_b) & (index_a < index_b))
+def beats(key_a, index_a, key_b, index_b, lower_index_wins: bool = True):
+    """Pair a ranks above pair b: larger key, or the same key and a lower index
+    (a higher one with ``lower_index_wins=False``, which only test variants use)."""
+    tie_break = index_a < index_b if lower_index_wins else index_a > index_b
+    return (key_a > key_b) | ((key_a == key_b) & tie_break)
 
 
-def largest_pair(keys, indices, beats=beats):
+def largest_pair(keys, indices, lower_index_wins: bool = True):
     """The largest pair along the last axis (keepdims): max key, then the lowest
-    index holding it (``beats`` is only swapped by test variants)."""
+    index holding it."""
     key = jnp.max(keys, axis=-1, keepdims=True)
-    if beats(0, 0, 0, 1):  # lower index wins ties
+    if lower_index_wins:
         index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
     else:
         index = jnp.max(jnp.where(keys == key, indices, -1), axis=-1, keepdims=True)
     return key, index
-
-
-@dataclasses.dataclass(frozen=True)
-class Parts:
-    """The swappable pieces of the algorithm (test variants replace one each)."""
-
-    keys: Callable[[jax.Array], jax.Array] = total_order_keys
-    beats: Callable[..., jax.Array] = beats
-    candidate_slots: Callable[[int, int], int] = candidate_slots
-    mask_vocab_tail: bool = True
 
 
 class Slots:
@@ -189,10 +182,10 @@ class Slots:
     def stacked(self) -> bool:
         return not isinstance(self.keys, tuple)
 
-    def insert(self, key, index, beats) -> "Slots":
+    def insert(self, key, index, lower_index_wins: bool) -> "Slots":
         """Insert one pair per lane; the smallest pair falls off the end."""
         if self.stacked:
-            win = beats(key[None], index[None], self.keys, self.indices)  # False...False True...True
+            win = beats(key[None], index[None], self.keys, self.indices, lower_index_wins)  # F..F T..T
             above = jnp.concatenate([jnp.zeros_like(win[:1]), win[:-1]], axis=0)
 
             def shifted(old, new):  # slot s takes slot s-1 below the insertion point
@@ -202,7 +195,7 @@ class Slots:
             return Slots(shifted(self.keys, key), shifted(self.indices, index))
         keys, indices = [], []
         for slot_key, slot_index in zip(self.keys, self.indices):  # sinking compare-exchange
-            win = beats(key, index, slot_key, slot_index)
+            win = beats(key, index, slot_key, slot_index, lower_index_wins)
             keys.append(jnp.where(win, key, slot_key))
             indices.append(jnp.where(win, index, slot_index))
             key, index = jnp.where(win, slot_key, key), jnp.where(win, slot_index, index)
@@ -211,22 +204,34 @@ class Slots:
     def slot(self, s: int):
         return self.keys[s], self.indices[s]
 
-    def count_beating(self, slots: int, key, index, beats):
+    def count_beating(self, slots: int, key, index, lower_index_wins: bool):
         """Per row (keepdims), how many pairs in slots [0, slots) beat (key, index)."""
         if self.stacked:
-            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None])
+            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None], lower_index_wins)
             return jnp.sum(jnp.sum(wins.astype(jnp.int32), axis=0), axis=-1, keepdims=True)
         count = jnp.zeros(key.shape, jnp.int32)
         for s in range(slots):
-            count += jnp.sum(beats(self.keys[s], self.indices[s], key, index).astype(jnp.int32), axis=-1, keepdims=True)
+            wins = beats(self.keys[s], self.indices[s], key, index, lower_index_wins)
+            count += jnp.sum(wins.astype(jnp.int32), axis=-1, keepdims=True)
         return count
 
 
-def stops(slots: Slots, m: int, k: int, beats=beats):
+def stops(slots: Slots, m: int, k: int, lower_index_wins: bool = True):
     """Stage m's criterion per token row, shape (block_tokens, 1): at least k of the
     top-(m-1) slots' pairs beat the largest m-th pair over the blocks."""
-    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1), beats=beats)
-    return slots.count_beating(m - 1, pivot_key, pivot_index, beats) >= k
+    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1), lower_index_wins)
+    return slots.count_beating(m - 1, pivot_key, pivot_index, lower_index_wins) >= k
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The swappable pieces of the algorithm (test variants replace one each)."""
+
+    keys: Callable[[jax.Array], jax.Array] = total_order_keys
+    lower_index_wins: bool = True  # the tie rule
+    stops: Callable[..., jax.Array] = stops
+    candidate_slots: Callable[[int, int], int] = candidate_slots
+    mask_vocab_tail: bool = True
 
 
 def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch,
@@ -248,7 +253,7 @@ def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scrat
                 x = logits_ref[:, pl.ds(start, num_blocks)]
             key = jnp.where(ok, parts.keys(x), SENTINEL_KEY)
             index = jnp.where(ok, jnp.broadcast_to(cols, key.shape), SENTINEL_INDEX)
-            slots = Slots(*carry).insert(key, index, parts.beats)
+            slots = Slots(*carry).insert(key, index, parts.lower_index_wins)
             return slots.keys, slots.indices
 
         empty = Slots.empty(m, (bt, num_blocks), stacked)
@@ -280,7 +285,7 @@ def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scrat
         slots = block_top(m)
         count = parts.candidate_slots(m, k)
         write_candidates(slots, count)
-        done = stops(slots, m, k, parts.beats) if m < k else jnp.ones((bt, 1), jnp.bool_)
+        done = parts.stops(slots, m, k, parts.lower_index_wins) if m < k else jnp.ones((bt, 1), jnp.bool_)
         done = done | ~row_ok  # rows past the end never hold the loop
         if smem_state:
             done_smem[0] = 0
@@ -313,7 +318,7 @@ def _select_kernel(key_ref, index_ref, out_ref, *, tokens: int, k: int, parts: P
 
     def extract(j, carry):
         keys, indices, out = carry
-        key, index = largest_pair(keys, indices, parts.beats)
+        key, index = largest_pair(keys, indices, parts.lower_index_wins)
         taken = (keys == key) & (indices == index)
         return (jnp.where(taken, SENTINEL_KEY, keys), jnp.where(taken, SENTINEL_INDEX, indices),
                 jnp.where(column == j, index, out))

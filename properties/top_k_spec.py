@@ -8,8 +8,9 @@ Cases come from small shape buckets (compiles are reused) and adversarial elemen
 kinds: ties (few distinct values, all equal, +-0.0), degenerate 16-bit patterns
 (every bf16/f16 bit pattern equally likely: at most 65536 distinct values, many ties
 in long rows), the strided worst case (every s-th logit 1, the rest 0: one block
-holds all the large values, which forces the deepest m stage), all-negative rows
-(catches a compare on raw float bits) and sprinkled NaN/+-inf/-0.0. NaNs are the
+holds all the large values, which forces the deepest m stage), log-probabilities
+(all negative, catches a compare on raw float bits; from logits on a coarse grid, so
+with ties) and sprinkled NaN/+-inf/-0.0. NaNs are the
 canonical quiet NaN of either sign: ``lax.top_k`` on the CPU orders NaN payloads
 for f32/f16 but not for bf16 (see kernels/top_k.py), and xla_reference is checked
 against the same oracle.
@@ -32,11 +33,13 @@ from pallascheck.oracles.tolerance import Arithmetic
 from . import relations, strategies
 from .spec import BadInput, Case, KernelSpec
 
-TOKENS = (1, 3, 9)  # 9: a partial last token block for block_tokens 8
-VOCABS = (37, 300, 1000)  # none a multiple of the block counts 8, 32, 128 but 1000 of 8
-KS = (1, 2, 5, 8, 16, 33)
-ELEMENT_KINDS = ("normal", "few_distinct", "all_equal", "signed_zeros", "degenerate_bits", "strided_ones",
-                 "negative", "specials")
+# Hypothesis starts from the first entry of each bucket, so each bucket leads with a
+# hard case: several stages run and stop early, and the candidates reach deep slots.
+TOKENS = (3, 1, 9)  # 9: a partial last token block for block_tokens 8
+VOCABS = (300, 37, 1000)  # 300 and 37 are multiples of none of the block counts 8, 32, 128
+KS = (16, 5, 33, 1, 2, 8)
+ELEMENT_KINDS = ("log_probs", "few_distinct", "degenerate_bits", "strided_ones", "all_equal", "signed_zeros",
+                 "normal", "specials")
 STRIDES = (8, 32, 128)  # the block counts of the configs: all large values in one block
 
 
@@ -64,8 +67,11 @@ def logits(seed: int, shape: tuple[int, int], dtype: str, kind: str) -> np.ndarr
         values = np.zeros(shape)
         values[:, ::stride] = 1.0
         return values.astype(np_dtype)
-    if kind == "negative":
-        return (-np.abs(rng.standard_normal(shape)) - 1.0).astype(np_dtype)
+    if kind == "log_probs":  # all negative, as top-k over log-probabilities sees them;
+        # logits on a grid of 1/4 (as from a low-precision matmul): ties between blocks
+        z = np.round(rng.standard_normal(shape) * 12.0) / 4.0
+        z = z - z.max(axis=-1, keepdims=True)
+        return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np_dtype)
     if kind == "specials":
         values = strategies.with_specials(seed + 1, strategies.elements(seed, shape, dtype, "normal"), 0.1)
         flip = rng.random(shape) < 0.3  # negative NaNs and -0.0 too
