@@ -14,9 +14,17 @@ Semantics (the order every output follows, descending):
   this kernel keeps the lower-index rule on every backend;
 - ``values[t, j] == logits[t, indices[t, j]]`` exactly: values are gathered from the
   input by the indices, never recomputed.
+- One documented difference: for bf16 only, ``lax.top_k`` on the CPU treats every NaN
+  of one sign as equal (ties by index) and returns the canonical NaN 0x7FC0/0xFFC0;
+  this kernel orders bf16 NaN payloads like f32/f16 ones and returns the input's bits.
+  For the canonical NaN (what arithmetic produces) both agree.
 
 Total-order key: the input's bits as a signed integer ``b`` (int32 for f32; int16
-sign-extended to int32 for bf16/f16), mapped to ``b if b >= 0 else b ^ 0x7F..F``. Keys
+sign-extended to int32 for bf16/f16), mapped to ``b if b >= 0 else b ^ 0x7F..F``. The
+kernels see only these integer bits (``logits`` is bitcast before the call, the values
+are gathered as bits and bitcast back): no float op ever touches a value, so no NaN
+is quieted or canonicalised on the way (XLA's CPU backend does that to bf16 NaNs in
+selects and gathers). Keys
 compare as integers exactly as the total order above; an element is the pair
 (key, index), and pair A beats pair B when ``A.key > B.key`` or the keys are equal and
 ``A.index < B.index``. All pairs of a row are distinct, so every "largest" is unique.
@@ -129,12 +137,16 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def total_order_keys(x: jax.Array) -> jax.Array:
-    """int32 keys that order like the IEEE total order of ``x``'s bits (see module doc)."""
-    if x.dtype.itemsize == 4:
-        bits, flip = lax.bitcast_convert_type(x, jnp.int32), 0x7FFFFFFF
-    else:  # 16-bit floats: sign-extending the int16 bits keeps their order
-        bits, flip = lax.bitcast_convert_type(x, jnp.int16).astype(jnp.int32), 0x7FFF
+def bits_of(logits: jax.Array) -> jax.Array:
+    """The float's bits as a same-width signed integer (a free reinterpretation)."""
+    return lax.bitcast_convert_type(logits, jnp.int32 if logits.dtype.itemsize == 4 else jnp.int16)
+
+
+def total_order_keys(bits: jax.Array) -> jax.Array:
+    """int32 keys that order like the IEEE total order of the floats with these bits
+    (int32 bits of f32, int16 bits of bf16/f16; see the module docstring)."""
+    flip = 0x7FFFFFFF if bits.dtype.itemsize == 4 else 0x7FFF
+    bits = bits.astype(jnp.int32)  # sign-extending int16 bits keeps their order
     return jnp.where(bits < 0, bits ^ flip, bits)
 
 
@@ -234,10 +246,10 @@ class Parts:
     mask_vocab_tail: bool = True
 
 
-def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch,
+def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch,
                      tokens: int, vocab: int, k: int, num_blocks: int, schedule: tuple[int, ...],
                      parts: Parts, masked_io: bool, stacked: bool, smem_state: bool):
-    bt, padded = logits_ref.shape
+    bt, padded = bits_ref.shape
     slots_out = cand_key_ref.shape[1] // num_blocks
     rows = pl.program_id(0) * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
     row_ok = rows < tokens
@@ -248,9 +260,9 @@ def _superset_kernel(logits_ref, cand_key_ref, cand_index_ref, count_ref, *scrat
             start = pl.multiple_of(r * num_blocks, num_blocks)
             cols = start + lane
             ok = row_ok & ((cols < vocab) | (not parts.mask_vocab_tail))
-            x = block_io.load(logits_ref.at[:, pl.ds(start, num_blocks)], ok, masked_io=masked_io)
+            x = block_io.load(bits_ref.at[:, pl.ds(start, num_blocks)], ok, masked_io=masked_io)
             if not parts.mask_vocab_tail:  # what an unmasked kernel sees past the vocab
-                x = logits_ref[:, pl.ds(start, num_blocks)]
+                x = bits_ref[:, pl.ds(start, num_blocks)]
             key = jnp.where(ok, parts.keys(x), SENTINEL_KEY)
             index = jnp.where(ok, jnp.broadcast_to(cols, key.shape), SENTINEL_INDEX)
             slots = Slots(*carry).insert(key, index, parts.lower_index_wins)
@@ -328,8 +340,8 @@ def _select_kernel(key_ref, index_ref, out_ref, *, tokens: int, k: int, parts: P
     block_io.store(out_ref, out, row_ok, masked_io=masked_io)
 
 
-def _top_k_indices(logits, k: int, config: Config, backend: Backend, parts: Parts):
-    tokens, vocab = logits.shape
+def _top_k_indices(bits, k: int, config: Config, backend: Backend, parts: Parts):
+    tokens, vocab = bits.shape
     nb, bt = config.num_blocks, config.block_tokens
     padded = pl.cdiv(vocab, nb) * nb
     slots_out = _next_pow2(k)
@@ -352,7 +364,7 @@ def _top_k_indices(logits, k: int, config: Config, backend: Backend, parts: Part
         num_warps=config.num_warps,
         dimension_semantics=("parallel",),
         name="pallascheck_top_k_superset",
-    )(logits)
+    )(bits)
 
     def select(width_slots: int):
         def run(cand_key, cand_index):
@@ -378,14 +390,16 @@ def _top_k_indices(logits, k: int, config: Config, backend: Backend, parts: Part
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _top_k(logits, k, config, backend, parts):
-    indices, _ = _top_k_indices(logits, k, config, backend, parts)
-    return jnp.take_along_axis(logits, indices, axis=1), indices
+    bits = bits_of(logits)
+    indices, _ = _top_k_indices(bits, k, config, backend, parts)
+    values = lax.bitcast_convert_type(jnp.take_along_axis(bits, indices, axis=1), logits.dtype)
+    return values, indices
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def candidate_counts(logits, k: int, config: Config, backend: Backend) -> jax.Array:
     """Per token, the candidate slots the superset kernel kept (for tests and tuning)."""
-    return _top_k_indices(logits, k, config, backend, Parts())[1]
+    return _top_k_indices(bits_of(logits), k, config, backend, Parts())[1]
 
 
 def validate(logits: Any, k: Any, config: Any) -> None:

@@ -8,7 +8,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from pallascheck.kernels import top_k
 from pallascheck.properties.top_k_spec import make_spec
@@ -29,21 +28,19 @@ def _stops_on_values_at_least_pivot(slots: top_k.Slots, m: int, k: int, lower_in
     return count >= k
 
 
-def _raw_bit_keys(x: jax.Array) -> jax.Array:
+def _raw_bit_keys(bits: jax.Array) -> jax.Array:
     """The notebook's order: float bits compared as signed integers, so negative
     values rank in reverse (-2 above -1)."""
-    if x.dtype.itemsize == 4:
-        return lax.bitcast_convert_type(x, jnp.int32)
-    return lax.bitcast_convert_type(x, jnp.int16).astype(jnp.int32)
+    return bits.astype(jnp.int32)
 
 
-def _and_packed_keys(x: jax.Array) -> jax.Array:
+def _and_packed_keys(bits: jax.Array) -> jax.Array:
     """The notebook's packing: ``((value >> 16) << 16) & (row >> 16)`` with ``&``
     where ``|`` was meant. For fewer than 2**16 rows per block ``row >> 16`` is 0, so
     every key is 0: all entries tie and the first k indices come out (its own check
     printed "All topk_logits match = False. Indices match at 0%")."""
-    row_high_bits = jnp.zeros(x.shape, jnp.int32)  # row index >> 16 for every row < 2**16
-    return ((top_k.total_order_keys(x) >> 16) << 16) & row_high_bits
+    row_high_bits = jnp.zeros(bits.shape, jnp.int32)  # row index >> 16 for every row < 2**16
+    return ((top_k.total_order_keys(bits) >> 16) << 16) & row_high_bits
 
 
 _BROKEN: dict[str, top_k.Parts] = {
