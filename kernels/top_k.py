@@ -363,7 +363,8 @@ def _top_k_indices(bits, k: int, config: Config, backend: Backend, parts: Parts)
                           smem_state=smem_state),
         grid=grid,
         in_specs=[pl.BlockSpec((bt, padded), lambda i: (i, 0))],
-        out_specs=[pl.BlockSpec((bt, slots_out * nb), lambda i: (i, 0))] * 2 + [pl.BlockSpec((bt, 1), lambda i: (i, 0))],
+        out_specs=[pl.BlockSpec((bt, slots_out * nb), lambda i: (i, 0))] * 2
+        + [pl.BlockSpec((bt, 1), lambda i: (i, 0))],
         out_shape=[jax.ShapeDtypeStruct((tokens, slots_out * nb), jnp.int32)] * 2
         + [jax.ShapeDtypeStruct((tokens, 1), jnp.int32)],
         scratch_shapes=scratch,

@@ -38,7 +38,8 @@ def bits(values: np.ndarray) -> np.ndarray:
 
 def encode(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """[tokens, 2k] float64: bit patterns of the values, then the indices (both exact)."""
-    return np.concatenate([bits(np.asarray(values)).astype(np.float64), np.asarray(indices).astype(np.float64)], axis=-1)
+    value_bits = bits(np.asarray(values)).astype(np.float64)
+    return np.concatenate([value_bits, np.asarray(indices).astype(np.float64)], axis=-1)
 
 
 def descending_order(row: np.ndarray) -> np.ndarray:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
