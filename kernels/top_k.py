@@ -24,8 +24,7 @@ sign-extended to int32 for bf16/f16), mapped to ``b if b >= 0 else b ^ 0x7F..F``
 kernels see only these integer bits (``logits`` is bitcast before the call, the values
 are gathered as bits and bitcast back): no float op ever touches a value, so no NaN
 is quieted or canonicalised on the way (XLA's CPU backend does that to bf16 NaNs in
-selects and gathers). Keys
-compare as integers exactly as the total order above; an element is the pair
+selects and gathers). Keys compare as integers exactly as the total order above; an element is the pair
 (key, index), and pair A beats pair B when ``A.key > B.key`` or the keys are equal and
 ``A.index < B.index``. All pairs of a row are distinct, so every "largest" is unique.
 
@@ -62,6 +61,17 @@ Algorithm (two Pallas kernels):
    picks one. It extracts the k largest pairs one at a time (max key, then min index
    among those keys; the extracted pair becomes the sentinel): no sort, so it lowers
    on Triton.
+
+Why the TPU notebook this follows failed its own check ("All topk_logits match =
+False. Indices match at 0%"): it packs value and row as ``((value >> 16) << 16) &
+(row >> 16)``, ``&`` where ``|`` was meant, and ``row >> 16`` is 0 for every row below
+2**16, so every packed key is 0: all entries tie and it returned zeros at indices
+0..k-1. Had the packing been right, two more bugs were waiting: float bits compared
+as signed integers rank negative values in reverse (the key map above fixes that),
+and its stopping criterion counts *values* ``>=`` the pivot, which keeps the values
+right but can miss a lower-index tie in another block. Its conclusion that bf16 ties
+make indices uncheckable is wrong too: with a stated tie rule every index is exact.
+All three are test variants (tests/broken/top_k_variants.py).
 
 Triton: every tile is a power of two (``B``, ``block_tokens``, ``S * B``); the padded
 vocab ``R * B`` and the token tail are masked on load (kernels/block_io.py) and the
