@@ -98,3 +98,8 @@ def test_tpu_interpreter_races_and_grid_shuffles() -> None:
     first = _check(x, 5, config, Backend("tpu_interpret", 0))
     second = _check(x, 5, config, Backend("tpu_interpret", 1))
     assert (first == second).all()
+
+
+def test_many_tokens_with_a_partial_token_block(backend) -> None:
+    x = draw_logits(13, (130, 300), "float16", "few_distinct")  # 130 = 16 * 8 + 2
+    _check(x, 16, top_k.Config(num_blocks=32, m_schedule=(2, 5)), backend)
