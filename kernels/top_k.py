@@ -112,6 +112,8 @@ class Config:
         validation.require_positive_power_of_two("config.num_blocks", self.num_blocks)
         validation.require_positive_power_of_two("config.block_tokens", self.block_tokens)
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
+        if isinstance(self.m_schedule, list):  # a config read back from JSON (replay)
+            object.__setattr__(self, "m_schedule", tuple(self.m_schedule))
         schedule = self.m_schedule
         if (
             not isinstance(schedule, tuple)
