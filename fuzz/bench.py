@@ -90,12 +90,15 @@ def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend
     return lambda backend: [row for dtype in DTYPES for row in bench(backend, dtype)]
 
 
+from .bench_top_k import bench_top_k  # noqa: E402 - it uses median_seconds and _best above
+
 # op family -> benchmark(backend) -> rows; every row has "op", "shape", "dtype" and
 # ratios named "*speed_vs_*" (above 1: the kernel is faster).
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
     "losses": lambda backend: importlib.import_module("pallascheck.fuzz.bench_losses").bench(backend),  # imports this module
+    "top_k": bench_top_k,
 }
 
 

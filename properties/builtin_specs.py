@@ -4,6 +4,7 @@ from .linear_cross_entropy_spec import SPEC as LINEAR_CROSS_ENTROPY
 from .matmul_spec import SPEC as MATMUL
 from .norms_spec import LAYER_NORM, RMS_NORM
 from .spec import register
+from .top_k_spec import SPEC as TOP_K
 
-for _spec in (MATMUL, LAYER_NORM, RMS_NORM, CROSS_ENTROPY, LINEAR_CROSS_ENTROPY):
+for _spec in (MATMUL, LAYER_NORM, RMS_NORM, CROSS_ENTROPY, LINEAR_CROSS_ENTROPY, TOP_K):
     register(_spec)

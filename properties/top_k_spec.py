@@ -1,0 +1,149 @@
+"""KernelSpec for kernels/top_k.py: exact, so every check is bit for bit.
+
+The kernel's two outputs are compared as one float64 array per case,
+``[bit patterns of the values | indices]`` (oracles/top_k.encode), with a bound of
+zero: a NaN's sign and payload, -0.0 vs +0.0, and every index must match exactly.
+
+Cases come from small shape buckets (compiles are reused) and adversarial element
+kinds: ties (few distinct values, all equal, +-0.0), degenerate 16-bit patterns
+(every bf16/f16 bit pattern equally likely: at most 65536 distinct values, many ties
+in long rows), the strided worst case (every s-th logit 1, the rest 0: one block
+holds all the large values, which forces the deepest m stage), log-probabilities
+(all negative, catches a compare on raw float bits; from logits on a coarse grid, so
+with ties) and sprinkled NaN/+-inf/-0.0. NaNs are the
+canonical quiet NaN of either sign: ``lax.top_k`` on the CPU orders NaN payloads
+for f32/f16 but not for bf16 (see kernels/top_k.py), and xla_reference is checked
+against the same oracle.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels import top_k
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import top_k as oracle
+from pallascheck.oracles.tolerance import Arithmetic
+
+from . import relations, strategies
+from .spec import BadInput, Case, KernelSpec
+
+# Hypothesis starts from the first entry of each bucket, so each bucket leads with a
+# hard case: several stages run and stop early, and the candidates reach deep slots.
+TOKENS = (3, 1, 9)  # 9: a partial last token block for block_tokens 8
+VOCABS = (300, 37, 1000)  # 300 and 37 are multiples of none of the block counts 8, 32, 128
+KS = (16, 5, 33, 1, 2, 8)
+ELEMENT_KINDS = ("log_probs", "few_distinct", "degenerate_bits", "strided_ones", "all_equal", "signed_zeros",
+                 "normal", "specials")
+STRIDES = (8, 32, 128)  # the block counts of the configs: all large values in one block
+
+
+def logits(seed: int, shape: tuple[int, int], dtype: str, kind: str) -> np.ndarray:
+    """An adversarial logits array of ``kind`` (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    np_dtype = strategies.np_dtype(dtype)
+    if kind == "normal":
+        return strategies.elements(seed, shape, dtype, "normal")
+    if kind == "few_distinct":
+        return strategies.elements(seed, shape, dtype, "few_distinct")
+    if kind == "all_equal":
+        return np.full(shape, rng.standard_normal()).astype(np_dtype)
+    if kind == "signed_zeros":
+        return np.where(rng.random(shape) < 0.5, -0.0, 0.0).astype(np_dtype)
+    if kind == "degenerate_bits":
+        half = rng.integers(0, 2**16, shape, dtype=np.uint32)
+        values = (half << 16).view(np.float32) if np_dtype.itemsize == 4 else half.astype(np.uint16).view(np_dtype)
+        values = values.astype(np_dtype) if np_dtype.itemsize == 4 else values
+        nan = np.isnan(values.astype(np.float32))
+        canonical = np.where(np.signbit(values.astype(np.float32)), -np.nan, np.nan)
+        return np.where(nan, canonical, values.astype(np.float32)).astype(np_dtype)
+    if kind == "strided_ones":
+        stride = int(rng.choice(STRIDES))
+        values = np.zeros(shape)
+        values[:, ::stride] = 1.0
+        return values.astype(np_dtype)
+    if kind == "log_probs":  # all negative, as top-k over log-probabilities sees them;
+        # logits on a grid of 1/4 (as from a low-precision matmul): ties between blocks
+        z = np.round(rng.standard_normal(shape) * 12.0) / 4.0
+        z = z - z.max(axis=-1, keepdims=True)
+        return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np_dtype)
+    if kind == "specials":
+        values = strategies.with_specials(seed + 1, strategies.elements(seed, shape, dtype, "normal"), 0.1)
+        flip = rng.random(shape) < 0.3  # negative NaNs and -0.0 too
+        values = np.where(flip & (np.isnan(values.astype(np.float32)) | (values == 0)), -values, values)
+        values[rng.random(shape) < 0.05] = -0.0
+        return values.astype(np_dtype)
+    raise ValueError(f"element kind must be one of {ELEMENT_KINDS}, got {kind!r}")
+
+
+def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+    @st.composite
+    def draw(draw_) -> Case:
+        tokens, vocab = draw_(strategies.dims(TOKENS)), draw_(strategies.dims(VOCABS))
+        k = draw_(st.sampled_from([k for k in KS if k <= vocab]))
+        kind = draw_(st.sampled_from(ELEMENT_KINDS))
+        seed = draw_(strategies.seeds())
+        return Case(arrays={"logits": logits(seed, (tokens, vocab), dtype, kind)}, params={"k": k, "kind": kind})
+
+    return draw()
+
+
+def _run(kernel: Callable[..., Any], case: Case, config: Any, backend: Backend) -> np.ndarray:
+    values, indices = kernel(jnp.asarray(case.arrays["logits"]), case.params["k"], config=config, backend=backend)
+    return oracle.encode(np.asarray(values), np.asarray(indices))
+
+
+def _reference(case: Case) -> np.ndarray:
+    values, indices = top_k.xla_reference(jnp.asarray(case.arrays["logits"]), case.params["k"])
+    return oracle.encode(np.asarray(values), np.asarray(indices))
+
+
+def _oracle(case: Case) -> oracle.TopKOracle:
+    return oracle.oracle(case.arrays["logits"], case.params["k"])
+
+
+def _bound(case: Case, ref: oracle.TopKOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+    return oracle.bound(ref)
+
+
+def _bad_inputs() -> list[BadInput]:
+    x = jnp.ones((2, 50), jnp.float32)
+    return [
+        BadInput("rank-3 logits", lambda: top_k.top_k(jnp.ones((2, 3, 50)), 4), ValueError, r"logits must have rank 2.*vmap"),
+        BadInput("integer logits", lambda: top_k.top_k(jnp.ones((2, 50), jnp.int32), 4), TypeError, r"logits must have dtype in"),
+        BadInput("k zero", lambda: top_k.top_k(x, 0), ValueError, r"k must satisfy 1 <= k"),
+        BadInput("k above vocab", lambda: top_k.top_k(x, 51), ValueError, r"k must satisfy 1 <= k <= min\(vocab"),
+        BadInput("k not an int", lambda: top_k.top_k(x, 4.0), TypeError, r"k must be an int"),
+        BadInput("empty logits", lambda: top_k.top_k(jnp.ones((0, 50)), 4), ValueError, r"logits must not have a zero-sized"),
+        BadInput("config type", lambda: top_k.top_k(x, 4, config={"num_blocks": 8}), TypeError, r"config must be a top_k.Config"),
+        BadInput("blocks not power of two", lambda: top_k.Config(num_blocks=100), ValueError, r"config.num_blocks must be a power of two"),
+        BadInput("schedule not increasing", lambda: top_k.Config(m_schedule=(9, 5)), ValueError, r"config.m_schedule must be a strictly increasing"),
+        BadInput("schedule below 2", lambda: top_k.Config(m_schedule=(1, 5)), ValueError, r"config.m_schedule must be .* >= 2"),
+        BadInput("unknown layout", lambda: top_k.Config(layout="packed"), ValueError, r"config.layout must be one of"),
+    ]
+
+
+def make_spec(kernel: Callable[..., Any] = top_k.top_k, name: str = "top_k") -> KernelSpec:
+    """The top_k spec for ``kernel`` (any callable with top_k.top_k's signature)."""
+    run = functools.partial(_run, kernel)
+    return KernelSpec(
+        name=name,
+        dtypes=strategies.DTYPES,
+        cases=cases,
+        kernel=run,
+        reference=_reference,
+        oracle=_oracle,
+        expected=lambda ref: ref.out,
+        bound=_bound,
+        configs=lambda case, backend: top_k.configs(*case.arrays["logits"].shape, case.params["k"], backend),
+        default_config=top_k.Config(),
+        relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),),
+        bad_inputs=_bad_inputs,
+    )
+
+
+SPEC = make_spec()
