@@ -97,7 +97,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
         import jax
 
         m = jax.lax.stop_gradient(m)  # softmax is shift invariant
-    e = xp.where(visible, xp.exp(s - m), 0.0)
+    e = xp.where(visible, xp.exp(xp.where(visible, s - m, 0.0)), 0.0)
     l = xp.sum(e, axis=-1, keepdims=True)
     p = e / xp.where(l == 0, 1.0, l)
     return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh), (0, 2, 1, 3))
@@ -148,7 +148,7 @@ def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: flo
     s = np.where(vis, scale * qk + bias64, 0.0)
     any_vis = vis.any(-1, keepdims=True)
     m = np.where(any_vis, np.max(np.where(vis, s, -np.inf), -1, keepdims=True), 0.0)
-    e = np.where(vis, np.exp(s - m), 0.0)
+    e = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
     l_sum = e.sum(-1, keepdims=True)
     p = e / np.where(l_sum == 0, 1.0, l_sum)
     return AttentionOracle(
