@@ -415,7 +415,10 @@ def _pair_spec(shape: tuple[int, ...], rows: int, cols: int, blocked_axis: int):
 
 
 def _padded(n: int, block: int) -> int:
-    return pl.cdiv(n, block) * block
+    """The length a whole-sequence block spans: a power of two >= n and >= block (the
+    kernels only slice it in block steps and never touch past n, but Triton wants
+    power-of-two block shapes)."""
+    return max(block, 1 << max(0, (n - 1).bit_length()))
 
 
 def _forward(q, k, v, bias, mask, st: Static):
