@@ -16,7 +16,6 @@ import math
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 
 from pallascheck.kernels import attention
 from pallascheck.kernels.backends import Backend

@@ -31,7 +31,9 @@ The per-key errors, step by step:
 6. underflow: a rounded p below the smallest normal may be flushed (error
    <= min(p, floor)), in final units <= min(exp(s_j - M + e_j + E), floor) e^E / L
    per key, times |v_j|; subnormal v may be read as 0 (p_j |v_j| lost).
-7. out = acc / l rounds (u32), then rounds to the output dtype (``round_to``).
+7. out = acc / l in f32: modelled at the exp/log accuracy t, since Triton may emit
+   PTX's approximate division (div.full.f32, within 2 ulp); then one rounding to the
+   output dtype (``round_to``).
 All relative errors compose exactly ((1+a)(1+b) - 1), never by dropping products.
 
 xla_reference (plain jnp in the input dtype): the same ratio, with its own steps: the
@@ -253,8 +255,8 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
         floor = 2.0 * _floor_weights(ref, e, e_max, algebra.underflow_floor(dtype, arith))
     err = _ratio_error(ref, _masked(ref, d_num), _masked(ref, d_den), floor) + _flushed_v(ref, arith, dtype)
     out = Bounded(ref.o, err)
-    if kernel:  # acc / l in f32
-        out = Bounded(ref.o, err + u32 * (np.abs(ref.o) + err))
+    if kernel:  # acc / l in f32, at the accuracy of an approximate division (see step 7)
+        out = Bounded(ref.o, err + t * (np.abs(ref.o) + err))
     return _to_bshd(algebra.round_to(out, dtype, arith).err)
 
 
@@ -357,8 +359,10 @@ def gradient_bound(
         exact = np.einsum(spec, weights.value, other)
         propagated = np.einsum(spec, weights.err, np.abs(other))
         magnitude = np.einsum(spec, weights.magnitude, np.abs(other))
-        err = propagated + operand_rel * magnitude + algebra._times(
-            arith.gamma(depth, arith.mma_unit()), (1.0 + operand_rel) * magnitude) + 2 * (sq if over_q else skv) * floor32
+        chain = arith.gamma(depth, arith.mma_unit()) * np.ones_like(magnitude)
+        with np.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
+            summed = np.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
+        err = propagated + operand_rel * magnitude + summed + 2 * (sq if over_q else skv) * floor32
         return Bounded(exact, err)
 
     def per_kv_head(x: Bounded) -> Bounded:
