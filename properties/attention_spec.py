@@ -159,46 +159,48 @@ def _permuted_case(case: Case, batch_perm: np.ndarray, kv_head_perm: np.ndarray)
     return Case(out, case.params), q_head_perm
 
 
-def batch_head_permutation(run, bound) -> Relation:
+def _batch_head_permutation(run, bound, case: Case, config: Any, backend: Backend):
     """attention(P q, P k, P v) = P attention(q, k, v) for P permuting the batch and the
     kv heads together with their q-head groups (bias/mask permuted alike). Each side is
     within its bound of the same oracle element: they agree within the sum of bounds."""
-
-    def relation(case: Case, config: Any, backend: Backend):
-        b, hkv = case.arrays["q"].shape[0], case.arrays["k"].shape[2]
-        rng = np.random.default_rng(b * 31 + hkv)
-        bp, kp = rng.permutation(b), rng.permutation(hkv)
-        permuted, qp = _permuted_case(case, bp, kp)
-        lhs = np.asarray(run(permuted, config, backend))
-        rhs = np.asarray(run(case, config, backend))[bp][:, :, qp].astype(np.float64)
-        return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)[bp][:, :, qp]
-
-    return Relation("batch_head_permutation", relation)
+    b, hkv = case.arrays["q"].shape[0], case.arrays["k"].shape[2]
+    rng = np.random.default_rng(b * 31 + hkv)
+    bp, kp = rng.permutation(b), rng.permutation(hkv)
+    permuted, qp = _permuted_case(case, bp, kp)
+    lhs = np.asarray(run(permuted, config, backend))
+    rhs = np.asarray(run(case, config, backend))[bp][:, :, qp].astype(np.float64)
+    return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)[bp][:, :, qp]
 
 
-def key_value_permutation(run, bound) -> Relation:
+def _key_value_permutation(run, bound, case: Case, config: Any, backend: Backend):
     """Non-causal attention is invariant to permuting keys and values together (and the
-    key axis of the bias and mask). Causal cases are outside the relation: it returns
-    nothing to compare for them."""
+    key axis of the bias and mask); causal attention is not, so it is not checked."""
+    skv = case.arrays["k"].shape[1]
+    perm = np.random.default_rng(skv).permutation(skv)
+    out = {}
+    for name, x in case.arrays.items():
+        if name in ("k", "v"):
+            x = x[:, perm]
+        elif name in ("bias", "mask") and x.shape[-1] > 1:
+            x = x[..., perm]
+        out[name] = x
+    permuted = Case(out, case.params)
+    lhs = np.asarray(run(permuted, config, backend))
+    rhs = np.asarray(run(case, config, backend)).astype(np.float64)
+    return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)
+
+
+def permutations(run, bound) -> Relation:
+    """Both permutation relations on one case, compared as one flat array: batch/head
+    equivariance always, key/value invariance when not causal."""
 
     def relation(case: Case, config: Any, backend: Backend):
-        if case.params["causal"]:
-            return np.zeros(0), np.zeros(0), np.zeros(0)
-        skv = case.arrays["k"].shape[1]
-        perm = np.random.default_rng(skv).permutation(skv)
-        out = {}
-        for name, x in case.arrays.items():
-            if name in ("k", "v"):
-                x = x[:, perm]
-            elif name in ("bias", "mask") and x.shape[-1] > 1:
-                x = x[..., perm]
-            out[name] = x
-        permuted = Case(out, case.params)
-        lhs = np.asarray(run(permuted, config, backend))
-        rhs = np.asarray(run(case, config, backend)).astype(np.float64)
-        return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)
+        parts = [_batch_head_permutation(run, bound, case, config, backend)]
+        if not case.params["causal"]:
+            parts.append(_key_value_permutation(run, bound, case, config, backend))
+        return tuple(np.concatenate([np.ravel(p[i]) for p in parts]) for i in range(3))
 
-    return Relation("key_value_permutation", relation)
+    return Relation("permutations", relation)
 
 
 # ------------------------------------------------------------------------ bad inputs
@@ -251,7 +253,7 @@ def make_spec(kernel: Callable[..., jax.Array] = attention.attention, name: str 
         ),
         default_config=attention.Config(),
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound),
-        relations=(batch_head_permutation(run, run_bound), key_value_permutation(run, run_bound)),
+        relations=(permutations(run, run_bound),),
         bad_inputs=_bad_inputs(kernel),
     )
 

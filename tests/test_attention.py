@@ -62,7 +62,7 @@ def test_fully_masked_rows_give_zero_output_and_zero_gradients(dtype: str, backe
     assert np.any(out[:, 8:] != 0)
 
 
-@pytest.mark.parametrize("sq,skv", [(7, 33), (33, 7), (17, 17)])
+@pytest.mark.parametrize("sq,skv", [(7, 33), (33, 7)])
 def test_causal_is_aligned_bottom_right(sq: int, skv: int, backend) -> None:
     b, h, hkv, d = 2, 4, 2, 16
     q, k, v, g = _inputs(sq * 100 + skv, b, sq, skv, h, hkv, d, "float32")
