@@ -21,6 +21,7 @@ Semantics chosen here:
 Forward (grid: batch x q heads x q blocks of ``block_q``; a ``fori_loop`` over kv
 blocks of ``block_k``, all state in f32):
     s     = dot(q, k^T) * sm_scale (+ bias)        f32 accumulate, inputs in their dtype
+                                                   (f32 inputs: precision HIGHEST, not tf32)
     s     = where(visible, s, -inf)                before any other arithmetic
     m_new = max(m, rowmax(s));  m_safe = 0 where m_new = -inf (no key seen yet)
     alpha = exp(m - m_safe);    p = exp(s - m_safe)
@@ -193,7 +194,11 @@ class Tile:
         rows = self.positions(q_start, block_q, 0)
         cols = self.positions(k_start, block_k, 1)
         visible = (rows < self.seq_q) & (cols < self.seq_kv)
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        # f32 logits at full f32 precision (IEEE on Triton, not tf32): logit errors are
+        # exponentiated, and a tf32 q.k errs by ~1 at |s| ~ 1e3 (a factor e in p).
+        precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                            preferred_element_type=jnp.float32)
         s = s * jnp.float32(self.sm_scale)
         window = (pl.ds(window[0], block_q), pl.ds(window[1], block_k))
         if self.has_bias:

@@ -13,8 +13,8 @@ relative errors
     out - o = [sum_j p_j dN_j v_j - o sum_j p_j dD_j] / [1 + sum_j p_j dD_j]
 so |out - o| <= [sum_j p_j |dN_j| |v_j| + |o| sum_j p_j |dD_j|] / (1 - sum_j p_j |dD_j|).
 The per-key errors, step by step:
-1. logit error e_j: the q.k dot over head_dim (products exact for bf16/f16 in f32,
-   f32 rounded to tf32 first on GPU; ``algebra.dot``, order unknown inside one MMA
+1. logit error e_j: the q.k dot over head_dim (products exact for bf16/f16 in f32;
+   f32 at precision HIGHEST, never tf32; ``algebra.dot``, order unknown inside one MMA
    tile: sequential), times sm_scale rounded to f32 (its representation error is known
    exactly) with one rounding, plus the bias with one rounding.
 2. max subtraction and rescaling: s_j - m rounds with error <= u32 |s_j - m| and
@@ -175,7 +175,11 @@ def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
 
 def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any) -> Bounded:
     """Step 1: s_hat = (q.k) * sm_scale (+ bias), each rounding in ``compute_dtype``;
-    the kernel's dot accumulates in f32 (xla_reference's too, then rounds to its dtype)."""
+    the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
+    (precision HIGHEST); xla_reference's dot runs at default precision (tf32 on GPU)
+    and rounds to its dtype."""
+    if np.dtype(compute_dtype) == np.float32:  # the kernel: f32 q.k at precision HIGHEST
+        arith = dataclasses.replace(arith, matmul_input_f32="float32")
     qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
                      order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
     if np.dtype(compute_dtype) != np.float32:
@@ -257,7 +261,13 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     out = Bounded(ref.o, err)
     if kernel:  # acc / l in f32, at the accuracy of an approximate division (see step 7)
         out = Bounded(ref.o, err + t * (np.abs(ref.o) + err))
-    return _to_bshd(algebra.round_to(out, dtype, arith).err)
+    return _unbounded_not_nan(_to_bshd(algebra.round_to(out, dtype, arith).err))
+
+
+def _unbounded_not_nan(err: np.ndarray) -> np.ndarray:
+    """Where an unbounded intermediate met an exact zero (inf * 0), the bound is NaN;
+    it means "no bound", so it is reported as inf (never a silent NaN comparison)."""
+    return np.where(np.isnan(err), np.inf, err)
 
 
 def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.ndarray]:
@@ -334,7 +344,8 @@ def gradient_bound(
     lse_err = e_max + log_l_err + t * (np.log(ref.row_sum) + log_l_err)
     lse_err = lse_err + u32 * (np.abs(lse) + lse_err) + floor32
     arg = _masked(ref, e + lse_err + u32 * np.abs(ref.s - lse))
-    p_err = _masked(ref, ref.p * _compose(np.expm1(arg), t) + floor32)
+    with np.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
+        p_err = _masked(ref, np.where(ref.p == 0, 0.0, ref.p * _compose(np.expm1(arg), t)) + floor32)
     p_hat = Bounded(ref.p, p_err)
 
     # dP, delta, dS
@@ -399,4 +410,4 @@ def gradient_bound(
                          + max(n - 1, 0) * floor32) if axes else ds.err)
         bias_dtype = dtype
         bounds["dbias"] = algebra.round_to(total, bias_dtype, arith).err.reshape(ref.bias_shape)
-    return bounds
+    return {key: _unbounded_not_nan(value) for key, value in bounds.items()}
