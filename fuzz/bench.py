@@ -6,9 +6,6 @@ fastest config of its autotuning space.
 """
 from __future__ import annotations
 
-import importlib
-import statistics
-import time
 from typing import Any, Callable
 
 import jax
@@ -17,29 +14,14 @@ import jax.numpy as jnp
 from pallascheck.kernels import matmul, norms
 from pallascheck.kernels.backends import Backend
 
+from .bench_attention import bench_attention
+from .bench_losses import bench as bench_losses
+from .bench_top_k import bench_top_k
+from .timing import best_config, median_seconds
+
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192))
 NORM_SHAPES = ((8192, 1024), (8192, 4096), (32768, 2048))
 DTYPES = ("bfloat16", "float32")
-
-
-def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
-    jax.block_until_ready(fn())  # compile + warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _best(make: Callable[[Any], Callable[[], Any]], configs: list[Any]) -> tuple[float, Any]:
-    results = []
-    for config in configs:
-        try:
-            results.append((median_seconds(make(config), repeats=5), config))
-        except Exception as err:  # noqa: BLE001 - a config that does not compile is skipped, and said
-            print(f"    config {config} failed: {type(err).__name__}: {str(err)[:120]}")
-    return min(results, key=lambda r: r[0])
 
 
 def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
@@ -50,7 +32,7 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         y = jax.random.normal(ky, (k, n), dtype)
         ref = jax.jit(matmul.xla_reference)
         t_ref = median_seconds(lambda: ref(x, y))
-        t_best, cfg = _best(lambda c: (lambda: matmul.matmul(x, y, config=c, backend=backend)), matmul.configs(m, n, k, backend, itemsize=x.dtype.itemsize))
+        t_best, cfg = best_config(lambda c: (lambda: matmul.matmul(x, y, config=c, backend=backend)), matmul.configs(m, n, k, backend, itemsize=x.dtype.itemsize))
         t_default = median_seconds(lambda: matmul.matmul(x, y, backend=backend))
         flops = 2.0 * m * n * k
         rows.append({"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype, "xla_ms": t_ref * 1e3,
@@ -74,7 +56,7 @@ def bench_norms(backend: Backend, dtype: str) -> list[dict]:
 
             ref_f, ref_fb = jax.jit(lambda x, s: reference(x, s)), fwd_bwd(reference)
             t_ref, t_ref_fb = median_seconds(lambda: ref_f(x, scale)), median_seconds(lambda: ref_fb(x, scale))
-            t_best, cfg = _best(lambda c: (lambda: kernel(x, scale, config=c, backend=backend)), norms.configs(r, d, backend))
+            t_best, cfg = best_config(lambda c: (lambda: kernel(x, scale, config=c, backend=backend)), norms.configs(r, d, backend))
             k_fb = fwd_bwd(lambda a, b: kernel(a, b, config=cfg, backend=backend))
             t_fb = median_seconds(lambda: k_fb(x, scale))
             bytes_fwd = 2 * x.size * x.dtype.itemsize
@@ -90,14 +72,13 @@ def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend
     return lambda backend: [row for dtype in DTYPES for row in bench(backend, dtype)]
 
 
-from .bench_top_k import bench_top_k  # noqa: E402 - it uses median_seconds and _best above
-
 # op family -> benchmark(backend) -> rows; every row has "op", "shape", "dtype" and
 # ratios named "*speed_vs_*" (above 1: the kernel is faster).
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
-    "losses": lambda backend: importlib.import_module("pallascheck.fuzz.bench_losses").bench(backend),  # imports this module
+    "attention": bench_attention,
+    "losses": bench_losses,
     "top_k": bench_top_k,
 }
 

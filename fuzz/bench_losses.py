@@ -19,7 +19,7 @@ from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels import linear_cross_entropy as lce
 from pallascheck.kernels.backends import Backend
 
-from .bench import _best, median_seconds
+from .timing import best_config, median_seconds
 
 CE_SHAPES = ((8192, 50257), (8192, 128256), (4096, 201088))  # tokens, vocab
 LINEAR_SHAPES = ((8192, 4096, 128256), (4096, 2048, 50257))  # tokens, hidden, vocab
@@ -57,7 +57,7 @@ def bench_cross_entropy(backend: Backend, dtype: str) -> list[dict]:
         ref = jax.jit(ce.xla_reference)
         ref_fb = jax.jit(_fwd_bwd(ce.xla_reference, (0,)))
         t_ref, t_ref_fb = median_seconds(lambda: ref(logits, labels)), median_seconds(lambda: ref_fb(logits, labels))
-        t_best, cfg = _best(lambda c: (lambda: ce.cross_entropy(logits, labels, config=c, backend=backend)),
+        t_best, cfg = best_config(lambda c: (lambda: ce.cross_entropy(logits, labels, config=c, backend=backend)),
                             ce.configs(tokens, vocab, backend))
         k_fb = jax.jit(_fwd_bwd(lambda z, y: ce.cross_entropy(z, y, config=cfg, backend=backend), (0,)))
         t_fb = median_seconds(lambda: k_fb(logits, labels))
@@ -80,7 +80,7 @@ def bench_linear_cross_entropy(backend: Backend, dtype: str) -> list[dict]:
         labels = jax.random.randint(ky, (tokens,), 0, vocab)
         naive_fb = jax.jit(_fwd_bwd(lce.xla_reference, (0, 1)))
         t_naive = median_seconds(lambda: naive_fb(x, w, labels), repeats=5)
-        t_fwd, cfg = _best(lambda c: (lambda: lce.linear_softmax_cross_entropy(x, w, labels, config=c, backend=backend)),
+        t_fwd, cfg = best_config(lambda c: (lambda: lce.linear_softmax_cross_entropy(x, w, labels, config=c, backend=backend)),
                            lce.configs(tokens, hidden, vocab, backend))
         k_fb = jax.jit(_fwd_bwd(lambda a, b, y: lce.linear_softmax_cross_entropy(a, b, y, config=cfg, backend=backend),
                                 (0, 1)))

@@ -5,7 +5,7 @@ same contract, listed as the speed an approximate answer buys).
 Shapes follow the notebook: tokens 32 and 2048, vocab 201088, k 64, bf16 logits, for
 two inputs: N(0, 1) logits (the superset kernel stops at its first stage) and the
 worst case (every 128th logit 1, the rest 0: every stage runs). Times are medians
-(fuzz/bench.median_seconds); the kernel is timed with its default config and with
+(fuzz/timing.median_seconds); the kernel is timed with its default config and with
 the fastest of its config space, and every kernel result is checked bit for bit
 against ``lax.top_k`` (values) before it is timed.
 """
@@ -20,6 +20,8 @@ import numpy as np
 from pallascheck.kernels import top_k
 from pallascheck.kernels.backends import Backend
 
+from .timing import best_config, median_seconds
+
 TOKENS = (32, 2048)
 VOCAB = 201088
 K = 64
@@ -32,7 +34,6 @@ def _inputs(tokens: int, dtype: str) -> dict[str, jax.Array]:
 
 
 def bench_top_k(backend: Backend, dtype: str = "bfloat16") -> list[dict]:
-    from .bench import _best, median_seconds  # here: bench.py imports this module
 
     rows = []
     exact = jax.jit(jax.lax.top_k, static_argnames=("k",))
@@ -48,7 +49,7 @@ def bench_top_k(backend: Backend, dtype: str = "bfloat16") -> list[dict]:
             t_approx = median_seconds(lambda: approx(x, k=K))
             t_default = median_seconds(lambda: top_k.top_k(x, K, backend=backend))
             make = lambda c: functools.partial(top_k.top_k, x, K, config=c, backend=backend)  # noqa: E731
-            t_best, cfg = _best(make, top_k.configs(tokens, VOCAB, K, backend))
+            t_best, cfg = best_config(make, top_k.configs(tokens, VOCAB, K, backend))
             rows.append({
                 "op": "top_k", "shape": f"{tokens}x{VOCAB} k={K} {name}", "dtype": dtype,
                 "values_match_lax_top_k": same, "indices_match_lax_top_k": same_indices,

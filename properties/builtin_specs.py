@@ -1,4 +1,5 @@
 """Registers the specs of the kernels shipped in pallascheck.kernels."""
+from .attention_spec import SPEC as ATTENTION
 from .cross_entropy_spec import SPEC as CROSS_ENTROPY
 from .linear_cross_entropy_spec import SPEC as LINEAR_CROSS_ENTROPY
 from .matmul_spec import SPEC as MATMUL
@@ -6,5 +7,5 @@ from .norms_spec import LAYER_NORM, RMS_NORM
 from .spec import register
 from .top_k_spec import SPEC as TOP_K
 
-for _spec in (MATMUL, LAYER_NORM, RMS_NORM, CROSS_ENTROPY, LINEAR_CROSS_ENTROPY, TOP_K):
+for _spec in (MATMUL, LAYER_NORM, RMS_NORM, ATTENTION, CROSS_ENTROPY, LINEAR_CROSS_ENTROPY, TOP_K):
     register(_spec)

@@ -100,6 +100,9 @@ def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(error == 0, 0.0, error / bound)
     ratio = np.where(special_ok, ratio, np.inf)
+    # a NaN bound (e.g. inf * 0 in a bound model) bounds nothing: fail there, by name,
+    # instead of a NaN budget that max() and argmax() would pass over
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
     if ratio.size == 0:
         return Outcome(check, True, 0.0, f"{name}: empty")
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)

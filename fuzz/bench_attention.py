@@ -1,0 +1,122 @@
+"""``pallascheck bench --op attention``: flash attention forward and forward+backward
+TFLOP/s against xla_reference, ``jax.nn.dot_product_attention`` (XLA and cuDNN) and
+JAX's bundled Pallas GPU kernel (``jax.experimental.pallas.ops.gpu.attention.mha``).
+
+FLOPs count the two matmuls of the forward, 4 * batch * heads * seq_q * seq_kv *
+head_dim (half of it when causal), and 2.5 times that for the backward (five matmuls
+against two), as FlashAttention reports them. Each competitor is guarded: one that
+fails to compile or run leaves its error string in the row instead of a time. Our
+kernel is timed with its default config and with the fastest of its config space
+(forward fields first, then the backward block sizes with the best forward ones).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+
+from pallascheck.kernels import attention
+from pallascheck.kernels.backends import Backend
+
+from .timing import median_seconds
+
+
+BATCH, HEADS = 4, 16
+SEQS = (2048, 4096)
+HEAD_DIMS = (64, 128)
+DTYPE = "bfloat16"
+
+
+def _competitors(causal: bool, scale: float) -> dict[str, Callable[..., Any]]:
+    def pallas_mha(q, k, v):
+        from jax.experimental.pallas.ops.gpu import attention as bundled
+
+        return bundled.mha(q, k, v, segment_ids=None, sm_scale=scale, causal=causal)
+
+    return {
+        "xla_reference": lambda q, k, v: attention.xla_reference(q, k, v, causal=causal, sm_scale=scale),
+        "jax_nn_xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="xla"),
+        "jax_nn_cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn"),
+        "pallas_mha": pallas_mha,
+    }
+
+
+def _fwd_and_fwd_bwd(fn: Callable[..., Any], q, k, v, do) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    fwd = jax.jit(fn)
+    fwd_bwd = jax.jit(lambda q, k, v: jax.vjp(fn, q, k, v)[1](do))
+    return (lambda: fwd(q, k, v)), (lambda: fwd_bwd(q, k, v))
+
+
+def _time(thunk: Callable[[], Any], repeats: int = 10) -> float | str:
+
+    try:
+        return median_seconds(thunk, repeats=repeats)
+    except Exception as err:  # noqa: BLE001 - a competitor that does not run is recorded, not fatal
+        return f"{type(err).__name__}: {str(err)[:200]}"
+
+
+def _fastest(candidates: list[attention.Config], thunk_of: Callable[[attention.Config], Callable[[], Any]]):
+    best = None
+    for config in candidates:
+        t = _time(thunk_of(config), repeats=5)
+        if isinstance(t, float) and (best is None or t < best[0]):
+            best = (t, config)
+    return best
+
+
+def bench_shape(backend: Backend, seq: int, head_dim: int, causal: bool) -> dict:
+    keys = jax.random.split(jax.random.key(seq + head_dim), 4)
+    shape = (BATCH, seq, HEADS, head_dim)
+    q, k, v, do = (jax.random.normal(key, shape, DTYPE) for key in keys)
+    scale = 1.0 / math.sqrt(head_dim)
+    fwd_flops = 4.0 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
+    total_flops = 3.5 * fwd_flops
+    row: dict[str, Any] = {"op": "attention", "shape": f"b{BATCH}xs{seq}xh{HEADS}xd{head_dim}",
+                           "dtype": DTYPE, "causal": causal}
+
+    def ours(config: attention.Config):
+        return lambda q, k, v: attention.attention(q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend)
+
+    space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize)
+    default_bwd = (attention.Config().block_q_bwd, attention.Config().block_k_bwd)
+    # forward fields: one warp count per block_q (4 for 64 rows, 8 for 128) keeps the search short
+    fwd_space = [c for c in space if (c.block_q_bwd, c.block_k_bwd) == default_bwd
+                 and c.num_warps == (4 if c.block_q <= 64 else 8)] or space[:1]
+    best_fwd = _fastest(fwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[0])
+    if best_fwd is None:
+        row["error"] = "no config of the space ran"
+        return row
+    t_fwd, cfg = best_fwd
+    bwd_space = [dataclasses.replace(cfg, block_q_bwd=bq, block_k_bwd=bk)
+                 for bq, bk in sorted({(c.block_q_bwd, c.block_k_bwd) for c in space})]
+    best_all = _fastest(bwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1])
+    t_default = _time(_fwd_and_fwd_bwd(ours(attention.Config()), q, k, v, do)[0])
+    row.update({"kernel_fwd_ms": t_fwd * 1e3, "kernel_fwd_tflops": fwd_flops / t_fwd / 1e12,
+                "kernel_default_fwd_ms": t_default * 1e3 if isinstance(t_default, float) else t_default,
+                "best_config": str(cfg)})
+    if best_all is not None:
+        t_all, cfg_all = best_all
+        row.update({"kernel_fwd_bwd_ms": t_all * 1e3, "kernel_fwd_bwd_tflops": total_flops / t_all / 1e12,
+                    "best_config_fwd_bwd": str(cfg_all)})
+    for name, fn in _competitors(causal, scale).items():
+        fwd, fwd_bwd = _fwd_and_fwd_bwd(fn, q, k, v, do)
+        for label, thunk, ours_t, flops in (("fwd", fwd, t_fwd, fwd_flops),
+                                            ("fwd_bwd", fwd_bwd, best_all[0] if best_all else None, total_flops)):
+            t = _time(thunk)
+            if isinstance(t, str):
+                row[f"{name}_{label}_error"] = t
+                continue
+            row[f"{name}_{label}_ms"] = t * 1e3
+            row[f"{name}_{label}_tflops"] = flops / t / 1e12
+            if ours_t is not None:
+                row[f"{label}_speed_vs_{name}"] = t / ours_t
+    return row
+
+
+def bench_attention(backend: Backend) -> list[dict]:
+    return [
+        bench_shape(backend, seq, head_dim, causal)
+        for seq in SEQS for head_dim in HEAD_DIMS for causal in (False, True)
+    ]

@@ -1,0 +1,413 @@
+"""Float64 oracle and error bounds for flash attention (kernels/attention.py).
+
+Notation per (batch, q head h, query i): s_j = sm_scale (q . k_j) + bias_j the exact
+logits over the visible keys j, M = max_j s_j, L = sum_j exp(s_j - M) (>= 1),
+p_j = exp(s_j - M) / L, o = sum_j p_j v_j. u = unit roundoff (oracles/tolerance.py),
+t = the f32 exp/log accuracy (``Arithmetic.transcendental_rel``).
+
+Forward bound (kernel), derived from the ratio the kernel forms. The kernel's
+out = acc / l with acc = sum_j w^N_j v_j and l = sum_j w^D_j where, up to a factor c
+common to all j (the running-max shifts cancel in the ratio; c >= exp(-E) with
+E = max_j e_j), w^N_j = L p_j (1 + dN_j) and w^D_j = L p_j (1 + dD_j). For any such
+relative errors
+    out - o = [sum_j p_j dN_j v_j - o sum_j p_j dD_j] / [1 + sum_j p_j dD_j]
+so |out - o| <= [sum_j p_j |dN_j| |v_j| + |o| sum_j p_j |dD_j|] / (1 - sum_j p_j |dD_j|).
+The per-key errors, step by step:
+1. logit error e_j: the q.k dot over head_dim (products exact for bf16/f16 in f32;
+   f32 at precision HIGHEST, never tf32; ``algebra.dot``, order unknown inside one MMA
+   tile: sequential), times sm_scale rounded to f32 (its representation error is known
+   exactly) with one rounding, plus the bias with one rounding.
+2. max subtraction and rescaling: s_j - m rounds with error <= u32 |s_j - m| and
+   m_block <= m_final <= M + E, so <= u32 (M - s_j + e_j + E); the rescale factors
+   alpha = exp(m_old - m_new) applied to key j after its block have arguments whose
+   roundings telescope to the same bound: argument error a_j = e_j + 2 u32 (M - s_j + e_j + E);
+   exp turns it into the relative error expm1(a_j), and its evaluation adds t.
+3. each of at most R = ceil(seq_kv / block_k) - 1 rescales multiplies acc and l by
+   alpha, evaluated to t and rounded (u32): ((1 + t)(1 + u32))^R - 1.
+4. numerator only: p rounded to the input dtype (u_in; none for f32) and the p.v dot:
+   operands rounded to tf32 on GPU (2u + u^2), accumulated in blocks of block_k
+   (``Arithmetic.dot_order``: sequential chain on GPU) with the MMA's unit.
+5. denominator only: l sums f32 p in blocks of block_k: gamma of the blocked depth.
+6. underflow: a rounded p below the smallest normal may be flushed (error
+   <= min(p, floor)), in final units <= min(exp(s_j - M + e_j + E), floor) e^E / L
+   per key, times |v_j|; subnormal v may be read as 0 (p_j |v_j| lost).
+7. out = acc / l in f32: modelled at the exp/log accuracy t, since Triton may emit
+   PTX's approximate division (div.full.f32, within 2 ulp); then one rounding to the
+   output dtype (``round_to``).
+All relative errors compose exactly ((1+a)(1+b) - 1), never by dropping products.
+
+xla_reference (plain jnp in the input dtype): the same ratio, with its own steps: the
+logit dot rounds to the input dtype, sm_scale rounded to the input dtype multiplies
+and the bias adds there (each one rounding); s - m rounds in the input dtype; exp is
+evaluated in f32 and rounded (t + u_in); l = jnp.sum in f32 (sequential, unknown
+order) rounded once (u_in, common to all keys); p = e / l rounds (u_in, numerator);
+the p.v dot accumulates in f32 (sequential) and rounds to the input dtype; e and p
+may each underflow (twice the floor term of step 6).
+
+Gradient bound (kernel's backward; derivation beside ``gradient_bound``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from . import algebra
+from .algebra import Bounded
+from .gradients import vjp64
+from .tolerance import SEQUENTIAL, Arithmetic, blocked, gamma, unit_roundoff
+
+F32 = np.float32
+
+
+def _f64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def visibility(batch: int, heads: int, seq_q: int, seq_kv: int, *, causal: bool, mask: Any) -> np.ndarray:
+    """[batch, heads, seq_q, seq_kv] bool: causal (bottom-right) and the mask."""
+    vis = np.ones((batch, heads, seq_q, seq_kv), bool)
+    if causal:
+        vis &= (np.arange(seq_kv)[None, :] <= np.arange(seq_q)[:, None] + (seq_kv - seq_q))
+    if mask is not None:
+        vis &= np.broadcast_to(np.asarray(mask, bool).reshape((1,) * (4 - np.ndim(mask)) + np.shape(mask)), vis.shape)
+    return vis
+
+
+def _bhsd(x, group: int, xp):
+    """[b, s, h, d] -> [b, h*group, s, d] (kv heads repeated for their q-head group)."""
+    x = xp.transpose(x, (0, 2, 1, 3))
+    return xp.repeat(x, group, axis=1) if group > 1 else x
+
+
+def reference64(q, k, v, bias, visible, sm_scale: float):
+    """The float64 function (numpy or jax.numpy inputs; used for values and VJPs).
+    q: [b, sq, h, d]; k, v: [b, skv, hkv, d]; bias broadcastable to [b, h, sq, skv]
+    or None; ``visible`` also excludes -inf bias. Rows with no visible key give 0."""
+    xp = np if isinstance(q, np.ndarray) else jnp
+    group = q.shape[2] // k.shape[2]
+    qh, kh, vh = _bhsd(q, 1, xp), _bhsd(k, group, xp), _bhsd(v, group, xp)
+    s = sm_scale * xp.einsum("bhqd,bhkd->bhqk", qh, kh)
+    if bias is not None:
+        s = s + bias
+    s = xp.where(visible, s, 0.0)
+    any_visible = visible.any(axis=-1, keepdims=True)
+    m = xp.where(any_visible, xp.max(xp.where(visible, s, -np.inf), axis=-1, keepdims=True), 0.0)
+    if xp is jnp:
+        import jax
+
+        m = jax.lax.stop_gradient(m)  # softmax is shift invariant
+    e = xp.where(visible, xp.exp(xp.where(visible, s - m, 0.0)), 0.0)
+    l = xp.sum(e, axis=-1, keepdims=True)
+    p = e / xp.where(l == 0, 1.0, l)
+    return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh), (0, 2, 1, 3))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOracle:
+    out: np.ndarray  # [b, sq, h, d] float64
+    visible: np.ndarray  # [b, h, sq, skv]: causal, mask, and bias != -inf
+    qk: np.ndarray  # [b, h, sq, skv] exact q . k (unscaled), 0 where not visible
+    qk_magnitude: np.ndarray  # sum_d |q_d k_d|
+    qk_flushed: np.ndarray  # the part of it from products with a subnormal factor
+    bias: np.ndarray  # [b, h, sq, skv], 0 where not visible (or no bias)
+    s: np.ndarray  # exact logits, 0 where not visible
+    p: np.ndarray  # exact softmax, 0 where not visible
+    row_max: np.ndarray  # M [b, h, sq, 1] (0 for rows with no visible key)
+    row_sum: np.ndarray  # L = sum exp(s - M) [b, h, sq, 1] (1 for empty rows)
+    q: np.ndarray  # [b, h, sq, d]
+    k: np.ndarray  # [b, h, skv, d] (kv heads repeated per group)
+    v: np.ndarray  # [b, h, skv, d]
+    o: np.ndarray  # [b, h, sq, d]
+    sm_scale: float
+    group: int
+    has_bias: bool
+    bias_shape: tuple[int, ...] | None
+
+
+def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: float | None = None) -> AttentionOracle:
+    q64, k64, v64 = _f64(q), _f64(k), _f64(v)
+    b, sq, h, d = q64.shape
+    skv = k64.shape[1]
+    group = h // k64.shape[2]
+    scale = 1.0 / np.sqrt(d) if sm_scale is None else float(sm_scale)
+    vis = visibility(b, h, sq, skv, causal=causal, mask=mask)
+    bias64 = np.zeros((b, h, sq, skv))
+    if bias is not None:
+        raw = _f64(bias)
+        bias64 = np.broadcast_to(raw.reshape((1,) * (4 - raw.ndim) + raw.shape), vis.shape).copy()
+        vis &= np.isfinite(bias64) | (bias64 > 0)  # -inf bias masks the key
+        bias64 = np.where(vis, bias64, 0.0)
+    out = reference64(q64, k64, v64, bias64 if bias is not None else None, vis, scale)
+    qh, kh, vh = _bhsd(q64, 1, np), _bhsd(k64, group, np), _bhsd(v64, group, np)
+    qk = np.where(vis, np.einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
+    qk_mag = np.where(vis, np.einsum("bhqd,bhkd->bhqk", np.abs(qh), np.abs(kh)), 0.0)
+    sub = algebra.subnormal_part
+    flushed = np.where(vis, np.einsum("bhqd,bhkd->bhqk", sub(qh, F32), np.abs(kh))
+                       + np.einsum("bhqd,bhkd->bhqk", np.abs(qh), sub(kh, F32)), 0.0)
+    s = np.where(vis, scale * qk + bias64, 0.0)
+    any_vis = vis.any(-1, keepdims=True)
+    m = np.where(any_vis, np.max(np.where(vis, s, -np.inf), -1, keepdims=True), 0.0)
+    e = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
+    l_sum = e.sum(-1, keepdims=True)
+    p = e / np.where(l_sum == 0, 1.0, l_sum)
+    return AttentionOracle(
+        out=out, visible=vis, qk=qk, qk_magnitude=qk_mag, qk_flushed=flushed, bias=bias64, s=s, p=p,
+        row_max=m, row_sum=np.where(l_sum == 0, 1.0, l_sum), q=qh, k=kh, v=vh,
+        o=np.transpose(out, (0, 2, 1, 3)), sm_scale=scale, group=group, has_bias=bias is not None,
+        bias_shape=None if bias is None else tuple(np.shape(bias)),
+    )
+
+
+def _compose(*rels: Any) -> np.ndarray:
+    """(1 + a)(1 + b)... - 1 for nonnegative relative error bounds."""
+    total = np.ones_like(np.asarray(rels[0], dtype=np.float64))
+    for r in rels:
+        total = total * (1.0 + np.asarray(r, dtype=np.float64))
+    return total - 1.0
+
+
+def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
+    return np.where(ref.visible, x, 0.0)
+
+
+def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any) -> Bounded:
+    """Step 1: s_hat = (q.k) * sm_scale (+ bias), each rounding in ``compute_dtype``;
+    the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
+    (precision HIGHEST); xla_reference's dot runs at default precision (tf32 on GPU)
+    and rounds to its dtype."""
+    if np.dtype(compute_dtype) == np.float32:  # the kernel: f32 q.k at precision HIGHEST
+        arith = dataclasses.replace(arith, matmul_input_f32="float32")
+    qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
+                     order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
+    if np.dtype(compute_dtype) != np.float32:
+        qk = algebra.round_to(qk, compute_dtype, arith)
+    scale_rep = float(np.asarray(ref.sm_scale, dtype=compute_dtype).astype(np.float64))
+    scale = Bounded(np.full_like(ref.qk, ref.sm_scale), np.full_like(ref.qk, abs(scale_rep - ref.sm_scale)))
+    s = algebra.multiply(qk, scale, arith=arith, dtype=compute_dtype)
+    if ref.has_bias:
+        s = algebra.add(s, Bounded.exact(ref.bias), arith=arith, dtype=compute_dtype)
+    return Bounded(ref.s, _masked(ref, s.err))
+
+
+def _row_max(x: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    return np.max(np.where(visible, x, 0.0), axis=-1, keepdims=True)
+
+
+def _ratio_error(ref: AttentionOracle, d_num: np.ndarray, d_den: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """[sum_j p_j dN_j |v_j| + floor_j |v_j| + |o| sum_j p_j dD_j] / (1 - sum_j p_j dD_j),
+    in [b, h, sq, d]."""
+    p = ref.p
+    absv = np.abs(ref.v)
+    num = np.einsum("bhqk,bhkd->bhqd", p * d_num + floor, absv)
+    den = np.sum(p * d_den, axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den < 1.0, (num + np.abs(ref.o) * den) / (1.0 - den), np.inf)
+
+
+def _floor_weights(ref: AttentionOracle, e: np.ndarray, e_max: np.ndarray, floor: float) -> np.ndarray:
+    """Step 6: per-key absolute underflow loss in units of the final normalisation."""
+    with np.errstate(over="ignore"):
+        p_up = np.exp(np.minimum(ref.s - ref.row_max + e + e_max, 0.0))
+        return _masked(ref, np.minimum(p_up, floor) * np.exp(e_max) / ref.row_sum)
+
+
+def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarray:
+    if not arith.flush_subnormals:
+        return 0.0
+    return np.einsum("bhqk,bhkd->bhqd", ref.p, algebra.subnormal_part(ref.v, F32))
+
+
+def _to_bshd(x: np.ndarray) -> np.ndarray:
+    return np.transpose(x, (0, 2, 1, 3))
+
+
+def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int | None) -> np.ndarray:
+    """|out - oracle| for [b, sq, h, d]: the kernel with ``block_k`` (steps 1-7 of the
+    module docstring), or xla_reference in ``dtype`` when ``block_k`` is None."""
+    dtype = np.dtype(dtype)
+    skv = ref.v.shape[2]
+    u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
+    kernel = block_k is not None
+    compute = F32 if kernel else dtype
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute)
+    e = s.err
+    e_max = _row_max(e, ref.visible)
+    gap = _masked(ref, ref.row_max - ref.s + e + e_max)  # >= m_hat - s_hat_j >= 0
+    u_op = arith.operand_unit(dtype)
+    operand_rel = 2.0 * u_op + u_op * u_op
+    if kernel:
+        arg = e + 2.0 * u32 * gap
+        d_exp = _compose(np.expm1(arg), t)
+        rescales = max(-(-skv // block_k) - 1, 0)
+        d_res = ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0
+        p_round = u_in if dtype != np.float32 else 0.0
+        acc_gamma = arith.gamma(arith.dot_order(block_k).depth(skv), arith.mma_unit())
+        l_gamma = arith.gamma(blocked(block_k).depth(skv), u32)
+        d_num = _compose(d_exp, d_res, p_round, operand_rel, acc_gamma)
+        d_den = _compose(d_exp, d_res, l_gamma)
+        floor = _floor_weights(ref, e, e_max, algebra.underflow_floor(dtype, arith)
+                               + algebra.underflow_floor(F32, arith))
+    else:
+        arg = e + u_in * gap
+        d_exp = _compose(np.expm1(arg), t, u_in)
+        dot_gamma = arith.gamma(SEQUENTIAL.depth(skv), arith.mma_unit())
+        d_num = _compose(d_exp, u_in, operand_rel, dot_gamma)
+        d_den = _compose(d_exp, arith.gamma(SEQUENTIAL.depth(skv), u32), u_in)
+        floor = 2.0 * _floor_weights(ref, e, e_max, algebra.underflow_floor(dtype, arith))
+    err = _ratio_error(ref, _masked(ref, d_num), _masked(ref, d_den), floor) + _flushed_v(ref, arith, dtype)
+    out = Bounded(ref.o, err)
+    if kernel:  # acc / l in f32, at the accuracy of an approximate division (see step 7)
+        out = Bounded(ref.o, err + t * (np.abs(ref.o) + err))
+    return _unbounded_not_nan(_to_bshd(algebra.round_to(out, dtype, arith).err))
+
+
+def _unbounded_not_nan(err: np.ndarray) -> np.ndarray:
+    """Where an unbounded intermediate met an exact zero (inf * 0), the bound is NaN;
+    it means "no bound", so it is reported as inf (never a silent NaN comparison)."""
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.ndarray]:
+    """dq, dk, dv (and dbias in the bias's own shape) of sum(out * cotangent), float64."""
+    vis = ref.visible
+    scale = ref.sm_scale
+    if bias is None:
+        dq, dk, dv = vjp64(lambda a, b_, c: reference64(a, b_, c, None, vis, scale), (q, k, v), cotangent)
+        return {"dq": dq, "dk": dk, "dv": dv}
+    bias64 = np.where(vis, np.broadcast_to(_f64(bias).reshape((1,) * (4 - np.ndim(bias)) + np.shape(bias)), vis.shape), 0.0)
+    raw = np.where(np.isfinite(_f64(bias)), _f64(bias), 0.0)  # -inf entries are masked: no gradient
+
+    def fn(a, b_, c, bb):
+        full = jnp.broadcast_to(bb.reshape((1,) * (4 - bb.ndim) + bb.shape), vis.shape)
+        return reference64(a, b_, c, full, vis, scale)
+
+    del bias64
+    dq, dk, dv, dbias = vjp64(fn, (q, k, v, raw), cotangent)
+    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias}
+
+
+def gradient_bound(
+    ref: AttentionOracle, cotangent: Any, forward_bound: np.ndarray, *, dtype: Any, arith: Arithmetic,
+    block_q: int, block_k: int, block_k_forward: int,
+) -> dict[str, np.ndarray]:
+    """Bounds on dq, dk, dv (and dbias) of the kernel's backward pass.
+
+    With dO the cotangent, P_ij the exact softmax, dP_ij = dO_i . v_j,
+    delta_i = dO_i . o_i and dS_ij = P_ij (dP_ij - delta_i), replayed per step:
+    - lse = m + log(l) from the forward: |lse_hat - lse| <= E (log-sum-exp is
+      1-Lipschitz in the max norm of the logit errors) + -log(1 - sum_j P_j dD_j) (l's
+      relative errors of steps 2, 3, 5 weighted by P, as in the forward's ratio) + the
+      log's evaluation t |log l| + one f32 rounding of the sum;
+    - P_hat = exp(s_hat - lse_hat): argument error e_ij + err(lse_i) + u32 |s_ij - lse_i|
+      (the subtraction), relative error expm1(.) and t for exp, plus the f32 floor;
+    - dP: the dO.v dot over head_dim (``algebra.dot``); delta: XLA's f32 rowsum of
+      dO * out_hat over head_dim: sum_d |dO| err(out) + gamma_D(u32) sum_d |dO|(|o| + err(out));
+    - dS = P_hat (dP_hat - delta_hat): one subtraction and one product in f32;
+    - dv = sum_i round(P_hat) dO_i, dk = sm_scale sum_i round(dS)_ij q_i (rounding to
+      the input dtype, none for f32), accumulated over q in blocks of ``block_q``
+      (``Arithmetic.dot_order``); with GQA, the group's f32 partials add group - 1
+      steps to the chain. dq = sm_scale sum_j round(dS)_ij k_j over kv in blocks of
+      ``block_k``. Operands rounded by the hardware (tf32) add 2u + u^2 per product;
+      propagated operand errors add sum err(a) |b|. sm_scale is the f32 value (its
+      representation error is known) and its product rounds; each result rounds once
+      to the input dtype.
+    - dbias: XLA's f32 sum of the unrounded dS over the dimensions the bias broadcasts
+      along (n terms, sequential), rounded once to the bias dtype.
+    """
+    dtype = np.dtype(dtype)
+    u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
+    vis = ref.visible
+    sq, skv, d = ref.q.shape[2], ref.k.shape[2], ref.q.shape[3]
+    do = _f64(cotangent).transpose(0, 2, 1, 3)  # [b, h, sq, d]
+    absdo = np.abs(do)
+    u_op = arith.operand_unit(dtype)
+    operand_rel = 2.0 * u_op + u_op * u_op
+    rounds = dtype != np.float32
+    floor_in = algebra.underflow_floor(dtype, arith) if rounds else 0.0
+    floor32 = algebra.underflow_floor(F32, arith)
+
+    # lse and P
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32)
+    e = s.err
+    e_max = _row_max(e, vis)
+    gap = _masked(ref, ref.row_max - ref.s + e + e_max)
+    rescales = max(-(-skv // block_k_forward) - 1, 0)
+    d_den = _masked(ref, _compose(np.expm1(2.0 * u32 * gap), t, ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
+                                  arith.gamma(blocked(block_k_forward).depth(skv), u32)))
+    weighted = np.sum(ref.p * d_den, axis=-1, keepdims=True)
+    lse = ref.row_max + np.log(ref.row_sum)
+    with np.errstate(divide="ignore"):
+        log_l_err = np.where(weighted < 1.0, -np.log1p(-weighted), np.inf)
+    lse_err = e_max + log_l_err + t * (np.log(ref.row_sum) + log_l_err)
+    lse_err = lse_err + u32 * (np.abs(lse) + lse_err) + floor32
+    arg = _masked(ref, e + lse_err + u32 * np.abs(ref.s - lse))
+    with np.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
+        p_err = _masked(ref, np.where(ref.p == 0, 0.0, ref.p * _compose(np.expm1(arg), t)) + floor32)
+    p_hat = Bounded(ref.p, p_err)
+
+    # dP, delta, dS
+    vh = ref.v
+    dp_exact = np.einsum("bhqd,bhkd->bhqk", do, vh)
+    dp = algebra.dot(dp_exact, np.einsum("bhqd,bhkd->bhqk", absdo, np.abs(vh)), d, arith=arith,
+                     operand_dtype=dtype, order=SEQUENTIAL)
+    out_err = np.transpose(forward_bound, (0, 2, 1, 3))
+    delta_exact = np.sum(do * ref.o, axis=-1, keepdims=True)
+    delta_err = np.sum(absdo * out_err, -1, keepdims=True) + gamma(d, u32) * np.sum(
+        absdo * (np.abs(ref.o) + out_err), -1, keepdims=True)
+    centered = algebra.add(dp, Bounded(-delta_exact, delta_err), arith=arith, dtype=F32)
+    ds = algebra.multiply(p_hat, centered, arith=arith, dtype=F32)
+    ds = Bounded(_masked(ref, ds.value), _masked(ref, ds.err))
+
+    def rounded(x: Bounded) -> Bounded:
+        return algebra.round_to(x, dtype, arith) if rounds else x
+
+    def accumulate(weights: Bounded, other: np.ndarray, over_q: bool, depth: Any) -> Bounded:
+        """sum over q (over_q) or over kv of weights * other, as the kernel's dot."""
+        spec = "bhqk,bhqd->bhkd" if over_q else "bhqk,bhkd->bhqd"
+        exact = np.einsum(spec, weights.value, other)
+        propagated = np.einsum(spec, weights.err, np.abs(other))
+        magnitude = np.einsum(spec, weights.magnitude, np.abs(other))
+        chain = arith.gamma(depth, arith.mma_unit()) * np.ones_like(magnitude)
+        with np.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
+            summed = np.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
+        err = propagated + operand_rel * magnitude + summed + 2 * (sq if over_q else skv) * floor32
+        return Bounded(exact, err)
+
+    def per_kv_head(x: Bounded) -> Bounded:
+        b, h = x.value.shape[:2]
+        g = ref.group
+        shape = (b, h // g, g) + x.value.shape[2:]
+        return Bounded(x.value.reshape(shape).sum(2), x.err.reshape(shape).sum(2))
+
+    scale32 = float(np.float32(ref.sm_scale))
+    kw = dict(arith=arith, dtype=F32)
+
+    def scaled(x: Bounded) -> Bounded:
+        sc = Bounded(np.full_like(x.value, ref.sm_scale), np.full_like(x.value, abs(scale32 - ref.sm_scale)))
+        return algebra.multiply(x, sc, **kw)
+
+    q_depth = arith.dot_order(block_q).depth(sq) + (ref.group - 1)
+    kv_depth = arith.dot_order(block_k).depth(skv)
+    ds_r = rounded(ds)
+    p_r = rounded(p_hat)
+    dv = per_kv_head(accumulate(p_r, do, True, q_depth))
+    dk = scaled(per_kv_head(accumulate(ds_r, ref.q, True, q_depth)))
+    dq = scaled(accumulate(ds_r, ref.k, False, kv_depth))
+    bounds = {
+        "dq": _to_bshd(algebra.round_to(dq, dtype, arith).err),
+        "dk": _to_bshd(algebra.round_to(dk, dtype, arith).err),
+        "dv": _to_bshd(algebra.round_to(dv, dtype, arith).err),
+    }
+    if ref.has_bias:
+        shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
+        axes = tuple(a for a in range(4) if shape[a] == 1 and ds.value.shape[a] != 1)
+        n = int(np.prod([ds.value.shape[a] for a in axes])) if axes else 1
+        total = Bounded(ds.value.sum(axes, keepdims=True) if axes else ds.value,
+                        (ds.err.sum(axes, keepdims=True) + gamma(max(n - 1, 0), u32) * ds.magnitude.sum(axes, keepdims=True)
+                         + max(n - 1, 0) * floor32) if axes else ds.err)
+        bias_dtype = dtype
+        bounds["dbias"] = algebra.round_to(total, bias_dtype, arith).err.reshape(ref.bias_shape)
+    return {key: _unbounded_not_nan(value) for key, value in bounds.items()}

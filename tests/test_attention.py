@@ -1,0 +1,95 @@
+"""Targeted attention tests: the rules the property suite draws only sometimes.
+
+- a fully masked row (by the mask, by causality with seq_q > seq_kv, or by -inf bias)
+  has output exactly 0 and gradient exactly 0, never NaN;
+- causal attention with seq_q != seq_kv is aligned bottom-right: it equals the same
+  kernel with the explicit mask j <= i + seq_kv - seq_q, and the oracle;
+- a 1000-long unaligned causal case, values and gradients within the derived bound.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallascheck.kernels import attention
+from pallascheck.oracles import attention as oracle
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties import checks
+from pallascheck.properties.strategies import np_dtype
+
+CONFIG = attention.Config(16, 16, 16, 16)
+
+
+def _inputs(seed: int, b: int, sq: int, skv: int, h: int, hkv: int, d: int, dtype: str):
+    rng = np.random.default_rng(seed)
+    npd = np_dtype(dtype)
+    q = rng.standard_normal((b, sq, h, d)).astype(npd)
+    k = rng.standard_normal((b, skv, hkv, d)).astype(npd)
+    v = rng.standard_normal((b, skv, hkv, d)).astype(npd)
+    g = rng.standard_normal((b, sq, h, d)).astype(npd)
+    return q, k, v, g
+
+
+def _grads(q, k, v, g, backend, config=CONFIG, **kw):
+    def fn(q, k, v, *bias):
+        return attention.attention(q, k, v, bias=bias[0] if bias else None, config=config, backend=backend, **kw)
+
+    primals = [jnp.asarray(x) for x in (q, k, v)] + ([jnp.asarray(kw.pop("bias_value"))] if "bias_value" in kw else [])
+    out, pullback = jax.vjp(fn, *primals)
+    return np.asarray(out), [np.asarray(x) for x in pullback(jnp.asarray(g))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_fully_masked_rows_give_zero_output_and_zero_gradients(dtype: str, backend) -> None:
+    b, sq, skv, h, d = 1, 20, 12, 2, 16
+    q, k, v, g = _inputs(1, b, sq, skv, h, h, d, dtype)
+    mask = np.ones((sq, skv), bool)
+    mask[3] = False  # row 3: masked by the mask
+    bias = np.zeros((sq, skv), np_dtype(dtype))
+    bias[5] = -np.inf  # row 5: masked by -inf bias
+    # causal with seq_q - seq_kv = 8: rows 0..7 see no key
+    out, (dq, dk, dv, dbias) = _grads(q, k, v, g, backend, mask=jnp.asarray(mask), causal=True, bias_value=bias)
+    for name, x in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias)):
+        assert not np.isnan(x.astype(np.float64)).any(), f"{name} has NaN"
+    empty = [3, 5] + list(range(8))
+    assert np.all(out[:, empty] == 0), "fully masked rows must give output 0"
+    assert np.all(dq[:, empty] == 0), "fully masked rows must give dq = 0"
+    assert np.all(dbias[empty] == 0), "fully masked rows must give dbias = 0"
+    # keys seen only by fully masked rows get no gradient: none here, but the visible
+    # rows' outputs must not have changed either
+    assert np.any(out[:, 8:] != 0)
+
+
+@pytest.mark.parametrize("sq,skv", [(7, 33), (33, 7)])
+def test_causal_is_aligned_bottom_right(sq: int, skv: int, backend) -> None:
+    b, h, hkv, d = 2, 4, 2, 16
+    q, k, v, g = _inputs(sq * 100 + skv, b, sq, skv, h, hkv, d, "float32")
+    explicit = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+    causal_out, causal_grads = _grads(q, k, v, g, backend, causal=True)
+    mask_out, mask_grads = _grads(q, k, v, g, backend, mask=jnp.asarray(explicit))
+    np.testing.assert_array_equal(causal_out, mask_out)
+    for a, m in zip(causal_grads, mask_grads):
+        np.testing.assert_array_equal(a, m)
+    ref = oracle.oracle(q, k, v, causal=True)
+    arith = arithmetic_for(backend.name)
+    bound = oracle.bound(ref, dtype=q.dtype, arith=arith, block_k=CONFIG.block_k)
+    checks.check_values(causal_out, ref.out, bound, context=checks.Context("attention", "float32", str(backend)))
+
+
+def test_unaligned_length_1000_within_bound(backend) -> None:
+    """One long causal case with a ragged last block for every block size (1000 = 62*16 + 8)."""
+    dtype, config = "bfloat16", attention.Config(64, 64, 64, 64)
+    b, s, h, d = 1, 1000, 1, 64
+    q, k, v, g = _inputs(1000, b, s, s, h, h, d, dtype)
+    out, (dq, dk, dv) = _grads(q, k, v, g, backend, config=config, causal=True)
+    ref = oracle.oracle(q, k, v, causal=True)
+    arith = arithmetic_for(backend.name)
+    ctx = checks.Context("attention", dtype, str(backend), config)
+    fwd = oracle.bound(ref, dtype=q.dtype, arith=arith, block_k=config.block_k)
+    checks.check_values(out, ref.out, fwd, context=ctx)
+    exact = oracle.oracle_vjp(ref, q, k, v, None, g)
+    bounds = oracle.gradient_bound(ref, g, fwd, dtype=q.dtype, arith=arith, block_q=config.block_q_bwd,
+                                   block_k=config.block_k_bwd, block_k_forward=config.block_k)
+    checks.check_gradients({"dq": dq, "dk": dk, "dv": dv}, exact, bounds, context=ctx)
