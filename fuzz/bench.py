@@ -6,7 +6,7 @@ fastest config of its autotuning space.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
