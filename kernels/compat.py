@@ -61,3 +61,25 @@ def float64_enabled() -> Iterator[None]:
         from jax.experimental import enable_x64 as enable
     with enable(True):
         yield
+
+
+def tpu_compiler_params_collective(collective_id: int) -> Any:
+    """Mosaic params for a kernel that talks to other devices: ``collective_id``
+    picks its barrier semaphore; side effects keep XLA from dropping or merging it."""
+    return _TpuParams(collective_id=collective_id, has_side_effects=True)
+
+
+def tpu_interpret_races_found() -> bool:
+    """Whether the TPU interpreter's race detector flagged a data race in the kernels
+    interpreted since its state was last created (with ``detect_races=True``).
+
+    jax 0.10.2 through 0.12 keep the detector in the module-level ``races``
+    (a RaceDetectionState with ``races_found``) of
+    ``jax._src.pallas.mosaic.interpret.interpret_pallas_call``; it is replaced when a
+    kernel starts after the previous one's memory was released, and cleared by
+    :func:`reset_tpu_interpreter`. Read it after ``block_until_ready``.
+    """
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _interp
+
+    races = getattr(_interp, "races", None)
+    return bool(races is not None and races.races_found)
