@@ -142,11 +142,9 @@ def _remote(src: Any, dst: Any, send: Any, recv: Any, ring: Ring, offset: int) -
 
 
 # --- kernels ---------------------------------------------------------------------------
-def _all_gather_kernel(x_ref, out_ref, local_sem, send_sems, recv_sems, *, ring: Ring, bidirectional: bool,
-                       slot_of: Callable[[Ring, int, int], Any] | None = None):
-    """Ring all-gather of row blocks; ``slot_of`` exists for test variants."""
+def _all_gather_kernel(x_ref, out_ref, local_sem, send_sems, recv_sems, *, ring: Ring, bidirectional: bool):
+    """Ring all-gather of row blocks (HBM to HBM); lane 0 is the rightward ring."""
     rows, p = x_ref.shape[0], ring.size
-    slot_of = slot_of or (lambda r, direction, s: r.slot(-direction * s))
     _neighbour_barrier(ring)
     local = pltpu.make_async_copy(x_ref, _rows(out_ref, ring.index(), rows), local_sem)
     local.start()
@@ -158,7 +156,7 @@ def _all_gather_kernel(x_ref, out_ref, local_sem, send_sems, recv_sems, *, ring:
         copies = []
         for direction, lane, n in directions:
             if s < n:
-                slot = slot_of(ring, direction, s)
+                slot = ring.slot(-direction * s)
                 block = _rows(out_ref, slot, rows)
                 copy = _remote(block, block, send_sems.at[lane], recv_sems.at[lane, s], ring, direction)
                 copy.start()
@@ -195,27 +193,25 @@ def _all_gather_matmul_kernel(x_ref, w_ref, out_ref, gathered_ref, send_sem, rec
             _event("wait", s, f"received x block i{-s - 1:+d}")
 
 
-def _matmul_reduce_scatter_kernel(x_ref, w_ref, out_ref, acc_ref, recv_ref, send_sem, recv_sems, *, ring: Ring,
-                                  block_of: Callable[[Ring, int], Any] | None = None):
+def _matmul_reduce_scatter_kernel(x_ref, w_ref, out_ref, acc_ref, recv_ref, send_sem, recv_sems, *, ring: Ring):
     """The running sum travels right; at step s device i adds its partial of block
     (i - s - 1). ``acc_ref`` is the send buffer, ``recv_ref[s - 1]`` step s's landing
     buffer."""
     p = ring.size
     rows = out_ref.shape[0]
-    block_of = block_of or (lambda r, s: r.slot(-s - 1))
     w = w_ref[...]
     _neighbour_barrier(ring)
 
     def partial(block):
         return jnp.dot(_rows(x_ref, block, rows)[...], w, preferred_element_type=jnp.float32)
 
-    acc_ref[...] = partial(block_of(ring, 0))
+    acc_ref[...] = partial(ring.slot(-1))
     _event("compute", 0, "partial of block i-1")
     for s in range(1, p):
         copy = _remote(acc_ref, recv_ref.at[s - 1], send_sem, recv_sems.at[s - 1], ring, 1)
         copy.start()
         _event("start", s, "send running sum to right")
-        mine = partial(block_of(ring, s))  # overlaps the copy in flight
+        mine = partial(ring.slot(-s - 1))  # overlaps the copy in flight
         _event("compute", s, f"partial of block i{-s - 1:+d}")
         copy.wait_send()
         copy.wait_recv()
@@ -315,18 +311,21 @@ def all_gather(
 ) -> jax.Array:
     """Gather ``x``'s dimension 0, sharded over mesh ``axis``, onto every device of that axis.
 
-    ``spec`` is x's PartitionSpec (default ``P(axis)``); its first entry must be ``axis``
-    alone; the other dimensions may be sharded over other mesh axes or replicated.
-    Returns the same global values with ``axis`` dropped from dimension 0's sharding:
-    every device of the ring holds all p blocks (bit-exact copies).
+    ``spec`` is x's PartitionSpec (default ``P(axis)``). Dimension 0 must be sharded
+    over ``axis``, alone or as the last (minor) axis of a tuple such as
+    ``P(('x', 'y'))``; the other dimensions may be sharded over other mesh axes or
+    replicated. Returns the same global values with ``axis`` dropped from dimension
+    0's sharding: every device of the ring holds all p blocks (bit-exact copies).
     """
     _validate_axis(mesh, axis)
     spec = P(axis) if spec is None else spec
-    _validate_operand("x", x, x.ndim if hasattr(x, "ndim") and x.ndim >= 1 else 1)
+    validation.require_array("x", x)
+    if x.ndim < 1:
+        raise ValueError(f"x must have rank >= 1, got shape {tuple(x.shape)}")
+    validation.require_nonempty("x", tuple(x.shape))
     validate_layout("x", x.shape, spec, mesh)
-    entries = _spec_entries(spec, x.ndim)
-    if _axes_of(entries[0]) != (axis,):
-        raise ValueError(f"spec must shard dimension 0 over exactly axis {axis!r}, got {spec}")
+    if _axes_of(_spec_entries(spec, x.ndim)[0])[-1:] != (axis,):
+        raise ValueError(f"spec must shard dimension 0 over axis {axis!r} (last in a tuple), got {spec}")
     config = Config() if config is None else config
     if not isinstance(config, Config):
         raise TypeError(f"config must be a collectives.Config, got {type(config).__name__}")
@@ -335,16 +334,23 @@ def all_gather(
     return _all_gather_jit(x, mesh, axis, spec, config, backend)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
-def _all_gather_jit(x, mesh, axis, spec, config, backend):
+def _gathered_spec(spec: P, ndim: int) -> P:
+    """``spec`` with the (last) ring axis dropped from dimension 0."""
+    entries = _spec_entries(spec, ndim)
+    rest = _axes_of(entries[0])[:-1]
+    return P(rest[0] if len(rest) == 1 else (rest or None), *entries[1:])
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
+def _all_gather_jit(x, mesh, axis, spec, config, backend, body=_all_gather_kernel):
     ring = _ring(mesh, axis)
-    out_spec = P(None, *_spec_entries(spec, x.ndim)[1:])
+    out_spec = _gathered_spec(spec, x.ndim)
 
     def local(block):
         shape = (block.shape[0] * ring.size,) + block.shape[1:]
         lanes, steps = (2, -(-(ring.size - 1) // 2)) if config.bidirectional else (1, ring.size - 1)
         return _call(
-            functools.partial(_all_gather_kernel, ring=ring, bidirectional=config.bidirectional),
+            functools.partial(body, ring=ring, bidirectional=config.bidirectional),
             backend, jax.ShapeDtypeStruct(shape, block.dtype),
             [pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA((lanes,)), pltpu.SemaphoreType.DMA((lanes, steps))],
             block,
@@ -385,14 +391,14 @@ def all_gather_matmul(
     return _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
-def _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
+def _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend, body=_all_gather_matmul_kernel):
     ring = _ring(mesh, axis)
 
     def local(xb, wb):
         m = xb.shape[0] * ring.size
         return _call(
-            functools.partial(_all_gather_matmul_kernel, ring=ring), backend,
+            functools.partial(body, ring=ring), backend,
             jax.ShapeDtypeStruct((m, wb.shape[1]), out_dtype),
             [pltpu.VMEM((m, xb.shape[1]), xb.dtype), pltpu.SemaphoreType.DMA,
              pltpu.SemaphoreType.DMA((max(ring.size - 1, 1),))],
@@ -404,36 +410,51 @@ def _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend):
     )(x, w)
 
 
-def matmul_reduce_scatter(
-    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, out_dtype: Any = None,
-    backend: "str | Backend | None" = None,
-) -> jax.Array:
-    """``x @ w`` with the contracting dimension sharded over ``axis`` (x ``P(None, axis)``,
-    w ``P(axis, None)``); the result's rows are scattered: ``P(axis, None)``.
+def _reduce_scatter_specs(axis: str, row_axis: str | None) -> tuple[P, P, P]:
+    """x, w and output specs of the K-sharded matmul."""
+    out_rows = axis if row_axis is None else (row_axis, axis)
+    return P(row_axis, axis), P(axis, None), P(out_rows, None)
 
-    The tensor-parallel row-linear layer. Each device's f32 partial products are
-    summed around the ring in f32 (p - 1 additions per element, in ring order) and
-    rounded once to ``out_dtype`` (default x's dtype). M must divide by the axis size.
+
+def matmul_reduce_scatter(
+    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, row_axis: str | None = None,
+    out_dtype: Any = None, backend: "str | Backend | None" = None,
+) -> jax.Array:
+    """``x @ w`` with the contracting dimension sharded over ``axis`` (x ``P(row_axis, axis)``,
+    w ``P(axis, None)``); the result's rows are scattered over ``axis`` within the
+    ``row_axis`` blocks: ``P((row_axis, axis), None)`` (``P(axis, None)`` without one).
+
+    The tensor-parallel row-linear layer; ``row_axis`` is the seed layout's
+    data-parallel axis. Each device's f32 partial products are summed around the
+    ring in f32 (p - 1 additions per element, in ring order) and rounded once to
+    ``out_dtype`` (default x's dtype). x's rows per ``row_axis`` block must divide by
+    the axis size.
     """
     _validate_matmul(x, w, mesh, axis)
-    validate_layout("x", x.shape, P(None, axis), mesh)
-    validate_layout("w", w.shape, P(axis, None), mesh)
-    validate_layout("out", (x.shape[0], w.shape[1]), P(axis, None), mesh)
+    if row_axis is not None:
+        _validate_axis(mesh, row_axis)
+        if row_axis == axis:
+            raise ValueError(f"row_axis must differ from axis, both are {axis!r}")
+    x_spec, w_spec, out_spec = _reduce_scatter_specs(axis, row_axis)
+    validate_layout("x", x.shape, x_spec, mesh)
+    validate_layout("w", w.shape, w_spec, mesh)
+    validate_layout("out", (x.shape[0], w.shape[1]), out_spec, mesh)
     out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
     validation.require_float_dtype("out_dtype", out_dtype)
     backend = get_backend(backend)
     _require_kernel_backend(backend)
-    return _matmul_reduce_scatter_jit(x, w, mesh, axis, out_dtype, backend)
+    return _matmul_reduce_scatter_jit(x, w, mesh, axis, row_axis, out_dtype, backend)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
-def _matmul_reduce_scatter_jit(x, w, mesh, axis, out_dtype, backend, block_of=None):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7))
+def _matmul_reduce_scatter_jit(x, w, mesh, axis, row_axis, out_dtype, backend, body=_matmul_reduce_scatter_kernel):
     ring = _ring(mesh, axis)
+    x_spec, w_spec, out_spec = _reduce_scatter_specs(axis, row_axis)
 
     def local(xb, wb):
         rows = xb.shape[0] // ring.size
         return _call(
-            functools.partial(_matmul_reduce_scatter_kernel, ring=ring, block_of=block_of), backend,
+            functools.partial(body, ring=ring), backend,
             jax.ShapeDtypeStruct((rows, wb.shape[1]), out_dtype),
             [pltpu.VMEM((rows, wb.shape[1]), jnp.float32),
              pltpu.VMEM((max(ring.size - 1, 1), rows, wb.shape[1]), jnp.float32),
@@ -441,15 +462,13 @@ def _matmul_reduce_scatter_jit(x, w, mesh, axis, out_dtype, backend, block_of=No
             xb, wb, memory_space=pltpu.VMEM,
         )
 
-    return compat.shard_map(
-        local, mesh=mesh, in_specs=(P(None, axis), P(axis, None)), out_specs=P(axis, None), check_vma=False
-    )(x, w)
+    return compat.shard_map(local, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec, check_vma=False)(x, w)
 
 
 # --- xla_reference: what a user writes instead (NCCL on GPUs) ---------------------------
 def xla_reference_all_gather(x: jax.Array, *, mesh: Mesh, axis: str, spec: P | None = None) -> jax.Array:
     spec = P(axis) if spec is None else spec
-    out_spec = P(None, *_spec_entries(spec, x.ndim)[1:])
+    out_spec = _gathered_spec(spec, x.ndim)
     fn = compat.shard_map(
         lambda b: lax.all_gather(b, axis, axis=0, tiled=True), mesh=mesh, in_specs=(spec,), out_specs=out_spec,
         check_vma=False,
@@ -468,16 +487,19 @@ def xla_reference_all_gather_matmul(x: jax.Array, w: jax.Array, *, mesh: Mesh, a
     return jax.jit(fn)(x, w)
 
 
-def xla_reference_matmul_reduce_scatter(x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, out_dtype: Any = None) -> jax.Array:
+def xla_reference_matmul_reduce_scatter(
+    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, row_axis: str | None = None, out_dtype: Any = None
+) -> jax.Array:
     """Partials rounded to ``out_dtype`` first, then ``psum_scatter`` in ``out_dtype``:
     what a user writes (the seed's ``psum`` of per-device results)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    x_spec, w_spec, out_spec = _reduce_scatter_specs(axis, row_axis)
 
     def local(xb, wb):
         part = jnp.dot(xb, wb, preferred_element_type=jnp.float32).astype(out_dtype)
         return lax.psum_scatter(part, axis, scatter_dimension=0, tiled=True)
 
-    fn = compat.shard_map(local, mesh=mesh, in_specs=(P(None, axis), P(axis, None)), out_specs=P(axis, None), check_vma=False)
+    fn = compat.shard_map(local, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec, check_vma=False)
     return jax.jit(fn)(x, w)
 
 
