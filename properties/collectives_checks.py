@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, given, seed as hypothesis_seed, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings, strategies as st
 from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import collectives, compat
@@ -57,6 +56,7 @@ class Tally:
     reference_budget: dict[str, float] = dataclasses.field(default_factory=dict)
     meshes: set = dataclasses.field(default_factory=set)
     failures: list[str] = dataclasses.field(default_factory=list)
+    current: str = "(before the example was drawn)"  # the example being checked
 
     def as_json(self) -> dict:
         return {"examples": self.examples, "budget": self.budget, "reference_budget": self.reference_budget,
@@ -122,7 +122,7 @@ def _deterministic(name: str, first: jax.Array, rerun: Callable[[], jax.Array]) 
 
 
 # --- the properties -------------------------------------------------------------------
-def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> str:
+def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> None:
     layout = data.draw(sharding.mesh_layouts((devices,)))
     axis = data.draw(st.sampled_from(layout.names))
     spec = data.draw(sharding.partition_specs(2, layout, required={0: axis}))
@@ -134,6 +134,7 @@ def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Ca
     x = strategies.elements(element_seed, shape, dtype, "normal")
     where = f"all_gather mesh {layout.describe()} axis {axis!r} spec {spec} x{shape}:{dtype} bidirectional={bidirectional} seed={element_seed}"
     tally.meshes.add(layout.describe().split(" ")[0])
+    tally.current = where
     mesh = sharding.make_mesh(layout)
     xs = collectives.sharded(x, mesh, spec)
 
@@ -147,7 +148,6 @@ def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Ca
     ref = collectives.xla_reference_all_gather(xs, mesh=mesh, axis=axis, spec=spec)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, expected, oracle.all_gather_bound(x))
     _record(tally, dtype, budget, ref_budget)
-    return where
 
 
 def _matmul_inputs(data: st.DataObject, dtype: str, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, str, int]:
@@ -158,7 +158,7 @@ def _matmul_inputs(data: st.DataObject, dtype: str, m: int, k: int, n: int) -> t
     return x, w, kind, element_seed
 
 
-def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> str:
+def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> None:
     layout = data.draw(sharding.mesh_layouts((devices,)))
     axis = data.draw(st.sampled_from(layout.names))
     p = layout.sizes[axis]
@@ -168,6 +168,7 @@ def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, ker
     x, w, kind, element_seed = _matmul_inputs(data, dtype, m, k, n)
     where = f"all_gather_matmul mesh {layout.describe()} axis {axis!r} x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} seed={element_seed}"
     tally.meshes.add(layout.describe().split(" ")[0])
+    tally.current = where
     mesh = sharding.make_mesh(layout)
     xs, ws = collectives.sharded(x, mesh, P(axis, None)), collectives.sharded(w, mesh, P(None, axis))
 
@@ -182,10 +183,9 @@ def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, ker
     ref = collectives.xla_reference_all_gather_matmul(xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, bound)
     _record(tally, dtype, budget, ref_budget)
-    return where
 
 
-def check_matmul_reduce_scatter(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> str:
+def check_matmul_reduce_scatter(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> None:
     layout = data.draw(sharding.mesh_layouts((devices,)))
     axis = data.draw(st.sampled_from(layout.names))
     row_axis = data.draw(st.sampled_from([None] + [a for a in layout.names if a != axis]))
@@ -198,6 +198,7 @@ def check_matmul_reduce_scatter(data: st.DataObject, devices: int, tally: Tally,
     where = (f"matmul_reduce_scatter mesh {layout.describe()} axis {axis!r} row_axis {row_axis!r} "
              f"x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} seed={element_seed}")
     tally.meshes.add(layout.describe().split(" ")[0])
+    tally.current = where
     mesh = sharding.make_mesh(layout)
     x_spec = P(row_axis, axis)
     xs, ws = collectives.sharded(x, mesh, x_spec), collectives.sharded(w, mesh, P(axis, None))
@@ -215,7 +216,6 @@ def check_matmul_reduce_scatter(data: st.DataObject, devices: int, tally: Tally,
     ref_bound = oracle.matmul_reduce_scatter_bound(ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=out_np, arith=ARITH)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, ref_bound)
     _record(tally, dtype, budget, ref_budget)
-    return where
 
 
 def _record(tally: Tally, dtype: str, budget: float, ref_budget: float) -> None:
@@ -231,26 +231,35 @@ PROPERTIES = {
 }
 
 
-def run_property(name: str, kernel: Callable[..., jax.Array], examples: int, seed: int, stop_at_first: bool = False) -> Tally:
-    """``examples`` Hypothesis examples of property ``name`` on all of this process's devices."""
+def run_property(name: str, kernel: Callable[..., jax.Array], examples: int, seed: int) -> Tally:
+    """Up to ``examples`` Hypothesis examples of property ``name`` on all of this
+    process's devices; stops at the first failure (no shrinking: each example is a
+    multi-device interpretation)."""
     check, _ = PROPERTIES[name]
     devices = len(jax.devices())
     tally = Tally()
 
-    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=(Phase.explicit, Phase.reuse, Phase.generate))
     @hypothesis_seed(seed)
     @given(st.data())
     def prop(data: st.DataObject) -> None:
-        if stop_at_first and tally.failures:
-            return
-        where = "(before the example was drawn)"
+        tally.current = "(before the example was drawn)"
         try:
-            where = check(data, devices, tally, kernel)
-        except Exception as err:  # noqa: BLE001 - every failure is recorded with its example
-            tally.failures.append(f"{type(err).__name__}: {err}\n{where}\n" + traceback.format_exc(limit=3)[-1500:])
+            check(data, devices, tally, kernel)
+        except Exception as err:
             compat.reset_tpu_interpreter()
+            message = f"{type(err).__name__}: {str(err)[:2000]}"
+            if tally.current not in message:
+                message += f"\nexample: {tally.current}"
+            if message not in tally.failures:  # Hypothesis replays the failing example once
+                tally.failures.append(message)
+            raise
 
-    prop()
+    try:
+        prop()
+    except Exception:  # noqa: BLE001 - recorded in tally.failures with its example
+        pass
     return tally
 
 
@@ -309,7 +318,7 @@ def run_variants(variants_file: str, names: Sequence[str], examples: int, seed: 
     result = {}
     for name in names:
         prop, kernel = module.VARIANTS[name]
-        tally = run_property(prop, kernel, examples, seed, stop_at_first=True)
+        tally = run_property(prop, kernel, examples, seed)
         result[name] = {"caught": bool(tally.failures), "failure": (tally.failures or [""])[0][:600]}
     return result
 
