@@ -89,11 +89,18 @@ def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend
     return lambda backend: [row for dtype in DTYPES for row in bench(backend, dtype)]
 
 
+def _bench_collectives(backend: Backend) -> list[dict]:
+    from .bench_collectives import bench_collectives  # imported late: it imports median_seconds from here
+
+    return bench_collectives(backend)
+
+
 # op family -> benchmark(backend) -> rows; every row has "op", "shape", "dtype" and
 # ratios named "*speed_vs_*" (above 1: the kernel is faster).
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
+    "collectives": lambda backend: _bench_collectives(backend),
 }
 
 
