@@ -39,10 +39,13 @@ def tpu_compiler_params(dimension_semantics: Sequence[str] | None) -> Any:
     return _TpuParams(dimension_semantics=tuple(dimension_semantics) if dimension_semantics else None)
 
 
-def tpu_interpret_params(*, seed: int | None, detect_races: bool = True) -> Any:
+def tpu_interpret_params(*, seed: int | None, detect_races: bool = True, dma_execution_mode: str = "on_wait") -> Any:
     """TPU interpreter with race detection, NaN-filled uninitialised memory and a
-    seeded shuffle of the grid points along "parallel" dimensions."""
-    return _TpuInterpretParams(detect_races=detect_races, uninitialized_memory="nan", random_seed=seed)
+    seeded shuffle of the grid points along "parallel" dimensions. DMAs run when
+    their semaphore is waited on ("on_wait") or as soon as they start ("eager")."""
+    return _TpuInterpretParams(
+        detect_races=detect_races, uninitialized_memory="nan", random_seed=seed, dma_execution_mode=dma_execution_mode
+    )
 
 
 def reset_tpu_interpreter() -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import collectives, compat
+from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 
@@ -41,8 +42,24 @@ ROWS_PER_SHARD = (1, 3, 8)  # 1 and 3: blocks that match no hardware tile
 COLS = (4, 16)
 ELEMENT_KINDS = ("normal", "positive", "few_distinct", "large")
 ARITH = arithmetic_for("tpu_interpret")
-KERNEL_BACKEND = "tpu_interpret:0"
-RESHUFFLED_BACKEND = "tpu_interpret:1"  # determinism across interpreter seeds
+KERNEL_BACKEND = Backend("tpu_interpret", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerDmaBackend(Backend):
+    """The TPU interpreter running every DMA the moment it starts. The default
+    runs a DMA's write only when its receive semaphore is waited on, so a missing
+    wait never overlaps the write with a read; eagerly the two race, and the race
+    detector sees it."""
+
+    def interpret_arg(self) -> Any:
+        return compat.tpu_interpret_params(seed=self.seed, dma_execution_mode="eager")
+
+    def __str__(self) -> str:
+        return f"tpu_interpret:{self.seed} (eager DMAs)"
+
+
+RESHUFFLED_BACKEND = EagerDmaBackend("tpu_interpret", 1)  # another seed and DMA timing: must agree bitwise
 
 
 class CheckFailed(AssertionError):
@@ -116,8 +133,14 @@ def _bitwise_equal(a: jax.Array, b: jax.Array) -> bool:
     )
 
 
-def _deterministic(name: str, first: jax.Array, rerun: Callable[[], jax.Array]) -> None:
-    if not _bitwise_equal(first, run_checked(name, rerun)):
+def run_twice(name: str, run: Callable[[Backend], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """The kernel under the default interpreter and under RESHUFFLED_BACKEND, both
+    checked for races before any value is looked at (a race explains wrong values)."""
+    return run_checked(name, lambda: run(KERNEL_BACKEND)), run_checked(name + f" [{RESHUFFLED_BACKEND}]", lambda: run(RESHUFFLED_BACKEND))
+
+
+def _deterministic(name: str, first: jax.Array, second: jax.Array) -> None:
+    if not _bitwise_equal(first, second):
         raise CheckFailed(f"{name}: a rerun under {RESHUFFLED_BACKEND} is not bitwise identical")
 
 
@@ -141,10 +164,10 @@ def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Ca
     def run(backend):
         return kernel(xs, mesh=mesh, axis=axis, spec=spec, config=collectives.Config(bidirectional), backend=backend)
 
-    out = run_checked(where, lambda: run(KERNEL_BACKEND))
+    out, rerun = run_twice(where, run)
     expected = np.asarray(x, np.float64)
     budget = check_every_shard(where, out, expected, oracle.all_gather_bound(x))
-    _deterministic(where, out, lambda: run(RESHUFFLED_BACKEND))
+    _deterministic(where, out, rerun)
     ref = collectives.xla_reference_all_gather(xs, mesh=mesh, axis=axis, spec=spec)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, expected, oracle.all_gather_bound(x))
     _record(tally, dtype, budget, ref_budget)
@@ -175,11 +198,11 @@ def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, ker
     def run(backend):
         return kernel(xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype, backend=backend)
 
-    out = run_checked(where, lambda: run(KERNEL_BACKEND))
+    out, rerun = run_twice(where, run)
     ref64 = oracle.all_gather_matmul_oracle(x, w)
     bound = oracle.all_gather_matmul_bound(ref64, operand_dtype=x.dtype, out_dtype=strategies.np_dtype(out_dtype), arith=ARITH)
     budget = check_every_shard(where, out, ref64.out, bound)
-    _deterministic(where, out, lambda: run(RESHUFFLED_BACKEND))
+    _deterministic(where, out, rerun)
     ref = collectives.xla_reference_all_gather_matmul(xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, bound)
     _record(tally, dtype, budget, ref_budget)
@@ -206,12 +229,12 @@ def check_matmul_reduce_scatter(data: st.DataObject, devices: int, tally: Tally,
     def run(backend):
         return kernel(xs, ws, mesh=mesh, axis=axis, row_axis=row_axis, out_dtype=out_dtype, backend=backend)
 
-    out = run_checked(where, lambda: run(KERNEL_BACKEND))
+    out, rerun = run_twice(where, run)
     ref64 = oracle.partials_oracle(x, w, p)
     out_np = strategies.np_dtype(out_dtype)
     bound = oracle.matmul_reduce_scatter_bound(ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=np.float32, arith=ARITH)
     budget = check_every_shard(where, out, ref64.out, bound)
-    _deterministic(where, out, lambda: run(RESHUFFLED_BACKEND))
+    _deterministic(where, out, rerun)
     ref = collectives.xla_reference_matmul_reduce_scatter(xs, ws, mesh=mesh, axis=axis, row_axis=row_axis, out_dtype=out_dtype)
     ref_bound = oracle.matmul_reduce_scatter_bound(ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=out_np, arith=ARITH)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, ref_bound)
