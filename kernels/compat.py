@@ -82,7 +82,9 @@ def tpu_interpret_races_found() -> bool:
     kernel starts after the previous one's memory was released, and cleared by
     :func:`reset_tpu_interpreter`. Read it after ``block_until_ready``.
     """
-    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _interp
-
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _interp
+    except ImportError:  # releases where the interpreter is one module
+        from jax._src.pallas.mosaic import interpret as _interp
     races = getattr(_interp, "races", None)
     return bool(races is not None and races.races_found)

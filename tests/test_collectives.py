@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, strategies as st
 
-from pallascheck.properties import multidevice
+from pallascheck.properties import multidevice, sharding
 
 CHECKS = "pallascheck.properties.collectives_checks"
 VARIANTS_FILE = os.path.join(os.path.dirname(__file__), "broken", "collectives_variants.py")
@@ -107,3 +108,21 @@ def test_seed_bf16_difference_is_output_rounding() -> None:
     )
     assert not small["races"] and small["within_bound"] and small["sharded_budget"] <= 1.0, small
     assert small["explained_by_output_rounding"], small
+
+
+@given(st.data())
+def test_sharding_strategies_draw_valid_layouts(data) -> None:
+    """Meshes over 2/4/8 devices, distinct axis names, and specs that use each mesh
+    axis at most once, put the required axis last on its dimension, and tile the
+    dimensions built by divisible_dims (single process: no devices needed)."""
+    layout = data.draw(sharding.mesh_layouts())
+    assert layout.devices in sharding.DEVICE_COUNTS and len(layout.shape) in (1, 2)
+    axis = data.draw(st.sampled_from(layout.names))
+    dim = data.draw(st.integers(0, 2))
+    spec = data.draw(sharding.partition_specs(3, layout, required={dim: axis}))
+    entries = [() if e is None else (e if isinstance(e, tuple) else (e,)) for e in tuple(spec) + (None,) * (3 - len(spec))]
+    used = [a for e in entries for a in e]
+    assert len(used) == len(set(used)) and set(used) <= set(layout.names)
+    assert entries[dim][-1] == axis
+    shape = sharding.divisible_dims(spec, layout, (3, 1, 5))
+    assert all(n % sharding.shards(spec, d, layout) == 0 for d, n in enumerate(shape))
