@@ -58,8 +58,10 @@ def test_broken_variants_are_caught() -> None:
     )
     survived = [name for name in names if not result[name]["caught"]]
     assert not survived, f"survived: {survived}"
-    # the races are seen as races, before any wrong value
-    for name in ("shared_receive_semaphore", "same_destination_slot", "missing_wait"):
+    # these races are seen as races, before any wrong value; a missing wait is a race
+    # only when the interpreter runs DMAs eagerly, and then only in some thread
+    # interleavings, so it may be caught by its values (the slot forwarded is NaN)
+    for name in ("shared_receive_semaphore", "same_destination_slot"):
         assert "data race" in result[name]["failure"], result[name]
 
 
