@@ -100,7 +100,7 @@ def _bench_collectives(backend: Backend) -> list[dict]:
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
-    "collectives": lambda backend: _bench_collectives(backend),
+    "collectives": _bench_collectives,
 }
 
 
