@@ -4,9 +4,9 @@ matmul-reduce-scatter, along one named axis of a mesh with any number of axes.
 
 Every kernel runs inside ``shard_map`` on each device's local shard. The remote
 copies are ``pltpu.make_async_remote_copy`` with DMA semaphores, addressed by the
-full mesh coordinate of the peer (``DeviceIdType.MESH``: the device's own index on
-every other axis, the neighbour's on the ring axis), so a 2-D mesh needs no special
-case. Each kernel starts with a barrier with its two ring neighbours (the barrier
+ring-axis coordinate of the peer (``DeviceIdType.MESH`` with a ``{axis: index}``
+device id: the device's own index on every other axis), so a 2-D mesh needs no
+special case. Each kernel starts with a barrier with its two ring neighbours (the barrier
 semaphore of ``collective_id``) so that no device writes into a buffer of a
 neighbour that has not entered the kernel yet.
 
@@ -110,13 +110,12 @@ class Ring:
     def index(self) -> jax.Array:
         return lax.axis_index(self.axis)
 
-    def peer(self, offset: int) -> tuple[jax.Array, ...]:
-        """Mesh coordinate of the device ``offset`` places along the ring."""
-        me = self.index()
-        return tuple(
-            lax.rem(me + offset + self.size, self.size) if name == self.axis else lax.axis_index(name)
-            for name in self.axis_names
-        )
+    def peer(self, offset: int) -> dict[str, jax.Array]:
+        """The device ``offset`` places along the ring, as a MESH device id naming only
+        the ring axis: every other coordinate stays this device's own. (A positional
+        tuple would have to follow the order of the axis environment, which the TPU
+        interpreter does not always keep equal to the mesh's order.)"""
+        return {self.axis: lax.rem(self.index() + offset + self.size, self.size)}
 
     def slot(self, offset: Any) -> jax.Array:
         return lax.rem(self.index() + offset + 2 * self.size, self.size)

@@ -32,12 +32,11 @@ class OffByOneOtherAxes(Ring):
     a wrong device on a 2-D mesh (a bijection, so nothing deadlocks); on a 1-D mesh
     it is the right one."""
 
-    def peer(self, offset: int) -> tuple[jax.Array, ...]:
-        right = super().peer(offset)
-        return tuple(
-            c if name == self.axis else lax.rem(c + 1, lax.axis_size(name))
-            for c, name in zip(right, self.axis_names)
-        )
+    def peer(self, offset: int) -> dict[str, jax.Array]:
+        others = {
+            name: lax.rem(lax.axis_index(name) + 1, lax.axis_size(name)) for name in self.axis_names if name != self.axis
+        }
+        return {**super().peer(offset), **others}
 
 
 def _all_gather_body(x_ref, out_ref, local_sem, send_sems, recv_sems, *, ring: Ring, bidirectional: bool,
