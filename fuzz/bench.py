@@ -15,6 +15,7 @@ from pallascheck.kernels import matmul, norms
 from pallascheck.kernels.backends import Backend
 
 from .bench_attention import bench_attention
+from .bench_collectives import bench_collectives
 from .bench_losses import bench as bench_losses
 from .bench_top_k import bench_top_k
 from .timing import best_config, median_seconds
@@ -80,6 +81,7 @@ BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "attention": bench_attention,
     "losses": bench_losses,
     "top_k": bench_top_k,
+    "collectives": bench_collectives,
 }
 
 

@@ -39,10 +39,13 @@ def tpu_compiler_params(dimension_semantics: Sequence[str] | None) -> Any:
     return _TpuParams(dimension_semantics=tuple(dimension_semantics) if dimension_semantics else None)
 
 
-def tpu_interpret_params(*, seed: int | None, detect_races: bool = True) -> Any:
+def tpu_interpret_params(*, seed: int | None, detect_races: bool = True, dma_execution_mode: str = "on_wait") -> Any:
     """TPU interpreter with race detection, NaN-filled uninitialised memory and a
-    seeded shuffle of the grid points along "parallel" dimensions."""
-    return _TpuInterpretParams(detect_races=detect_races, uninitialized_memory="nan", random_seed=seed)
+    seeded shuffle of the grid points along "parallel" dimensions. DMAs run when
+    their semaphore is waited on ("on_wait") or as soon as they start ("eager")."""
+    return _TpuInterpretParams(
+        detect_races=detect_races, uninitialized_memory="nan", random_seed=seed, dma_execution_mode=dma_execution_mode
+    )
 
 
 def reset_tpu_interpreter() -> None:
@@ -71,3 +74,27 @@ def shard_map_unchecked(f: Any, *, mesh: Any, in_specs: Any, out_specs: Any) -> 
         return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
     except TypeError:  # pragma: no cover - jax.experimental.shard_map spells it check_rep
         return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+def tpu_compiler_params_collective(collective_id: int) -> Any:
+    """Mosaic params for a kernel that talks to other devices: ``collective_id``
+    picks its barrier semaphore; side effects keep XLA from dropping or merging it."""
+    return _TpuParams(collective_id=collective_id, has_side_effects=True)
+
+
+def tpu_interpret_races_found() -> bool:
+    """Whether the TPU interpreter's race detector flagged a data race in the kernels
+    interpreted since its state was last created (with ``detect_races=True``).
+
+    jax 0.10.2 through 0.12 keep the detector in the module-level ``races``
+    (a RaceDetectionState with ``races_found``) of
+    ``jax._src.pallas.mosaic.interpret.interpret_pallas_call``; it is replaced when a
+    kernel starts after the previous one's memory was released, and cleared by
+    :func:`reset_tpu_interpreter`. Read it after ``block_until_ready``.
+    """
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _interp
+    except ImportError:  # releases where the interpreter is one module
+        from jax._src.pallas.mosaic import interpret as _interp
+    races = getattr(_interp, "races", None)
+    return bool(races is not None and races.races_found)
