@@ -40,7 +40,7 @@ class Row:
 def _verify_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
     backend = get_backend(args.backend)
     specs = registry()
-    names = args.kernel or list(specs)
+    names = [n for n in args.kernel if n in specs] if args.kernel else list(specs)
     rows, failures = [], []
     for name in names:
         spec = get_spec(name)
@@ -67,6 +67,39 @@ def _verify_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
     return rows, failures
 
 
+# The distributed kernels need a mesh: verify runs them in a child process with this
+# many CPU devices (meshes 4 and 2x2), on the TPU interpreter whatever --backend says.
+DISTRIBUTED_DEVICES = 4
+
+
+def _distributed_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
+    from pallascheck.properties import multidevice
+    from pallascheck.properties.collectives_checks import PROPERTIES
+
+    names = [n for n in PROPERTIES if not args.kernel or n in args.kernel]
+    if not names:
+        return [], []
+    start = time.perf_counter()
+    result = multidevice.run_with_cpu_devices(
+        "pallascheck.properties.collectives_checks:run_checks", DISTRIBUTED_DEVICES,
+        {"examples": args.examples, "seed": args.seed, "kernels": names}, timeout_s=600,
+    )
+    seconds = (time.perf_counter() - start) / len(names)
+    rows, failures = [], []
+    errors = result.pop("errors")
+    rows.append(Row("collectives", "-", "errors", not errors, len(PROPERTIES), 0.0, None, 0.0))
+    failures += [f"[errors] {case}: {message}" for case, message in errors.items()]
+    for name, tally in result.items():
+        check = f"values (tpu_interpret, {DISTRIBUTED_DEVICES} CPU devices)"
+        for dtype in [d for d in sorted(tally["examples"]) if not args.dtype or d in args.dtype]:
+            rows.append(Row(name, dtype, check, not tally["failures"], tally["examples"][dtype],
+                            tally["budget"][dtype], None, seconds))
+        if tally["failures"]:
+            rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
+            failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
+    return rows, failures
+
+
 def _fmt_budget(value: float | None) -> str:
     if value is None:
         return "-"
@@ -86,8 +119,16 @@ def _print_table(rows: Sequence[Row]) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from pallascheck.properties.collectives_checks import PROPERTIES
+
+    known = set(registry()) | set(PROPERTIES)
+    unknown = sorted(set(args.kernel or ()) - known)
+    if unknown:
+        raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")
     start = time.perf_counter()
     rows, failures = _verify_rows(args)
+    distributed_rows, distributed_failures = _distributed_rows(args)
+    rows, failures = rows + distributed_rows, failures + distributed_failures
     _print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
