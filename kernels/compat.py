@@ -61,3 +61,8 @@ def float64_enabled() -> Iterator[None]:
         from jax.experimental import enable_x64 as enable
     with enable(True):
         yield
+
+
+# A block dimension of size 1 that the kernel sees squeezed away: pl.Squeezed() on
+# newer jax, None (the older spelling, deprecated there) before it.
+SQUEEZED = pl.Squeezed() if hasattr(pl, "Squeezed") else None
