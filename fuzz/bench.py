@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from pallascheck.kernels import matmul, norms
 from pallascheck.kernels.backends import Backend
 
+from . import bench_moe
+
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192))
 NORM_SHAPES = ((8192, 1024), (8192, 4096), (32768, 2048))
 DTYPES = ("bfloat16", "float32")
@@ -94,6 +96,7 @@ def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend
 BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "matmul": _per_dtype(bench_matmul),
     "norms": _per_dtype(bench_norms),
+    "moe": bench_moe.run,
 }
 
 
