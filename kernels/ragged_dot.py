@@ -249,9 +249,10 @@ def _validate(lhs: Any, rhs: Any, group_sizes: Any) -> None:
         raise ValueError(f"contracting dimensions must match: lhs.shape[1]={lhs.shape[1]} != rhs.shape[1]={rhs.shape[1]}")
     validation.require_nonempty("lhs", tuple(lhs.shape))
     validation.require_nonempty("rhs", tuple(rhs.shape))
-    if isinstance(group_sizes, jax.core.Tracer):
-        return  # values unknown until run time (see the module docstring)
-    sizes = np.asarray(group_sizes).astype(np.int64)
+    try:
+        sizes = np.asarray(group_sizes).astype(np.int64)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return  # traced: values unknown until run time (see the module docstring)
     if (sizes < 0).any():
         raise ValueError(f"group_sizes must be >= 0, got {sizes.tolist()}")
     if sizes.sum() > lhs.shape[0]:
