@@ -98,19 +98,19 @@ def _forward_kernel(
 
     def group_step(group, acc):
         in_group = row_ok & (rows >= _scalar_at(starts, group)) & (rows < _scalar_at(ends, group))
-        w_ref = rhs_ref.at[group]
 
         def k_step(i, acc):
             start = pl.multiple_of(i * block_k, block_k)
             kx = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
             x = block_io.load(lhs_ref.at[:, pl.ds(start, block_k)], in_group & (kx < k_size), masked_io=masked_io)
-            if transpose_rhs:  # w_ref is [n, k]: out[:, j] = x @ w[j, :]
+            # One indexer per access: Triton's lowering rejects chained .at[...].at[...].
+            if transpose_rhs:  # rhs[group] is [n, k]: out[:, j] = x @ rhs[group, j, :]
                 kw = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
-                w = block_io.load(w_ref.at[:, pl.ds(start, block_k)], col_ok.T & (kw < k_size), masked_io=masked_io)
+                w = block_io.load(rhs_ref.at[group, :, pl.ds(start, block_k)], col_ok.T & (kw < k_size), masked_io=masked_io)
                 part = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             else:
                 kw = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
-                w = block_io.load(w_ref.at[pl.ds(start, block_k), :], (kw < k_size) & col_ok, masked_io=masked_io)
+                w = block_io.load(rhs_ref.at[group, pl.ds(start, block_k), :], (kw < k_size) & col_ok, masked_io=masked_io)
                 part = jnp.dot(x, w, preferred_element_type=jnp.float32)
             return acc + part
 
