@@ -1,5 +1,6 @@
 """Rules of ragged_dot and gated_linear_unit that the drawn properties do not reach:
-traced group sizes, many groups, the activation aliases and leading axes."""
+traced group sizes, many groups, the activation aliases and leading axes, and that
+every kernel lowers for Triton (checked on any machine)."""
 from __future__ import annotations
 
 import jax
@@ -63,3 +64,25 @@ def test_glu_activation_aliases_and_leading_axes(backend) -> None:
     ref = glu_oracle.oracle(np.asarray(x), np.asarray(w), activation="none")
     b = glu_oracle.bound(ref, activation="none", operand_dtype=x.dtype, arith=arithmetic_for(backend.name), block_k=16)
     checks.check_values(np.asarray(bilinear), ref.out, b, context=checks.Context(kernel="glu[bilinear]"))
+
+
+def _lower_for_triton(fn, *args) -> None:
+    """Pallas emits Triton IR while lowering, so lowering for CUDA on any machine
+    catches what Triton's lowering rejects (chained indexers, unsupported ops)."""
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def test_forward_and_backward_lower_for_triton() -> None:
+    gpu = "gpu"
+    for dtype in (jnp.float32, jnp.bfloat16):
+        lhs, rhs = jax.ShapeDtypeStruct((300, 72), dtype), jax.ShapeDtypeStruct((5, 72, 96), dtype)
+        sizes = jax.ShapeDtypeStruct((5,), jnp.int32)
+        for cfg in (rd.Config(64, 64, 32), rd.Config(128, 128, 64, num_warps=8, num_stages=4)):
+            cot = jnp.ones((300, 96), dtype)
+            _lower_for_triton(lambda a, b, s, cfg=cfg, cot=cot: jax.vjp(
+                lambda a, b: rd.ragged_dot(a, b, s, config=cfg, backend=gpu), a, b)[1](cot), lhs, rhs, sizes)
+        for activation in ("none", "silu", "gelu_tanh", "relu", "sigmoid"):
+            cot = jnp.ones((100, 48), dtype)
+            _lower_for_triton(lambda a, b, act=activation, cot=cot: jax.vjp(
+                lambda a, b: glu.gated_linear_unit(a, b, activation=act, config=glu.Config(64, 64, 32), backend=gpu),
+                a, b)[1](cot), jax.ShapeDtypeStruct((100, 70), dtype), jax.ShapeDtypeStruct((70, 2, 48), dtype))
