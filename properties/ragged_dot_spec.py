@@ -26,7 +26,7 @@ DTYPES = ("float32", "bfloat16")
 # How rows are split into groups; each layout is a bug class of its own.
 GROUP_LAYOUTS = (
     "random",  # uneven sizes, boundaries anywhere (straddling tiles)
-    "with_empty",  # some groups empty, including the first and the last
+    "with_empty",  # some groups empty, including the first (and the last)
     "singletons",  # groups of one row
     "one_group",  # every row in one group, the others empty
     "short",  # sum(group_sizes) < m: trailing rows in no group
@@ -38,7 +38,7 @@ def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if layout == "random":
         sizes = rng.multinomial(m, rng.dirichlet(np.ones(groups)))
-    elif layout == "with_empty":  # the first and last group empty, one middle group kept alive
+    elif layout == "with_empty":  # first (and with 3+ groups last) group empty; one other alive
         alive = rng.random(groups) < 0.5
         alive[[0, -1]] = False
         if groups > 1:
