@@ -17,6 +17,7 @@ from pallascheck.kernels.backends import Backend
 from .bench_attention import bench_attention
 from .bench_collectives import bench_collectives
 from .bench_losses import bench as bench_losses
+from .bench_moe import run as bench_moe
 from .bench_top_k import bench_top_k
 from .timing import best_config, median_seconds
 
@@ -80,6 +81,7 @@ BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
     "norms": _per_dtype(bench_norms),
     "attention": bench_attention,
     "losses": bench_losses,
+    "moe": bench_moe,
     "top_k": bench_top_k,
     "collectives": bench_collectives,
 }

@@ -74,7 +74,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, validation
+from . import block_io, tiling, validation
 from .backends import Backend, get_backend
 
 NEG_INF = float("-inf")
@@ -103,12 +103,8 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, 1 << max(0, (head_dim - 1).bit_length()))
 
 
-def _blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
-    """Block sizes worth trying for a length: never more than one block of pure padding."""
-    return tuple(b for b in choices if b < 2 * max(size, 16)) or (min(choices),)
 
 
-_SHARED_MEMORY_BYTES = 227 * 1024  # H100/H200 per-block shared memory
 
 
 def configs(
@@ -118,19 +114,19 @@ def configs(
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
     if be.name != "gpu":  # interpreters: keep the space small, every config costs a compile
-        qs, ks = _blocks_for(seq_q, (16, 32)), _blocks_for(seq_kv, (16, 32))
+        qs, ks = tiling.blocks_for(seq_q, (16, 32)), tiling.blocks_for(seq_kv, (16, 32))
         fwd = list(itertools.product(qs, ks))
         # backward blocks: the forward ones, and one transposed pair to vary them
         return [Config(bq, bk, bq, bk) for bq, bk in fwd] + [Config(qs[0], ks[0], ks[-1], qs[-1])]
     out = []
     for bq, bk, (bqb, bkb), warps, stages in itertools.product(
-        _blocks_for(seq_q, (64, 128)), _blocks_for(seq_kv, (32, 64, 128)),
+        tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (32, 64, 128)),
         ((64, 64), (32, 64), (64, 128)), (4, 8), (2, 3),
     ):
         # pipelined k and v tiles plus the resident q tile (and dO in the backward)
         fwd_bytes = (stages * 2 * bk + bq) * width * itemsize
         bwd_bytes = (stages * 2 * bqb + 2 * bkb) * width * itemsize
-        if max(fwd_bytes, bwd_bytes) <= _SHARED_MEMORY_BYTES:
+        if max(fwd_bytes, bwd_bytes) <= tiling.GPU_SHARED_MEMORY_BYTES:
             out.append(Config(bq, bk, bqb, bkb, warps, stages))
     return out
 

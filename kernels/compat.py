@@ -98,3 +98,8 @@ def tpu_interpret_races_found() -> bool:
         from jax._src.pallas.mosaic import interpret as _interp
     races = getattr(_interp, "races", None)
     return bool(races is not None and races.races_found)
+
+
+# A block dimension of size 1 that the kernel sees squeezed away: pl.Squeezed() on
+# newer jax, None (the older spelling, deprecated there) before it.
+SQUEEZED = pl.Squeezed() if hasattr(pl, "Squeezed") else None

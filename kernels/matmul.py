@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, validation
+from . import block_io, tiling, validation
 from .activations import ACTIVATIONS, get_activation
 from .backends import Backend, get_backend
 
@@ -57,14 +57,8 @@ class Config:
             raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
 
 
-def _blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
-    """Block sizes worth trying for a dimension: never more than one block of pure padding."""
-    fitting = tuple(b for b in choices if b < 2 * max(size, 16))
-    return fitting or (min(choices),)
 
 
-# Triton keeps num_stages copies of both input tiles in shared memory (227 KiB on H100/H200).
-_SHARED_MEMORY_BYTES = 227 * 1024
 
 
 def configs(
@@ -79,9 +73,9 @@ def configs(
     return [
         Config(bm, bn, bk, w, s)
         for bm, bn, bk, w, s in itertools.product(
-            _blocks_for(m, mn), _blocks_for(n, mn), _blocks_for(k, kk), warps, stages
+            tiling.blocks_for(m, mn), tiling.blocks_for(n, mn), tiling.blocks_for(k, kk), warps, stages
         )
-        if be.name != "gpu" or s * (bm + bn) * bk * itemsize <= _SHARED_MEMORY_BYTES
+        if be.name != "gpu" or s * (bm + bn) * bk * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
 
 

@@ -1,4 +1,6 @@
 """Deliberately broken kernels; each module lists its variants in ``VARIANTS``."""
 
 # the modules test_sensitivity.py collects
-MODULES = ("matmul_variants", "norms_variants", "attention_variants", "loss_variants", "top_k_variants")
+MODULES = (
+    "matmul_variants", "norms_variants", "attention_variants", "loss_variants", "moe_variants", "top_k_variants",
+)

@@ -1,0 +1,12 @@
+"""Facts every config space uses: which block sizes are worth trying for a length,
+and how much shared memory one Triton program may hold."""
+from __future__ import annotations
+
+# Per-block shared memory on H100/H200 (227 KiB). Triton keeps ``num_stages`` copies
+# of each pipelined input tile there.
+GPU_SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
+    """Block sizes worth trying for a length: never more than one block of pure padding."""
+    return tuple(b for b in choices if b < 2 * max(size, 16)) or (min(choices),)

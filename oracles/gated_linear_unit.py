@@ -1,0 +1,164 @@
+"""Float64 oracle and error bounds for ``gated_linear_unit`` (kernels/gated_linear_unit.py).
+
+``out = act(gate) * up`` with ``gate = x @ W[:, 0]`` and ``up = x @ W[:, 1]``. The
+oracle returns both projections and their magnitudes ``|x| @ |W[:, j]|`` so that
+the bound can replay the kernel: two dot products of the matmul model, the
+activation's conditioning, one product and the output rounding.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import algebra
+from .activations import activation_model
+from .gradients import vjp64
+from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
+
+F32 = np.float32
+
+
+def _f64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class GluOracle:
+    out: np.ndarray  # act(gate) * up, shape [..., f]
+    gate: np.ndarray  # x @ W[:, 0], [T, f] (x's leading axes flattened)
+    up: np.ndarray  # x @ W[:, 1], [T, f]
+    gate_magnitude: np.ndarray  # |x| @ |W[:, 0]|
+    up_magnitude: np.ndarray
+    gate_flushed: np.ndarray  # the part of gate_magnitude from products with a subnormal factor
+    up_flushed: np.ndarray
+    d: int
+
+
+def oracle(x: Any, weights: Any, *, activation: str) -> GluOracle:
+    x64, w = _f64(x), _f64(weights)
+    x2 = x64.reshape(-1, x64.shape[-1])
+    sub = algebra.subnormal_part
+    gate, up = x2 @ w[:, 0], x2 @ w[:, 1]
+    out = activation_model(activation).fn(gate) * up
+    return GluOracle(
+        out=out.reshape(x64.shape[:-1] + (w.shape[2],)),
+        gate=gate,
+        up=up,
+        gate_magnitude=np.abs(x2) @ np.abs(w[:, 0]),
+        up_magnitude=np.abs(x2) @ np.abs(w[:, 1]),
+        gate_flushed=sub(x2) @ np.abs(w[:, 0]) + np.abs(x2) @ sub(w[:, 0]),
+        up_flushed=sub(x2) @ np.abs(w[:, 1]) + np.abs(x2) @ sub(w[:, 1]),
+        d=x2.shape[1],
+    )
+
+
+def _order(arith: Arithmetic, block_k: int | None):
+    return arith.dot_order(block_k) if block_k else SEQUENTIAL  # None: XLA, order unknown
+
+
+def _projections(ref: GluOracle, operand_dtype: Any, arith: Arithmetic, block_k: int | None):
+    """gate and up as the kernel's f32 accumulators hold them (d-term dots)."""
+    order = _order(arith, block_k)
+    gate = algebra.dot(ref.gate, ref.gate_magnitude, ref.d, arith=arith, operand_dtype=operand_dtype,
+                       order=order, flushed_magnitude=ref.gate_flushed)
+    up = algebra.dot(ref.up, ref.up_magnitude, ref.d, arith=arith, operand_dtype=operand_dtype,
+                     order=order, flushed_magnitude=ref.up_flushed)
+    return gate, up
+
+
+def _activated(gate: algebra.Bounded, activation: str, arith: Arithmetic) -> algebra.Bounded:
+    act = activation_model(activation)
+    u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
+    return algebra.apply(gate, act.fn, lipschitz=act.lipschitz,
+                         evaluation_error=lambda m: act.evaluation_error(m, u32, t))
+
+
+def bound(
+    ref: GluOracle, *, activation: str, operand_dtype: Any, arith: Arithmetic, block_k: int | None
+) -> np.ndarray:
+    """|kernel - oracle| elementwise.
+
+    gate^ and up^ are d-term dots in f32 (blocked by block_k on the interpreters,
+    sequential on the GPU and for XLA): e_g = gamma |x| @ |W_0| (+ tf32 operand
+    rounding for f32 on the GPU), likewise e_u. The activation in f32 moves by
+    e_a = L e_g + eval(|gate| + e_g) (oracles/activations.py: L = max|act'|). The
+    f32 product errs by |act(gate)| e_u + |up| e_a + e_a e_u plus one rounding
+    u32 |out|; the final rounding to the output dtype adds u_out |out| plus the
+    subnormal floor (algebra.multiply, algebra.round_to).
+    """
+    gate, up = _projections(ref, operand_dtype, arith, block_k)
+    out = algebra.multiply(_activated(gate, activation, arith), up, arith=arith, dtype=F32)
+    return algebra.round_to(out, operand_dtype, arith).err.reshape(ref.out.shape)
+
+
+def oracle_vjp(x: Any, weights: Any, cotangent: Any, *, activation: str) -> dict[str, np.ndarray]:
+    """dx and dweights of sum(out * cotangent); also dgate and dup (the cotangents of
+    the two projections) that the gradient bound needs."""
+    act = activation_model(activation).fn
+    x64, w = _f64(x), _f64(weights)
+    x2, g = x64.reshape(-1, x64.shape[-1]), _f64(cotangent).reshape(-1, w.shape[2])
+    dx, dw = vjp64(lambda a, b: act(a @ b[:, 0]) * (a @ b[:, 1]), (x2, w), g)
+    dgate, dup = vjp64(lambda zg, zu: act(zg) * zu, (x2 @ w[:, 0], x2 @ w[:, 1]), g)
+    return {"dx": dx.reshape(x64.shape), "dweights": dw, "dgate": dgate, "dup": dup}
+
+
+def gradient_bound(
+    ref: GluOracle,
+    grads: dict[str, np.ndarray],
+    x: Any,
+    weights: Any,
+    cotangent: Any,
+    *,
+    activation: str,
+    operand_dtype: Any,
+    arith: Arithmetic,
+    block_k: int | None,
+) -> dict[str, np.ndarray]:
+    """Bounds on dx and dweights of the kernel's backward pass.
+
+    From the saved f32 accumulators gate^, up^ (errors e_g, e_u as in ``bound``):
+    - c = g up^ in f32: |g| e_u + u32 |c|;
+    - dgate = act'(gate^) c via act's VJP in f32: act' moves by max|act''| e_g (for
+      relu it jumps by 1 where |gate| <= e_g) plus its evaluation error; so
+      e_dgate = (|c| + e_c) slope_err + L e_c, then one f32 rounding;
+    - dup = g act(gate^) in f32: |g| e_a + u32 |dup|;
+    - both rounded to the operand dtype, giving dz = [dgate, dup] as [T, 2f];
+    - dx = dz @ W^T (2f terms) and dW = x^T @ dz (T terms) are tiled matmuls whose
+      left or right operand carries e_dz: e_dz @ |W|^T (resp. |x|^T @ e_dz) plus the
+      dot error on the perturbed magnitudes plus rounding to the operand dtype.
+    """
+    act = activation_model(activation)
+    u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
+    x64, w = _f64(x), _f64(weights)
+    x2, g = x64.reshape(-1, x64.shape[-1]), _f64(cotangent).reshape(-1, w.shape[2])
+    (t_rows, d), f = x2.shape, w.shape[2]
+    gate, up = _projections(ref, operand_dtype, arith, block_k)
+    exact_g = algebra.Bounded.exact(g)
+    c = algebra.multiply(exact_g, up, arith=arith, dtype=F32)
+    if np.isinf(act.curvature):  # act' jumps at 0
+        slope_err = np.where(np.abs(ref.gate) <= gate.err, 1.0, 0.0)
+    else:
+        slope_err = act.curvature * gate.err + act.derivative_error(u32, t)
+    dgate = algebra.Bounded(grads["dgate"], c.magnitude * slope_err + act.lipschitz * c.err)
+    dgate = algebra.round_to(algebra.round_to(dgate, F32, arith), operand_dtype, arith)
+    dup = algebra.round_to(algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32),
+                           operand_dtype, arith)
+    dz_value = np.stack([dgate.value, dup.value], axis=1).reshape(t_rows, 2 * f)
+    dz_err = np.stack([dgate.err, dup.err], axis=1).reshape(t_rows, 2 * f)
+    dz_mag = np.abs(dz_value) + dz_err
+    w2 = w.reshape(d, 2 * f)
+    sub = algebra.subnormal_part
+    order = _order(arith, block_k)
+
+    def product(exact, propagated, magnitude, flushed, n):
+        dot = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
+                          flushed_magnitude=flushed)
+        return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
+
+    dx = product(grads["dx"].reshape(t_rows, d), dz_err @ np.abs(w2).T, dz_mag @ np.abs(w2).T,
+                 sub(dz_value) @ np.abs(w2).T + dz_mag @ sub(w2).T, 2 * f)
+    dw = product(grads["dweights"].reshape(d, 2 * f), np.abs(x2).T @ dz_err, np.abs(x2).T @ dz_mag,
+                 sub(x2).T @ dz_mag + np.abs(x2).T @ sub(dz_value), t_rows)
+    return {"dx": dx.reshape(x64.shape), "dweights": dw.reshape(w.shape)}

@@ -1,0 +1,120 @@
+"""Float64 oracle and error bounds for ``ragged_dot`` (kernels/ragged_dot.py).
+
+The oracle multiplies each group separately in float64: rows of group i times
+rhs[i]; rows past sum(group_sizes) are exactly 0. Every output and gradient element
+is one dot product of the matmul model (oracles/matmul.py, oracles/algebra.py):
+products exact for bf16/f16 (tf32-rounded f32 on the GPU), summed in f32 in the
+kernel's order, rounded once to the input dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import algebra
+from .tolerance import SEQUENTIAL, Arithmetic
+
+
+def _f64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def group_ranges(group_sizes: Any, m: int) -> list[tuple[int, int]]:
+    """[start, end) of each group's rows, in order."""
+    ends = np.cumsum(np.asarray(group_sizes, dtype=np.int64))
+    if ends.size and ends[-1] > m:
+        raise ValueError(f"sum(group_sizes)={int(ends[-1])} exceeds m={m}")
+    starts = np.concatenate([[0], ends[:-1]])
+    return [(int(s), int(e)) for s, e in zip(starts, ends)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDotOracle:
+    out: np.ndarray  # [m, n] float64
+    magnitude: np.ndarray  # sum_k |lhs_rk rhs_gkn| per output element (0 for rows in no group)
+    flushed_magnitude: np.ndarray  # the part of ``magnitude`` from products with a subnormal factor
+    ranges: tuple[tuple[int, int], ...]
+    k: int
+
+
+def oracle(lhs: Any, rhs: Any, group_sizes: Any) -> RaggedDotOracle:
+    x, w = _f64(lhs), _f64(rhs)
+    m, n = x.shape[0], w.shape[2]
+    out, magnitude, flushed = np.zeros((m, n)), np.zeros((m, n)), np.zeros((m, n))
+    ranges = group_ranges(group_sizes, m)
+    for i, (s, e) in enumerate(ranges):
+        out[s:e] = x[s:e] @ w[i]
+        magnitude[s:e] = np.abs(x[s:e]) @ np.abs(w[i])
+        flushed[s:e] = algebra.subnormal_part(x[s:e]) @ np.abs(w[i]) + np.abs(x[s:e]) @ algebra.subnormal_part(w[i])
+    return RaggedDotOracle(out, magnitude, flushed, tuple(ranges), x.shape[1])
+
+
+def _order(arith: Arithmetic, block_k: int | None):
+    return arith.dot_order(block_k) if block_k else SEQUENTIAL  # None: XLA, order unknown
+
+
+def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None) -> np.ndarray:
+    """|kernel - oracle| elementwise.
+
+    A row of group i is the K-term dot lhs[r] @ rhs[i] summed in f32 in blocks of
+    block_k (the kernel's K loop; sequential for the GPU's fed-back MMA and for
+    XLA): gamma_depth(u32) |lhs[r]| @ |rhs[i]| (+ 2u_tf32 for f32 on the GPU),
+    plus rounding to the input dtype. The kernel adds exact zeros from the other
+    groups of its row tile (masked rows), which cost nothing. Rows in no group are
+    exactly 0 (their bound is the underflow floor only).
+    """
+    z = algebra.dot(ref.out, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype,
+                    order=_order(arith, block_k), flushed_magnitude=ref.flushed_magnitude)
+    return algebra.round_to(z, operand_dtype, arith).err
+
+
+def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str, np.ndarray]:
+    """The op is linear in lhs and in rhs, so its VJP is two grouped products:
+    dlhs[rows_i] = g[rows_i] @ rhs[i]^T and drhs[i] = lhs[rows_i]^T @ g[rows_i]."""
+    x, w, g = _f64(lhs), _f64(rhs), _f64(cotangent)
+    dlhs, drhs = np.zeros_like(x), np.zeros_like(w)
+    for i, (s, e) in enumerate(group_ranges(group_sizes, x.shape[0])):
+        dlhs[s:e] = g[s:e] @ w[i].T
+        drhs[i] = x[s:e].T @ g[s:e]
+    return {"dlhs": dlhs, "drhs": drhs}
+
+
+def gradient_bound(
+    ref: RaggedDotOracle,
+    grads: dict[str, np.ndarray],
+    lhs: Any,
+    rhs: Any,
+    cotangent: Any,
+    *,
+    operand_dtype: Any,
+    arith: Arithmetic,
+    block_k: int | None,
+) -> dict[str, np.ndarray]:
+    """Bounds on dlhs and drhs; the cotangent (in the input dtype) is exact.
+
+    dlhs[r] = g[r] @ rhs[i]^T: an n-term dot in block_k chunks, as the forward.
+    drhs[i] = lhs_i^T @ g_i: an n_i-term dot over the group's rows. The kernel walks
+    row tiles aligned to multiples of block_k, so a group starting at s spans
+    ceil((s mod block_k + n_i) / block_k) chunks of at most block_k terms: blocked
+    depth of n_i + (s mod block_k) terms bounds it (exact zeros from masked rows
+    cost nothing). XLA's order is unknown: sequential over n_i. Both round once to
+    the input dtype.
+    """
+    x, w, g = _f64(lhs), _f64(rhs), _f64(cotangent)
+    order = _order(arith, block_k)
+    sub = algebra.subnormal_part
+    dlhs_mag, dlhs_flush = np.zeros_like(x), np.zeros_like(x)
+    drhs_err = np.zeros_like(w)
+    for i, (s, e) in enumerate(ref.ranges):
+        dlhs_mag[s:e] = np.abs(g[s:e]) @ np.abs(w[i]).T
+        dlhs_flush[s:e] = sub(g[s:e]) @ np.abs(w[i]).T + np.abs(g[s:e]) @ sub(w[i]).T
+        terms = (e - s) + (s % block_k if block_k else 0)
+        d = algebra.dot(grads["drhs"][i], np.abs(x[s:e]).T @ np.abs(g[s:e]), terms, arith=arith,
+                        operand_dtype=operand_dtype, order=order,
+                        flushed_magnitude=sub(x[s:e]).T @ np.abs(g[s:e]) + np.abs(x[s:e]).T @ sub(g[s:e]))
+        drhs_err[i] = algebra.round_to(d, operand_dtype, arith).err
+    dlhs = algebra.dot(grads["dlhs"], dlhs_mag, w.shape[2], arith=arith, operand_dtype=operand_dtype,
+                       order=order, flushed_magnitude=dlhs_flush)
+    return {"dlhs": algebra.round_to(dlhs, operand_dtype, arith).err, "drhs": drhs_err}

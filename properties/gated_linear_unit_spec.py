@@ -1,0 +1,141 @@
+"""KernelSpec for kernels/gated_linear_unit.py (SwiGLU, GeGLU, bilinear, ...)."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels import gated_linear_unit as glu
+from pallascheck.kernels import matmul
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import gated_linear_unit as oracle
+from pallascheck.oracles.tolerance import Arithmetic
+
+from . import strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec
+
+LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
+D_DIMS = (7, 64)  # 7 leaves a ragged last K tile
+F_DIMS = (16, 33)
+DTYPES = ("float32", "bfloat16")
+
+
+def _reduction(kind: str, d: int, dtype: str) -> float:
+    """The output multiplies two d-term dots, so "large" inputs are scaled for each
+    dot to reach about sqrt(max) / 8 (elements() scales one dot to max / (8 r)),
+    keeping the product, not each factor, below the dtype's range."""
+    if kind != "large":
+        return d
+    return d * float(np.sqrt(float(ml_dtypes.finfo(strategies.np_dtype(dtype)).max)))
+
+
+def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+    @st.composite
+    def draw(draw_) -> Case:
+        lead, d, f = draw_(st.sampled_from(LEADING_SHAPES)), draw_(strategies.dims(D_DIMS)), draw_(strategies.dims(F_DIMS))
+        kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
+        seed = draw_(strategies.seeds())
+        # gelu_tanh promises accuracy only for |x @ W| <= matmul.GELU_TANH_RANGE.
+        allowed = sorted(set(matmul.supported_activations(backend)) - ({"gelu_tanh"} if kind == "large" else set()))
+        r = _reduction(kind, d, dtype)
+        return Case(
+            arrays={
+                "x": strategies.elements(seed, lead + (d,), dtype, kind, reduction=r),
+                "weights": strategies.elements(seed + 1, (d, 2, f), dtype, kind, reduction=r),
+                "cotangent": strategies.elements(seed + 2, lead + (f,), dtype, "normal"),
+            },
+            params={"activation": draw_(st.sampled_from(allowed))},
+        )
+
+    return draw()
+
+
+def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> jax.Array:
+    a = case.arrays
+    return kernel(jnp.asarray(a["x"]), jnp.asarray(a["weights"]), activation=case.params["activation"],
+                  config=config, backend=backend)
+
+
+def _oracle(case: Case) -> oracle.GluOracle:
+    return oracle.oracle(case.arrays["x"], case.arrays["weights"], activation=case.params["activation"])
+
+
+def _block_k(config: Any) -> int | None:
+    return None if config is None else config.block_k
+
+
+def _bound(case: Case, ref: oracle.GluOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+    return oracle.bound(ref, activation=case.params["activation"], operand_dtype=case.arrays["x"].dtype,
+                        arith=arith, block_k=_block_k(config))
+
+
+def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
+    a, act = case.arrays, case.params["activation"]
+    _, pullback = jax.vjp(lambda x, w: kernel(x, w, activation=act, config=config, backend=backend),
+                          jnp.asarray(a["x"]), jnp.asarray(a["weights"]))
+    dx, dw = pullback(jnp.asarray(a["cotangent"]))
+    return {"dx": dx, "dweights": dw}
+
+
+def _oracle_vjp(case: Case, ref: oracle.GluOracle) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.oracle_vjp(a["x"], a["weights"], a["cotangent"], activation=case.params["activation"])
+
+
+def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.gradient_bound(ref, grads, a["x"], a["weights"], a["cotangent"],
+                                 activation=case.params["activation"], operand_dtype=a["x"].dtype,
+                                 arith=arith, block_k=_block_k(config))
+
+
+def _bad_inputs() -> list[BadInput]:
+    x, w = jnp.ones((4, 8), jnp.float32), jnp.ones((8, 2, 16), jnp.float32)
+    call = glu.gated_linear_unit
+    return [
+        BadInput("weights not [d, 2, f]", lambda: call(x, jnp.ones((8, 3, 16))), ValueError, r"weights.shape\[1\] must be 2"),
+        BadInput("rank-2 weights", lambda: call(x, jnp.ones((8, 32))), ValueError, r"weights must have rank 3"),
+        BadInput("contracting mismatch", lambda: call(x, jnp.ones((7, 2, 16))), ValueError, r"contracting dimensions must match"),
+        BadInput("integer x", lambda: call(x.astype(jnp.int32), w.astype(jnp.int32)), TypeError, r"x must have dtype in"),
+        BadInput("mixed dtypes", lambda: call(x, w.astype(jnp.bfloat16)), TypeError, r"same dtype"),
+        BadInput("unknown activation", lambda: call(x, w, activation="swish2"), ValueError, r"activation must be one of"),
+        BadInput("exact gelu on gpu", lambda: call(x, w, activation="gelu", backend="gpu"), ValueError, r"no erf; use 'gelu_tanh'"),
+        BadInput("config type", lambda: call(x, w, config={"block_m": 16}), TypeError, r"config must be a gated_linear_unit.Config"),
+        BadInput("empty x", lambda: call(jnp.ones((0, 8)), w), ValueError, r"x must not have a zero-sized"),
+    ]
+
+
+def make_spec(
+    kernel: Callable[..., jax.Array] = glu.gated_linear_unit, name: str = "gated_linear_unit",
+    differentiable: bool = True,
+) -> KernelSpec:
+    """The GLU spec for ``kernel`` (gated_linear_unit's signature); ``differentiable=False``
+    drops the gradient checks. xla_reference's autodiff graph (no rounding of dz,
+    two dots summed for dx) is not the kernel's, so only its forward is checked."""
+    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound)
+    return KernelSpec(
+        name=name,
+        dtypes=DTYPES,
+        cases=cases,
+        kernel=functools.partial(_run, kernel),
+        reference=lambda case: glu.xla_reference(jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]),
+                                                 activation=case.params["activation"]),
+        oracle=_oracle,
+        expected=lambda ref: ref.out,
+        bound=_bound,
+        configs=lambda case, backend: glu.configs(
+            int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["weights"].shape[2], case.arrays["x"].shape[-1],
+            backend, itemsize=case.arrays["x"].dtype.itemsize,
+        ),
+        default_config=glu.Config(),
+        gradients=gradients if differentiable else None,
+        bad_inputs=_bad_inputs,
+    )
+
+
+SPEC = make_spec()

@@ -1,0 +1,168 @@
+"""KernelSpec for kernels/ragged_dot.py (grouped matmul for mixture-of-experts)."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+
+from pallascheck.kernels import ragged_dot
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import ragged_dot as oracle
+from pallascheck.oracles.tolerance import Arithmetic
+
+from . import strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec
+
+M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
+N_DIMS = (16, 33)
+K_DIMS = (7, 64)  # 7 leaves a ragged last K tile
+GROUP_COUNTS = (1, 3, 6)
+DTYPES = ("float32", "bfloat16")
+
+# How rows are split into groups; each layout is a bug class of its own.
+GROUP_LAYOUTS = (
+    "random",  # uneven sizes, boundaries anywhere (straddling tiles)
+    "with_empty",  # some groups empty, including the first (and the last)
+    "singletons",  # groups of one row
+    "one_group",  # every row in one group, the others empty
+    "short",  # sum(group_sizes) < m: trailing rows in no group
+)
+
+
+def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
+    """int32 sizes of ``groups`` groups over at most ``m`` rows, in ``layout``."""
+    rng = np.random.default_rng(seed)
+    if layout == "random":
+        sizes = rng.multinomial(m, rng.dirichlet(np.ones(groups)))
+    elif layout == "with_empty":  # first (and with 3+ groups last) group empty; one other alive
+        alive = rng.random(groups) < 0.5
+        alive[[0, -1]] = False
+        if groups > 1:
+            alive[rng.integers(1, groups - 1) if groups > 2 else 1] = True
+        weights = np.where(alive, rng.dirichlet(np.ones(groups)), 0.0)
+        sizes = rng.multinomial(m, weights / weights.sum()) if alive.any() else np.zeros(groups, np.int64)
+    elif layout == "singletons":
+        sizes = np.minimum(np.ones(groups, np.int64), m)
+    elif layout == "one_group":
+        sizes = np.zeros(groups, np.int64)
+        sizes[rng.integers(groups)] = m
+    elif layout == "short":
+        sizes = rng.multinomial(int(rng.integers(0, m)), rng.dirichlet(np.ones(groups)))
+    else:
+        raise ValueError(f"layout must be one of {GROUP_LAYOUTS}, got {layout!r}")
+    return np.asarray(sizes, dtype=np.int32)
+
+
+def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+    @st.composite
+    def draw(draw_) -> Case:
+        m, n, k = draw_(strategies.dims(M_DIMS)), draw_(strategies.dims(N_DIMS)), draw_(strategies.dims(K_DIMS))
+        groups = draw_(st.sampled_from(GROUP_COUNTS))
+        layout = draw_(st.sampled_from(GROUP_LAYOUTS))
+        kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
+        seed = draw_(strategies.seeds())
+        return Case(
+            arrays={
+                "lhs": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
+                "rhs": strategies.elements(seed + 1, (groups, k, n), dtype, kind, reduction=k),
+                "group_sizes": group_sizes(seed + 2, m, groups, layout),
+                # "large" cotangents would overflow the backward products; use N(0,1) ones.
+                "cotangent": strategies.elements(seed + 3, (m, n), dtype, "normal"),
+            },
+            params={"layout": layout},
+        )
+
+    return draw()
+
+
+def _args(case: Case) -> tuple[jax.Array, jax.Array, jax.Array]:
+    a = case.arrays
+    return jnp.asarray(a["lhs"]), jnp.asarray(a["rhs"]), jnp.asarray(a["group_sizes"])
+
+
+def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> jax.Array:
+    return kernel(*_args(case), config=config, backend=backend)
+
+
+def _oracle(case: Case) -> oracle.RaggedDotOracle:
+    a = case.arrays
+    return oracle.oracle(a["lhs"], a["rhs"], a["group_sizes"])
+
+
+def _block_k(config: Any) -> int | None:
+    return None if config is None else config.block_k
+
+
+def _bound(case: Case, ref: oracle.RaggedDotOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+    return oracle.bound(ref, operand_dtype=case.arrays["lhs"].dtype, arith=arith, block_k=_block_k(config))
+
+
+def _vjp(fn: Callable[..., jax.Array], case: Case) -> dict[str, jax.Array]:
+    lhs, rhs, sizes = _args(case)
+    _, pullback = jax.vjp(lambda a, b: fn(a, b, sizes), lhs, rhs)
+    dlhs, drhs = pullback(jnp.asarray(case.arrays["cotangent"]))
+    return {"dlhs": dlhs, "drhs": drhs}
+
+
+def _oracle_vjp(case: Case, ref: oracle.RaggedDotOracle) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.oracle_vjp(a["lhs"], a["rhs"], a["group_sizes"], a["cotangent"])
+
+
+def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
+    a = case.arrays
+    return oracle.gradient_bound(ref, grads, a["lhs"], a["rhs"], a["cotangent"],
+                                 operand_dtype=a["lhs"].dtype, arith=arith, block_k=_block_k(config))
+
+
+def _bad_inputs() -> list[BadInput]:
+    lhs, rhs = jnp.ones((8, 4), jnp.float32), jnp.ones((3, 4, 5), jnp.float32)
+    sizes = jnp.array([2, 0, 3], jnp.int32)
+    call = ragged_dot.ragged_dot
+    return [
+        BadInput("group count mismatch", lambda: call(lhs, rhs, jnp.array([2, 3], jnp.int32)), ValueError, r"group count must match"),
+        BadInput("sum > m", lambda: call(lhs, rhs, jnp.array([4, 4, 1], jnp.int32)), ValueError, r"sum\(group_sizes\)=9 must be <= lhs.shape\[0\]=8"),
+        BadInput("negative size", lambda: call(lhs, rhs, jnp.array([4, -1, 1], jnp.int32)), ValueError, r"group_sizes must be >= 0"),
+        BadInput("float group_sizes", lambda: call(lhs, rhs, jnp.array([2.0, 0.0, 3.0])), TypeError, r"group_sizes must have an integer dtype"),
+        BadInput("integer lhs", lambda: call(lhs.astype(jnp.int32), rhs.astype(jnp.int32), sizes), TypeError, r"lhs must have dtype in"),
+        BadInput("mixed dtypes", lambda: call(lhs, rhs.astype(jnp.bfloat16), sizes), TypeError, r"same dtype"),
+        BadInput("rank-2 rhs", lambda: call(lhs, jnp.ones((4, 5)), sizes), ValueError, r"rhs must have rank 3"),
+        BadInput("contracting mismatch", lambda: call(lhs, jnp.ones((3, 6, 5)), sizes), ValueError, r"contracting dimensions must match"),
+        BadInput("config type", lambda: call(lhs, rhs, sizes, config={"block_m": 16}), TypeError, r"config must be a ragged_dot.Config"),
+    ]
+
+
+def make_spec(
+    kernel: Callable[..., jax.Array] = ragged_dot.ragged_dot, name: str = "ragged_dot", differentiable: bool = True
+) -> KernelSpec:
+    """The ragged_dot spec for ``kernel`` (ragged_dot.ragged_dot's signature);
+    ``differentiable=False`` drops the gradient checks (forward-only kernels)."""
+    gradients = GradientSpec(
+        lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
+        _oracle_vjp, _gradient_bound,
+        reference_vjp=lambda case: _vjp(ragged_dot.xla_reference, case),
+    )
+    return KernelSpec(
+        name=name,
+        dtypes=DTYPES,
+        cases=cases,
+        kernel=functools.partial(_run, kernel),
+        reference=lambda case: ragged_dot.xla_reference(*_args(case)),
+        oracle=_oracle,
+        expected=lambda ref: ref.out,
+        bound=_bound,
+        configs=lambda case, backend: ragged_dot.configs(
+            case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
+            itemsize=case.arrays["lhs"].dtype.itemsize,
+        ),
+        default_config=ragged_dot.Config(),
+        gradients=gradients if differentiable else None,
+        bad_inputs=_bad_inputs,
+    )
+
+
+SPEC = make_spec()
