@@ -1,9 +1,10 @@
 """Vocabulary-parallel cross-entropy equals the unsharded one, on N CPU devices.
 
 ``sharded_matches_unsharded`` runs inside a child process that sees N CPU devices
-(properties/multidevice.run_with_cpu_devices). It builds a 1-D mesh ``('vocab',)``
-over all devices, shards the last axis of the logits over it, and for each drawn
-example checks, inside ``shard_map``:
+(properties/multidevice.run_with_cpu_devices). Each example draws a mesh layout over
+all devices (properties/sharding.py: 1-D, or 2-D such as 2x2, 2x4, 4x2, with drawn
+axis names), shards the last axis of the logits over one of its axes (the logits are
+replicated over the other) and checks, inside ``shard_map``:
 - the sharded loss and its gradient (differentiated inside the shard_map body) are
   within the sharded bound of the float64 oracle (the bound replays the per-shard
   tiles, the cross-shard rescale and the psum: oracles/cross_entropy.py, ``shards``);
@@ -20,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import compat
 from pallascheck.kernels import cross_entropy as ce
@@ -29,12 +30,11 @@ from pallascheck.oracles.tolerance import arithmetic_for
 
 from pallascheck.kernels.backends import Backend
 
-from . import checks
+from . import checks, sharding
 from .cross_entropy_spec import IGNORE_INDEX, logits_of
 from .multidevice import run_with_cpu_devices
 from .spec import Case, Relation
 
-AXIS = "vocab"
 KINDS = ("normal", "large", "one_finite", "few_distinct")
 LOCAL_VOCABS = (50, 128)  # per device; 50 leaves a partial tile on every shard
 TOKENS = (5, 16)
@@ -57,16 +57,22 @@ def sharded_matches_unsharded(
     unsharded kernel; returns {"devices", "examples", "budget": {...}, "failure"}."""
     fn = _kernel(kernel, path)
     devices = jax.devices()
-    mesh = Mesh(np.array(devices), (AXIS,))
+    shapes = sharding.mesh_shape_choices((len(devices),))
     arith = arithmetic_for(backend)
     config = ce.Config(block_t=8, block_v=64)
     rng = np.random.default_rng(seed)
     budget = {"values": 0.0, "gradients": 0.0, "sharded_vs_unsharded": 0.0}
+    meshes: set[str] = set()
     compiled: dict[Any, Any] = {}
     for index in range(examples * len(dtypes)):
         dtype = dtypes[index % len(dtypes)]
+        shape = shapes[int(rng.integers(len(shapes)))]
+        layout = sharding.MeshLayout(shape, tuple(str(n) for n in rng.permutation(sharding.AXIS_NAMES)[: len(shape)]))
+        axis = layout.names[int(rng.integers(len(shape)))]
+        shards = layout.sizes[axis]
+        meshes.add(f"{layout.describe()} vocab on {axis}")
         tokens, local = int(rng.choice(TOKENS)), int(rng.choice(LOCAL_VOCABS))
-        vocab = local * len(devices)
+        vocab = local * shards
         kind = str(rng.choice(KINDS))
         logits, forced = logits_of(int(rng.integers(2**31)), tokens, vocab, dtype, kind)
         labels = forced if forced is not None else rng.integers(0, vocab, tokens)
@@ -76,21 +82,21 @@ def sharded_matches_unsharded(
         cotangent = rng.standard_normal(tokens if reduction == "none" else ()).astype(np.float32)
         kw = dict(label_smoothing=eps, ignore_index=IGNORE_INDEX, reduction=reduction, config=config, backend=backend)
 
-        key = (tokens, local, eps, reduction, dtype)
+        key = (layout, axis, tokens, local, eps, reduction, dtype)
         if key not in compiled:
-            def body(z, y, g, kw=kw):
-                loss, pullback = jax.vjp(lambda a: fn(a, y, axis_name=AXIS, **kw), z)
+            def body(z, y, g, kw=kw, axis=axis):
+                loss, pullback = jax.vjp(lambda a: fn(a, y, axis_name=axis, **kw), z)
                 return loss, pullback(g)[0]
 
             compiled[key] = jax.jit(compat.shard_map_unchecked(
-                body, mesh=mesh, in_specs=(P(None, AXIS), P(), P()), out_specs=(P(), P(None, AXIS)),
+                body, mesh=sharding.make_mesh(layout), in_specs=(P(None, axis), P(), P()),
+                out_specs=(P(), P(None, axis)),
             ))
         loss, dlogits = compiled[key](jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(cotangent))
         plain, pullback = jax.vjp(lambda a: fn(a, jnp.asarray(labels), **kw), jnp.asarray(logits))
         (plain_grad,) = pullback(jnp.asarray(cotangent))
 
         ref = oracle.oracle(logits, labels, eps=eps, ignore_index=IGNORE_INDEX, reduction=reduction)
-        shards = len(devices)
         bound = oracle.loss_bound(ref, arith=arith, block_v=config.block_v, shards=shards)
         plain_bound = oracle.loss_bound(ref, arith=arith, block_v=config.block_v)
         exact = oracle.oracle_vjp(ref, cotangent)["dlogits"]
@@ -109,10 +115,13 @@ def sharded_matches_unsharded(
         for name, outcome in outcomes.items():
             budget[name] = max(budget[name], float(outcome.budget_used))
             if not outcome.passed:
-                return {"devices": shards, "examples": index + 1, "budget": budget, "failure": (
-                    f"[{name}] cross_entropy axis_name over {shards} devices, dtype={dtype}, kind={kind}, "
+                return {"devices": len(devices), "examples": index + 1, "budget": budget, "meshes": sorted(meshes),
+                        "failure": (
+                    f"[{name}] cross_entropy vocab-parallel on mesh {layout.describe()} over {axis!r} "
+                    f"({shards} shards), dtype={dtype}, kind={kind}, "
                     f"T={tokens}, V={vocab}, eps={eps}, reduction={reduction}: {outcome.detail}")}
-    return {"devices": len(devices), "examples": examples * len(dtypes), "budget": budget, "failure": ""}
+    return {"devices": len(devices), "examples": examples * len(dtypes), "budget": budget,
+            "meshes": sorted(meshes), "failure": ""}
 
 
 def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 2) -> Relation:

@@ -53,6 +53,11 @@ class MeshLayout:
 def mesh_shapes(devices: Sequence[int] = DEVICE_COUNTS, ndims: Sequence[int] = (1, 2)) -> st.SearchStrategy[tuple[int, ...]]:
     """1-D meshes (n,) and 2-D meshes (a, b) with a, b >= 2 over ``devices`` devices:
     (2,), (4,), (8,), (2, 2), (2, 4), (4, 2)."""
+    return st.sampled_from(mesh_shape_choices(devices, ndims))
+
+
+def mesh_shape_choices(devices: Sequence[int] = DEVICE_COUNTS, ndims: Sequence[int] = (1, 2)) -> list[tuple[int, ...]]:
+    """The shapes :func:`mesh_shapes` draws from, as a list (for non-Hypothesis drivers)."""
     shapes = []
     for n in devices:
         if 1 in ndims:
@@ -61,7 +66,7 @@ def mesh_shapes(devices: Sequence[int] = DEVICE_COUNTS, ndims: Sequence[int] = (
             shapes.extend((a, n // a) for a in range(2, n) if n % a == 0 and n // a >= 2)
     if not shapes:
         raise ValueError(f"no mesh of {tuple(ndims)} dimensions over {tuple(devices)} devices")
-    return st.sampled_from(shapes)
+    return shapes
 
 
 def axis_names(count: int, pool: Sequence[str] = AXIS_NAMES) -> st.SearchStrategy[tuple[str, ...]]:
