@@ -38,8 +38,9 @@ Algorithm (two Pallas kernels):
    split into ``B = config.num_blocks`` strided blocks: block ``j`` holds the indices
    ``j, j + B, j + 2B, ...``; the vocab is read in ``R = cdiv(vocab, B)`` chunks of
    ``B`` consecutive entries, one lane per block. Each block keeps its top-``m`` pairs
-   in ``m`` sorted slots, updated per chunk by a sinking compare-exchange (a bubble
-   moves down the slots). Entries past the vocab (the last chunk's padding) and token
+   in ``m`` sorted slots, updated per chunk by an insertion: the new pair beats a
+   suffix of the slots (they are sorted); slot s takes slot s-1 inside that suffix,
+   and the new pair at its top. Entries past the vocab (the last chunk's padding) and token
    rows past the end become the sentinel pair (INT32_MIN, INT32_MAX), which loses to
    every real pair, so it can never enter the top k (``k <= vocab`` is required).
    Stages run for each ``m`` of ``config.m_schedule`` below ``k``, then ``m = k``:
@@ -209,7 +210,7 @@ class Slots:
       insertion is a handful of whole-array ops (a shift by one slot where the new
       pair wins), so the compiled size does not grow with m;
     - unrolled (Triton, which has no slicing or concatenation of register tiles):
-      tuples of m arrays [bt, B]; one insertion is m compare-exchanges.
+      tuples of m arrays [bt, B]; one insertion is the same update slot by slot.
     Both give the same slots; tests run both layouts on the CPU.
     """
 
@@ -239,13 +240,18 @@ class Slots:
                 return jnp.where(win, jnp.where(above, down, new[None]), old)
 
             return Slots(shifted(self.keys, key), shifted(self.indices, index))
-        keys, indices = [], []
-        for slot_key, slot_index in zip(self.keys, self.indices):  # sinking compare-exchange
-            win = beats(key, index, slot_key, slot_index, lower_index_wins)
-            keys.append(jnp.where(win, key, slot_key))
-            indices.append(jnp.where(win, index, slot_index))
-            key, index = jnp.where(win, slot_key, key), jnp.where(win, slot_index, index)
-        return Slots(tuple(keys), tuple(indices))
+        # The stacked update written per slot: every compare reads the old slots, so
+        # the m updates are independent (a sinking compare-exchange would chain them,
+        # and Triton's compile time grows steeply with that chain's length).
+        wins = [beats(key, index, k_s, i_s, lower_index_wins) for k_s, i_s in zip(self.keys, self.indices)]
+
+        def shifted(old, new):
+            return tuple(
+                jnp.where(wins[s], jnp.where(wins[s - 1], old[s - 1], new) if s else new, old[s])
+                for s in range(len(old))
+            )
+
+        return Slots(shifted(self.keys, key), shifted(self.indices, index))
 
     def slot(self, s: int):
         return self.keys[s], self.indices[s]
