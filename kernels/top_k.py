@@ -9,15 +9,19 @@ Semantics (the order every output follows, descending):
   (larger payload last). This is what ``lax.top_k`` does on the CPU (measured with
   jax 0.10.2 for f32, bf16 and f16): NaN is not dropped, a positive NaN ranks
   first, a negative one last, and +0.0 ranks above -0.0;
-- equal bit patterns (ties) are broken by the lower vocab index first (also what
-  ``lax.top_k`` does on the CPU). On the GPU ``lax.top_k`` may break ties differently;
-  this kernel keeps the lower-index rule on every backend;
+- equal bit patterns (ties) are broken by the lower vocab index first, on every
+  backend. ``lax.top_k`` does the same on the CPU and on the GPU (measured on an H200
+  with jax 0.11.2, f32/bf16/f16, vocab 37 to 201088, k 1 to 64: all-equal rows and
+  rows of 3 or 4 distinct values give the lowest indices first, as on the CPU);
 - ``values[t, j] == logits[t, indices[t, j]]`` exactly: values are gathered from the
   input by the indices, never recomputed.
 - One documented difference: for bf16 only, ``lax.top_k`` on the CPU treats every NaN
   of one sign as equal (ties by index) and returns the canonical NaN 0x7FC0/0xFFC0;
   this kernel orders bf16 NaN payloads like f32/f16 ones and returns the input's bits.
-  For the canonical NaN (what arithmetic produces) both agree.
+  For the canonical NaN (what arithmetic produces) both agree on the CPU. On the GPU
+  (H200, jax 0.11.2) ``lax.top_k`` returns *every* bf16 NaN as 0x7FFF, a -NaN too
+  (it still ranks a -NaN last and returns its index): the sign and payload of a bf16
+  NaN are lost in its values, not in its order. f32/f16 NaNs keep their bits there.
 
 Total-order key: the input's bits as a signed integer ``b`` (int32 for f32; int16
 sign-extended to int32 for bf16/f16), mapped to ``b if b >= 0 else b ^ 0x7F..F``. The
@@ -34,8 +38,9 @@ Algorithm (two Pallas kernels):
    split into ``B = config.num_blocks`` strided blocks: block ``j`` holds the indices
    ``j, j + B, j + 2B, ...``; the vocab is read in ``R = cdiv(vocab, B)`` chunks of
    ``B`` consecutive entries, one lane per block. Each block keeps its top-``m`` pairs
-   in ``m`` sorted slots, updated per chunk by a sinking compare-exchange (a bubble
-   moves down the slots). Entries past the vocab (the last chunk's padding) and token
+   in ``m`` sorted slots, updated per chunk by an insertion: the new pair beats a
+   suffix of the slots (they are sorted); slot s takes slot s-1 inside that suffix,
+   and the new pair at its top. Entries past the vocab (the last chunk's padding) and token
    rows past the end become the sentinel pair (INT32_MIN, INT32_MAX), which loses to
    every real pair, so it can never enter the top k (``k <= vocab`` is required).
    Stages run for each ``m`` of ``config.m_schedule`` below ``k``, then ``m = k``:
@@ -51,16 +56,19 @@ Algorithm (two Pallas kernels):
      stage) as its candidate slot count; the next stage runs only while some row of
      the token block has not stopped. Top-m slots in the total order are prefixes of
      top-m' slots (m < m'), so a later stage's candidates contain an earlier one's.
-   The candidates (``S = next_pow2(k)`` slots of B pairs per token, slots past the
-   stage's count set to the sentinel) and the per-token slot counts are written out.
+   The candidates (``S = next_pow2(k)`` slots of B pairs per token; a stage writes
+   only its kept slots) and the per-token slot counts are written out. A row that
+   stopped at an earlier stage may have a later stage's deeper slots written over its
+   own: its first ``count`` slots are unchanged by that (prefixes, above).
    On ``tpu``/``tpu_interpret`` the stop state lives in SMEM scalars (per-token
    counts and a done-counter, as on a TPU the scalar core branches); elsewhere it is
    a vector and the branch reduces it.
 2. Selection kernel on the candidates, compiled for each candidate width
    ``c * B`` with ``c`` a power of two; ``lax.switch`` on the largest per-token count
-   picks one. It extracts the k largest pairs one at a time (max key, then min index
-   among those keys; the extracted pair becomes the sentinel): no sort, so it lowers
-   on Triton.
+   picks one. Columns past a row's own ``count * B`` become the sentinel on load
+   (never written for that row, or deeper slots it does not need). It extracts the k
+   largest pairs one at a time (max key, then min index among those keys; the
+   extracted pair becomes the sentinel): no sort, so it lowers on Triton.
 
 Why the TPU notebook this follows failed its own check ("All topk_logits match =
 False. Indices match at 0%"): it packs value and row as ``((value >> 16) << 16) &
@@ -75,7 +83,16 @@ All three are test variants (tests/broken/top_k_variants.py).
 
 Triton: every tile is a power of two (``B``, ``block_tokens``, ``S * B``); the padded
 vocab ``R * B`` and the token tail are masked on load (kernels/block_io.py) and the
-token tail on store.
+token tail on store. The ``stacked`` layout slices register tiles, which Triton cannot
+lower: ``top_k`` refuses it on the gpu backend.
+
+Compile time on Triton is the cost of the unrolled slots and grows steeply with the
+deepest stage (m = k); run time does not. Measured on an H200 (jax 0.11.2), superset
+kernel at block_tokens 1: k=16 ~1 s, k=33 ~7 s (vocab 1000), k=64 ~45-50 s (vocab
+201088, 4 warps or any other count), k=128 ~45 s (B = 32); the selection kernels
+take under 1 s each. Every stage stores only its kept slots: storing all
+``next_pow2(k)`` slots per stage (sentinels past the count) made k=33 take ~27 s.
+One compile serves every call of the same (shape, k, config).
 """
 from __future__ import annotations
 
@@ -129,7 +146,11 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
     """Configs worth comparing for this shape: block counts, m schedules, token blocks."""
     be = get_backend(backend)
     if be.name == "gpu":
-        return [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
+        # Short rows also get few blocks: deep slots, several stages, and stops with
+        # ties at the pivot across blocks (with 128 blocks of 2 or 3 entries the
+        # criterion is rarely tested). Long rows: only the production block counts.
+        short = [Config(8, (2, 3, 5), 1), Config(32, (4,), 2)] if vocab <= 4096 else []
+        return short + [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
     # Few blocks first (deep slots, several stages); the unrolled layout is the GPU's.
     small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []
     return [Config(8, (2, 3, 5), 1), Config(8, (3,), 2), Config(32, (4,), 2), Config()] + small
@@ -193,7 +214,7 @@ class Slots:
       insertion is a handful of whole-array ops (a shift by one slot where the new
       pair wins), so the compiled size does not grow with m;
     - unrolled (Triton, which has no slicing or concatenation of register tiles):
-      tuples of m arrays [bt, B]; one insertion is m compare-exchanges.
+      tuples of m arrays [bt, B]; one insertion is the same update slot by slot.
     Both give the same slots; tests run both layouts on the CPU.
     """
 
@@ -223,13 +244,18 @@ class Slots:
                 return jnp.where(win, jnp.where(above, down, new[None]), old)
 
             return Slots(shifted(self.keys, key), shifted(self.indices, index))
-        keys, indices = [], []
-        for slot_key, slot_index in zip(self.keys, self.indices):  # sinking compare-exchange
-            win = beats(key, index, slot_key, slot_index, lower_index_wins)
-            keys.append(jnp.where(win, key, slot_key))
-            indices.append(jnp.where(win, index, slot_index))
-            key, index = jnp.where(win, slot_key, key), jnp.where(win, slot_index, index)
-        return Slots(tuple(keys), tuple(indices))
+        # The stacked update written per slot: every compare reads the old slots, so
+        # the m updates are independent (a sinking compare-exchange would chain them,
+        # and Triton's compile time grows steeply with that chain's length).
+        wins = [beats(key, index, k_s, i_s, lower_index_wins) for k_s, i_s in zip(self.keys, self.indices)]
+
+        def shifted(old, new):
+            return tuple(
+                jnp.where(wins[s], jnp.where(wins[s - 1], old[s - 1], new) if s else new, old[s])
+                for s in range(len(old))
+            )
+
+        return Slots(shifted(self.keys, key), shifted(self.indices, index))
 
     def slot(self, s: int):
         return self.keys[s], self.indices[s]
@@ -290,20 +316,21 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         return Slots(*lax.fori_loop(0, padded // num_blocks, chunk, (empty.keys, empty.indices)))
 
     def write_candidates(slots: Slots, count: int):
-        sentinel_key = jnp.full((bt, num_blocks), SENTINEL_KEY, jnp.int32)
-        sentinel_index = jnp.full((bt, num_blocks), SENTINEL_INDEX, jnp.int32)
+        """Slots [0, count) only: the selection masks every column past a row's own
+        count, so nothing past it is ever read (one store per kept slot, not per
+        output slot: on Triton each store is unrolled code)."""
         if stacked:  # one store: slot s at columns [s*B, (s+1)*B)
-            def flat(stack, fill):
+            def flat(stack):
                 kept = jnp.transpose(stack[:count], (1, 0, 2)).reshape(bt, count * num_blocks)
-                return jnp.concatenate([kept] + [fill] * (slots_out - count), axis=1)
-            cand_key_ref[...] = flat(slots.keys, sentinel_key)
-            cand_index_ref[...] = flat(slots.indices, sentinel_index)
+                fill = jnp.zeros((bt, (slots_out - count) * num_blocks), jnp.int32)
+                return jnp.concatenate([kept, fill], axis=1)
+            cand_key_ref[...] = flat(slots.keys)
+            cand_index_ref[...] = flat(slots.indices)
             return
-        for s in range(slots_out):
+        for s in range(count):
             cols = pl.ds(s * num_blocks, num_blocks)
-            key, index = slots.slot(s) if s < count else (sentinel_key, sentinel_index)
-            block_io.store(cand_key_ref.at[:, cols], key, row_ok, masked_io=masked_io)
-            block_io.store(cand_index_ref.at[:, cols], index, row_ok, masked_io=masked_io)
+            block_io.store(cand_key_ref.at[:, cols], slots.keys[s], row_ok, masked_io=masked_io)
+            block_io.store(cand_index_ref.at[:, cols], slots.indices[s], row_ok, masked_io=masked_io)
 
     if smem_state:  # per-token counts and the done-counter as SMEM scalars
         count_smem, done_smem = scratch
@@ -338,12 +365,17 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
     stage(0, jnp.zeros((bt, 1), jnp.int32))
 
 
-def _select_kernel(key_ref, index_ref, out_ref, *, tokens: int, k: int, parts: Parts, masked_io: bool):
+def _select_kernel(key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: int, num_blocks: int,
+                   parts: Parts, masked_io: bool):
     bt, width = key_ref.shape
     rows = pl.program_id(0) * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
     row_ok = rows < tokens
-    keys = jnp.where(row_ok, block_io.load(key_ref, row_ok, masked_io=masked_io), SENTINEL_KEY)
-    indices = jnp.where(row_ok, block_io.load(index_ref, row_ok, masked_io=masked_io), SENTINEL_INDEX)
+    counts = block_io.load(count_ref, row_ok, masked_io=masked_io)
+    # A row's candidates are its first count * B columns (slot-major); the rest were
+    # never written for this row (or hold a later stage's deeper slots, also unneeded).
+    kept = row_ok & (lax.broadcasted_iota(jnp.int32, (bt, width), 1) < counts * num_blocks)
+    keys = jnp.where(kept, block_io.load(key_ref, kept, masked_io=masked_io), SENTINEL_KEY)
+    indices = jnp.where(kept, block_io.load(index_ref, kept, masked_io=masked_io), SENTINEL_INDEX)
     column = lax.broadcasted_iota(jnp.int32, out_ref.shape, 1)
 
     def extract(j, carry):
@@ -358,7 +390,9 @@ def _select_kernel(key_ref, index_ref, out_ref, *, tokens: int, k: int, parts: P
     block_io.store(out_ref, out, row_ok, masked_io=masked_io)
 
 
-def _top_k_indices(bits, k: int, config: Config, backend: Backend, parts: Parts):
+def _superset(bits, k: int, config: Config, backend: Backend, parts: Parts):
+    """Per token: candidate pairs (slot-major, [tokens, next_pow2(k) * B]) and how many
+    slots of them are kept ([tokens, 1])."""
     tokens, vocab = bits.shape
     nb, bt = config.num_blocks, config.block_tokens
     padded = pl.cdiv(vocab, nb) * nb
@@ -384,27 +418,42 @@ def _top_k_indices(bits, k: int, config: Config, backend: Backend, parts: Parts)
         dimension_semantics=("parallel",),
         name="pallascheck_top_k_superset",
     )(bits)
+    return cand_key, cand_index, counts
+
+
+def _select(cand_key, cand_index, counts, k: int, config: Config, backend: Backend, parts: Parts):
+    """Top-k indices among each row's candidates, by a selection kernel as wide as the
+    largest count needs (a power of two of slots: one compile per width)."""
+    tokens = counts.shape[0]
+    nb, bt = config.num_blocks, config.block_tokens
+    slots_out = _next_pow2(k)
+    grid = (pl.cdiv(tokens, bt),)
 
     def select(width_slots: int):
-        def run(cand_key, cand_index):
+        def run(cand_key, cand_index, counts):
             spec = pl.BlockSpec((bt, width_slots * nb), lambda i: (i, 0))
             return backend.pallas_call(
-                functools.partial(_select_kernel, tokens=tokens, k=k, parts=parts, masked_io=masked_io),
+                functools.partial(_select_kernel, tokens=tokens, k=k, num_blocks=nb, parts=parts,
+                                  masked_io=backend.name == "gpu"),
                 grid=grid,
-                in_specs=[spec, spec],
+                in_specs=[spec, spec, pl.BlockSpec((bt, 1), lambda i: (i, 0))],
                 out_specs=pl.BlockSpec((bt, slots_out), lambda i: (i, 0)),
                 out_shape=jax.ShapeDtypeStruct((tokens, slots_out), jnp.int32),
                 num_warps=config.num_warps,
                 dimension_semantics=("parallel",),
                 name="pallascheck_top_k_select",
-            )(cand_key, cand_index)
+            )(cand_key, cand_index, counts)
         return run
 
-    widths = sorted({_next_pow2(parts.candidate_slots(m, k)) for m in schedule})
+    widths = sorted({_next_pow2(parts.candidate_slots(m, k)) for m in stages(k, config.m_schedule)})
     needed = jnp.max(counts)
     branch = jnp.sum(jnp.asarray(widths, jnp.int32) < needed)  # the narrowest width >= needed
-    indices = lax.switch(branch, [select(w) for w in widths], cand_key, cand_index)
-    return indices[:, :k], counts[:, 0]
+    return lax.switch(branch, [select(w) for w in widths], cand_key, cand_index, counts)[:, :k]
+
+
+def _top_k_indices(bits, k: int, config: Config, backend: Backend, parts: Parts):
+    cand_key, cand_index, counts = _superset(bits, k, config, backend, parts)
+    return _select(cand_key, cand_index, counts, k, config, backend, parts), counts[:, 0]
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
@@ -448,6 +497,9 @@ def top_k(
     backend = get_backend(backend)
     config = default_config(backend) if config is None else config
     validate(logits, k, config)
+    if backend.name == "gpu" and config.layout == "stacked":
+        raise ValueError("config.layout 'stacked' does not lower on Triton (it slices register tiles); "
+                         "use 'auto' or 'unrolled' on the gpu backend")
     return _top_k(logits, k, config, backend, parts)
 
 
