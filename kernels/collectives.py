@@ -125,8 +125,8 @@ def _neighbour_barrier(ring: Ring) -> None:
     """Both ring neighbours have entered the kernel once this returns."""
     sem = pltpu.get_barrier_semaphore()
     for offset in (-1, 1):
-        pltpu.semaphore_signal(sem, 1, device_id=ring.peer(offset), device_id_type=compat.DeviceIdType.MESH)
-    pltpu.semaphore_wait(sem, 2)
+        pl.semaphore_signal(sem, 1, device_id=ring.peer(offset), device_id_type=compat.DeviceIdType.MESH)
+    pl.semaphore_wait(sem, 2)
 
 
 def _rows(ref: Any, slot: Any, size: int) -> Any:

@@ -66,7 +66,12 @@ def run_with_cpu_devices(
 
 
 def _child_main(request_json: str) -> None:
+    import warnings
+
     request = json.loads(request_json)
+    # As in the pytest configuration: a Pallas API the oldest supported JAX deprecates
+    # is removed in a newer one, so using it is an error here too.
+    warnings.filterwarnings("error", message=r".*is deprecated, use pl\.", category=DeprecationWarning)
     import jax
 
     # Before any JAX computation: the CPU backend reads this once, when it starts.
