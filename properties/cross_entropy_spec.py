@@ -35,7 +35,7 @@ from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 from . import strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 LEADING_SHAPES = ((1,), (7,), (3, 11))  # tokens 1, 7, 33
 VOCABS = (16, 100, 300)  # 100 and 300 leave a partial last tile
 LOGIT_KINDS = ("normal", "large", "near_max", "one_finite", "few_distinct")

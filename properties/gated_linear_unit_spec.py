@@ -22,7 +22,7 @@ from .spec import BadInput, Case, GradientSpec, KernelSpec
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
 D_DIMS = (7, 64)  # 7 leaves a ragged last K tile
 F_DIMS = (16, 33)
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _reduction(kind: str, d: int, dtype: str) -> float:

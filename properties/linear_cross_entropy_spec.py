@@ -23,7 +23,7 @@ from . import strategies
 from .cross_entropy_spec import IGNORE_INDEX, SMOOTHING
 from .spec import BadInput, Case, GradientSpec, KernelSpec
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 TOKENS = (1, 16, 33)
 HIDDEN = (16, 40)  # 40 leaves a partial H chunk
 VOCABS = (64, 100)  # 100 leaves a partial vocabulary tile

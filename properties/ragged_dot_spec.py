@@ -21,7 +21,7 @@ M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
 N_DIMS = (16, 33)
 K_DIMS = (7, 64)  # 7 leaves a ragged last K tile
 GROUP_COUNTS = (1, 3, 6)
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 
 # How rows are split into groups; each layout is a bug class of its own.
 GROUP_LAYOUTS = (
