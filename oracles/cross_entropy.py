@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.special
@@ -61,7 +62,7 @@ def _f64(a: Any) -> np.ndarray:
 def reference64(z, labels, *, eps: float, ignore_index: int, reduction: str):
     """The float64 function of the logits z [T, V] (numpy or jax.numpy; labels numpy)."""
     xp = np if isinstance(z, np.ndarray) else jnp
-    logsumexp = scipy.special.logsumexp if xp is np else __import__("jax").nn.logsumexp
+    logsumexp = scipy.special.logsumexp if xp is np else jax.nn.logsumexp
     vocab = z.shape[1]
     ignored = labels == ignore_index
     safe = np.where(ignored, 0, labels)

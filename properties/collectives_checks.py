@@ -21,7 +21,6 @@ error/bound ratio ("budget used"), the meshes covered, and the failures.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Any, Callable, Sequence
 
 import jax
@@ -35,7 +34,7 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 
-from . import sharding, strategies
+from . import checks, multidevice, sharding, strategies
 
 FLOATS = ("float32", "bfloat16", "float16")
 ROWS_PER_SHARD = (1, 3, 8)  # 1 and 3: blocks that match no hardware tile
@@ -84,37 +83,19 @@ def _host(a: Any) -> np.ndarray:
     return np.asarray(jax.device_get(a))
 
 
-def _ratio(err: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    """err / bound elementwise; an error where the bound is 0 (bit-exact) is infinite."""
-    err, bound = np.asarray(err, np.float64), np.asarray(bound, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(bound > 0, err / bound, np.where(err > 0, np.inf, 0.0))
-
-
-def _budget(err: np.ndarray, bound: np.ndarray) -> float:
-    ratio = _ratio(err, bound)
-    return float(ratio.max()) if ratio.size else 0.0
-
-
 def check_every_shard(name: str, out: jax.Array, expected: np.ndarray, bound: np.ndarray) -> float:
-    """Each device's piece of ``out`` against the matching piece of ``expected``;
-    returns the worst error/bound (bit-exact where the bound is 0)."""
+    """Each device's piece of ``out`` against the matching piece of ``expected`` under
+    :func:`checks.compare` (bit-exact where the bound is 0); returns the worst
+    error/bound."""
     if tuple(out.shape) != tuple(expected.shape):
         raise CheckFailed(f"{name}: shape {tuple(out.shape)} != expected {tuple(expected.shape)}")
     worst = 0.0
     for shard in out.addressable_shards:
-        got = _host(shard.data).astype(np.float64)
-        want, allowed = expected[shard.index], bound[shard.index]
-        err = np.abs(got - want)
-        err = np.where(np.isnan(got) != np.isnan(want), np.inf, np.where(np.isnan(got), 0.0, err))
-        budget = _budget(err, allowed)
-        if budget > 1.0:
-            i = np.unravel_index(np.argmax(_ratio(err, allowed)), err.shape)
-            raise CheckFailed(
-                f"{name}: device {shard.device.id} shard {shard.index}: worst element {i}: got {got[i]!r}, "
-                f"expected {want[i]!r}, error {err[i]:.3g} > bound {allowed[i]:.3g}"
-            )
-        worst = max(worst, budget)
+        outcome = checks.compare(_host(shard.data), expected[shard.index], bound[shard.index],
+                                 name=f"{name}: device {shard.device.id} shard {shard.index}")
+        if not outcome.passed:
+            raise CheckFailed(outcome.detail)
+        worst = max(worst, outcome.budget_used)
     return worst
 
 
@@ -332,15 +313,13 @@ def check_errors() -> dict[str, str]:
 
 
 # --- sensitivity: deliberately broken kernels -------------------------------------------
-def run_variants(variants_file: str, names: Sequence[str], examples: int, seed: int = 0) -> dict[str, dict]:
-    """Load ``VARIANTS`` (name -> (property, kernel)) from ``variants_file`` and run each
-    broken kernel through its property until the first failure."""
-    spec = importlib.util.spec_from_file_location("collectives_variants", variants_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def run_variants(variants: str, names: Sequence[str], examples: int, seed: int = 0) -> dict[str, dict]:
+    """Run each broken kernel of ``variants`` ("module:VARIANTS", a dict name ->
+    (property, kernel)) through its property until the first failure."""
+    table = multidevice.resolve(variants)
     result = {}
     for name in names:
-        prop, kernel = module.VARIANTS[name]
+        prop, kernel = table[name]
         tally = run_property(prop, kernel, examples, seed)
         result[name] = {"caught": bool(tally.failures), "failure": (tally.failures or [""])[0][:600]}
     return result
@@ -415,8 +394,8 @@ def seed_case(m: int, k: int, n: int, through_kernel: bool, seed: int = 0) -> di
         "plain_at_worst": float(plain[worst]), "sharded_at_worst": float(sharded_out[worst]),
         "max_diff_where_plain_is_128": float(diff[at_128].max()) if at_128.any() else None,
         "within_bound": bool(np.all(diff <= plain_bound + sharded_bound)),
-        "sharded_budget": _budget(np.abs(sharded_out - ref.out), sharded_bound),
-        "plain_budget": _budget(np.abs(plain - ref.out), plain_bound),
+        "sharded_budget": checks.compare(sharded_out, ref.out, sharded_bound).budget_used,
+        "plain_budget": checks.compare(plain, ref.out, plain_bound).budget_used,
         "attribution": dataclasses.asdict(attribution),
         "explained_by_output_rounding": attribution.explained_by_output_rounding,
     }

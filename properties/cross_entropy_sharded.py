@@ -14,8 +14,6 @@ worst budget used per check and the first failure message, if any.
 """
 from __future__ import annotations
 
-import importlib
-import sys
 from typing import Any
 
 import jax
@@ -32,7 +30,7 @@ from pallascheck.kernels.backends import Backend
 
 from . import checks, sharding
 from .cross_entropy_spec import IGNORE_INDEX, logits_of
-from .multidevice import run_with_cpu_devices
+from .multidevice import resolve, run_with_cpu_devices
 from .spec import Case, Relation
 
 KINDS = ("normal", "large", "one_finite", "few_distinct")
@@ -40,22 +38,13 @@ LOCAL_VOCABS = (50, 128)  # per device; 50 leaves a partial tile on every shard
 TOKENS = (5, 16)
 
 
-def _kernel(target: str, path: str) -> Any:
-    if path and path not in sys.path:  # e.g. the tests folder, for deliberately broken kernels
-        sys.path.insert(0, path)
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def sharded_matches_unsharded(
     examples: int, seed: int = 0, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-    kernel: str = "pallascheck.kernels.cross_entropy:cross_entropy", path: str = "",
-    backend: str = "interpret",
+    kernel: str = "pallascheck.kernels.cross_entropy:cross_entropy", backend: str = "interpret",
 ) -> dict[str, Any]:
-    """Draw ``examples`` cases per dtype and compare the sharded ``kernel`` ("module:name",
-    importable after adding ``path`` to sys.path) with the oracle and with the
-    unsharded kernel; returns {"devices", "examples", "budget": {...}, "failure"}."""
-    fn = _kernel(kernel, path)
+    """Draw ``examples`` cases per dtype and compare the sharded ``kernel`` ("module:name")
+    with the oracle and with the unsharded kernel; returns {"devices", "examples", "budget": {...}, "failure"}."""
+    fn = resolve(kernel)
     devices = jax.devices()
     shapes = sharding.mesh_shape_choices((len(devices),))
     arith = arithmetic_for(backend)
@@ -124,8 +113,9 @@ def sharded_matches_unsharded(
             "meshes": sorted(meshes), "failure": ""}
 
 
-def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 2) -> Relation:
-    """A metamorphic relation for specs: the sharded kernel over ``devices`` CPU devices
+def relation(kernel: str, import_path: str = "", devices: int = 2, examples: int = 2) -> Relation:
+    """A metamorphic relation for specs: the sharded ``kernel`` ("module:name", importable
+    with ``import_path`` on the module path) over ``devices`` CPU devices
     (interpret mode, whatever the backend under test) equals the unsharded one and the
     oracle. It runs one child process per case; the relation's "error" is the child's
     worst budget used, its bound 1."""
@@ -134,8 +124,9 @@ def relation(kernel: str, path: str = "", devices: int = 2, examples: int = 2) -
         del config, backend  # the child uses its own config, in interpret mode on CPU devices
         result = run_with_cpu_devices(
             f"{__name__}:sharded_matches_unsharded", devices,
-            {"examples": examples, "seed": int(case.arrays["labels"].size), "kernel": kernel, "path": path,
+            {"examples": examples, "seed": int(case.arrays["labels"].size), "kernel": kernel,
              "dtypes": [case.arrays["logits"].dtype.name], "backend": "interpret"},
+            import_path=import_path,
         )
         worst = max(result["budget"].values())
         return np.float64(worst if not result["failure"] else np.inf), np.float64(0.0), np.float64(1.0)

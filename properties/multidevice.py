@@ -14,6 +14,7 @@ TPU interpreter's global state never leaks from a failed check into the next one
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -31,15 +32,30 @@ class ChildTimeout(TimeoutError):
     """The target did not finish within the limit: a deadlock or a hang."""
 
 
+def resolve(target: str) -> Any:
+    """The object named by ``"package.module:name"``."""
+    if ":" not in target:
+        raise ValueError(f"target must be 'package.module:name', got {target!r}")
+    module_name, name = target.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
 def run_with_cpu_devices(
-    target: str, devices: int, kwargs: Mapping[str, Any] | None = None, *, timeout_s: float = 300.0
+    target: str, devices: int, kwargs: Mapping[str, Any] | None = None, *, timeout_s: float = 300.0,
+    import_path: str | None = None,
 ) -> Any:
-    """``target(**kwargs)`` in a child process with ``devices`` CPU devices; its JSON result."""
+    """``target(**kwargs)`` in a child process with ``devices`` CPU devices; its JSON result.
+
+    ``import_path`` is put first on the child's module path, for targets (or kernels
+    the target resolves by name) that live outside installed packages, such as the
+    deliberately broken kernels under tests/."""
     if not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be an int >= 1, got {devices!r}")
     if ":" not in target:
         raise ValueError(f"target must be 'package.module:function', got {target!r}")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PALLASCHECK_CPU_DEVICES=str(devices))
+    if import_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (import_path, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="pallascheck-child-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         request = json.dumps({"target": target, "kwargs": dict(kwargs or {}), "result": result_path})
@@ -76,10 +92,7 @@ def _child_main(request_json: str) -> None:
 
     # Before any JAX computation: the CPU backend reads this once, when it starts.
     jax.config.update("jax_num_cpu_devices", int(os.environ["PALLASCHECK_CPU_DEVICES"]))
-    import importlib
-
-    module_name, function_name = request["target"].split(":")
-    result = getattr(importlib.import_module(module_name), function_name)(**request["kwargs"])
+    result = resolve(request["target"])(**request["kwargs"])
     with open(request["result"], "w") as f:
         json.dump(result, f)
 

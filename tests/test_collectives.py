@@ -14,7 +14,8 @@ from hypothesis import given, strategies as st
 from pallascheck.properties import multidevice, sharding
 
 CHECKS = "pallascheck.properties.collectives_checks"
-VARIANTS_FILE = os.path.join(os.path.dirname(__file__), "broken", "collectives_variants.py")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # where the child imports broken.* from
+VARIANTS = "broken.collectives_variants:VARIANTS"
 # examples per kernel per device count (ci); more under the dev/fuzz profiles
 EXAMPLES = {"ci": 6, "dev": 20, "fuzz": 100, "hardware": 6}
 
@@ -54,7 +55,7 @@ def test_broken_variants_are_caught() -> None:
     names = sorted(set(collectives_variants.VARIANTS) - set(collectives_variants.DEADLOCKS))
     result = multidevice.run_with_cpu_devices(
         f"{CHECKS}:run_variants", 4,
-        {"variants_file": VARIANTS_FILE, "names": names, "examples": 12}, timeout_s=400,
+        {"variants": VARIANTS, "names": names, "examples": 12}, timeout_s=400, import_path=TESTS_DIR,
     )
     survived = [name for name in names if not result[name]["caught"]]
     assert not survived, f"survived: {survived}"
@@ -69,7 +70,8 @@ def test_deadlock_is_a_timeout_not_a_hang() -> None:
     with pytest.raises(multidevice.ChildTimeout, match="deadlock"):
         multidevice.run_with_cpu_devices(
             f"{CHECKS}:run_variants", 4,
-            {"variants_file": VARIANTS_FILE, "names": ["deadlock_missing_send"], "examples": 1}, timeout_s=25,
+            {"variants": VARIANTS, "names": ["deadlock_missing_send"], "examples": 1}, timeout_s=25,
+            import_path=TESTS_DIR,
         )
 
 

@@ -127,7 +127,7 @@ VARIANTS = {
     "unmerged_shard_max": (
         dataclasses.replace(
             make_spec(unmerged_shard_max, "ce_unmerged_shard_max", dtypes=("float32",)),
-            relations=(cross_entropy_sharded.relation(f"{__name__}:unmerged_shard_max", path=TESTS_DIR),),
+            relations=(cross_entropy_sharded.relation(f"{__name__}:unmerged_shard_max", import_path=TESTS_DIR),),
         ),
         ("float32",), 1,
     ),
