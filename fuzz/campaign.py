@@ -63,7 +63,7 @@ def run(
     if examples_per_round < 1:
         raise ValueError(f"examples_per_round must be >= 1, got {examples_per_round!r}")
     os.makedirs(corpus, exist_ok=True)
-    pairs = [(s, d) for s in specs for d in s.dtypes if dtypes is None or d in dtypes]
+    pairs = [(s, d) for s in specs for d in s.dtypes_for(backend) if dtypes is None or d in dtypes]
     if not pairs:
         raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
     result = CampaignResult()

@@ -1,103 +1,29 @@
 """The ``pallascheck`` command.
 
-    pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--json PATH]
+    pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--jobs N] [--json PATH]
     pallascheck fuzz [--backend B] [--minutes M] [--kernel K ...] [--dtype D ...] [--corpus DIR]
     pallascheck replay FILE.npz [--backend B]
-    pallascheck bench [--backend gpu] [--op FAMILY] [--json PATH]
+    pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
+    pallascheck bench --harness [--no-pytest]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
-(kernels -> oracles -> properties -> fuzz).
+(kernels -> oracles -> properties -> bench, fuzz).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from typing import Any, Sequence
 
-from pallascheck.kernels.backends import NAMES, get_backend
-from pallascheck.properties import checks, runner
+from pallascheck.kernels.backends import NAMES, Backend, get_backend
+from pallascheck.properties import checks, compilation, runner
 from pallascheck.properties.spec import Case, get_spec, registry
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
-
-
-@dataclasses.dataclass
-class Row:
-    kernel: str
-    dtype: str
-    check: str
-    passed: bool
-    examples: int
-    budget_used: float
-    probabilistic_budget: float | None
-    seconds: float
-
-
-def _verify_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
-    backend = get_backend(args.backend)
-    specs = registry()
-    names = [n for n in args.kernel if n in specs] if args.kernel else list(specs)
-    rows, failures = [], []
-    for name in names:
-        spec = get_spec(name)
-        t0 = time.perf_counter()
-        err = runner.run_errors(spec, context=checks.Context(kernel=name, backend=str(backend)))
-        rows.append(Row(name, "-", "errors", err.passed, err.examples, err.budget_used, None, time.perf_counter() - t0))
-        if not err.passed:
-            failures.append(f"[errors] kernel={name}: {err.detail}")
-        for dtype in [d for d in spec.dtypes if not args.dtype or d in args.dtype]:
-            replay = f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} --examples {args.examples} --seed {args.seed}"
-            tally = runner.run_property(
-                spec, dtype, backend, examples=args.examples, seed=args.seed,
-                failure_dir=args.failures, replay_hint=replay,
-            )
-            for check in runner.REPORTED:
-                if check not in tally.outcomes:
-                    continue
-                o = tally.outcomes[check]
-                prob = tally.probabilistic_budget if check == "values" else None
-                rows.append(Row(name, dtype, check, o.passed, o.examples, o.budget_used, prob, tally.seconds.get(check, 0.0)))
-            if tally.failure:
-                failures.append(tally.failure)
-            print(f"  {name} {dtype}: done in {sum(tally.seconds.values()):.1f}s", file=sys.stderr, flush=True)
-    return rows, failures
-
-
-# The distributed kernels need a mesh: verify runs them in a child process with this
-# many CPU devices (meshes 4 and 2x2), on the TPU interpreter whatever --backend says.
-DISTRIBUTED_DEVICES = 4
-
-
-def _distributed_rows(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
-    from pallascheck.properties import multidevice
-    from pallascheck.properties.collectives_checks import PROPERTIES
-
-    names = [n for n in PROPERTIES if not args.kernel or n in args.kernel]
-    if not names:
-        return [], []
-    start = time.perf_counter()
-    result = multidevice.run_with_cpu_devices(
-        "pallascheck.properties.collectives_checks:run_checks", DISTRIBUTED_DEVICES,
-        {"examples": args.examples, "seed": args.seed, "kernels": names}, timeout_s=600,
-    )
-    seconds = (time.perf_counter() - start) / len(names)
-    rows, failures = [], []
-    errors = result.pop("errors")
-    rows.append(Row("collectives", "-", "errors", not errors, len(PROPERTIES), 0.0, None, 0.0))
-    failures += [f"[errors] {case}: {message}" for case, message in errors.items()]
-    for name, tally in result.items():
-        check = f"values (tpu_interpret, {DISTRIBUTED_DEVICES} CPU devices)"
-        for dtype in [d for d in sorted(tally["examples"]) if not args.dtype or d in args.dtype]:
-            rows.append(Row(name, dtype, check, not tally["failures"], tally["examples"][dtype],
-                            tally["budget"][dtype], None, seconds))
-        if tally["failures"]:
-            rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
-            failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
-    return rows, failures
 
 
 def _fmt_budget(value: float | None) -> str:
@@ -121,19 +47,31 @@ def _print_table(rows: Sequence[Row]) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from pallascheck.properties.collectives_checks import PROPERTIES
 
+    from . import verify
+
     known = set(registry()) | set(PROPERTIES)
     unknown = sorted(set(args.kernel or ()) - known)
     if unknown:
         raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")
+    backend = _available_backend(args.backend)
+    jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
-    rows, failures = _verify_rows(args)
-    distributed_rows, distributed_failures = _distributed_rows(args)
-    rows, failures = rows + distributed_rows, failures + distributed_failures
+    options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()))
+    missing = verify.not_on(str(backend), args.kernel)
+    if missing:
+        print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
+    rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype), options, jobs)
     _print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
+    examples = sum(r.examples for r in rows)
     print(f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
-          f"on backend {get_backend(args.backend)} in {elapsed:.1f}s")
+          f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} check examples, "
+          f"{examples / elapsed:.2f}/s)")
+    if args.durations:
+        print(f"\nslowest {args.durations} kernel x dtype x check:")
+        for r in verify.slowest(rows, args.durations):
+            print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
     for message in failures:
         print("\n" + message)
     if failures and args.failures:
@@ -142,24 +80,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
         import jax
 
         report = {
-            "backend": str(get_backend(args.backend)), "jax": jax.__version__, "examples": args.examples,
+            "backend": str(backend), "jax": jax.__version__, "examples": args.examples, "jobs": jobs,
             "seed": args.seed, "seconds": elapsed, "passed": ok, "failures": failures,
-            "rows": [
-                {**dataclasses.asdict(r),
-                 "budget_used": None if math.isinf(r.budget_used) else r.budget_used}
-                for r in rows
-            ],
+            "rows": [verify.as_json(r) for r in rows],
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return 0 if ok else 1
 
 
+def _available_backend(name: str | None) -> Backend:
+    """The chosen backend, set up for this run; exits at once, saying what is needed,
+    where it cannot run here."""
+    backend = get_backend(name)
+    compilation.configure(str(backend))
+    try:
+        backend.require_available()
+    except RuntimeError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
+    return backend
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from . import campaign
 
-    backend = get_backend(args.backend)
+    backend = _available_backend(args.backend)
     specs = [get_spec(name) for name in (args.kernel or registry())]
+    missing = [s.name for s in specs if not s.runs_on(backend)]
+    if missing:
+        print(f"not on {backend} (no implementation): {', '.join(missing)}")
+    specs = [s for s in specs if s.runs_on(backend)]
+    if not specs:
+        raise SystemExit(f"pallascheck: no selected kernel runs on {backend}")
     print(f"fuzzing {', '.join(s.name for s in specs)} on {backend} for {args.minutes:g} min; corpus {args.corpus}/")
     result = campaign.run(
         specs, backend, args.corpus, seconds=60.0 * args.minutes, examples_per_round=args.examples,
@@ -181,8 +133,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     params = {k: v for k, v in case.params.items() if k != "__failure__"}
     case = Case(case.arrays, params)
     spec = get_spec(meta["kernel"])
-    config = type(spec.default_config)(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
-    backend = get_backend(args.backend or meta["backend"])
+    backend = _available_backend(args.backend or meta["backend"])
+    config_type = type(spec.default_config_for(get_backend(meta["backend"])))
+    config = config_type(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
     print(f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}")
     context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}")
     try:
@@ -197,9 +150,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import jax
 
-    from . import bench
+    if args.harness:
+        from pallascheck.bench import harness
 
-    backend = get_backend(args.backend)
+        rows = harness.run(pytest_too=not args.no_pytest, examples=args.examples, tests_dir=args.tests)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "rows": rows}, f, indent=2)
+        return 0 if all(r["exit"] == 0 for r in rows) else 1
+    from pallascheck.bench import ops as bench
+
+    backend = _available_backend(args.backend)
     print(f"benchmark on {backend}: {jax.devices()[0].device_kind}, jax {jax.__version__}")
     rows = bench.run(backend, args.op)
     if args.json:
@@ -219,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
     verify.add_argument("--json", help="also write the table as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
+    verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
+    verify.add_argument("--durations", type=int, default=10, help="list the N slowest kernel x dtype x check rows (0: none)")
     verify.set_defaults(func=cmd_verify)
     fuzz = sub.add_parser("fuzz", help="fuzz kernels until the time is up, keeping every failing case")
     fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
@@ -234,9 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--backend", default=None)
     replay.set_defaults(func=cmd_replay)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
-    bench.add_argument("--backend", default="gpu")
+    bench.add_argument("--backend", default="mosaic_gpu")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
+    bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
+    bench.add_argument("--no-pytest", action="store_true", help="with --harness: time verify only")
+    bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs")
+    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -54,6 +54,11 @@ wide). Every load is masked with ``jnp.where`` to the rows and columns that exis
 padded kv columns and padded q rows are also excluded from the softmax. On the GPU the
 loads and stores at the array's edges are masked ``load``/``store`` (kernels/block_io.py).
 
+On ``mosaic_gpu`` and ``mosaic_gpu_interpret`` the same public ``attention`` (and its
+custom_vjp) runs the Hopper kernels of ``kernels/mosaic_gpu_attention.py`` (TMA,
+wgmma, bf16/f16 only) and takes a ``mosaic_gpu_attention.Config``; ``configs`` lists
+those for these backends. Its module docstring gives that arithmetic.
+
 Kernel bodies are swappable (``make_attention(forward_body=, dkdv_body=, dq_body=)``)
 so that test variants reuse the tiling, the custom_vjp wiring and the public signature
 and change only the arithmetic; ``Tile`` carries the static facts and the building
@@ -74,8 +79,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, tiling, validation
-from .backends import Backend, get_backend
+from . import block_io, mosaic_gpu_attention, tiling, validation
+from .backends import Backend, get_backend, resolve_config
 
 NEG_INF = float("-inf")
 
@@ -109,11 +114,14 @@ def padded_head_dim(head_dim: int) -> int:
 
 def configs(
     seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2
-) -> list[Config]:
-    """The autotuning space for the given lengths and head_dim of ``itemsize``-byte inputs."""
+) -> list[Config] | list[mosaic_gpu_attention.Config]:
+    """The autotuning space for the given lengths and head_dim of ``itemsize``-byte inputs
+    (``mosaic_gpu_attention.Config`` on the Mosaic GPU backends)."""
     be = get_backend(backend)
+    if be.is_mosaic_gpu:
+        return mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, be, itemsize)
     width = padded_head_dim(head_dim)
-    if be.name != "gpu":  # interpreters: keep the space small, every config costs a compile
+    if not be.is_triton:  # interpreters: keep the space small, every config costs a compile
         qs, ks = tiling.blocks_for(seq_q, (16, 32)), tiling.blocks_for(seq_kv, (16, 32))
         fwd = list(itertools.product(qs, ks))
         # backward blocks: the forward ones, and one transposed pair to vary them
@@ -390,16 +398,17 @@ class Static:
     sm_scale: float
     bias_shape: tuple[int, ...] | None  # rank 4, dims 1 or full
     has_mask: bool
-    config: Config
+    config: Config | mosaic_gpu_attention.Config
     backend: Backend
     bodies: Bodies
+    mosaic_bodies: mosaic_gpu_attention.Bodies
 
 
 def _tile(q, k, st: Static) -> Tile:
     return Tile(
         seq_q=q.shape[1], seq_kv=k.shape[1], head_dim=q.shape[3], width=padded_head_dim(q.shape[3]),
         causal=st.causal, sm_scale=st.sm_scale, has_bias=st.bias_shape is not None,
-        has_mask=st.has_mask, masked_io=st.backend.name == "gpu",
+        has_mask=st.has_mask, masked_io=st.backend.is_triton,
     )
 
 
@@ -422,7 +431,14 @@ def _padded(n: int, block: int) -> int:
     return max(block, 1 << max(0, (n - 1).bit_length()))
 
 
+def _mosaic_args(st: Static) -> dict[str, Any]:
+    return dict(causal=st.causal, sm_scale=st.sm_scale, config=st.config, backend=st.backend,
+                bodies=st.mosaic_bodies)
+
+
 def _forward(q, k, v, bias, mask, st: Static):
+    if st.backend.is_mosaic_gpu:
+        return mosaic_gpu_attention.forward(q, k, v, bias, mask, **_mosaic_args(st))
     tile = _tile(q, k, st)
     (batch, seq_q, heads, _), seq_kv = q.shape, k.shape[1]
     group = heads // k.shape[2]
@@ -457,6 +473,8 @@ def _forward(q, k, v, bias, mask, st: Static):
 
 
 def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
+    if st.backend.is_mosaic_gpu:
+        return mosaic_gpu_attention.backward(q, k, v, bias, mask, out, lse, do, **_mosaic_args(st))
     tile = _tile(q, k, st)
     (batch, seq_q, heads, head_dim), seq_kv, heads_kv = q.shape, k.shape[1], k.shape[2]
     group = heads // heads_kv
@@ -527,8 +545,11 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
 # Wiring: custom_vjp, jit, validation, public signature.
 
 
-def make_attention(bodies: Bodies = Bodies()) -> Callable[..., jax.Array]:
-    """Build ``attention`` (the public signature) around the given kernel bodies."""
+def make_attention(
+    bodies: Bodies = Bodies(), mosaic_bodies: mosaic_gpu_attention.Bodies = mosaic_gpu_attention.Bodies()
+) -> Callable[..., jax.Array]:
+    """Build ``attention`` (the public signature) around the given kernel bodies (the
+    Pallas ones, and the Mosaic GPU steps the Mosaic GPU backends run)."""
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
     def core(q, k, v, bias, mask, st):
@@ -564,11 +585,12 @@ def make_attention(bodies: Bodies = Bodies()) -> Callable[..., jax.Array]:
         return core(q, k, v, bias, mask, st)
 
     def attention(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None, config=None, backend=None):
-        sm_scale = _validate(q, k, v, bias, mask, causal, sm_scale, config)
-        config = Config() if config is None else config
+        be = get_backend(backend)
+        sm_scale = _validate(q, k, v, bias, mask, causal, sm_scale)
+        config = resolve_config(config, be, Config, mosaic_gpu_attention.Config)
         st = Static(
             causal=bool(causal), sm_scale=sm_scale, bias_shape=None if bias is None else _rank4(bias.shape),
-            has_mask=mask is not None, config=config, backend=get_backend(backend), bodies=bodies,
+            has_mask=mask is not None, config=config, backend=be, bodies=bodies, mosaic_bodies=mosaic_bodies,
         )
         return apply(q, k, v, bias, mask, st=st)
 
@@ -593,7 +615,7 @@ docstring for the arithmetic."""
 attention = make_attention()
 
 
-def _validate(q, k, v, bias, mask, causal, sm_scale, config) -> float:
+def _validate(q, k, v, bias, mask, causal, sm_scale) -> float:
     for name, x in (("q", q), ("k", k), ("v", v)):
         validation.require_array(name, x)
         validation.require_rank(name, x, 4, " ([batch, seq, heads, head_dim])")
@@ -628,8 +650,6 @@ def _validate(q, k, v, bias, mask, causal, sm_scale, config) -> float:
         raise TypeError(f"mask must have dtype bool (True = visible), got {jnp.dtype(mask.dtype).name}")
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be an attention.Config, got {type(config).__name__}")
     if sm_scale is None:
         return 1.0 / math.sqrt(q.shape[3])
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale):

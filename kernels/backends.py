@@ -5,8 +5,17 @@ environment variable PALLASCHECK_BACKEND, or by the pytest option --backend.
 - ``tpu_interpret``: the TPU interpreter: race detection, NaN-poisoned
   uninitialised memory, and a seeded shuffle of "parallel" grid dimensions.
   Write ``tpu_interpret:SEED`` to pick the shuffle seed.
-- ``gpu``: Triton lowering on an NVIDIA GPU.
+- ``triton``: Pallas' Triton lowering on an NVIDIA GPU (deprecated by JAX since
+  0.11; kept while JAX ships it).
+- ``mosaic_gpu``: Pallas' Mosaic GPU lowering on a Hopper GPU (TMA, wgmma, barriers).
+- ``mosaic_gpu_interpret``: the Mosaic GPU interpreter on the CPU: the same kernels
+  as ``mosaic_gpu``, run without a GPU.
 - ``tpu``: Mosaic lowering on a TPU (the path exists; it is not exercised here).
+
+``gpu`` is accepted as another name for ``mosaic_gpu``: it is the lowering JAX now
+maintains for NVIDIA GPUs. A kernel that has no version for a backend raises
+``NotOnBackend`` (a ``NotImplementedError``) naming the backends it has; nothing falls
+back to another lowering.
 """
 from __future__ import annotations
 
@@ -19,8 +28,16 @@ from jax.experimental import pallas as pl
 from . import compat
 
 ENV_VAR = "PALLASCHECK_BACKEND"
-NAMES = ("interpret", "tpu_interpret", "gpu", "tpu")
+NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
+ALIASES = {"gpu": "mosaic_gpu"}
 DEFAULT = "interpret"
+# Backends whose kernels are the Pallas-generic (Triton-style) ones.
+GENERIC = ("interpret", "tpu_interpret", "triton", "tpu")
+MOSAIC_GPU = ("mosaic_gpu", "mosaic_gpu_interpret")
+
+
+class NotOnBackend(NotImplementedError):
+    """The kernel has no implementation for the requested backend."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +47,7 @@ class Backend:
 
     def __post_init__(self) -> None:
         if self.name not in NAMES:
-            raise ValueError(f"backend must be one of {NAMES}, got {self.name!r}")
+            raise ValueError(f"backend must be one of {NAMES} (or 'gpu' = 'mosaic_gpu'), got {self.name!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"backend seed must be a non-negative int, got {self.seed!r}")
 
@@ -39,18 +56,33 @@ class Backend:
 
     @property
     def is_interpreted(self) -> bool:
-        return self.name in ("interpret", "tpu_interpret")
+        return self.name in ("interpret", "tpu_interpret", "mosaic_gpu_interpret")
+
+    @property
+    def is_triton(self) -> bool:
+        return self.name == "triton"
+
+    @property
+    def is_mosaic_gpu(self) -> bool:
+        """Mosaic GPU kernels: on the hardware or in the Mosaic GPU interpreter."""
+        return self.name in MOSAIC_GPU
 
     @property
     def platform(self) -> str:
         """The JAX platform the kernel's arrays live on."""
-        return {"gpu": "gpu", "tpu": "tpu"}.get(self.name, "cpu")
+        return {"triton": "gpu", "mosaic_gpu": "gpu", "tpu": "tpu"}.get(self.name, "cpu")
+
+    def require_available(self) -> None:
+        """Fail at once, saying what is missing, where this backend cannot run."""
+        compat.require_backend_available(self.name)
 
     def interpret_arg(self) -> Any:
         if self.name == "interpret":
             return True
         if self.name == "tpu_interpret":
             return compat.tpu_interpret_params(seed=self.seed)
+        if self.name == "mosaic_gpu_interpret":
+            return compat.mosaic_gpu_interpret_params()
         return False
 
     def compiler_params(
@@ -60,7 +92,7 @@ class Backend:
         num_stages: int | None = None,
         dimension_semantics: Sequence[str] | None = None,
     ) -> Any:
-        if self.name == "gpu":
+        if self.name == "triton":
             return compat.triton_compiler_params(num_warps, num_stages)
         if self.name in ("tpu", "tpu_interpret"):
             return compat.tpu_compiler_params(dimension_semantics)
@@ -75,7 +107,13 @@ class Backend:
         dimension_semantics: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> Callable[..., Any]:
-        """``pl.pallas_call`` with this backend's interpret flag and compiler params."""
+        """``pl.pallas_call`` with this backend's interpret flag and compiler params,
+        for the Pallas-generic kernels."""
+        if self.is_mosaic_gpu:
+            raise NotOnBackend(
+                f"{kwargs.get('name', 'this kernel')} has no Mosaic GPU version; run it on "
+                f"one of {GENERIC} (see the README's backend table)"
+            )
         return pl.pallas_call(
             kernel,
             interpret=self.interpret_arg(),
@@ -86,8 +124,28 @@ class Backend:
         )
 
 
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"
+
+
+def resolve_config(config: Any, backend: Backend, generic: type, mosaic_gpu: type) -> Any:
+    """The config a kernel runs with on ``backend``: the backend's default when None;
+    else it must be the backend's type (``mosaic_gpu`` on the Mosaic GPU backends,
+    ``generic`` on the others), or ``TypeError`` names both."""
+    expected = mosaic_gpu if backend.is_mosaic_gpu else generic
+    if config is None:
+        return expected()
+    if not isinstance(config, expected):
+        raise TypeError(
+            f"config must be of type {_qualified(expected)} on backend {backend} ({_qualified(mosaic_gpu)} on "
+            f"the Mosaic GPU backends, {_qualified(generic)} on the others), got {type(config).__name__}"
+        )
+    return config
+
+
 def parse(text: str) -> Backend:
     name, _, seed = text.strip().partition(":")
+    name = ALIASES.get(name, name)
     if seed and name != "tpu_interpret":
         raise ValueError(f"only tpu_interpret takes a seed (name:SEED), got {text!r}")
     try:

@@ -4,8 +4,8 @@ matmul-reduce-scatter, along one named axis of a mesh with any number of axes.
 
 Every kernel runs inside ``shard_map`` on each device's local shard. The remote
 copies are ``pltpu.make_async_remote_copy`` with DMA semaphores, addressed by the
-ring-axis coordinate of the peer (``DeviceIdType.MESH`` with a ``{axis: index}``
-device id: the device's own index on every other axis), so a 2-D mesh needs no
+ring-axis coordinate of the peer (a mesh device id ``{axis: index}``:
+the device's own index on every other axis), so a 2-D mesh needs no
 special case. Each kernel starts with a barrier with its two ring neighbours (the barrier
 semaphore of ``collective_id``) so that no device writes into a buffer of a
 neighbour that has not entered the kernel yet.
@@ -125,7 +125,7 @@ def _neighbour_barrier(ring: Ring) -> None:
     """Both ring neighbours have entered the kernel once this returns."""
     sem = pltpu.get_barrier_semaphore()
     for offset in (-1, 1):
-        pl.semaphore_signal(sem, 1, device_id=ring.peer(offset), device_id_type=compat.DeviceIdType.MESH)
+        pl.semaphore_signal(sem, 1, device_id=ring.peer(offset))
     pl.semaphore_wait(sem, 2)
 
 
@@ -136,7 +136,7 @@ def _rows(ref: Any, slot: Any, size: int) -> Any:
 def _remote(src: Any, dst: Any, send: Any, recv: Any, ring: Ring, offset: int) -> Any:
     return pltpu.make_async_remote_copy(
         src_ref=src, dst_ref=dst, send_sem=send, recv_sem=recv,
-        device_id=ring.peer(offset), device_id_type=compat.DeviceIdType.MESH,
+        device_id=ring.peer(offset),
     )
 
 

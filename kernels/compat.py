@@ -1,10 +1,11 @@
-"""The one place that knows how Pallas/JAX APIs differ between jax 0.10.2 and 0.12.
+"""The one place that knows how Pallas/JAX APIs differ between jax 0.11.2 and 0.12.
 
 Everything else imports these names instead of probing versions itself.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -23,8 +24,6 @@ except (ImportError, AttributeError):  # older layout
 _TpuParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
 _TpuInterpretParams = getattr(pltpu, "InterpretParams", None) or getattr(pltpu, "TPUInterpretParams")
 
-# DeviceIdType moved from pltpu to pl; the pltpu alias is deprecated.
-DeviceIdType = getattr(pl, "DeviceIdType", None) or getattr(pltpu, "DeviceIdType")
 
 shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:  # pragma: no cover - only on jax without jax.shard_map
@@ -103,3 +102,79 @@ def tpu_interpret_races_found() -> bool:
 # A block dimension of size 1 that the kernel sees squeezed away: pl.Squeezed() on
 # newer jax, None (the older spelling, deprecated there) before it.
 SQUEEZED = pl.Squeezed() if hasattr(pl, "Squeezed") else None
+
+
+def mosaic_gpu_interpret_params() -> Any:
+    """The Mosaic GPU interpreter with its race detector on (vector clocks over shared
+    memory, TMA copies and barriers: a barrier waited on too late is a race even where
+    the interpreter's eager copies leave the values right) and NaN-filled
+    uninitialised memory. jax >= 0.12 raises on the first race; 0.11.2 can only print
+    it, so there a race alone fails no check."""
+    require_backend_available("mosaic_gpu_interpret")
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    raise_on_race = {"on_race": "raise"} if "on_race" in plgpu.InterpretGPUParams.__dataclass_fields__ else {}
+    return plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan", **raise_on_race)
+
+
+# Hopper (sm_90) is the oldest GPU the Mosaic GPU kernels' wgmma and TMA exist on.
+MOSAIC_GPU_MIN_COMPUTE_CAPABILITY = (9, 0)
+
+
+def _gpu_devices() -> list[Any]:
+    try:
+        return list(jax.devices("gpu"))
+    except RuntimeError:  # no GPU platform in this jaxlib / on this machine
+        return []
+
+
+def _compute_capability(device: Any) -> tuple[int, int]:
+    major, _, minor = str(getattr(device, "compute_capability", "0.0")).partition(".")
+    return int(major), int(minor or 0)
+
+
+@functools.cache
+def require_backend_available(name: str) -> None:
+    """Raise ``RuntimeError`` at once, saying what is needed, where backend ``name``
+    cannot run on this machine and jax; cached, so kernels may call it per call."""
+    if name == "mosaic_gpu_interpret":
+        try:
+            from jax.experimental.pallas import mosaic_gpu as plgpu
+        except ImportError as err:  # pragma: no cover - jaxlib without Mosaic GPU
+            raise RuntimeError(f"backend mosaic_gpu_interpret needs jax.experimental.pallas.mosaic_gpu: {err}") from None
+        if not hasattr(plgpu, "InterpretGPUParams"):
+            raise RuntimeError(
+                f"backend mosaic_gpu_interpret needs the Mosaic GPU interpreter (plgpu.InterpretGPUParams, "
+                f"jax >= 0.11 on Python >= 3.11); this is jax {jax.__version__}"
+            )
+    elif name in ("triton", "mosaic_gpu"):
+        gpus = _gpu_devices()
+        if not gpus:
+            raise RuntimeError(
+                f"backend {name} needs an NVIDIA GPU visible to jax (jax[cuda] and a CUDA driver); "
+                f"jax sees only {[d.platform for d in jax.devices()]}. On a CPU use "
+                + ("mosaic_gpu_interpret" if name == "mosaic_gpu" else "interpret")
+            )
+        if name == "mosaic_gpu":
+            capability = _compute_capability(gpus[0])
+            if capability < MOSAIC_GPU_MIN_COMPUTE_CAPABILITY:
+                raise RuntimeError(
+                    f"backend mosaic_gpu needs a Hopper GPU (compute capability >= 9.0, wgmma and TMA); "
+                    f"{gpus[0].device_kind} has {capability[0]}.{capability[1]}. Use triton there"
+                )
+    elif name == "tpu":
+        try:
+            jax.devices("tpu")
+        except RuntimeError:
+            raise RuntimeError("backend tpu needs a TPU visible to jax; on a CPU use tpu_interpret") from None
+
+
+@contextlib.contextmanager
+def abstract_gpu(device_kind: str = "NVIDIA H100 80GB HBM3") -> Iterator[None]:
+    """Lower GPU kernels on a machine without a GPU: Pallas' Triton lowering asks the
+    device for its compute capability (jax >= 0.11), and an abstract mesh over an
+    abstract device of ``device_kind`` answers for it."""
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("_",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        yield

@@ -109,14 +109,14 @@ _GPU_MAX_TILE_ELEMENTS = 1 << 13
 def configs(tokens: int, vocab: int, backend: "str | Backend | None" = None) -> list[Config]:
     """The autotuning space for ``tokens`` rows of ``vocab`` classes."""
     be = get_backend(backend)
-    if be.name == "gpu":
+    if be.is_triton:
         bts, bvs, warps, stages = (4, 16, 32), (256, 1024, 2048), (4, 8), (1, 2)
     else:  # interpreters: keep the space small, every config costs a compile
         bts, bvs, warps, stages = (8, 16), (64, 128), (4,), (1,)
     bts = tuple(b for b in bts if b < 2 * max(tokens, 1)) or (min(bts),)
     bvs = tuple(b for b in bvs if b < 2 * max(vocab, 16)) or (min(bvs),)
     out = [Config(t, v, w, s) for t, v, w, s in itertools.product(bts, bvs, warps, stages)]
-    if be.name == "gpu":
+    if be.is_triton:
         out = [c for c in out if c.block_t * c.block_v <= _GPU_MAX_TILE_ELEMENTS] or [Config(4, 256)]
     return out
 
@@ -241,7 +241,7 @@ def forward_call(
     """Run the forward ``body`` over token blocks of logits [T, V]; labels [T] int32
     (indices into this array's columns; anything else matches no column)."""
     tokens, vocab = logits.shape
-    tiles = Tiles(tokens, vocab, config.block_t, config.block_v, backend.name == "gpu")
+    tiles = Tiles(tokens, vocab, config.block_t, config.block_v, backend.is_triton)
     rows, col = _specs(tiles, tiles.num_tiles * config.block_v)
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)
     outs = backend.pallas_call(
@@ -259,7 +259,7 @@ def backward_call(
 ) -> jax.Array:
     """dlogits [T, V] in the logits dtype; lse and g: [T] f32 (g = 0 for ignored tokens)."""
     tokens, vocab = logits.shape
-    tiles = Tiles(tokens, vocab, config.block_t, config.block_v, backend.name == "gpu")
+    tiles = Tiles(tokens, vocab, config.block_t, config.block_v, backend.is_triton)
     rows, col = _specs(tiles, tiles.num_tiles * config.block_v)
     return backend.pallas_call(
         functools.partial(body, tiles=tiles, c1=c1, c3=c3),

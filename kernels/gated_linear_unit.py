@@ -4,8 +4,9 @@ Semantics (Tokamax's ``gated_linear_unit``): x is [..., d], weights is [d, 2, f]
 with the gate projection at ``weights[:, 0]`` and the up projection at
 ``weights[:, 1]``; the result is [..., f] in x's dtype. Activations: "silu" (alias
 "swish"), "gelu" (exact, erf), "gelu_tanh", "relu", "sigmoid" and None/"none" (the
-bilinear unit). Pallas' Triton lowering has no erf, so exact "gelu" is refused on the
-GPU with a ValueError (use "gelu_tanh"), as in kernels/matmul.py.
+bilinear unit). Pallas' Triton lowering and jax 0.11.2's Mosaic GPU lowering have no
+erf, so exact "gelu" is refused there (triton, mosaic_gpu, mosaic_gpu_interpret) with
+a ValueError (use "gelu_tanh"), as in kernels/matmul.py.
 
 Forward: one program per (block_m rows, block_n features) tile runs a single K loop
 over d that loads one x tile and the matching gate and up tiles of the weights and
@@ -18,6 +19,13 @@ Backward (custom_vjp), with dz = [dgate, dup] of shape [T, 2, f]:
 rounded to x's dtype, then two Pallas matmuls (kernels/matmul.py) on the weights
 viewed as [d, 2f] (a free reshape): dx = dz @ W^T (2f terms) and dW = x^T @ dz
 (T terms). Rows and features past the edges are masked as in kernels/matmul.py.
+
+On the ``mosaic_gpu`` and ``mosaic_gpu_interpret`` backends the forward runs the
+Hopper kernel of kernels/mosaic_gpu_glu.py (one TMA pipeline feeding two wgmma
+accumulators; bf16/f16 only) and the two backward products run
+kernels/mosaic_gpu_matmul.py, with the same cotangents as above. Its tiles are a
+``mosaic_gpu_glu.Config`` (passed as ``config=``, listed by ``configs(...,
+backend=...)``); this module's ``Config`` stays the Pallas-generic kernel's.
 """
 from __future__ import annotations
 
@@ -30,9 +38,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, matmul, tiling, validation
+from . import block_io, matmul, mosaic_gpu_glu, mosaic_gpu_matmul, tiling, validation
 from .activations import get_activation
-from .backends import Backend, get_backend
+from .backends import Backend, get_backend, resolve_config
 
 ALIASES = {None: "none", "swish": "silu"}
 
@@ -45,14 +53,17 @@ class Config(matmul.Config):
 
 def configs(
     tokens: int, f: int, d: int, backend: "str | Backend | None" = None, itemsize: int = 4
-) -> list[Config]:
+) -> "list[Config] | list[mosaic_gpu_glu.Config]":
     """kernels/matmul.py's space for [tokens, d] @ [d, f], keeping on the GPU only
-    tiles whose pipelined x, gate and up tiles fit in shared memory."""
+    tiles whose pipelined x, gate and up tiles fit in shared memory
+    (``mosaic_gpu_glu.configs`` on the Mosaic GPU backends)."""
     be = get_backend(backend)
+    if be.is_mosaic_gpu:
+        return mosaic_gpu_glu.configs(tokens, f, d, itemsize, be)
     return [
         Config(**dataclasses.asdict(c))
         for c in matmul.configs(tokens, f, d, be, itemsize)
-        if be.name != "gpu"
+        if not be.is_triton
         or c.num_stages * (c.block_m + 2 * c.block_n) * c.block_k * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
 
@@ -99,7 +110,12 @@ def fused_call(
     x: jax.Array, weights: jax.Array, *, activation: str, save_residuals: bool, config: Config,
     backend: Backend, body: Any = _forward_kernel,
 ) -> Any:
-    """The forward kernel on x [T, d]; ``body`` is swappable for test variants."""
+    """The forward kernel on x [T, d]; ``body`` is swappable for test variants.
+    On the Mosaic GPU backends the default body is kernels/mosaic_gpu_glu.py's."""
+    if backend.is_mosaic_gpu and body is _forward_kernel:
+        return mosaic_gpu_glu.fused_call(
+            x, weights, activation=activation, save_residuals=save_residuals, config=config, backend=backend
+        )
     (t, d), f = x.shape, weights.shape[2]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     d_padded = pl.cdiv(d, bk) * bk
@@ -107,7 +123,7 @@ def fused_call(
     dtypes = [x.dtype] + [jnp.float32] * (n_out - 1)
     call = backend.pallas_call(
         functools.partial(body, m_size=t, n_size=f, k_size=d, block_k=bk, activation=activation,
-                          masked_io=backend.name == "gpu"),
+                          masked_io=backend.is_triton),
         grid=(pl.cdiv(t, bm), pl.cdiv(f, bn)),
         in_specs=[
             pl.BlockSpec((bm, d_padded), lambda i, j: (i, 0)),
@@ -133,7 +149,7 @@ def gate_and_up_cotangents(g: jax.Array, gate: jax.Array, up: jax.Array, activat
 
 
 def _matmul(a: jax.Array, b: jax.Array, config: Config, backend: Backend) -> jax.Array:
-    return matmul.tiled_call(a, b, out_dtype=a.dtype, activation="none", save_preactivation=False,
+    return matmul.kernel_call(a, b, out_dtype=a.dtype, activation="none", save_preactivation=False,
                              config=config, backend=backend)
 
 
@@ -184,20 +200,21 @@ def gated_linear_unit(
     weights: jax.Array,
     *,
     activation: "str | None" = None,
-    config: Config | None = None,
+    config: "Config | mosaic_gpu_glu.Config | None" = None,
     backend: "str | Backend | None" = None,
 ) -> jax.Array:
     """``activation(x @ weights[:, 0]) * (x @ weights[:, 1])`` for x [..., d] and
-    weights [d, 2, f] in f32, bf16 or f16; f32 accumulation, result in x's dtype."""
+    weights [d, 2, f] in f32, bf16 or f16 (bf16 or f16 on the Mosaic GPU backends,
+    which take a ``mosaic_gpu_glu.Config``); f32 accumulation, result in x's dtype."""
     _validate(x, weights)
     name = canonical_activation(activation)
-    config = Config() if config is None else config
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a gated_linear_unit.Config, got {type(config).__name__}")
     backend = get_backend(backend)
+    config = resolve_config(config, backend, Config, mosaic_gpu_glu.Config)
+    if backend.is_mosaic_gpu:
+        mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if name not in matmul.supported_activations(backend):
         raise ValueError(
-            f"activation {activation!r} is not supported on backend {backend}: Pallas' Triton lowering "
+            f"activation {activation!r} is not supported on backend {backend}: its Pallas lowering "
             f"has no erf; use 'gelu_tanh' (supported there: {matmul.supported_activations(backend)})"
         )
     lead, d, f = x.shape[:-1], x.shape[-1], weights.shape[2]

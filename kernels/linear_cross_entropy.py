@@ -70,7 +70,7 @@ class Config:
 def configs(tokens: int, hidden: int, vocab: int, backend: "str | Backend | None" = None) -> list[Config]:
     """The autotuning space for x [tokens, hidden] @ w [hidden, vocab]."""
     be = get_backend(backend)
-    if be.name == "gpu":
+    if be.is_triton:
         bts, bvs, bhs, warps, stages = (32, 64), (64, 128), (32, 64), (4, 8), (1, 2)
     else:  # interpreters: keep the space small, every config costs a compile
         bts, bvs, bhs, warps, stages = (16,), (32, 64), (16, 32), (4,), (1,)
@@ -224,7 +224,7 @@ def _whole(shape: tuple[int, ...]) -> pl.BlockSpec:
 
 def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callable[..., None] = _forward_kernel) -> ce.Stats:
     (tokens, hidden), vocab = x.shape, w.shape[1]
-    dims = Dims(tokens, hidden, vocab, config, backend.name == "gpu")
+    dims = Dims(tokens, hidden, vocab, config, backend.is_triton)
     bt = config.block_t
     hp, vp = _padded(hidden, config.block_h), _padded(vocab, config.block_v)
     col = pl.BlockSpec((bt, 1), lambda i: (i, 0))
@@ -243,7 +243,7 @@ def backward_call(x, w, labels, lse, g, *, c1: float, c3: float, config: Config,
     """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); lse, g: [T] f32. The kernels
     accumulate in f32 outputs, rounded once to the input dtype here."""
     (tokens, hidden), vocab = x.shape, w.shape[1]
-    dims = Dims(tokens, hidden, vocab, config, backend.name == "gpu")
+    dims = Dims(tokens, hidden, vocab, config, backend.is_triton)
     bt, bv, bh = config.block_t, config.block_v, config.block_h
     tp, hp, vp = _padded(tokens, bt), _padded(hidden, bh), _padded(vocab, bv)
     columns = [a.reshape(tokens, 1) for a in (labels, lse, g)]

@@ -19,6 +19,13 @@ its f32 intermediate z**3 overflows and its gradient becomes NaN, as
 Batched matmul: ``jax.vmap(matmul)`` (pallas_call adds a grid dimension).
 Gradients: ``custom_vjp``; the backward pass runs the same Pallas kernel on
 ``dz @ y.T`` and ``x.T @ dz`` with ``dz = g * act'(z)`` rounded to the input dtype.
+
+On the ``mosaic_gpu`` and ``mosaic_gpu_interpret`` backends the forward and both
+backward products run the Hopper kernel of kernels/mosaic_gpu_matmul.py instead
+(TMA pipeline, wgmma; bf16/f16 inputs only; its docstring states its arithmetic
+and edge handling). Its tiles are a ``mosaic_gpu_matmul.Config``, passed as
+``config=`` and listed by ``configs(..., backend=...)``; this module's ``Config``
+stays the one of the Pallas-generic kernel above.
 """
 from __future__ import annotations
 
@@ -32,9 +39,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, tiling, validation
+from . import block_io, mosaic_gpu_matmul, tiling, validation
 from .activations import ACTIVATIONS, get_activation
-from .backends import Backend, get_backend
+from .backends import Backend, get_backend, resolve_config
 
 
 GELU_TANH_RANGE = 1e12  # (1e12)**3 = 1e36 < f32 max 3.4e38
@@ -63,10 +70,13 @@ class Config:
 
 def configs(
     m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
-) -> list[Config]:
-    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs."""
+) -> "list[Config] | list[mosaic_gpu_matmul.Config]":
+    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs
+    (``mosaic_gpu_matmul.Config``s on the Mosaic GPU backends)."""
     be = get_backend(backend)
-    if be.name == "gpu":
+    if be.is_mosaic_gpu:
+        return mosaic_gpu_matmul.configs(m, n, k, itemsize, be)
+    if be.is_triton:
         mn, kk, warps, stages = (64, 128), (32, 64), (4, 8), (3, 4)
     else:  # interpreters: keep the space small, every config costs a compile
         mn, kk, warps, stages = (16, 32, 64), (16, 32), (4,), (2,)
@@ -75,14 +85,18 @@ def configs(
         for bm, bn, bk, w, s in itertools.product(
             tiling.blocks_for(m, mn), tiling.blocks_for(n, mn), tiling.blocks_for(k, kk), warps, stages
         )
-        if be.name != "gpu" or s * (bm + bn) * bk * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
+        if not be.is_triton or s * (bm + bn) * bk * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
 
 
 def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, ...]:
-    """Pallas' Triton lowering has no erf, so exact gelu is not offered on the GPU."""
+    """Exact gelu needs erf, which Pallas' Triton lowering and jax 0.11.2's Mosaic GPU
+    lowering lack, so it is offered on neither (nor the Mosaic GPU interpreter)."""
+    be = get_backend(backend)
+    if be.is_mosaic_gpu:
+        return mosaic_gpu_matmul.supported_activations()
     names = tuple(sorted(ACTIVATIONS))
-    return tuple(a for a in names if a != "gelu") if get_backend(backend).name == "gpu" else names
+    return tuple(a for a in names if a != "gelu") if be.is_triton else names
 
 
 def _matmul_kernel(
@@ -139,7 +153,7 @@ def tiled_call(
     call = backend.pallas_call(
         functools.partial(
             body, m_size=m, n_size=n, k_size=k, block_k=bk, activation=activation,
-            masked_io=backend.name == "gpu",
+            masked_io=backend.is_triton,
         ),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
         in_specs=[
@@ -157,9 +171,15 @@ def tiled_call(
     return outs if save_preactivation else outs[0]
 
 
+def kernel_call(x: jax.Array, y: jax.Array, **kwargs: Any) -> Any:
+    """The backend's kernel: Mosaic GPU's for its backends, the Pallas-generic one otherwise."""
+    call = mosaic_gpu_matmul.tiled_call if kwargs["backend"].is_mosaic_gpu else tiled_call
+    return call(x, y, **kwargs)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def _matmul(x, y, activation, out_dtype, config, backend):
-    return tiled_call(
+    return kernel_call(
         x, y, out_dtype=out_dtype, activation=activation, save_preactivation=False,
         config=config, backend=backend,
     )
@@ -169,7 +189,7 @@ def _matmul_fwd(x, y, activation, out_dtype, config, backend):
     if activation == "none":
         out = _matmul(x, y, activation, out_dtype, config, backend)
         return out, (x, y, None)
-    out, z = tiled_call(
+    out, z = kernel_call(
         x, y, out_dtype=out_dtype, activation=activation, save_preactivation=True,
         config=config, backend=backend,
     )
@@ -184,7 +204,7 @@ def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
         (dz,) = act_vjp(dz)
 
     def product(a, b, dtype):
-        return tiled_call(
+        return kernel_call(
             a, b, out_dtype=dtype, activation="none", save_preactivation=False,
             config=config, backend=backend,
         )
@@ -224,10 +244,11 @@ def matmul(
     *,
     activation: str = "none",
     out_dtype: Any = None,
-    config: Config | None = None,
+    config: "Config | mosaic_gpu_matmul.Config | None" = None,
     backend: "str | Backend | None" = None,
 ) -> jax.Array:
-    """``activation(x @ y)`` for x: [M, K], y: [K, N] in f32, bf16 or f16.
+    """``activation(x @ y)`` for x: [M, K], y: [K, N] in f32, bf16 or f16 (bf16 or
+    f16 on the Mosaic GPU backends, which take a ``mosaic_gpu_matmul.Config``).
 
     Accumulates in f32 and rounds once to ``out_dtype`` (default: the input dtype).
     Any M, N, K are accepted (see the module docstring for how edges are handled).
@@ -235,13 +256,13 @@ def matmul(
     out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
     _validate(x, y, out_dtype)
     get_activation(activation)
-    config = Config() if config is None else config
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a matmul.Config, got {type(config).__name__}")
     backend = get_backend(backend)
+    config = resolve_config(config, backend, Config, mosaic_gpu_matmul.Config)
+    if backend.is_mosaic_gpu:
+        mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if activation not in supported_activations(backend):
         raise ValueError(
-            f"activation {activation!r} is not supported on backend {backend}: Pallas' Triton "
+            f"activation {activation!r} is not supported on backend {backend}: its Pallas "
             f"lowering has no erf; use 'gelu_tanh' (supported there: {supported_activations(backend)})"
         )
     return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, backend)

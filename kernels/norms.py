@@ -108,13 +108,13 @@ _GPU_MAX_BLOCK_ELEMENTS = 1 << 14
 def configs(rows: int, features: int, backend: "str | Backend | None" = None) -> list[Config]:
     """The autotuning space for normalising ``rows`` rows of ``features`` features."""
     be = get_backend(backend)
-    if be.name == "gpu":
+    if be.is_triton:
         choices, warps, stages = (1, 4, 16), (4, 8), (1,)
     else:  # interpreters: keep the space small, every config costs a compile
         choices, warps, stages = (1, 4, 16), (4,), (1,)
     # never more than one block of pure padding rows
     fitting = [b for b in choices if b < 2 * max(rows, 1)] or [min(choices)]
-    if be.name == "gpu":
+    if be.is_triton:
         width = padded_features(features)
         fitting = [b for b in fitting if b * width <= _GPU_MAX_BLOCK_ELEMENTS] or [min(choices)]
     return [Config(b, w, s) for b, w, s in itertools.product(fitting, warps, stages)]
@@ -124,7 +124,7 @@ def configs(rows: int, features: int, backend: "str | Backend | None" = None) ->
 # Kernel building blocks (shared by the default bodies and the test variants).
 
 # Triton does not bounds-check a block that hangs over the array's edge (the
-# interpreters pad it and drop out-of-bounds writes), so on "gpu" every block load and
+# interpreters pad it and drop out-of-bounds writes), so on "triton" every block load and
 # store is masked to the rows and columns that exist.
 
 
@@ -165,7 +165,7 @@ class Tile:
 
 
 def make_tile(rows: int, features: int, config: Config, backend: Backend) -> Tile:
-    return Tile(rows, features, config.block_rows, padded_features(features), backend.name == "gpu")
+    return Tile(rows, features, config.block_rows, padded_features(features), backend.is_triton)
 
 
 def layer_norm_statistics(

@@ -29,6 +29,13 @@ Gradients (custom_vjp):
 - drhs[i] = lhs_i^T @ dout_i: one program per (group, block_m tile of k, block_n
   tile of n) loops over the block_k-row tiles (aligned to multiples of block_k) that
   intersect the group, masking rows outside it. Empty groups get exact zeros.
+
+On the ``mosaic_gpu`` and ``mosaic_gpu_interpret`` backends the forward and both
+backward products run the Hopper kernels of kernels/mosaic_gpu_ragged_dot.py instead
+(TMA pipelines, wgmma; bf16/f16 inputs only; its docstring states their schedule,
+arithmetic and edge handling). Their tiles are a ``mosaic_gpu_ragged_dot.Config``,
+passed as ``config=`` and listed by ``configs(..., backend=...)``; this module's
+``Config`` stays the one of the Pallas-generic kernels above.
 """
 from __future__ import annotations
 
@@ -42,8 +49,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, compat, matmul, validation
-from .backends import Backend, get_backend
+from . import block_io, compat, matmul, mosaic_gpu_matmul, mosaic_gpu_ragged_dot, validation
+from .backends import Backend, get_backend, resolve_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +58,20 @@ class Config(matmul.Config):
     """Tiles of every product (forward, dlhs, drhs): block_m x block_n output tiles,
     block_k the reduction step (K in the forward, n in dlhs, rows in drhs)."""
 
+    @property
+    def block_rows(self) -> int:
+        """drhs's reduction block over rows: block_k here."""
+        return self.block_k
+
 
 def configs(
-    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
-) -> list[Config]:
-    """The autotuning space: kernels/matmul.py's, for the [m, k] @ [k, n] shape."""
+    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4, groups: int = 1
+) -> "list[Config] | list[mosaic_gpu_ragged_dot.Config]":
+    """The autotuning space: kernels/matmul.py's, for the [m, k] @ [k, n] shape
+    (``mosaic_gpu_ragged_dot.Config``s for ``groups`` groups on the Mosaic GPU backends)."""
+    be = get_backend(backend)
+    if be.is_mosaic_gpu:
+        return mosaic_gpu_ragged_dot.configs(m, k, n, groups, itemsize, be)
     return [Config(**dataclasses.asdict(c)) for c in matmul.configs(m, n, k, backend, itemsize)]
 
 
@@ -160,7 +176,7 @@ def grouped_call(
     call = backend.pallas_call(
         functools.partial(
             body, m_size=m, n_size=n, k_size=k, block_k=bk, num_groups=num_groups,
-            transpose_rhs=transpose_rhs, masked_io=backend.name == "gpu",
+            transpose_rhs=transpose_rhs, masked_io=backend.is_triton,
         ),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
         in_specs=[
@@ -188,7 +204,7 @@ def drhs_call(
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     m_padded = pl.cdiv(m, bk) * bk
     call = backend.pallas_call(
-        functools.partial(body, k_size=k, n_size=n, block_k=bk, masked_io=backend.name == "gpu"),
+        functools.partial(body, k_size=k, n_size=n, block_k=bk, masked_io=backend.is_triton),
         grid=(num_groups, pl.cdiv(k, bm), pl.cdiv(n, bn)),
         in_specs=[
             pl.BlockSpec(starts.shape, lambda g, i, j: (0,)),
@@ -206,10 +222,18 @@ def drhs_call(
     return call(starts, ends, lhs, dout)
 
 
+def _grouped(lhs, rhs, group_sizes, *, transpose_rhs, config, backend):
+    """The backend's grouped product: Mosaic GPU's kernel on its backends, the Pallas-generic one otherwise."""
+    if backend.is_mosaic_gpu:
+        return mosaic_gpu_ragged_dot.grouped_call(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs,
+                                                  config=config, backend=backend)
+    starts, ends = group_offsets(group_sizes, lhs.shape[0])
+    return grouped_call(lhs, rhs, starts, ends, transpose_rhs=transpose_rhs, config=config, backend=backend)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _ragged_dot(lhs, rhs, group_sizes, config, backend):
-    starts, ends = group_offsets(group_sizes, lhs.shape[0])
-    return grouped_call(lhs, rhs, starts, ends, transpose_rhs=False, config=config, backend=backend)
+    return _grouped(lhs, rhs, group_sizes, transpose_rhs=False, config=config, backend=backend)
 
 
 def _ragged_dot_fwd(lhs, rhs, group_sizes, config, backend):
@@ -218,10 +242,14 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, config, backend):
 
 def _ragged_dot_bwd(config, backend, residuals, g):
     lhs, rhs, group_sizes = residuals
-    starts, ends = group_offsets(group_sizes, lhs.shape[0])
     g = g.astype(lhs.dtype)  # the output's dtype: a no-op unless a caller upcast it
-    dlhs = grouped_call(g, rhs, starts, ends, transpose_rhs=True, config=config, backend=backend)
-    drhs = drhs_call(lhs, g, starts, ends, rhs.shape[0], out_dtype=rhs.dtype, config=config, backend=backend)
+    dlhs = _grouped(g, rhs, group_sizes, transpose_rhs=True, config=config, backend=backend)
+    if backend.is_mosaic_gpu:
+        drhs = mosaic_gpu_ragged_dot.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config,
+                                               backend=backend)
+    else:
+        starts, ends = group_offsets(group_sizes, lhs.shape[0])
+        drhs = drhs_call(lhs, g, starts, ends, rhs.shape[0], out_dtype=rhs.dtype, config=config, backend=backend)
     return dlhs, drhs, None  # group_sizes is integer: no cotangent
 
 
@@ -264,19 +292,22 @@ def ragged_dot(
     rhs: jax.Array,
     group_sizes: jax.Array,
     *,
-    config: Config | None = None,
+    config: "Config | mosaic_gpu_ragged_dot.Config | None" = None,
     backend: "str | Backend | None" = None,
 ) -> jax.Array:
     """``out[r] = lhs[r] @ rhs[group(r)]`` for lhs [m, k], rhs [g, k, n] (f32, bf16
-    or f16), group_sizes [g] integers; rows past sum(group_sizes) are 0.
+    or f16; bf16 or f16 on the Mosaic GPU backends, which take a
+    ``mosaic_gpu_ragged_dot.Config``), group_sizes [g] integers; rows past
+    sum(group_sizes) are 0.
 
     Accumulates in f32, returns the input dtype. Differentiable in lhs and rhs.
     """
     _validate(lhs, rhs, group_sizes)
-    config = Config() if config is None else config
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a ragged_dot.Config, got {type(config).__name__}")
-    return _ragged_dot_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config, get_backend(backend))
+    backend = get_backend(backend)
+    config = resolve_config(config, backend, Config, mosaic_gpu_ragged_dot.Config)
+    if backend.is_mosaic_gpu:
+        mosaic_gpu_matmul.check_input_dtype(lhs.dtype)
+    return _ragged_dot_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config, backend)
 
 
 def xla_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:

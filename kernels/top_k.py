@@ -145,7 +145,7 @@ class Config:
 def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = None) -> list[Config]:
     """Configs worth comparing for this shape: block counts, m schedules, token blocks."""
     be = get_backend(backend)
-    if be.name == "gpu":
+    if be.is_triton:
         # Short rows also get few blocks: deep slots, several stages, and stops with
         # ties at the pivot across blocks (with 128 blocks of 2 or 3 entries the
         # criterion is rarely tested). Long rows: only the production block counts.
@@ -159,7 +159,7 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
 def default_config(backend: "str | Backend | None" = None) -> Config:
     """Config() everywhere but the GPU, where one token per program keeps the unrolled
     slots of the deepest stage (2k tiles of 128 int32) closer to the register file."""
-    return Config(block_tokens=1) if get_backend(backend).name == "gpu" else Config()
+    return Config(block_tokens=1) if get_backend(backend).is_triton else Config()
 
 
 def stages(k: int, m_schedule: tuple[int, ...]) -> tuple[int, ...]:
@@ -399,9 +399,9 @@ def _superset(bits, k: int, config: Config, backend: Backend, parts: Parts):
     slots_out = _next_pow2(k)
     schedule = stages(k, config.m_schedule)
     grid = (pl.cdiv(tokens, bt),)
-    masked_io = backend.name == "gpu"
+    masked_io = backend.is_triton
     smem_state = backend.name in ("tpu", "tpu_interpret")
-    stacked = config.layout == "stacked" or (config.layout == "auto" and backend.name != "gpu")
+    stacked = config.layout == "stacked" or (config.layout == "auto" and not backend.is_triton)
     scratch = [pltpu.SMEM((bt,), jnp.int32), pltpu.SMEM((1,), jnp.int32)] if smem_state else []
     cand_key, cand_index, counts = backend.pallas_call(
         functools.partial(_superset_kernel, tokens=tokens, vocab=vocab, k=k, num_blocks=nb,
@@ -434,7 +434,7 @@ def _select(cand_key, cand_index, counts, k: int, config: Config, backend: Backe
             spec = pl.BlockSpec((bt, width_slots * nb), lambda i: (i, 0))
             return backend.pallas_call(
                 functools.partial(_select_kernel, tokens=tokens, k=k, num_blocks=nb, parts=parts,
-                                  masked_io=backend.name == "gpu"),
+                                  masked_io=backend.is_triton),
                 grid=grid,
                 in_specs=[spec, spec, pl.BlockSpec((bt, 1), lambda i: (i, 0))],
                 out_specs=pl.BlockSpec((bt, slots_out), lambda i: (i, 0)),
@@ -497,7 +497,7 @@ def top_k(
     backend = get_backend(backend)
     config = default_config(backend) if config is None else config
     validate(logits, k, config)
-    if backend.name == "gpu" and config.layout == "stacked":
+    if backend.is_triton and config.layout == "stacked":
         raise ValueError("config.layout 'stacked' does not lower on Triton (it slices register tiles); "
                          "use 'auto' or 'unrolled' on the gpu backend")
     return _top_k(logits, k, config, backend, parts)

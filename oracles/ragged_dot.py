@@ -91,28 +91,31 @@ def gradient_bound(
     operand_dtype: Any,
     arith: Arithmetic,
     block_k: int | None,
+    block_rows: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Bounds on dlhs and drhs; the cotangent (in the input dtype) is exact.
 
     dlhs[r] = g[r] @ rhs[i]^T: an n-term dot in block_k chunks, as the forward.
     drhs[i] = lhs_i^T @ g_i: an n_i-term dot over the group's rows. The kernel walks
-    row tiles aligned to multiples of block_k, so a group starting at s spans
-    ceil((s mod block_k + n_i) / block_k) chunks of at most block_k terms: blocked
-    depth of n_i + (s mod block_k) terms bounds it (exact zeros from masked rows
-    cost nothing). XLA's order is unknown: sequential over n_i. Both round once to
-    the input dtype.
+    row tiles of ``block_rows`` (default block_k) aligned to its multiples, so a group
+    starting at s spans ceil((s mod block_rows + n_i) / block_rows) chunks of at most
+    block_rows terms: blocked depth of n_i + (s mod block_rows) terms bounds it (exact
+    zeros from masked rows cost nothing). XLA's order is unknown: sequential over
+    n_i. Both round once to the input dtype.
     """
     x, w, g = _f64(lhs), _f64(rhs), _f64(cotangent)
     order = _order(arith, block_k)
+    block_rows = block_k if block_rows is None else block_rows
+    row_order = _order(arith, block_rows)
     sub = algebra.subnormal_part
     dlhs_mag, dlhs_flush = np.zeros_like(x), np.zeros_like(x)
     drhs_err = np.zeros_like(w)
     for i, (s, e) in enumerate(ref.ranges):
         dlhs_mag[s:e] = np.abs(g[s:e]) @ np.abs(w[i]).T
         dlhs_flush[s:e] = sub(g[s:e]) @ np.abs(w[i]).T + np.abs(g[s:e]) @ sub(w[i]).T
-        terms = (e - s) + (s % block_k if block_k else 0)
+        terms = (e - s) + (s % block_rows if block_rows else 0)
         d = algebra.dot(grads["drhs"][i], np.abs(x[s:e]).T @ np.abs(g[s:e]), terms, arith=arith,
-                        operand_dtype=operand_dtype, order=order,
+                        operand_dtype=operand_dtype, order=row_order,
                         flushed_magnitude=sub(x[s:e]).T @ np.abs(g[s:e]) + np.abs(x[s:e]).T @ sub(g[s:e]))
         drhs_err[i] = algebra.round_to(d, operand_dtype, arith).err
     dlhs = algebra.dot(grads["dlhs"], dlhs_mag, w.shape[2], arith=arith, operand_dtype=operand_dtype,

@@ -177,4 +177,4 @@ TPU = Arithmetic("tpu", matmul_input_f32="bfloat16", mma_order_known=False)
 
 def arithmetic_for(backend_name: str) -> Arithmetic:
     """Interpreters run XLA:CPU arithmetic (IEEE round to nearest)."""
-    return {"gpu": GPU, "tpu": TPU}.get(backend_name, CPU)
+    return {"triton": GPU, "mosaic_gpu": GPU, "tpu": TPU}.get(backend_name, CPU)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels import attention
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels import attention, mosaic_gpu_attention
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
@@ -221,9 +221,13 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
             BadInput("mask shape", lambda: fn(q, kv, kv, mask=jnp.ones((3, 8), bool)), ValueError, r"mask must broadcast to \[batch, heads_q, seq_q, seq_kv\]"),
             BadInput("bias shape", lambda: fn(q, kv, kv, bias=jnp.ones((1, 2, 8, 8))), ValueError, r"bias must broadcast"),
             BadInput("mask dtype", lambda: fn(q, kv, kv, mask=jnp.ones((8, 8))), TypeError, r"mask must have dtype bool"),
-            BadInput("config type", lambda: fn(q, kv, kv, config=(64, 64)), TypeError, r"config must be an attention.Config"),
+            BadInput("config type", lambda: fn(q, kv, kv, config=(64, 64)), TypeError, r"config must be of type attention.Config"),
             BadInput("block below 16", lambda: attention.Config(block_q=8), ValueError, r"config.block_q must be a power of two >= 16"),
             BadInput("sm_scale", lambda: fn(q, kv, kv, sm_scale="1"), TypeError, r"sm_scale must be a finite float"),
+            BadInput("f32 on Mosaic GPU", lambda: fn(q, kv, kv, backend="mosaic_gpu_interpret"), TypeError, r"bfloat16 or float16 inputs, got float32"),
+            BadInput("generic config on Mosaic GPU", lambda: fn(q.astype(jnp.bfloat16), kv.astype(jnp.bfloat16), kv.astype(jnp.bfloat16), config=attention.Config(), backend="mosaic_gpu_interpret"),
+                     TypeError, r"config must be of type mosaic_gpu_attention.Config on backend mosaic_gpu_interpret"),
+            BadInput("Mosaic GPU block", lambda: mosaic_gpu_attention.Config(block_q=32), ValueError, r"config.block_q must be one of"),
         ]
 
     return bad
@@ -255,6 +259,9 @@ def make_spec(kernel: Callable[..., jax.Array] = attention.attention, name: str 
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound),
         relations=(permutations(run, run_bound),),
         bad_inputs=_bad_inputs(kernel),
+        backends=GENERIC + MOSAIC_GPU,
+        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
+        default_config_on={name: mosaic_gpu_attention.Config() for name in MOSAIC_GPU},
     )
 
 

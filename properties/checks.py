@@ -6,7 +6,7 @@ names the kernel, config, backend, dtype, worst element, error, bound and how to
 replay it. Bring your own kernel, oracle and bound:
 
     from pallascheck.properties import checks
-    ctx = checks.Context(kernel="my_softmax", dtype="bfloat16", backend="gpu")
+    ctx = checks.Context(kernel="my_softmax", dtype="bfloat16", backend="triton")
     checks.check_values(my_kernel(x), oracle64(x), my_bound(x), context=ctx)
 """
 from __future__ import annotations

@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import gated_linear_unit as glu
-from pallascheck.kernels import matmul
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels import matmul, mosaic_gpu_glu
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
@@ -104,9 +104,12 @@ def _bad_inputs() -> list[BadInput]:
         BadInput("integer x", lambda: call(x.astype(jnp.int32), w.astype(jnp.int32)), TypeError, r"x must have dtype in"),
         BadInput("mixed dtypes", lambda: call(x, w.astype(jnp.bfloat16)), TypeError, r"same dtype"),
         BadInput("unknown activation", lambda: call(x, w, activation="swish2"), ValueError, r"activation must be one of"),
-        BadInput("exact gelu on gpu", lambda: call(x, w, activation="gelu", backend="gpu"), ValueError, r"no erf; use 'gelu_tanh'"),
-        BadInput("config type", lambda: call(x, w, config={"block_m": 16}), TypeError, r"config must be a gated_linear_unit.Config"),
+        BadInput("exact gelu on triton", lambda: call(x, w, activation="gelu", backend="triton"), ValueError, r"no erf; use 'gelu_tanh'"),
+        BadInput("config type", lambda: call(x, w, config={"block_m": 16}), TypeError, r"config must be of type gated_linear_unit.Config"),
         BadInput("empty x", lambda: call(jnp.ones((0, 8)), w), ValueError, r"x must not have a zero-sized"),
+        BadInput("f32 on Mosaic GPU", lambda: call(x, w, backend="mosaic_gpu_interpret"), TypeError, r"bfloat16 or float16 inputs, got float32"),
+        BadInput("generic config on Mosaic GPU", lambda: call(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), config=glu.Config(), backend="mosaic_gpu_interpret"),
+                 TypeError, r"config must be of type mosaic_gpu_glu.Config on backend mosaic_gpu_interpret"),
     ]
 
 
@@ -135,6 +138,9 @@ def make_spec(
         default_config=glu.Config(),
         gradients=gradients if differentiable else None,
         bad_inputs=_bad_inputs,
+        backends=GENERIC + MOSAIC_GPU,
+        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
+        default_config_on={name: mosaic_gpu_glu.Config() for name in MOSAIC_GPU},
     )
 
 

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels import matmul
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels import matmul, mosaic_gpu_matmul
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
@@ -110,6 +110,7 @@ def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
 
 def _bad_inputs() -> list[BadInput]:
     f32 = jnp.ones((4, 8), jnp.float32)
+    bf16 = f32.astype(jnp.bfloat16)
     return [
         BadInput("rank-3 x", lambda: matmul.matmul(jnp.ones((2, 4, 8)), jnp.ones((8, 4))), ValueError, r"x must have rank 2.*vmap"),
         BadInput("contracting mismatch", lambda: matmul.matmul(f32, jnp.ones((7, 4))), ValueError, r"contracting dimensions must match"),
@@ -118,9 +119,13 @@ def _bad_inputs() -> list[BadInput]:
         BadInput("unknown activation", lambda: matmul.matmul(f32, f32.T, activation="swish2"), ValueError, r"activation must be one of"),
         BadInput("block not power of two", lambda: matmul.Config(block_m=24), ValueError, r"config.block_m must be a power of two"),
         BadInput("block below 16", lambda: matmul.Config(block_k=8), ValueError, r"config.block_k must be a power of two >= 16"),
-        BadInput("config type", lambda: matmul.matmul(f32, f32.T, config={"block_m": 16}), TypeError, r"config must be a matmul.Config"),
+        BadInput("config type", lambda: matmul.matmul(f32, f32.T, config={"block_m": 16}), TypeError, r"config must be of type matmul.Config"),
         BadInput("empty x", lambda: matmul.matmul(jnp.ones((0, 8)), jnp.ones((8, 4))), ValueError, r"x must not have a zero-sized"),
         BadInput("integer out_dtype", lambda: matmul.matmul(f32, f32.T, out_dtype=jnp.int8), TypeError, r"out_dtype must have dtype in"),
+        BadInput("f32 on Mosaic GPU", lambda: matmul.matmul(f32, f32.T, backend="mosaic_gpu_interpret"), TypeError, r"bfloat16 or float16 inputs, got float32"),
+        BadInput("generic config on Mosaic GPU", lambda: matmul.matmul(bf16, bf16.T, config=matmul.Config(), backend="mosaic_gpu_interpret"), TypeError, r"config must be of type mosaic_gpu_matmul.Config on backend mosaic_gpu_interpret"),
+        BadInput("Mosaic GPU tile_m", lambda: mosaic_gpu_matmul.Config(tile_m=32), ValueError, r"config.tile_m must be 64 or 128"),
+        BadInput("exact gelu on Mosaic GPU", lambda: matmul.matmul(bf16, bf16.T, activation="gelu", backend="mosaic_gpu_interpret"), ValueError, r"not supported on backend mosaic_gpu_interpret"),
     ]
 
 
@@ -146,6 +151,9 @@ def make_spec(
             itemsize=case.arrays["x"].dtype.itemsize,
         ),
         default_config=matmul.Config(),
+        backends=GENERIC + MOSAIC_GPU,
+        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
+        default_config_on={name: mosaic_gpu_matmul.Config() for name in MOSAIC_GPU},
         gradients=gradients if differentiable else None,
         relations=(
             relations.row_permutation(

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels import ragged_dot
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels import mosaic_gpu_ragged_dot, ragged_dot
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
@@ -116,7 +116,8 @@ def _oracle_vjp(case: Case, ref: oracle.RaggedDotOracle) -> dict[str, np.ndarray
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(ref, grads, a["lhs"], a["rhs"], a["cotangent"],
-                                 operand_dtype=a["lhs"].dtype, arith=arith, block_k=_block_k(config))
+                                 operand_dtype=a["lhs"].dtype, arith=arith, block_k=_block_k(config),
+                                 block_rows=None if config is None else config.block_rows)
 
 
 def _bad_inputs() -> list[BadInput]:
@@ -132,7 +133,11 @@ def _bad_inputs() -> list[BadInput]:
         BadInput("mixed dtypes", lambda: call(lhs, rhs.astype(jnp.bfloat16), sizes), TypeError, r"same dtype"),
         BadInput("rank-2 rhs", lambda: call(lhs, jnp.ones((4, 5)), sizes), ValueError, r"rhs must have rank 3"),
         BadInput("contracting mismatch", lambda: call(lhs, jnp.ones((3, 6, 5)), sizes), ValueError, r"contracting dimensions must match"),
-        BadInput("config type", lambda: call(lhs, rhs, sizes, config={"block_m": 16}), TypeError, r"config must be a ragged_dot.Config"),
+        BadInput("config type", lambda: call(lhs, rhs, sizes, config={"block_m": 16}), TypeError, r"config must be of type ragged_dot.Config"),
+        BadInput("f32 on Mosaic GPU", lambda: call(lhs, rhs, sizes, backend="mosaic_gpu_interpret"), TypeError, r"bfloat16 or float16 inputs, got float32"),
+        BadInput("generic config on Mosaic GPU", lambda: call(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16), sizes, config=ragged_dot.Config(), backend="mosaic_gpu_interpret"),
+                 TypeError, r"config must be of type mosaic_gpu_ragged_dot.Config on backend mosaic_gpu_interpret"),
+        BadInput("Mosaic GPU tile_rows", lambda: mosaic_gpu_ragged_dot.Config(tile_rows=32), ValueError, r"config.tile_rows must be 64 or 128"),
     ]
 
 
@@ -157,9 +162,12 @@ def make_spec(
         bound=_bound,
         configs=lambda case, backend: ragged_dot.configs(
             case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
-            itemsize=case.arrays["lhs"].dtype.itemsize,
+            itemsize=case.arrays["lhs"].dtype.itemsize, groups=case.arrays["rhs"].shape[0],
         ),
         default_config=ragged_dot.Config(),
+        backends=GENERIC + MOSAIC_GPU,
+        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
+        default_config_on={name: mosaic_gpu_ragged_dot.Config() for name in MOSAIC_GPU},
         gradients=gradients if differentiable else None,
         bad_inputs=_bad_inputs,
     )

@@ -98,13 +98,12 @@ def check_case(
                 o.examples = 1
             return o
         timed("reference", reference)
-    if "configs_agree" in selected and config != spec.default_config:
+    default = spec.default_config_for(backend)
+    if "configs_agree" in selected and config != default:
         def agree() -> checks.Outcome:
-            other = _np(spec.kernel(case, spec.default_config, backend))
-            other_bound = spec.bound(case, ref, spec.default_config, arith)
-            return checks.check_configs_agree(
-                {config: (out, bound), spec.default_config: (other, other_bound)}, context=ctx
-            )
+            other = _np(spec.kernel(case, default, backend))
+            other_bound = spec.bound(case, ref, default, arith)
+            return checks.check_configs_agree({config: (out, bound), default: (other, other_bound)}, context=ctx)
         timed("configs_agree", agree)
     if "gradients" in selected and spec.gradients is not None:
         g = spec.gradients

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.backends import GENERIC, Backend
 from pallascheck.oracles.tolerance import Arithmetic
 
 
@@ -98,6 +98,21 @@ class KernelSpec:
     gradients: GradientSpec | None = None
     relations: Sequence[Relation] = ()
     bad_inputs: Callable[[], Sequence[BadInput]] = lambda: ()
+    # backend names the kernel has an implementation for
+    backends: Sequence[str] = GENERIC
+    # where a backend's implementation differs (Mosaic GPU: bf16/f16 only, its own
+    # Config type): dtypes and default config per backend name
+    dtypes_on: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    default_config_on: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def runs_on(self, backend: Backend) -> bool:
+        return backend.name in self.backends
+
+    def dtypes_for(self, backend: Backend) -> Sequence[str]:
+        return self.dtypes_on.get(backend.name, self.dtypes)
+
+    def default_config_for(self, backend: Backend) -> Any:
+        return self.default_config_on.get(backend.name, self.default_config)
 
 
 _REGISTRY: dict[str, KernelSpec] = {}

@@ -1,20 +1,35 @@
-"""Soundness and correctness of every registered kernel: values, xla_reference
-within the same bound, configs agreeing, gradients, determinism, metamorphic
-relations; and bad input raising the promised errors."""
+"""Soundness and correctness of every registered kernel on every backend of the
+session (``--backend``; the CPU default adds ``mosaic_gpu_interpret`` for the kernels
+that have Mosaic GPU versions): values, xla_reference within the same bound,
+configs agreeing, gradients, determinism, metamorphic relations; and bad input
+raising the promised errors."""
 from __future__ import annotations
 
 import pytest
 
+from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
+from pallascheck.properties.pytest_plugin import backends_under_test
 from pallascheck.properties.spec import registry
 
 SPECS = registry()
-CASES = [(name, dtype) for name, spec in SPECS.items() for dtype in spec.dtypes]
 
 
-@pytest.mark.parametrize("name,dtype", CASES, ids=[f"{n}-{d}" for n, d in CASES])
-def test_kernel_checks(name: str, dtype: str, backend, examples: int, request) -> None:
-    replay = f"pytest '{request.node.nodeid}' --backend {backend}"
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kernel_case" in metafunc.fixturenames:
+        cases = [
+            (name, dtype, backend)
+            for backend in backends_under_test(metafunc.config)
+            for name, spec in SPECS.items() if spec.runs_on(backend)
+            for dtype in spec.dtypes_for(backend)
+        ]
+        metafunc.parametrize("kernel_case", cases, ids=[f"{n}-{d}-{b}" for n, d, b in cases])
+
+
+def test_kernel_checks(kernel_case: tuple[str, str, Backend], examples: int, request) -> None:
+    name, dtype, backend = kernel_case
+    backend.require_available()
+    replay = f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
     tally = runner.run_property(
         SPECS[name], dtype, backend, examples=examples, seed=0, replay_hint=replay
     )

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallascheck.fuzz.bench_losses import linear_memory
+from pallascheck.bench.losses import linear_memory
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.properties import checks, runner
 from pallascheck.properties.cross_entropy_spec import IGNORE_INDEX, SPEC, logits_of

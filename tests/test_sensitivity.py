@@ -3,30 +3,49 @@ must be caught by the same checks that pass the real kernels. The fraction caugh
 is the kill rate; anything below 100% fails the suite.
 
 Each module in ``broken.MODULES`` exports ``VARIANTS``: variant name ->
-(KernelSpec of the broken kernel, dtypes where it is wrong, examples to draw), and
-may export ``NOT_ON``: variant name -> {backend name: why the bug cannot exist there}
-(e.g. a wrong exact-gelu on a backend that refuses exact gelu); those are skipped on
-that backend with the reason, and count as neither caught nor survived.
+(KernelSpec of the broken kernel, dtypes where it is wrong, examples to draw); may
+export ``BACKENDS``, the backends its broken kernels run on (default: the
+Pallas-generic ones; the Mosaic GPU variants run on ``mosaic_gpu``, and on a CPU
+session in ``mosaic_gpu_interpret``); and may export ``NOT_ON``: variant name ->
+{backend name: why the bug cannot exist there} (e.g. a wrong exact-gelu on a backend
+that refuses exact gelu); those are skipped on that backend with the reason, and
+count as neither caught nor survived.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
 
 from broken import MODULES
+from pallascheck.kernels.backends import GENERIC, Backend
 from pallascheck.properties import runner
+from pallascheck.properties.pytest_plugin import backends_under_test
 
 _MODULES = {module: importlib.import_module(f"broken.{module}") for module in MODULES}
-VARIANTS = {f"{module}/{name}": variant for module, m in _MODULES.items() for name, variant in m.VARIANTS.items()}
+VARIANTS = {
+    f"{module}/{name}": (dataclasses.replace(spec, backends=getattr(m, "BACKENDS", GENERIC)), dtypes, examples)
+    for module, m in _MODULES.items() for name, (spec, dtypes, examples) in m.VARIANTS.items()
+}
 NOT_ON = {
     f"{module}/{name}": backends
     for module, m in _MODULES.items() for name, backends in getattr(m, "NOT_ON", {}).items()
 }
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_broken_variant_is_caught(variant: str, backend) -> None:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "variant_case" in metafunc.fixturenames:
+        cases = [
+            (variant, backend)
+            for backend in backends_under_test(metafunc.config)
+            for variant in sorted(VARIANTS) if VARIANTS[variant][0].runs_on(backend)
+        ]
+        metafunc.parametrize("variant_case", cases, ids=[f"{v}-{b}" for v, b in cases])
+
+
+def test_broken_variant_is_caught(variant_case: tuple[str, Backend]) -> None:
+    variant, backend = variant_case
     if backend.name in NOT_ON.get(variant, {}):
         pytest.skip(f"{variant} does not exist on {backend.name}: {NOT_ON[variant][backend.name]}")
     spec, dtypes, examples = VARIANTS[variant]

@@ -343,7 +343,7 @@ def test_arithmetic_profiles_match_their_hardware_descriptions():
         assert arith.transcendental_rel(np.float32) == 6 * u32  # 3 ulp
     assert CPU.dot_order(32) == tolerance.blocked(32)
     assert GPU.dot_order(32) == tolerance.SEQUENTIAL == TPU.dot_order(32)
-    assert tolerance.arithmetic_for("interpret") is CPU and tolerance.arithmetic_for("gpu") is GPU
+    assert tolerance.arithmetic_for("interpret") is CPU and tolerance.arithmetic_for("triton") is GPU and tolerance.arithmetic_for("mosaic_gpu") is GPU
 
 
 # ---------------------------------------------------------------------------

@@ -159,7 +159,7 @@ EXAMPLES = 30
 # Variants that cannot exist on a backend: variant -> {backend name: why}.
 NOT_ON = {
     "glu/tanh_gelu_for_exact": {
-        "gpu": "exact gelu is refused on the GPU (no erf lowering in Triton), so no case asks for it",
+        "triton": "exact gelu is refused on the GPU (no erf lowering in Triton), so no case asks for it",
     },
 }
 

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 from pallascheck.kernels import matmul, norms
 from pallascheck.kernels.backends import Backend
 
-from .bench_attention import bench_attention
-from .bench_collectives import bench_collectives
-from .bench_losses import bench as bench_losses
-from .bench_moe import run as bench_moe
-from .bench_top_k import bench_top_k
+from .attention import bench_attention
+from .collectives import bench_collectives
+from .losses import bench as bench_losses
+from .moe import run as bench_moe
+from .top_k import bench_top_k
 from .timing import best_config, median_seconds
 
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192))

@@ -5,8 +5,8 @@ float64 oracle under the GPU arithmetic model, then timed.
 The Pallas remote-DMA kernels need TPU semantics and do not run on GPUs; this is
 the GPU path of kernels/collectives.py. Run on a GPU machine:
 
-    python -m pallascheck.fuzz.bench_collectives          # check + time
-    pallascheck bench --backend gpu --op collectives      # time only (BENCHES)
+    python -m pallascheck.bench.collectives              # check + time
+    pallascheck bench --backend triton --op collectives   # time only (BENCHES)
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _mesh() -> Mesh:
 def check(dtype: str = "bfloat16") -> list[str]:
     """Values of the three xla_reference collectives on the visible devices; returns
     the failures (empty when all pass)."""
-    mesh, arith, failures = _mesh(), arithmetic_for("gpu"), []
+    mesh, arith, failures = _mesh(), arithmetic_for("triton"), []
     p = mesh.shape["x"]
     m, k, n = CHECK_SHAPE
     x = strategies.elements(0, (m, k), dtype, "normal", reduction=k)
@@ -90,6 +90,6 @@ if __name__ == "__main__":
     print("\n".join(problems) or "xla_reference collectives: all within their bounds (all_gather bit-exact)")
     from .bench import print_row
 
-    for row in bench_collectives(Backend("gpu")):
+    for row in bench_collectives(Backend("triton")):
         print_row(row)
     sys.exit(1 if problems else 0)

@@ -5,7 +5,7 @@ same contract, listed as the speed an approximate answer buys).
 Shapes follow the notebook: tokens 32 and 2048, vocab 201088, k 64, bf16 logits, for
 two inputs: N(0, 1) logits (the superset kernel stops at its first stage) and the
 worst case (every 128th logit 1, the rest 0: every stage runs). Times are medians
-(fuzz/timing.median_seconds); the kernel is timed with its default config and with
+(bench/timing.median_seconds); the kernel is timed with its default config and with
 the fastest of its config space, and every kernel result is checked bit for bit
 against ``lax.top_k`` (values) before it is timed.
 """

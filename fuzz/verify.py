@@ -1,0 +1,214 @@
+"""``pallascheck verify``: every registered kernel's checks, as a table.
+
+The work is split into units (one kernel x dtype property, one kernel's bad-input
+checks, the distributed kernels on N CPU devices) that run in ``--jobs`` worker
+processes, like pytest-xdist: interpret mode spends its time compiling, one core per
+compilation. Units start longest first, by the durations the previous run recorded
+in ``.pallascheck/verify-durations.json``, so the last unit does not start late.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from pallascheck.kernels.backends import get_backend
+from pallascheck.properties import checks, compilation, runner
+from pallascheck.properties.spec import get_spec, registry
+
+DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
+# The distributed kernels need a mesh: verify runs them in a child process with this
+# many CPU devices (meshes 4 and 2x2), on the TPU interpreter whatever --backend says.
+DISTRIBUTED_DEVICES = 4
+
+
+@dataclasses.dataclass
+class Row:
+    kernel: str
+    dtype: str
+    check: str
+    passed: bool
+    examples: int
+    budget_used: float
+    probabilistic_budget: float | None
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One piece of verify work: ``kind`` is "property", "errors" or "distributed"."""
+
+    kind: str
+    kernel: str
+    dtype: str = "-"
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.kernel}:{self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    backend: str
+    examples: int
+    seed: int
+    failures: str | None
+    dtypes: tuple[str, ...]
+
+
+def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
+    """The selected kernels that have no implementation for ``backend``."""
+    chosen = get_backend(backend)
+    return [n for n, s in registry().items() if (not kernels or n in kernels) and not s.runs_on(chosen)]
+
+
+def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None) -> list[Unit]:
+    """The units for the selected kernels and dtypes that run on ``backend``, longest first."""
+    from pallascheck.properties.collectives_checks import PROPERTIES
+
+    specs = registry()
+    missing = set(not_on(backend, kernels))
+    units: list[Unit] = []
+    for name in [n for n in (kernels or specs) if n in specs and n not in missing]:
+        units.append(Unit("errors", name))
+        units += [Unit("property", name, d) for d in specs[name].dtypes_for(get_backend(backend))
+                  if not dtypes or d in dtypes]
+    # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there.
+    distributed = [n for n in PROPERTIES if not kernels or n in kernels]
+    if distributed:
+        units.append(Unit("distributed", ",".join(distributed)))
+    previous = _load_durations()
+    # Unknown units first (assume slow), then by the last run's time.
+    return sorted(units, key=lambda u: -previous.get(u.key, float("inf")))
+
+
+def run_unit(unit: Unit, options: Options) -> tuple[list[Row], list[str], float]:
+    """Run one unit here; returns its rows, failure messages and wall time."""
+    start = time.perf_counter()
+    if unit.kind == "errors":
+        rows, failures = _errors(unit.kernel, options)
+    elif unit.kind == "property":
+        rows, failures = _property(unit.kernel, unit.dtype, options)
+    else:
+        rows, failures = _distributed(unit.kernel.split(","), options)
+    return rows, failures, time.perf_counter() - start
+
+
+def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
+    start = time.perf_counter()
+    err = runner.run_errors(get_spec(name), context=checks.Context(kernel=name, backend=options.backend))
+    row = Row(name, "-", "errors", err.passed, err.examples, err.budget_used, None, time.perf_counter() - start)
+    return [row], ([] if err.passed else [f"[errors] kernel={name}: {err.detail}"])
+
+
+def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[str]]:
+    backend = get_backend(options.backend)
+    replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
+              f"--examples {options.examples} --seed {options.seed}")
+    tally = runner.run_property(
+        get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
+        failure_dir=options.failures, replay_hint=replay,
+    )
+    rows = []
+    for check in runner.REPORTED:
+        if check in tally.outcomes:
+            o = tally.outcomes[check]
+            prob = tally.probabilistic_budget if check == "values" else None
+            rows.append(Row(name, dtype, check, o.passed, o.examples, o.budget_used, prob, tally.seconds.get(check, 0.0)))
+    return rows, [tally.failure] if tally.failure else []
+
+
+def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[str]]:
+    from pallascheck.properties import multidevice
+    from pallascheck.properties.collectives_checks import PROPERTIES
+
+    start = time.perf_counter()
+    result = multidevice.run_with_cpu_devices(
+        "pallascheck.properties.collectives_checks:run_checks", DISTRIBUTED_DEVICES,
+        {"examples": options.examples, "seed": options.seed, "kernels": names}, timeout_s=600,
+    )
+    seconds = (time.perf_counter() - start) / len(names)
+    rows, failures = [], []
+    errors = result.pop("errors")
+    rows.append(Row("collectives", "-", "errors", not errors, len(PROPERTIES), 0.0, None, 0.0))
+    failures += [f"[errors] {case}: {message}" for case, message in errors.items()]
+    for name, tally in result.items():
+        check = f"values (tpu_interpret, {DISTRIBUTED_DEVICES} CPU devices)"
+        for dtype in [d for d in sorted(tally["examples"]) if not options.dtypes or d in options.dtypes]:
+            rows.append(Row(name, dtype, check, not tally["failures"], tally["examples"][dtype],
+                            tally["budget"][dtype], None, seconds))
+        if tally["failures"]:
+            rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
+            failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
+    return rows, failures
+
+
+def _worker_init(backend: str) -> None:
+    compilation.configure(backend)
+
+
+def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], list[str]]:
+    """Run ``units`` on ``jobs`` processes (1: in this process); rows in plan order."""
+    results: dict[Unit, tuple[list[Row], list[str], float]] = {}
+
+    def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
+        results[unit] = result
+        print(f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}: "
+              f"{result[2]:.1f}s", file=sys.stderr, flush=True)
+
+    if jobs <= 1:
+        for unit in units:
+            done(unit, run_unit(unit, options))
+    else:
+        # spawn, not fork: a forked JAX runtime is not safe to use.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,),
+        ) as pool:
+            futures = {pool.submit(run_unit, unit, options): unit for unit in units}
+            for future in concurrent.futures.as_completed(futures):
+                done(futures[future], future.result())
+    _save_durations({u.key: r[2] for u, r in results.items()})
+    rows = [row for unit in units for row in results[unit][0]]
+    failures = [message for unit in units for message in results[unit][1]]
+    return rows, failures
+
+
+def slowest(rows: Sequence[Row], count: int) -> list[Row]:
+    """The ``count`` slowest kernel x dtype x check rows."""
+    return sorted(rows, key=lambda r: -r.seconds)[:count]
+
+
+def _load_durations() -> dict[str, float]:
+    try:
+        with open(DURATIONS_FILE) as f:
+            data = json.load(f)
+        return {str(k): float(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):  # first run, or a file from elsewhere
+        return {}
+
+
+def _save_durations(durations: dict[str, float]) -> None:
+    merged = {**_load_durations(), **durations}
+    os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)
+    tmp = f"{DURATIONS_FILE}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(merged, f, indent=1, sort_keys=True)
+    os.replace(tmp, DURATIONS_FILE)
+
+
+def default_jobs(backend: str) -> int:
+    """Every core on the CPU; on a GPU a few processes share the device (more only
+    compete for it), each allocating memory as needed."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if get_backend(backend).platform == "cpu" else min(cores, 4)
+
+
+def as_json(row: Row) -> dict[str, Any]:
+    budget = row.budget_used
+    return {**dataclasses.asdict(row), "budget_used": None if budget == float("inf") else budget}

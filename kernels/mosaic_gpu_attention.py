@@ -1,0 +1,742 @@
+"""Flash attention on Hopper through Pallas' Mosaic GPU lowering (``plgpu``): forward
+and FlashAttention-2 backward, with the semantics of ``kernels/attention.py``.
+
+One warpgroup per program. Each kernel TMA-loads its resident operands once and
+streams the other side through ``max_concurrent_steps`` SMEM slots (one TMA barrier
+per operand and slot; the copy for step ``i + stages`` is issued into the slot of
+step ``i`` as soon as step ``i`` has finished reading it). Every product is a
+``wgmma`` of two SMEM operands into a fresh f32 accumulator; 16-bit tiles sit in SMEM
+with the (8, 64) tiling and the 128-byte swizzle wgmma reads, f32 tiles (bias, ds,
+GQA partials) with (8, 32) and the same swizzle. A left operand computed in
+registers (p, ds) is rounded to the input dtype into an SMEM tile first (the Mosaic
+GPU interpreter's wgmma reads SMEM only). Results leave through SMEM and a TMA store.
+
+Forward (grid batch x q heads x q blocks of ``block_q``; kv blocks of ``block_kv``):
+    s     = wgmma(q, k^T) * sm_scale (+ b)         f32: bf16/f16 products are exact,
+                                                   the head_dim sum is the tensor
+                                                   core's f32 accumulation
+    s     = where(visible, s, -inf)
+    m_new = max(m, rowmax(s));  m_safe = 0 where m_new = -inf
+    alpha = exp(m - m_safe);    p = exp(s - m_safe)
+    l     = alpha * l + rowsum(p)                  p in f32
+    acc   = alpha * acc + wgmma(p.astype(dtype), v)
+then ``out = acc / l`` (0 where l = 0), rounded once to the input dtype, and
+``lse = m_safe + log(l)`` (-inf where l = 0), f32. So per kv block of ``block_kv``
+the tensor core sums that block's ``block_kv`` exact products of rounded p and v in
+its f32 accumulator (order inside the block is the hardware's), and the block sums
+are added sequentially in f32 registers: the Pallas kernel's ``block_k`` loop with
+``block_k = block_kv``. ``b`` is the f32 sum of ``bias`` with ``-inf`` where ``mask``
+hides the key (one XLA array, exact). With causal, kv blocks past the last one a
+query of the block sees are never loaded nor computed (that loop bound is dynamic;
+blocks at or below the diagonal all go through the same masked step).
+
+Backward (``delta = rowsum(dO * out)`` in XLA, f32, from the rounded out):
+    dk/dv kernel (grid batch x q heads x kv blocks of ``block_kv_bwd``; q blocks of
+    ``block_q_bwd`` streamed from the first one that sees the kv block):
+      s^T = wgmma(k, q^T) * sm_scale (+ b^T);  p^T = exp(s^T - lse)   (lse -inf -> 0)
+      dv += wgmma(p^T.astype(dtype), dO);  dp^T = wgmma(v, dO^T)      (f32 adds)
+      ds^T = p^T * (dp^T - delta);         dk += wgmma(ds^T.astype(dtype), q)
+      dk *= sm_scale at the end; ds^T (f32) is TMA-stored when there is a bias
+    dq kernel (grid batch x q heads x q blocks of ``block_q_bwd``; kv blocks of
+    ``block_kv_bwd`` streamed up to the causal limit):
+      the same p, dp, ds;  dq += wgmma(ds.astype(dtype), k);  dq *= sm_scale
+With GQA the dk/dv kernel writes f32 partials per q head and XLA sums each group in
+f32 before rounding; ``dbias`` is XLA's f32 sum of ds (done by kernels/attention.py).
+The logits of the backward are the forward's bit for bit (same products, same
+scaling and bias addition), transposed in the dk/dv kernel.
+
+Edges. Sequence lengths are padded with zeros in the wrapper to block multiples
+(every TMA copy is a whole block; TMA's out-of-bounds fill is not relied on); padded
+keys get -inf logits in the kernels, padded queries are sliced away (q = dO = delta
+= 0 in their rows, so they add exactly 0 to dk and dv). head_dim is padded with zero
+columns to a multiple of 64 (at most 256): exact for q.k, and the extra output
+columns are sliced away.
+
+Inputs bf16 or f16 only. f32 raises ``TypeError``: wgmma would take f32 operands as
+tf32, and a tf32 q.k errs by ~1 at |s| ~ 1e3, a factor e in p (the Pallas kernels use
+precision HIGHEST there); use backend ``triton``/``interpret`` for f32.
+
+Kernel steps are swappable (``Bodies``): test variants reuse the tiling, the
+pipeline and the wiring and change one step function.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from . import tiling
+from .backends import Backend, get_backend
+
+NEG_INF = float("-inf")
+BLOCKS = (64, 128)  # wgmma: one warpgroup owns 64-row multiples; larger tiles spill registers
+MAX_HEAD_DIM = 256
+_SWIZZLE = 128  # bytes: wgmma's widest swizzle; rows of 64 16-bit or 32 f32 elements
+_SMEM_BYTES = tiling.GPU_SHARED_MEMORY_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Blocks of the forward (``block_q`` queries x ``block_kv`` keys per step) and of
+    both backward kernels, and the number of SMEM slots the streamed operands cycle
+    through (TMA copies in flight ahead of the step that reads them)."""
+
+    block_q: int = 64
+    block_kv: int = 64
+    max_concurrent_steps: int = 2
+    block_q_bwd: int = 64
+    block_kv_bwd: int = 64
+
+    def __post_init__(self) -> None:
+        for field in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value not in BLOCKS:
+                raise ValueError(f"config.{field} must be one of {BLOCKS} (wgmma tiles), got {value!r}")
+        steps = self.max_concurrent_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 4:
+            raise ValueError(f"config.max_concurrent_steps must be an int in [2, 4] (pipeline stages), got {steps!r}")
+
+    # The names the tolerance model reads (shared with attention.Config).
+    @property
+    def block_k(self) -> int:
+        return self.block_kv
+
+    @property
+    def block_k_bwd(self) -> int:
+        return self.block_kv_bwd
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return -(-head_dim // 64) * 64
+
+
+def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
+    """SMEM a config needs at ``width`` columns, the bias tiles counted when asked."""
+    s = c.max_concurrent_steps
+    fwd = (c.block_q + 2 * s * c.block_kv) * width * itemsize + c.block_q * (c.block_kv * itemsize + 4)
+    bwd_lhs = c.block_q_bwd * c.block_kv_bwd * itemsize  # the staged p / ds tile
+    dq = (2 * c.block_q_bwd + 2 * s * c.block_kv_bwd) * width * itemsize + 2 * c.block_q_bwd * 4 + bwd_lhs
+    dkdv = (2 * c.block_kv_bwd * width * itemsize + 2 * c.block_kv_bwd * width * 4 + bwd_lhs
+            + s * (2 * c.block_q_bwd * width * itemsize + 2 * c.block_q_bwd * 4))
+    if with_bias:
+        fwd += s * c.block_q * c.block_kv * 4
+        dq += s * c.block_q_bwd * c.block_kv_bwd * 4
+        dkdv += (s + 1) * c.block_q_bwd * c.block_kv_bwd * 4
+    return max(fwd, dq, dkdv)
+
+
+def configs(
+    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2
+) -> list[Config]:
+    """Valid configs for these lengths and head_dim (the autotuning space). The
+    interpreter gets two or three (each costs a compile); the GPU the blocks whose
+    SMEM, bias tiles included, fits one block's 227 KiB."""
+    be = get_backend(backend)
+    width = padded_head_dim(head_dim)
+    if be.is_interpreted:
+        kv = tiling.blocks_for(seq_kv, (64, 128))
+        out = [Config(64, b, 2, 64, b) for b in kv]
+        return out + [Config(64, 64, 3, 64, 128)] if len(out) == 1 else out
+    out = []
+    for bq, bkv, steps, (bqb, bkvb) in itertools.product(
+        tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
+        ((64, 64), (64, 128), (128, 64)),
+    ):
+        c = Config(bq, bkv, steps, bqb, bkvb)
+        if _smem_bytes(c, width, itemsize, with_bias=True) <= _SMEM_BYTES:
+            out.append(c)
+    return out
+
+
+def _tiled(dtype: Any) -> tuple[Any, Any]:
+    """SMEM transforms wgmma reads and the WGMMA register layout loads/stores from."""
+    return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
+
+
+# ---------------------------------------------------------------------------------
+# Static facts and building blocks shared by the kernel steps.
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """Static facts of one call. Blocks here are the kernel's own (forward or backward).
+
+    ``offset = seq_kv - seq_q``: query i sees key j under causality iff j <= i + offset.
+    """
+
+    seq_q: int
+    seq_kv: int
+    width: int  # head_dim padded to a multiple of 64
+    causal: bool
+    sm_scale: float
+    bias_dims: tuple[int, int] | None  # (batch, heads) of the f32 logit bias; 1 = broadcast
+    group: int  # q heads per kv head
+    block_q: int
+    block_kv: int
+    stages: int
+    dtype: str
+
+    @property
+    def offset(self) -> int:
+        return self.seq_kv - self.seq_q
+
+    @property
+    def masked(self) -> bool:
+        """Whether any logit needs the visibility mask (padded keys or causality)."""
+        return self.causal or self.seq_kv % self.block_kv != 0
+
+    def bias_window(self, bias_ref: Any, b: Any, h: Any, rows: Any, cols: Any) -> Any:
+        bb, hb = self.bias_dims
+        return bias_ref.at[b if bb > 1 else 0, h if hb > 1 else 0, rows, cols]
+
+    def logits(self, s: jax.Array, q_start: Any, kv_start: Any, bias: jax.Array | None, *,
+               transposed: bool = False) -> jax.Array:
+        """f32 logits from the raw wgmma product ``s`` ((block_q, block_kv), or
+        (block_kv, block_q) when ``transposed``): scaled, biased, -inf where the key is
+        padding or above the causal diagonal."""
+        s = s * jnp.float32(self.sm_scale)
+        if bias is not None:
+            s = s + bias
+        if not self.masked:
+            return s
+        q_axis, kv_axis = (1, 0) if transposed else (0, 1)
+        rows = q_start + plgpu.broadcasted_iota(jnp.int32, s.shape, q_axis, layout=plgpu.Layout.WGMMA)
+        cols = kv_start + plgpu.broadcasted_iota(jnp.int32, s.shape, kv_axis, layout=plgpu.Layout.WGMMA)
+        visible = cols < self.seq_kv
+        if self.causal:
+            visible = visible & (cols <= rows + self.offset)
+        return jnp.where(visible, s, NEG_INF)
+
+
+def kv_blocks_seen(t: Tile, q_block: Any) -> Any:
+    """How many kv blocks (from 0) hold a key that some real query of this q block sees."""
+    total = pl.cdiv(t.seq_kv, t.block_kv)
+    if not t.causal:
+        return total
+    last_col = jnp.minimum((q_block + 1) * t.block_q, t.seq_q) + t.offset  # exclusive
+    return jnp.clip(lax.div(last_col + t.block_kv - 1, t.block_kv), 0, total)
+
+
+def first_q_block_seeing(t: Tile, kv_block: Any) -> Any:
+    """The first q block with a query that sees a key of this kv block."""
+    if not t.causal:
+        return 0
+    first_row = jnp.maximum(kv_block * t.block_kv - t.offset, 0)
+    return jnp.minimum(lax.div(first_row, t.block_q), pl.cdiv(t.seq_q, t.block_q))
+
+
+def mma(a: Any, b: Any, shape: tuple[int, int]) -> jax.Array:
+    """wgmma(a, b) of two SMEM operands into a fresh f32 accumulator, read back into
+    registers (which waits for the tensor core)."""
+
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+        return acc_ref[...]
+
+    return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def staged(x: jax.Array, ref: Any) -> Any:
+    """``x`` rounded to ``ref``'s dtype in SMEM and fenced for the next wgmma (the
+    left operand of a product computed in registers: p, ds)."""
+    ref[...] = x.astype(ref.dtype)
+    plgpu.commit_smem()
+    return ref
+
+
+def rows_of(vector: jax.Array, shape: tuple[int, int], axis: int) -> jax.Array:
+    """A per-row (axis 0) or per-column (axis 1) vector broadcast to ``shape``."""
+    return lax.broadcast_in_dim(vector, shape, [axis])
+
+
+def guard_neg_inf(x: jax.Array) -> jax.Array:
+    """x with -inf replaced by 0, so that exp(s - x) is 0 (not NaN) for s = -inf."""
+    return jnp.where(x == NEG_INF, jnp.zeros_like(x), x)
+
+
+def zeros(shape: tuple[int, ...], layout: Any) -> jax.Array:
+    return plgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)
+
+
+@dataclasses.dataclass
+class Stream:
+    """One operand streamed through the SMEM slots: ``source(block)`` is the GMEM window
+    of a block, ``smem`` has a leading slot axis, one TMA barrier per slot."""
+
+    source: Callable[[Any], Any]
+    smem: Any
+    barriers: Any
+
+    def fetch(self, block: Any, slot: Any) -> None:
+        plgpu.copy_gmem_to_smem(self.source(block), self.smem.at[slot], self.barriers.at[slot])
+
+    def wait(self, slot: Any) -> None:
+        plgpu.barrier_wait(self.barriers.at[slot])
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """Blocks ``start .. start + count`` of the streams, step ``i`` in slot ``i % stages``;
+    ``count`` is at most ``blocks``, the static number of blocks in the operands."""
+
+    streams: dict[str, Stream]
+    stages: int
+    start: Any
+    count: Any
+    blocks: int
+
+    def __getitem__(self, name: str) -> Stream:
+        return self.streams[name]
+
+    def slot(self, step: Any) -> Any:
+        return lax.rem(step, jnp.asarray(self.stages, jnp.int32))
+
+    def block(self, step: Any) -> Any:
+        return self.start + step
+
+    def _fetch(self, step: Any, slot: Any) -> None:
+        for stream in self.streams.values():
+            stream.fetch(self.block(step), slot)
+
+    def prologue(self) -> None:
+        for step in range(min(self.stages, self.blocks)):
+            pl.when(step < self.count)(functools.partial(self._fetch, step, step))
+
+    def refill(self, step: Any) -> None:
+        """Issue step + stages into this step's slot; call once the step read its slot."""
+        pl.when(step + self.stages < self.count)(lambda: self._fetch(step + self.stages, self.slot(step)))
+
+    def run(self, step_fn: Callable[[Any, Any], Any], carry: Any) -> Any:
+        self.prologue()
+        return lax.fori_loop(0, self.count, step_fn, carry)
+
+
+# ---------------------------------------------------------------------------------
+# Default kernel steps (swappable through Bodies). Each reads its slot, computes, and
+# hands the slot back to the pipeline with ``refill``.
+
+
+@dataclasses.dataclass
+class ForwardRefs:
+    q: Any  # (block_q, width) SMEM, resident
+    lhs: Any  # (block_q, block_kv) SMEM in the input dtype: p for the p.v wgmma
+    q_start: Any
+
+
+def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any) -> Any:
+    m, l, acc = carry
+    slot = pipe.slot(step)
+    kv_start = pipe.block(step) * t.block_kv
+    pipe["k"].wait(slot)
+    s = mma(r.q, pipe["k"].smem.at[slot].transpose((1, 0)), (t.block_q, t.block_kv))
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, r.q_start, kv_start, bias)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    m_safe = guard_neg_inf(m_new)
+    alpha = jnp.exp(m - m_safe)
+    p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
+    l = alpha * l + p.sum(axis=1)
+    pipe["v"].wait(slot)
+    acc = acc * rows_of(alpha, acc.shape, 0) + mma(staged(p, r.lhs), pipe["v"].smem.at[slot], acc.shape)
+    pipe.refill(step)
+    return m_new, l, acc
+
+
+@dataclasses.dataclass
+class DkdvRefs:
+    k: Any  # (block_kv, width) SMEM, resident
+    v: Any
+    lhs: Any  # (block_kv, block_q) SMEM in the input dtype: p^T, then ds^T
+    ds: Any  # (block_kv, block_q) f32 SMEM for ds^T, or None without a bias
+    ds_ref: Any  # GMEM [b, h, seq_kv, seq_q] f32, or None
+    b: Any
+    h: Any
+    kv_start: Any
+
+
+def dkdv_step(t: Tile, pipe: Pipeline, r: DkdvRefs, step: Any, carry: Any) -> Any:
+    dk, dv = carry
+    slot = pipe.slot(step)
+    q_start = pipe.block(step) * t.block_q
+    shape = (t.block_kv, t.block_q)
+    for name in ("q", "do", "lse", "delta"):
+        pipe[name].wait(slot)
+    q, do = pipe["q"].smem.at[slot], pipe["do"].smem.at[slot]
+    s = mma(r.k, q.transpose((1, 0)), shape)
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
+    lse = plgpu.load(pipe["lse"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    p = jnp.exp(s - rows_of(lse, shape, 1))
+    dv = dv + mma(staged(p, r.lhs), do, dv.shape)
+    dp = mma(r.v, do.transpose((1, 0)), shape)
+    delta = plgpu.load(pipe["delta"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    ds = p * (dp - rows_of(delta, shape, 1))
+    dk = dk + mma(staged(ds, r.lhs), q, dk.shape)
+    if r.ds is not None:
+        store_ds(t, r, ds, q_start)
+    pipe.refill(step)
+    return dk, dv
+
+
+def store_ds(t: Tile, r: DkdvRefs, ds: jax.Array, q_start: Any) -> None:
+    """ds^T of this step to GMEM through SMEM: the previous step's TMA store must
+    have read the SMEM tile before it is overwritten."""
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    r.ds[...] = ds
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(r.ds, r.ds_ref.at[r.b, r.h, pl.ds(r.kv_start, t.block_kv), pl.ds(q_start, t.block_q)])
+
+
+@dataclasses.dataclass
+class DqRefs:
+    q: Any  # (block_q, width) SMEM, resident
+    do: Any
+    lhs: Any  # (block_q, block_kv) SMEM in the input dtype: ds
+    lse: jax.Array  # (block_q,) f32 in registers, -inf replaced by 0
+    delta: jax.Array
+    q_start: Any
+
+
+def dq_step(t: Tile, pipe: Pipeline, r: DqRefs, step: Any, dq: Any) -> Any:
+    slot = pipe.slot(step)
+    kv_start = pipe.block(step) * t.block_kv
+    shape = (t.block_q, t.block_kv)
+    pipe["k"].wait(slot)
+    k = pipe["k"].smem.at[slot]
+    s = mma(r.q, k.transpose((1, 0)), shape)
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, r.q_start, kv_start, bias)
+    p = jnp.exp(s - rows_of(r.lse, shape, 0))
+    pipe["v"].wait(slot)
+    dp = mma(r.do, pipe["v"].smem.at[slot].transpose((1, 0)), shape)
+    ds = p * (dp - rows_of(r.delta, shape, 0))
+    dq = dq + mma(staged(ds, r.lhs), k, dq.shape)
+    pipe.refill(step)
+    return dq
+
+
+@dataclasses.dataclass(frozen=True)
+class Bodies:
+    forward_step: Callable[..., Any] = forward_step
+    dkdv_step: Callable[..., Any] = dkdv_step
+    dq_step: Callable[..., Any] = dq_step
+    kv_blocks_seen: Callable[[Tile, Any], Any] = kv_blocks_seen
+
+
+# ---------------------------------------------------------------------------------
+# Kernels: resident operands, the pipeline, the epilogue.
+
+
+def _streams(t: Tile, named: Sequence[tuple[str, Callable[[Any], Any], Any]]) -> tuple[dict, list]:
+    """Scratch for streamed operands: (name, source, SMEM type of one slot)."""
+    return {name: source for name, source, _ in named}, [
+        (ty, plgpu.Barrier(num_barriers=t.stages)) for _, _, ty in named
+    ]
+
+
+def _smem(shape: tuple[int, ...], dtype: Any, stages: int | None = None) -> Any:
+    full = shape if stages is None else (stages, *shape)
+    if len(shape) == 1:  # vectors: no tiling
+        return plgpu.SMEM(full, dtype)
+    return plgpu.SMEM(full, dtype, transforms=_tiled(dtype))
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
+    bias_ref = rest[0] if t.bias_dims is not None else None
+    o_ref, lse_ref = rest[-2:]
+    b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    kv_head = lax.div(h, jnp.int32(t.group))
+    q_start = qi * t.block_q
+    dtype = jnp.dtype(t.dtype)
+    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
+    named = [
+        ("k", lambda j: k_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
+        ("v", lambda j: v_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
+    ]
+    if bias_ref is not None:
+        named.append(("bias", lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
+                      _smem((t.block_q, t.block_kv), jnp.float32, t.stages)))
+    sources, scratch = _streams(t, named)
+
+    def body(q_smem, lhs_smem, lse_smem, q_barrier, *stream_scratch):
+        streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
+        pipe = Pipeline(streams, t.stages, 0, bodies.kv_blocks_seen(t, qi), pl.cdiv(t.seq_kv, t.block_kv))
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_start, t.block_q), h], q_smem, q_barrier.at[0])
+        plgpu.barrier_wait(q_barrier.at[0])
+        refs = ForwardRefs(q_smem, lhs_smem, q_start)
+        init = (
+            plgpu.layout_cast(jnp.full((t.block_q,), NEG_INF, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+            zeros((t.block_q,), plgpu.Layout.WGMMA.reduce(1)),
+            zeros((t.block_q, t.width), plgpu.Layout.WGMMA),
+        )
+        step = lambda i, carry: bodies.forward_step(t, pipe, refs, i, carry)
+        m, l, acc = pipe.run(step, init)
+        # out = acc / l (0 where l = 0: a fully masked row), lse = m + log(l) (-inf there)
+        empty = l == 0.0
+        l_safe = jnp.where(empty, jnp.ones_like(l), l)
+        q_smem[...] = (acc / rows_of(l_safe, acc.shape, 0)).astype(dtype)  # q is no longer read
+        lse_smem[...] = jnp.where(empty, jnp.full_like(l, NEG_INF), guard_neg_inf(m) + jnp.log(l_safe))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q_start, t.block_q), h])
+        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_start, t.block_q)])
+        plgpu.wait_smem_to_gmem(0)
+
+    pl.run_scoped(
+        body, _smem((t.block_q, t.width), dtype), _smem((t.block_q, t.block_kv), dtype),
+        plgpu.SMEM((t.block_q,), jnp.float32),
+        plgpu.Barrier(num_barriers=1), *scratch,
+    )
+
+
+def _dkdv_kernel(
+    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
+):
+    has_bias = t.bias_dims is not None
+    bias_ref = rest[0] if has_bias else None
+    dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
+    ds_ref = rest[-1] if with_ds else None
+    b, h, kj = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    kv_head = lax.div(h, jnp.int32(t.group))
+    kv_start = kj * t.block_kv
+    dtype = jnp.dtype(t.dtype)
+    grad_dtype = dk_ref.dtype
+    q_rows = lambda i: pl.ds(i * t.block_q, t.block_q)
+    named = [
+        ("q", lambda i: q_ref.at[b, q_rows(i), h], _smem((t.block_q, t.width), dtype, t.stages)),
+        ("do", lambda i: do_ref.at[b, q_rows(i), h], _smem((t.block_q, t.width), dtype, t.stages)),
+        ("lse", lambda i: lse_ref.at[b, h, q_rows(i)], _smem((t.block_q,), jnp.float32, t.stages)),
+        ("delta", lambda i: delta_ref.at[b, h, q_rows(i)], _smem((t.block_q,), jnp.float32, t.stages)),
+    ]
+    if has_bias:  # the transposed bias [b, h, seq_kv, seq_q]
+        named.append(("bias", lambda i: t.bias_window(bias_ref, b, h, pl.ds(kv_start, t.block_kv), q_rows(i)),
+                      _smem((t.block_kv, t.block_q), jnp.float32, t.stages)))
+    sources, scratch = _streams(t, named)
+
+    def body(k_smem, v_smem, lhs_smem, dk_smem, dv_smem, ds_smem, kv_barrier, *stream_scratch):
+        streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
+        first = first_q_block_seeing(t, kj)
+        blocks = pl.cdiv(t.seq_q, t.block_q)
+        pipe = Pipeline(streams, t.stages, first, blocks - first, blocks)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, pl.ds(kv_start, t.block_kv), kv_head], k_smem, kv_barrier.at[0])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(kv_start, t.block_kv), kv_head], v_smem, kv_barrier.at[1])
+        plgpu.barrier_wait(kv_barrier.at[0])
+        plgpu.barrier_wait(kv_barrier.at[1])
+        refs = DkdvRefs(k_smem, v_smem, lhs_smem, ds_smem, ds_ref, b, h, kv_start)
+        init = (zeros((t.block_kv, t.width), plgpu.Layout.WGMMA),) * 2
+        dk, dv = pipe.run(lambda i, carry: bodies.dkdv_step(t, pipe, refs, i, carry), init)
+        if with_ds:
+            plgpu.wait_smem_to_gmem(0)
+        dk_smem[...] = (dk * jnp.float32(t.sm_scale)).astype(grad_dtype)
+        dv_smem[...] = dv.astype(grad_dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b, pl.ds(kv_start, t.block_kv), h])
+        plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b, pl.ds(kv_start, t.block_kv), h])
+        plgpu.wait_smem_to_gmem(0)
+
+    tile_kv = _smem((t.block_kv, t.width), dtype)
+    tile_grad = _smem((t.block_kv, t.width), grad_dtype)
+    ds_tile = _smem((t.block_kv, t.block_q), jnp.float32) if with_ds else None
+    lhs = _smem((t.block_kv, t.block_q), dtype)
+    pl.run_scoped(body, tile_kv, tile_kv, lhs, tile_grad, tile_grad, ds_tile, plgpu.Barrier(num_barriers=2), *scratch)
+
+
+def _dq_kernel(q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies):
+    bias_ref = rest[0] if t.bias_dims is not None else None
+    dq_ref = rest[-1]
+    b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    kv_head = lax.div(h, jnp.int32(t.group))
+    q_start = qi * t.block_q
+    dtype = jnp.dtype(t.dtype)
+    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
+    named = [
+        ("k", lambda j: k_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
+        ("v", lambda j: v_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
+    ]
+    if bias_ref is not None:
+        named.append(("bias", lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
+                      _smem((t.block_q, t.block_kv), jnp.float32, t.stages)))
+    sources, scratch = _streams(t, named)
+
+    def body(q_smem, do_smem, lhs_smem, lse_smem, delta_smem, barriers, *stream_scratch):
+        streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
+        pipe = Pipeline(streams, t.stages, 0, bodies.kv_blocks_seen(t, qi), pl.cdiv(t.seq_kv, t.block_kv))
+        rows = pl.ds(q_start, t.block_q)
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, barriers.at[0])
+        plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem, barriers.at[1])
+        plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem, barriers.at[2])
+        plgpu.copy_gmem_to_smem(delta_ref.at[b, h, rows], delta_smem, barriers.at[3])
+        for i in range(4):
+            plgpu.barrier_wait(barriers.at[i])
+        vector = plgpu.Layout.WGMMA.reduce(1)
+        lse, delta = plgpu.load(lse_smem, layout=vector), plgpu.load(delta_smem, layout=vector)
+        refs = DqRefs(q_smem, do_smem, lhs_smem, lse, delta, q_start)
+        dq = pipe.run(lambda j, carry: bodies.dq_step(t, pipe, refs, j, carry),
+                      zeros((t.block_q, t.width), plgpu.Layout.WGMMA))
+        q_smem[...] = (dq * jnp.float32(t.sm_scale)).astype(dtype)  # q is no longer read
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, rows, h])
+        plgpu.wait_smem_to_gmem(0)
+
+    tile_q = _smem((t.block_q, t.width), dtype)
+    vec = plgpu.SMEM((t.block_q,), jnp.float32)
+    lhs = _smem((t.block_q, t.block_kv), dtype)
+    pl.run_scoped(body, tile_q, tile_q, lhs, vec, vec, plgpu.Barrier(num_barriers=4), *scratch)
+
+
+# ---------------------------------------------------------------------------------
+# Wrappers: checks, padding, the plgpu.kernel calls.
+
+
+def _check(q: jax.Array, backend: Backend) -> None:
+    if not backend.is_mosaic_gpu:
+        raise ValueError(f"mosaic_gpu_attention runs on mosaic_gpu or mosaic_gpu_interpret, got backend {backend}")
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise TypeError(
+            f"attention on Mosaic GPU takes bfloat16 or float16 inputs, got {jnp.dtype(q.dtype).name}: wgmma "
+            "would round float32 to tf32 and a tf32 logit error is exponentiated; use backend triton or "
+            "interpret for float32"
+        )
+    if q.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} on Mosaic GPU (wgmma N <= 256), got {q.shape[3]}")
+    backend.require_available()
+
+
+def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:
+    if x.shape[axis] == size:
+        return x
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pads)
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def _logit_bias(bias: jax.Array | None, mask: jax.Array | None, rows: int, cols: int) -> jax.Array | None:
+    """The f32 additive bias the kernels read, [b, h, rows, cols] with batch/head dims
+    1 where both broadcast: bias (exact in f32), -inf where the mask hides the key;
+    zeros in the padding (the kernels mask padded keys themselves)."""
+    if bias is None and mask is None:
+        return None
+    parts = [x.reshape((1,) * (4 - x.ndim) + x.shape) for x in (bias, mask) if x is not None]
+    shape = tuple(max(x.shape[d] for x in parts) for d in range(4))
+    out = jnp.zeros(shape, jnp.float32)
+    if bias is not None:
+        out = out + parts[0].astype(jnp.float32)
+    if mask is not None:
+        out = jnp.where(parts[-1] != 0, out, NEG_INF)
+    return _pad(_pad(out, 2, rows), 3, cols)
+
+
+def _tile(q: jax.Array, k: jax.Array, bias: jax.Array | None, *, causal: bool, sm_scale: float,
+          block_q: int, block_kv: int, stages: int) -> Tile:
+    return Tile(
+        seq_q=q.shape[1], seq_kv=k.shape[1], width=padded_head_dim(q.shape[3]), causal=causal,
+        sm_scale=float(sm_scale), bias_dims=None if bias is None else (bias.shape[0], bias.shape[1]),
+        group=q.shape[2] // k.shape[2], block_q=block_q, block_kv=block_kv, stages=stages,
+        dtype=jnp.dtype(q.dtype).name,
+    )
+
+
+def _padded(x: jax.Array, rows: int, width: int) -> jax.Array:
+    return _pad(_pad(x, 1, rows), 3, width)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "config", "backend", "bodies"))
+def forward(
+    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, mask: jax.Array | None, *,
+    causal: bool, sm_scale: float, config: Config, backend: Backend, bodies: Bodies = Bodies(),
+) -> tuple[jax.Array, jax.Array]:
+    """(out [b, seq_q, h, d], lse [b, h, seq_q] f32). ``bias``/``mask`` are rank 4 and
+    broadcast to [b, h, seq_q, seq_kv] (batch/head dims 1 or full); mask True = visible."""
+    _check(q, backend)
+    (batch, seq_q, heads, head_dim), seq_kv = q.shape, k.shape[1]
+    c = config
+    rows, cols = _round_up(seq_q, c.block_q), _round_up(seq_kv, c.block_kv)
+    logit_bias = _logit_bias(bias, mask, rows, cols)
+    t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q, block_kv=c.block_kv,
+              stages=c.max_concurrent_steps)
+    args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
+    args += [logit_bias] if logit_bias is not None else []
+    out, lse = plgpu.kernel(
+        functools.partial(_forward_kernel, t=t, bodies=bodies),
+        out_type=(
+            jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, rows), jnp.float32),
+        ),
+        grid=(batch, heads, rows // c.block_q), grid_names=("batch", "heads", "blocks"),
+        interpret=backend.interpret_arg(),
+    )(*args)
+    return out[:, :seq_q, :, :head_dim], lse[:, :, :seq_q]
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "config", "backend", "bodies"))
+def backward(
+    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
+    out: jax.Array, lse: jax.Array, do: jax.Array, *,
+    causal: bool, sm_scale: float, config: Config, backend: Backend, bodies: Bodies = Bodies(),
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """(dq, dk, dv, ds): ds is the f32 [b, h, seq_q, seq_kv] gradient of the logits
+    (None without a bias), which the caller sums over the bias' broadcast dims."""
+    _check(q, backend)
+    (batch, seq_q, heads, head_dim), (seq_kv, heads_kv) = q.shape, k.shape[1:3]
+    group = heads // heads_kv
+    c = config
+    rows, cols = _round_up(seq_q, c.block_q_bwd), _round_up(seq_kv, c.block_kv_bwd)
+    logit_bias = _logit_bias(bias, mask, rows, cols)
+    t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q_bwd,
+              block_kv=c.block_kv_bwd, stages=c.max_concurrent_steps)
+    delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+    vectors = [_pad(guard_neg_inf(lse), 2, rows), _pad(delta, 2, rows)]
+    qp, dop = _padded(q, rows, t.width), _padded(do, rows, t.width)
+    kp, vp = _padded(k, cols, t.width), _padded(v, cols, t.width)
+    has_bias = bias is not None
+    interpret = backend.interpret_arg()
+    grid_names = ("batch", "heads", "blocks")
+
+    grad_dtype = k.dtype if group == 1 else jnp.float32
+    kv_grad = jax.ShapeDtypeStruct((batch, cols, heads, t.width), grad_dtype)
+    out_type = [kv_grad, kv_grad]
+    extra = []
+    if logit_bias is not None:
+        extra = [logit_bias.transpose(0, 1, 3, 2)]
+    if has_bias:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, cols, rows), jnp.float32))
+    outs = plgpu.kernel(
+        functools.partial(_dkdv_kernel, t=t, bodies=bodies, with_ds=has_bias), out_type=tuple(out_type),
+        grid=(batch, heads, cols // c.block_kv_bwd), grid_names=grid_names, interpret=interpret,
+    )(qp, dop, kp, vp, *vectors, *extra)
+    dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
+    if group > 1:  # f32 partials per q head -> one sum per kv head
+        dk = dk.reshape(batch, seq_kv, heads_kv, group, head_dim).sum(3).astype(k.dtype)
+        dv = dv.reshape(batch, seq_kv, heads_kv, group, head_dim).sum(3).astype(v.dtype)
+    ds = None
+    if has_bias:
+        ds = outs[2].transpose(0, 1, 3, 2)[:, :, :seq_q, :seq_kv]
+        if causal:  # q blocks above the diagonal are never visited: their ds is 0
+            visible = jnp.arange(seq_kv)[None, :] <= jnp.arange(seq_q)[:, None] + (seq_kv - seq_q)
+            ds = jnp.where(visible, ds, 0.0)
+
+    dq = plgpu.kernel(
+        functools.partial(_dq_kernel, t=t, bodies=bodies),
+        out_type=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(batch, heads, rows // c.block_q_bwd),
+        grid_names=grid_names, interpret=interpret,
+    )(qp, dop, kp, vp, *vectors, *([logit_bias] if logit_bias is not None else []))
+    return dq[:, :seq_q, :, :head_dim], dk, dv, ds
+

@@ -1,0 +1,328 @@
+"""Hopper (Mosaic GPU) tiled matmul ``act(x @ y)``: TMA loads, wgmma, TMA store.
+
+One CTA (one warpgroup) per (tile_m, tile_n) output tile, on a (M/tile_m, N/tile_n)
+grid. The K range is walked in steps of ``tile_k`` through a ring of
+``max_concurrent_steps`` SMEM slots: TMA copies GMEM -> SMEM fill a slot and arrive
+on its barrier; the warpgroup waits on that barrier, issues an asynchronous wgmma
+into the f32 accumulator and, once the previous step's wgmma has retired
+(``wgmma_wait(1)``), refills that step's slot with the tile ``max_concurrent_steps``
+ahead. The epilogue applies the activation in f32 to the accumulator, rounds once
+to ``out_dtype`` into SMEM and TMA-stores the tile (and, for the backward pass, the
+f32 pre-activation).
+
+Arithmetic, for bf16/f16 inputs (the tolerance model's inputs):
+- every product ``x[i, k] * y[k, j]`` is exact in f32 (8/11-bit significands);
+- per K tile, the wgmma sums its ``tile_k`` products into the f32 accumulator; the
+  order inside one wgmma is the tensor core's (not IEEE sequential; on the
+  interpreter it is numpy's f32 matmul of the tile);
+- the ``ceil(K / tile_k)`` tiles are added sequentially, tile 0 first, into that
+  one f32 accumulator (it starts at exact zeros): a blocked sum with block
+  ``tile_k``;
+- the activation is evaluated in f32 on the accumulator and the result is rounded
+  once to ``out_dtype``; the pre-activation residual is the f32 accumulator itself.
+  On the GPU ``sigmoid``/``silu`` are lowered as ``1 / (1 + exp(-z))`` and ``tanh``
+  is the math library's f32 one (no approximate math). Exact ``gelu`` is not
+  offered (see :func:`supported_activations`); use ``gelu_tanh``.
+
+f32 inputs are refused with a TypeError: wgmma's tf32 mode needs both operands
+K-major in SMEM, y [K, N] is N-major, and tf32 would change the arithmetic above;
+run f32 on the ``interpret`` or ``triton`` backends.
+
+Unaligned shapes: the wrapper pads x and y with zeros to multiples of the tiles
+(only when needed) and slices the result. Padding along K is exact zeros, so it adds
+exact zeros to every sum; padded rows and columns are dropped. (TMA's own
+out-of-bounds zero fill is not relied on.)
+
+Gradients: :func:`pallascheck.kernels.matmul.matmul` wraps this kernel in its
+``custom_vjp`` (the backward runs this kernel on ``dz @ y.T`` and ``x.T @ dz``);
+the functions here are forward only. Batched products: ``jax.vmap`` works, as for
+every ``plgpu.kernel``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from . import tiling, validation
+from .activations import ACTIVATIONS, get_activation
+from .backends import Backend, get_backend
+
+# wgmma's M is 64 per instruction and one warpgroup holds the accumulator in
+# registers: 128 x 128 f32 is 128 registers per thread, the most we allow.
+MAX_ACCUMULATOR_ELEMENTS = 128 * 128
+INPUT_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """tile_m x tile_n output tile per CTA, tile_k the K step (one wgmma), and
+    max_concurrent_steps SMEM slots in the TMA pipeline."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    max_concurrent_steps: int = 3
+
+    def __post_init__(self) -> None:
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"config.tile_m must be 64 or 128 (wgmma M is 64 per instruction), got {self.tile_m!r}")
+        validation.require_positive_power_of_two("config.tile_n", self.tile_n, 32)
+        if self.tile_n > 256:
+            raise ValueError(f"config.tile_n must be <= 256 (wgmma N), got {self.tile_n}")
+        # tile_k * 2 bytes is the SMEM swizzle (32, 64 or 128 bytes).
+        validation.require_positive_power_of_two("config.tile_k", self.tile_k, 16)
+        if self.tile_k > 64:
+            raise ValueError(f"config.tile_k must be <= 64 (a 128-byte swizzle of 2-byte inputs), got {self.tile_k}")
+        if self.tile_n < self.tile_k:
+            raise ValueError(
+                f"config.tile_n must be >= config.tile_k (y's SMEM tile is swizzled in rows of tile_k), "
+                f"got tile_n={self.tile_n}, tile_k={self.tile_k}"
+            )
+        if self.tile_m * self.tile_n > MAX_ACCUMULATOR_ELEMENTS:
+            raise ValueError(
+                f"config.tile_m * config.tile_n must be <= {MAX_ACCUMULATOR_ELEMENTS} (the f32 accumulator "
+                f"lives in one warpgroup's registers), got {self.tile_m} * {self.tile_n}"
+            )
+        if not isinstance(self.max_concurrent_steps, int) or not 2 <= self.max_concurrent_steps <= 8:
+            raise ValueError(
+                f"config.max_concurrent_steps must be an int in [2, 8] (pipeline stages), "
+                f"got {self.max_concurrent_steps!r}"
+            )
+
+
+    @property
+    def block_k(self) -> int:
+        """The K block of the accumulation order (what the tolerance model calls it)."""
+        return self.tile_k
+
+
+def smem_bytes(config: Config, itemsize: int, out_itemsize: int, save_preactivation: bool) -> int:
+    """Shared memory one CTA holds: the pipeline's x and y slots plus the output tile(s)."""
+    pipeline = config.max_concurrent_steps * (config.tile_m + config.tile_n) * config.tile_k * itemsize
+    out = config.tile_m * config.tile_n * (out_itemsize + (4 if save_preactivation else 0))
+    return pipeline + out
+
+
+def configs(
+    m: int, n: int, k: int, itemsize: int = 2, backend: "str | Backend | None" = None
+) -> list[Config]:
+    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte
+    inputs; configs whose SMEM (with an f32 pre-activation tile) does not fit are left out."""
+    be = get_backend(backend)
+    if be.is_interpreted:  # every config costs a compile and an interpreted run
+        ms, ns, ks, stages = (64,), (64, 128), (32, 64), (2,)
+    else:
+        ms, ns, ks, stages = (64, 128), (64, 128, 256), (64,), (3, 4)
+    space = []
+    for tm, tn, tk, s in itertools.product(
+        tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages
+    ):
+        if tm * tn > MAX_ACCUMULATOR_ELEMENTS or tn < tk:
+            continue
+        config = Config(tm, tn, tk, s)
+        if smem_bytes(config, itemsize, itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES:
+            space.append(config)
+    return space
+
+
+def supported_activations() -> tuple[str, ...]:
+    """The activations that compile on Mosaic GPU: all but exact ``gelu``, whose
+    ``erf`` has no layout-inference rule in jax 0.11.2's Mosaic GPU lowering
+    ("No layout inference rule defined for math.erf", seen on an H200). The
+    interpreter would run it, but it offers what the hardware compiles."""
+    return tuple(sorted(a for a in ACTIVATIONS if a != "gelu"))
+
+
+def check_input_dtype(dtype: Any) -> None:
+    if jnp.dtype(dtype) not in tuple(jnp.dtype(d) for d in INPUT_DTYPES):
+        raise TypeError(
+            f"the Mosaic GPU kernels take bfloat16 or float16 inputs, got {jnp.dtype(dtype).name}: "
+            f"f32 would need wgmma's tf32 mode with K-major operands; use the interpret or triton backend for f32"
+        )
+
+
+def operand_transforms(minor: int, dtype: Any) -> tuple[Any, ...]:
+    """The (8, swizzle) tiling and swizzle that wgmma and TMA need for an SMEM tile
+    whose minor dimension holds ``minor`` elements of ``dtype``."""
+    swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle))
+
+
+def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
+    """One output tile. ``refs`` = output GMEM refs, x/y SMEM rings, their
+    barriers, output SMEM tiles (one per output)."""
+    n_out = (len(refs) - 3) // 2
+    out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out:n_out + 3], refs[n_out + 3:]
+    stages, tile_m, tile_k = x_smem.shape
+    tile_n = y_smem.shape[2]
+    m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
+    n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
+
+    def load(step, slot):  # TMA copies of K tile `step` into ring slot `slot`
+        k_slice = pl.ds(step * tile_k, tile_k)
+        plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
+        plgpu.copy_gmem_to_smem(y_gmem.at[k_slice, n_slice], y_smem.at[slot], loaded.at[slot])
+
+    for step in range(min(stages, num_k_tiles)):
+        load(step, step)
+
+    def k_loop(acc_ref):
+        @pl.loop(0, num_k_tiles)
+        def _step(step):
+            slot = lax.rem(step, stages)
+            plgpu.barrier_wait(loaded.at[slot])
+            plgpu.wgmma(acc_ref, x_smem.at[slot], y_smem.at[slot])
+            # Step-1's wgmma has now retired, so its slot may take the tile
+            # `stages` ahead of it; this step's wgmma keeps running meanwhile.
+            plgpu.wgmma_wait(1)
+            refill = step - 1 + stages
+
+            @pl.when((step >= 1) & (refill < num_k_tiles))
+            def _refill():
+                load(refill, lax.rem(refill, stages))
+
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))  # allocated as exact zeros
+    store_tiles(out_gmems, out_smems, (get_activation(activation)(acc), acc), m_slice, n_slice)
+
+
+def store_tiles(out_gmems, out_smems, values, m_slice, n_slice) -> None:
+    """Round each value once to its output dtype in SMEM, then TMA-store it."""
+    for smem, value in zip(out_smems, values):
+        smem[...] = value.astype(smem.dtype)
+    plgpu.commit_smem()
+    for gmem, smem in zip(out_gmems, out_smems):
+        plgpu.copy_smem_to_gmem(smem, gmem.at[m_slice, n_slice])
+    # The SMEM tiles must stay alive until the TMA engine has read them.
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def pad_to(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
+    """Zero-pad each dimension up to a multiple (a no-op when already aligned)."""
+    pads = [(0, -size % mult) for size, mult in zip(a.shape, multiples)]
+    return jnp.pad(a, pads) if any(p for _, p in pads) else a
+
+
+KernelBody = Callable[..., None]
+
+
+def tiled_call(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    out_dtype: Any,
+    activation: str,
+    save_preactivation: bool,
+    config: Config,
+    backend: Backend,
+    body: KernelBody = _matmul_body,
+) -> Any:
+    """Run ``body`` over the (M/tile_m, N/tile_n) grid on zero-padded operands;
+    ``body`` is swappable so that test variants reuse the tiling and the wrapper."""
+    backend.require_available()
+    check_input_dtype(x.dtype)
+    (m, k), n = x.shape, y.shape[1]
+    tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+    x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
+    (mp, kp), np_ = x_p.shape, y_p.shape[1]
+    out_dtypes = [jnp.dtype(out_dtype)] + ([jnp.dtype(jnp.float32)] if save_preactivation else [])
+    need = smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation)
+    if need > tiling.GPU_SHARED_MEMORY_BYTES:
+        raise ValueError(f"config {config} needs {need} bytes of shared memory, more than {tiling.GPU_SHARED_MEMORY_BYTES}")
+    stages = config.max_concurrent_steps
+    scratch = (
+        plgpu.SMEM((stages, tm, tk), x.dtype, transforms=operand_transforms(tk, x.dtype)),
+        plgpu.SMEM((stages, tk, tn), y.dtype, transforms=operand_transforms(tk, y.dtype)),
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # the x and the y copy of a slot
+        *(plgpu.SMEM((tm, tn), dt, transforms=operand_transforms(tn, dt)) for dt in out_dtypes),
+    )
+    call = plgpu.kernel(
+        functools.partial(body, num_k_tiles=kp // tk, activation=activation),
+        out_type=tuple(jax.ShapeDtypeStruct((mp, np_), dt) for dt in out_dtypes),
+        scratch_types=scratch,
+        grid=(mp // tm, np_ // tn),
+        grid_names=("m", "n"),
+        interpret=backend.interpret_arg(),
+    )
+    outs = tuple(o[:m, :n] for o in call(x_p, y_p))
+    return outs if save_preactivation else outs[0]
+
+
+def _validate(x: Any, y: Any, activation: str, config: Any, backend: Backend) -> None:
+    if not backend.is_mosaic_gpu:
+        raise ValueError(f"the Mosaic GPU matmul runs on mosaic_gpu or mosaic_gpu_interpret, got backend {backend}")
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a mosaic_gpu_matmul.Config, got {type(config).__name__}")
+    for name, a in (("x", x), ("y", y)):
+        validation.require_array(name, a)
+        validation.require_rank(name, a, 2)
+        validation.require_nonempty(name, tuple(a.shape))
+    if x.dtype != y.dtype:
+        raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
+    check_input_dtype(x.dtype)
+    if x.shape[1] != y.shape[0]:
+        raise ValueError(f"contracting dimensions must match: x.shape[1]={x.shape[1]} != y.shape[0]={y.shape[0]}")
+    if activation not in supported_activations():
+        get_activation(activation)
+        raise ValueError(
+            f"activation {activation!r} does not compile on Mosaic GPU (no erf lowering); "
+            f"use 'gelu_tanh' (supported: {supported_activations()})"
+        )
+
+
+@functools.partial(jax.jit, static_argnames=("activation", "out_dtype", "save_preactivation", "config", "backend"))
+def _tiled_jit(x, y, *, activation, out_dtype, save_preactivation, config, backend):
+    return tiled_call(
+        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=save_preactivation,
+        config=config, backend=backend,
+    )
+
+
+def matmul(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    activation: str = "none",
+    out_dtype: Any = None,
+    config: Config | None = None,
+    backend: "str | Backend | None" = "mosaic_gpu",
+) -> jax.Array:
+    """``activation(x @ y)`` for x [M, K], y [K, N] in bf16 or f16, f32 accumulation,
+    one rounding to ``out_dtype`` (default: x's dtype). Forward only."""
+    be = get_backend(backend)
+    config = Config() if config is None else config
+    _validate(x, y, activation, config, be)
+    out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
+    validation.require_float_dtype("out_dtype", out_dtype)
+    return _tiled_jit(x, y, activation=activation, out_dtype=jnp.dtype(out_dtype), save_preactivation=False,
+                      config=config, backend=be)
+
+
+def matmul_with_preactivation(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    activation: str = "none",
+    out_dtype: Any = None,
+    config: Config | None = None,
+    backend: "str | Backend | None" = "mosaic_gpu",
+) -> tuple[jax.Array, jax.Array]:
+    """``(activation(x @ y) in out_dtype, x @ y in f32)`` from one kernel; the f32
+    pre-activation is the accumulator the backward pass differentiates at."""
+    be = get_backend(backend)
+    config = Config() if config is None else config
+    _validate(x, y, activation, config, be)
+    out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
+    validation.require_float_dtype("out_dtype", out_dtype)
+    return _tiled_jit(x, y, activation=activation, out_dtype=jnp.dtype(out_dtype), save_preactivation=True,
+                      config=config, backend=be)

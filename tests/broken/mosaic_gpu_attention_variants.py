@@ -1,0 +1,131 @@
+"""Deliberately broken Mosaic GPU flash-attention variants for the sensitivity meta-test.
+
+Each variant swaps one step function of ``kernels/mosaic_gpu_attention.py`` through
+``attention.make_attention(mosaic_bodies=Bodies(...))``: a copy of the real step with
+one line changed, so the tiling, the TMA pipeline, the custom_vjp wiring and the public
+signature stay the real ones and the harness must catch the bug from the numbers.
+The Mosaic GPU steps run only on the Mosaic GPU backends (see ``NOT_ON``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallascheck.kernels import attention, mosaic_gpu_attention as mga
+from pallascheck.kernels.backends import MOSAIC_GPU, Backend
+from pallascheck.kernels.mosaic_gpu_attention import Bodies, guard_neg_inf, mma, rows_of, staged
+from pallascheck.properties.attention_spec import make_spec
+
+
+def _kv_blocks_without_diagonal(t, q_block):
+    """kv_blocks_seen, but a causal q block stops before its diagonal kv block."""
+    total = pl.cdiv(t.seq_kv, t.block_kv)
+    if not t.causal:
+        return total
+    last_col = jnp.minimum((q_block + 1) * t.block_q, t.seq_q) + t.offset  # exclusive
+    return jnp.clip(lax.div(last_col + t.block_kv - 1, t.block_kv) - 1, 0, total)  # BUG: - 1
+
+
+def _forward_step_missing_rescale(t, pipe, r, step, carry):
+    """forward_step without the alpha rescale of the accumulator."""
+    m, l, acc = carry
+    slot = pipe.slot(step)
+    kv_start = pipe.block(step) * t.block_kv
+    pipe["k"].wait(slot)
+    s = mma(r.q, pipe["k"].smem.at[slot].transpose((1, 0)), (t.block_q, t.block_kv))
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, r.q_start, kv_start, bias)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    m_safe = guard_neg_inf(m_new)
+    alpha = jnp.exp(m - m_safe)
+    p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
+    l = alpha * l + p.sum(axis=1)
+    pipe["v"].wait(slot)
+    acc = acc + mma(staged(p, r.lhs), pipe["v"].smem.at[slot], acc.shape)  # BUG: acc keeps its old scale
+    pipe.refill(step)
+    return m_new, l, acc
+
+
+def _dkdv_step_late_wait(t, pipe, r, step, carry):
+    """dkdv_step that reads its slot's lse before waiting for the slot's TMA copies:
+    the barrier wait comes one stage (the logits) too late."""
+    dk, dv = carry
+    slot = pipe.slot(step)
+    q_start = pipe.block(step) * t.block_q
+    shape = (t.block_kv, t.block_q)
+    q, do = pipe["q"].smem.at[slot], pipe["do"].smem.at[slot]
+    lse = plgpu.load(pipe["lse"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    for name in ("q", "do", "lse", "delta"):  # BUG: after the lse was read
+        pipe[name].wait(slot)
+    s = mma(r.k, q.transpose((1, 0)), shape)
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
+    p = jnp.exp(s - rows_of(lse, shape, 1))
+    dv = dv + mma(staged(p, r.lhs), do, dv.shape)
+    dp = mma(r.v, do.transpose((1, 0)), shape)
+    delta = plgpu.load(pipe["delta"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    ds = p * (dp - rows_of(delta, shape, 1))
+    dk = dk + mma(staged(ds, r.lhs), q, dk.shape)
+    if r.ds is not None:
+        mga.store_ds(t, r, ds, q_start)
+    pipe.refill(step)
+    return dk, dv
+
+
+VARIANT_BODIES = {
+    "causal_diagonal_block_dropped": Bodies(kv_blocks_seen=_kv_blocks_without_diagonal),
+    "missing_rescale": Bodies(forward_step=_forward_step_missing_rescale),
+    "barrier_waited_late": Bodies(dkdv_step=_dkdv_step_late_wait),
+}
+DTYPES = ("bfloat16",)
+EXAMPLES = 12
+
+# Variants that are wrong only on some inputs draw from those inputs: the dropped
+# diagonal needs causal, the rescale needs a second kv block (blocks are >= 64 keys).
+_ONLY = {
+    "causal_diagonal_block_dropped": lambda case: case.params["causal"],
+    "missing_rescale": lambda case: case.arrays["k"].shape[1] > 64,
+}
+
+
+
+def _interpreter_raises_on_races() -> bool:
+    """Whether the mosaic_gpu_interpret backend runs the race detector and fails the
+    kernel on a race (``on_race`` exists from jax 0.12; 0.11.2 only prints races)."""
+    try:
+        params = Backend("mosaic_gpu_interpret").interpret_arg()
+    except RuntimeError:  # no Mosaic GPU interpreter in this jax
+        return False
+    return bool(getattr(params, "detect_races", False)) and getattr(params, "on_race", None) == "raise"
+
+
+BACKENDS = MOSAIC_GPU
+NOT_ON: dict[str, dict[str, str]] = {}
+if not _interpreter_raises_on_races():
+    # The interpreter runs each TMA copy when it is issued, so a late wait reads the
+    # right data; only its race detector sees the missing happens-before edge.
+    NOT_ON["barrier_waited_late"] = {"mosaic_gpu_interpret": (
+        "the interpreter completes TMA copies at issue and this jax's interpreter cannot "
+        "raise on a race (InterpretGPUParams(on_race='raise') needs jax >= 0.12)"
+    )}
+
+
+def _spec(name: str, bodies: Bodies):
+    spec = make_spec(attention.make_attention(mosaic_bodies=bodies), name=f"mosaic_gpu_attention[{name}]")
+    if name in _ONLY:
+        base = spec.cases
+        spec = dataclasses.replace(spec, cases=lambda dtype, backend: base(dtype, backend).filter(_ONLY[name]))
+    return spec
+
+
+VARIANTS = {name: (_spec(name, bodies), DTYPES, EXAMPLES) for name, bodies in VARIANT_BODIES.items()}

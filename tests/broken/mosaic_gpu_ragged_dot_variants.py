@@ -1,0 +1,112 @@
+"""Deliberately broken Mosaic GPU ragged_dot forwards. Each copies one small function
+of kernels/mosaic_gpu_ragged_dot.py's forward kernel with one line changed (marked
+``BUG``) and swaps it into the real kernel (``_forward_kernel``'s keyword parts), run
+through the real wrapper (``mosaic_gpu_ragged_dot.grouped_call``), so that only the bug
+differs from the kernel under test. Forward only; bf16/f16 inputs. All three give wrong
+values on the Mosaic GPU interpreter and the GPU alike, when their trigger is present:
+
+- ``group_boundary_off_by_one``: a group also claims the row before its first one, so
+  the last row of the previous group takes this group's product. Needs a boundary
+  between two non-empty groups inside a row tile (not at a tile_m multiple).
+- ``last_k_tile_dropped``: the K pipeline stops one tile early. Needs K > tile_k
+  (with one K tile the pipeline keeps it: an empty pipeline does not lower).
+- ``accumulator_not_rezeroed``: one accumulator serves every group of a row tile, so a
+  group's rows get the previous groups' products added. Needs two non-empty groups in
+  one row tile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallascheck.kernels import mosaic_gpu_ragged_dot as mrd
+from pallascheck.kernels.backends import MOSAIC_GPU, get_backend
+from pallascheck.properties.ragged_dot_spec import make_spec
+from pallascheck.properties.spec import Case, KernelSpec
+
+
+def _rows_in_group_off_by_one(rows, start, end):
+    """``_rows_in_group`` with the group's first row one too early."""
+    return (rows >= start - 1) & (rows < end)  # BUG: start - 1
+
+
+def _group_product_short_k(acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num_k_tiles, transpose_rhs, stages,
+                           transforms):
+    """``_group_product`` whose pipeline stops before the last K tile."""
+    tile_m, tile_n = acc_ref.shape
+    tile_k = lhs_gmem.shape[1] // num_k_tiles
+
+    def step(_, x_smem, w_smem):
+        plgpu.wgmma(acc_ref, x_smem, w_smem.transpose((1, 0)) if transpose_rhs else w_smem)
+        plgpu.wgmma_wait(1)
+
+    w_spec = (
+        plgpu.BlockSpec((tile_n, tile_k), lambda kt: (n_index, kt), transforms=transforms, delay_release=1)
+        if transpose_rhs else
+        plgpu.BlockSpec((tile_k, tile_n), lambda kt: (kt, n_index), transforms=transforms, delay_release=1)
+    )
+    plgpu.emit_pipeline(
+        step,
+        grid=(max(num_k_tiles - 1, 1),),  # BUG: the last K tile is never loaded
+        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kt: (m_index, kt), transforms=transforms, delay_release=1),
+                  w_spec],
+        max_concurrent_steps=stages,
+    )(lhs_gmem, rhs_gmem)
+    return acc_ref[...]
+
+
+def _for_each_group_shared_accumulator(lo, hi, group_step, shape):
+    """``_for_each_group`` with one accumulator for all the row tile's groups."""
+    # BUG: allocated once outside the group loop, so it is never re-zeroed between groups.
+    return pl.run_scoped(
+        lambda acc_ref: lax.fori_loop(lo, hi, lambda j, out: group_step(j, acc_ref, out), mrd._wgmma_zeros(shape)),
+        plgpu.ACC(shape, jnp.float32),
+    )
+
+
+def _variant(**part: Any) -> Callable[..., jax.Array]:
+    """A forward-only ragged_dot with ragged_dot.ragged_dot's signature and one part swapped."""
+
+    def run(lhs, rhs, group_sizes, *, config=None, backend="mosaic_gpu_interpret"):
+        return mrd.grouped_call(
+            lhs, rhs, jnp.asarray(group_sizes, jnp.int32), transpose_rhs=False, config=config or mrd.Config(),
+            backend=get_backend(backend), body=functools.partial(mrd._forward_kernel, **part),
+        )
+
+    return run
+
+
+BACKENDS = MOSAIC_GPU
+EXAMPLES = 12
+
+
+def _two_groups_share_a_tile(case: Case) -> bool:
+    """The spec's m (17, 40) fits one 64-row tile: two non-empty groups share it."""
+    return int((case.arrays["group_sizes"] > 0).sum()) >= 2
+
+
+def _two_k_tiles(case: Case) -> bool:
+    return case.arrays["lhs"].shape[1] > 32  # K 64 spans two of the interpreter's 32-wide K tiles
+
+
+# name -> (kernel, the cases that carry its trigger; see the module docstring)
+_BROKEN = {
+    "group_boundary_off_by_one": (_variant(rows_in_group=_rows_in_group_off_by_one), _two_groups_share_a_tile),
+    "last_k_tile_dropped": (_variant(group_product=_group_product_short_k), _two_k_tiles),
+    "accumulator_not_rezeroed": (_variant(for_each_group=_for_each_group_shared_accumulator), _two_groups_share_a_tile),
+}
+
+
+def _spec(name: str, fn: Callable[..., jax.Array], trigger: Callable[[Case], bool]) -> KernelSpec:
+    spec = make_spec(fn, name=f"mosaic_gpu_ragged_dot[{name}]", differentiable=False)
+    return dataclasses.replace(spec, cases=lambda dtype, backend: spec.cases(dtype, backend).filter(trigger))
+
+
+VARIANTS = {name: (_spec(name, fn, trigger), ("bfloat16",), EXAMPLES) for name, (fn, trigger) in _BROKEN.items()}
