@@ -1,6 +1,8 @@
 """``pallascheck bench --op attention``: flash attention forward and forward+backward
 TFLOP/s against xla_reference, ``jax.nn.dot_product_attention`` (XLA and cuDNN) and
-JAX's bundled Pallas GPU kernel (``jax.experimental.pallas.ops.gpu.attention.mha``).
+JAX's bundled Pallas GPU kernels (``ops.gpu.attention.mha``, Triton, and on the Mosaic
+GPU backend ``ops.gpu.attention_mgpu.attention``, which applies no softmax scale: it is
+given q already multiplied by 1/sqrt(head_dim), the same math).
 
 FLOPs count the two matmuls of the forward, 4 * batch * heads * seq_q * seq_kv *
 head_dim (half of it when causal), and 2.5 times that for the backward (five matmuls
@@ -20,27 +22,37 @@ import jax
 from pallascheck.kernels import attention
 from pallascheck.kernels.backends import Backend
 
-from .timing import median_seconds
+from .timing import median_seconds, peak_bytes
 
 
-BATCH, HEADS = 4, 16
-SEQS = (2048, 4096)
-HEAD_DIMS = (64, 128)
+HEADS = 16
+# (batch, seq, head_dim)
+SHAPES = ((4, 2048, 64), (4, 2048, 128), (4, 4096, 64), (4, 4096, 128))
+MOSAIC_GPU_SHAPES = ((2, 4096, 128),)  # the shape of the Mosaic GPU target (vs cuDNN)
 DTYPE = "bfloat16"
 
 
-def _competitors(causal: bool, scale: float) -> dict[str, Callable[..., Any]]:
+def _competitors(causal: bool, scale: float, backend: Backend) -> dict[str, Callable[..., Any]]:
     def pallas_mha(q, k, v):
         from jax.experimental.pallas.ops.gpu import attention as bundled
 
         return bundled.mha(q, k, v, segment_ids=None, sm_scale=scale, causal=causal)
 
-    return {
+    def attention_mgpu(q, k, v):
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as bundled
+
+        config = bundled.TuningConfig(block_q=128, block_kv=128, max_concurrent_steps=2, causal=causal)
+        return bundled.attention((q * scale).astype(q.dtype), k, v, config)
+
+    competitors = {
         "xla_reference": lambda q, k, v: attention.xla_reference(q, k, v, causal=causal, sm_scale=scale),
         "jax_nn_xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="xla"),
         "jax_nn_cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn"),
         "pallas_mha": pallas_mha,
     }
+    if backend.is_mosaic_gpu:
+        competitors["attention_mgpu"] = attention_mgpu
+    return competitors
 
 
 def _fwd_and_fwd_bwd(fn: Callable[..., Any], q, k, v, do) -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -57,7 +69,7 @@ def _time(thunk: Callable[[], Any], repeats: int = 10) -> float | str:
         return f"{type(err).__name__}: {str(err)[:200]}"
 
 
-def _fastest(candidates: list[attention.Config], thunk_of: Callable[[attention.Config], Callable[[], Any]]):
+def _fastest(candidates: list[Any], thunk_of: Callable[[Any], Callable[[], Any]]):
     best = None
     for config in candidates:
         t = _time(thunk_of(config), repeats=5)
@@ -66,33 +78,41 @@ def _fastest(candidates: list[attention.Config], thunk_of: Callable[[attention.C
     return best
 
 
-def bench_shape(backend: Backend, seq: int, head_dim: int, causal: bool) -> dict:
-    keys = jax.random.split(jax.random.key(seq + head_dim), 4)
-    shape = (BATCH, seq, HEADS, head_dim)
-    q, k, v, do = (jax.random.normal(key, shape, DTYPE) for key in keys)
-    scale = 1.0 / math.sqrt(head_dim)
-    fwd_flops = 4.0 * BATCH * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
-    total_flops = 3.5 * fwd_flops
-    row: dict[str, Any] = {"op": "attention", "shape": f"b{BATCH}xs{seq}xh{HEADS}xd{head_dim}",
-                           "dtype": DTYPE, "causal": causal}
-
-    def ours(config: attention.Config):
-        return lambda q, k, v: attention.attention(q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend)
-
-    space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize)
+def _search_spaces(space: list[Any], backend: Backend) -> tuple[list[Any], Callable[[Any], list[Any]]]:
+    """The forward search space, and the backward one around the best forward config.
+    Mosaic GPU spaces are small (3 configs at head_dim 128): all of them, both times."""
+    if backend.is_mosaic_gpu:
+        return space, lambda best: space
     default_bwd = (attention.Config().block_q_bwd, attention.Config().block_k_bwd)
     # forward fields: one warp count per block_q (4 for 64 rows, 8 for 128) keeps the search short
     fwd_space = [c for c in space if (c.block_q_bwd, c.block_k_bwd) == default_bwd
                  and c.num_warps == (4 if c.block_q <= 64 else 8)] or space[:1]
+    return fwd_space, lambda best: [dataclasses.replace(best, block_q_bwd=bq, block_k_bwd=bk)
+                                    for bq, bk in sorted({(c.block_q_bwd, c.block_k_bwd) for c in space})]
+
+
+def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: bool) -> dict:
+    keys = jax.random.split(jax.random.key(seq + head_dim), 4)
+    shape = (batch, seq, HEADS, head_dim)
+    q, k, v, do = (jax.random.normal(key, shape, DTYPE) for key in keys)
+    scale = 1.0 / math.sqrt(head_dim)
+    fwd_flops = 4.0 * batch * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
+    total_flops = 3.5 * fwd_flops
+    row: dict[str, Any] = {"op": "attention", "shape": f"b{batch}xs{seq}xh{HEADS}xd{head_dim}",
+                           "dtype": DTYPE, "causal": causal}
+
+    def ours(config: Any):
+        return lambda q, k, v: attention.attention(q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend)
+
+    space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize)
+    fwd_space, bwd_space_around = _search_spaces(space, backend)
     best_fwd = _fastest(fwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[0])
     if best_fwd is None:
         row["error"] = "no config of the space ran"
         return row
     t_fwd, cfg = best_fwd
-    bwd_space = [dataclasses.replace(cfg, block_q_bwd=bq, block_k_bwd=bk)
-                 for bq, bk in sorted({(c.block_q_bwd, c.block_k_bwd) for c in space})]
-    best_all = _fastest(bwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1])
-    t_default = _time(_fwd_and_fwd_bwd(ours(attention.Config()), q, k, v, do)[0])
+    best_all = _fastest(bwd_space_around(cfg), lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1])
+    t_default = _time(_fwd_and_fwd_bwd(ours(None), q, k, v, do)[0])
     row.update({"kernel_fwd_ms": t_fwd * 1e3, "kernel_fwd_tflops": fwd_flops / t_fwd / 1e12,
                 "kernel_default_fwd_ms": t_default * 1e3 if isinstance(t_default, float) else t_default,
                 "best_config": str(cfg)})
@@ -100,7 +120,14 @@ def bench_shape(backend: Backend, seq: int, head_dim: int, causal: bool) -> dict
         t_all, cfg_all = best_all
         row.update({"kernel_fwd_bwd_ms": t_all * 1e3, "kernel_fwd_bwd_tflops": total_flops / t_all / 1e12,
                     "best_config_fwd_bwd": str(cfg_all)})
-    for name, fn in _competitors(causal, scale).items():
+    # Compiled peak memory of forward+backward: O(seq) for the kernel, O(seq^2) for XLA's.
+    reference = _competitors(causal, scale, backend)["xla_reference"]
+    for name, fn in (("kernel", ours(None)), ("xla_reference", reference)):
+        try:
+            row[f"{name}_fwd_bwd_peak_MiB"] = peak_bytes(lambda q, k, v, fn=fn: jax.vjp(fn, q, k, v)[1](do), q, k, v) / 2**20
+        except Exception as err:  # noqa: BLE001 - recorded like a competitor that does not run
+            row[f"{name}_fwd_bwd_peak_error"] = f"{type(err).__name__}: {str(err)[:120]}"
+    for name, fn in _competitors(causal, scale, backend).items():
         fwd, fwd_bwd = _fwd_and_fwd_bwd(fn, q, k, v, do)
         for label, thunk, ours_t, flops in (("fwd", fwd, t_fwd, fwd_flops),
                                             ("fwd_bwd", fwd_bwd, best_all[0] if best_all else None, total_flops)):
@@ -116,7 +143,5 @@ def bench_shape(backend: Backend, seq: int, head_dim: int, causal: bool) -> dict
 
 
 def bench_attention(backend: Backend) -> list[dict]:
-    return [
-        bench_shape(backend, seq, head_dim, causal)
-        for seq in SEQS for head_dim in HEAD_DIMS for causal in (False, True)
-    ]
+    shapes = MOSAIC_GPU_SHAPES if backend.is_mosaic_gpu else SHAPES
+    return [bench_shape(backend, *shape, causal) for shape in shapes for causal in (False, True)]

@@ -19,18 +19,11 @@ from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels import linear_cross_entropy as lce
 from pallascheck.kernels.backends import Backend
 
-from .timing import best_config, median_seconds
+from .timing import best_config, median_seconds, peak_bytes
 
 CE_SHAPES = ((8192, 50257), (8192, 128256), (4096, 201088))  # tokens, vocab
 LINEAR_SHAPES = ((8192, 4096, 128256), (4096, 2048, 50257))  # tokens, hidden, vocab
 DTYPES = ("bfloat16", "float32")
-
-
-def peak_bytes(fn: Callable[..., Any], *args: Any) -> int:
-    """Argument + output + temporary bytes of ``jax.jit(fn)`` compiled for ``args``
-    (arrays or ShapeDtypeStructs: nothing runs)."""
-    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
 
 
 def _fwd_bwd(loss: Callable[..., jax.Array], argnums: tuple[int, ...]) -> Callable[..., Any]:

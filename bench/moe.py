@@ -47,7 +47,7 @@ def bench_ragged_dot(backend: Backend) -> list[dict]:
         ref = jax.jit(rd.xla_reference)
         t_ref = median_seconds(lambda: ref(lhs, rhs, sizes))
         t_best, cfg = best_config(lambda c: (lambda: rd.ragged_dot(lhs, rhs, sizes, config=c, backend=backend)),
-                            rd.configs(m, n, k, backend, itemsize=lhs.dtype.itemsize))
+                            rd.configs(m, n, k, backend, itemsize=lhs.dtype.itemsize, groups=groups))
         ref_fb = _fwd_bwd(lambda a, b: rd.xla_reference(a, b, sizes), g)
         ker_fb = _fwd_bwd(lambda a, b: rd.ragged_dot(a, b, sizes, config=cfg, backend=backend), g)
         t_ref_fb, t_fb = median_seconds(lambda: ref_fb(lhs, rhs)), median_seconds(lambda: ker_fb(lhs, rhs))

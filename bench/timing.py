@@ -23,7 +23,14 @@ def best_config(make: Callable[[Any], Callable[[], Any]], configs: list[Any]) ->
     results = []
     for config in configs:
         try:
-            results.append((median_seconds(make(config), repeats=5), config))
+            results.append((median_seconds(make(config), repeats=10), config))
         except Exception as err:  # noqa: BLE001 - a config that does not compile is skipped, and said
             print(f"    config {config} failed: {type(err).__name__}: {str(err)[:120]}")
     return min(results, key=lambda r: r[0])
+
+
+def peak_bytes(fn: Callable[..., Any], *args: Any) -> int:
+    """Argument + output + temporary bytes of ``jax.jit(fn)`` compiled for ``args``
+    (arrays or ShapeDtypeStructs: nothing runs)."""
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)

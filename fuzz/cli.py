@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -23,31 +22,13 @@ from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
 from pallascheck.properties.spec import Case, get_spec, registry
 
+from . import verify
+
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
-
-
-def _fmt_budget(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:.3g}"
-
-
-def _print_table(rows: Sequence[Row]) -> None:
-    header = ("kernel", "dtype", "check", "result", "examples", "budget used", "prob. budget", "time (s)")
-    body = [
-        (r.kernel, r.dtype, r.check, "pass" if r.passed else "FAIL", str(r.examples),
-         _fmt_budget(r.budget_used), _fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    for line in [header, tuple("-" * w for w in widths), *body]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from pallascheck.properties.collectives_checks import PROPERTIES
-
-    from . import verify
 
     known = set(registry()) | set(PROPERTIES)
     unknown = sorted(set(args.kernel or ()) - known)
@@ -61,7 +42,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
     rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype), options, jobs)
-    _print_table(rows)
+    verify.print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
     examples = sum(r.examples for r in rows)
@@ -143,7 +124,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except checks.CheckFailure as failure:
         print(f"FAIL\n{failure}")
         return 1
-    print("PASS: " + ", ".join(f"{k} (budget {_fmt_budget(o.budget_used)})" for k, o in tally.outcomes.items()))
+    print("PASS: " + ", ".join(f"{k} (budget {verify.fmt_budget(o.budget_used)})" for k, o in tally.outcomes.items()))
     return 0
 
 

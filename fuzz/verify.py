@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -212,3 +213,21 @@ def default_jobs(backend: str) -> int:
 def as_json(row: Row) -> dict[str, Any]:
     budget = row.budget_used
     return {**dataclasses.asdict(row), "budget_used": None if budget == float("inf") else budget}
+
+
+def fmt_budget(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    header = ("kernel", "dtype", "check", "result", "examples", "budget used", "prob. budget", "time (s)")
+    body = [
+        (r.kernel, r.dtype, r.check, "pass" if r.passed else "FAIL", str(r.examples),
+         fmt_budget(r.budget_used), fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    for line in [header, tuple("-" * w for w in widths), *body]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))

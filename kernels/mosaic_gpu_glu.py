@@ -36,7 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from . import mosaic_gpu_matmul, tiling
 from .activations import get_activation
-from .backends import Backend, get_backend
+from .backends import Backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +145,7 @@ def fused_call(
     dtype, and with ``save_residuals`` also the f32 gate and up accumulators."""
     backend.require_available()
     mosaic_gpu_matmul.check_input_dtype(x.dtype)
-    (t, d), f = x.shape, weights.shape[2]
+    t, f = x.shape[0], weights.shape[2]
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
     need = smem_bytes(config, x.dtype.itemsize, save_residuals)
     if need > tiling.GPU_SHARED_MEMORY_BYTES:
@@ -173,31 +173,3 @@ def fused_call(
     )
     outs = tuple(o[:t, :f] for o in call(x_p, w_p.reshape(dp, 2 * fp)))
     return outs if save_residuals else outs[0]
-
-
-def gated_linear_unit(
-    x: jax.Array,
-    weights: jax.Array,
-    *,
-    activation: str = "none",
-    config: Config | None = None,
-    backend: "str | Backend | None" = "mosaic_gpu",
-) -> jax.Array:
-    """Forward only, x [T, d], weights [d, 2, f] in bf16 or f16; for gradients, other
-    ranks and the activation aliases use kernels/gated_linear_unit.py."""
-    be = get_backend(backend)
-    config = Config() if config is None else config
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a mosaic_gpu_glu.Config, got {type(config).__name__}")
-    if activation not in mosaic_gpu_matmul.supported_activations():
-        get_activation(activation)
-        raise ValueError(
-            f"activation {activation!r} does not compile on Mosaic GPU (no erf lowering); "
-            f"use 'gelu_tanh' (supported: {mosaic_gpu_matmul.supported_activations()})"
-        )
-    return _fused_jit(x, weights, activation=activation, config=config, backend=be)
-
-
-@functools.partial(jax.jit, static_argnames=("activation", "config", "backend"))
-def _fused_jit(x, weights, *, activation, config, backend):
-    return fused_call(x, weights, activation=activation, save_residuals=False, config=config, backend=backend)

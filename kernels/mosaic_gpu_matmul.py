@@ -231,7 +231,7 @@ def tiled_call(
     ``body`` is swappable so that test variants reuse the tiling and the wrapper."""
     backend.require_available()
     check_input_dtype(x.dtype)
-    (m, k), n = x.shape, y.shape[1]
+    m, n = x.shape[0], y.shape[1]
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
     x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
     (mp, kp), np_ = x_p.shape, y_p.shape[1]
@@ -256,73 +256,3 @@ def tiled_call(
     )
     outs = tuple(o[:m, :n] for o in call(x_p, y_p))
     return outs if save_preactivation else outs[0]
-
-
-def _validate(x: Any, y: Any, activation: str, config: Any, backend: Backend) -> None:
-    if not backend.is_mosaic_gpu:
-        raise ValueError(f"the Mosaic GPU matmul runs on mosaic_gpu or mosaic_gpu_interpret, got backend {backend}")
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a mosaic_gpu_matmul.Config, got {type(config).__name__}")
-    for name, a in (("x", x), ("y", y)):
-        validation.require_array(name, a)
-        validation.require_rank(name, a, 2)
-        validation.require_nonempty(name, tuple(a.shape))
-    if x.dtype != y.dtype:
-        raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
-    check_input_dtype(x.dtype)
-    if x.shape[1] != y.shape[0]:
-        raise ValueError(f"contracting dimensions must match: x.shape[1]={x.shape[1]} != y.shape[0]={y.shape[0]}")
-    if activation not in supported_activations():
-        get_activation(activation)
-        raise ValueError(
-            f"activation {activation!r} does not compile on Mosaic GPU (no erf lowering); "
-            f"use 'gelu_tanh' (supported: {supported_activations()})"
-        )
-
-
-@functools.partial(jax.jit, static_argnames=("activation", "out_dtype", "save_preactivation", "config", "backend"))
-def _tiled_jit(x, y, *, activation, out_dtype, save_preactivation, config, backend):
-    return tiled_call(
-        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=save_preactivation,
-        config=config, backend=backend,
-    )
-
-
-def matmul(
-    x: jax.Array,
-    y: jax.Array,
-    *,
-    activation: str = "none",
-    out_dtype: Any = None,
-    config: Config | None = None,
-    backend: "str | Backend | None" = "mosaic_gpu",
-) -> jax.Array:
-    """``activation(x @ y)`` for x [M, K], y [K, N] in bf16 or f16, f32 accumulation,
-    one rounding to ``out_dtype`` (default: x's dtype). Forward only."""
-    be = get_backend(backend)
-    config = Config() if config is None else config
-    _validate(x, y, activation, config, be)
-    out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
-    validation.require_float_dtype("out_dtype", out_dtype)
-    return _tiled_jit(x, y, activation=activation, out_dtype=jnp.dtype(out_dtype), save_preactivation=False,
-                      config=config, backend=be)
-
-
-def matmul_with_preactivation(
-    x: jax.Array,
-    y: jax.Array,
-    *,
-    activation: str = "none",
-    out_dtype: Any = None,
-    config: Config | None = None,
-    backend: "str | Backend | None" = "mosaic_gpu",
-) -> tuple[jax.Array, jax.Array]:
-    """``(activation(x @ y) in out_dtype, x @ y in f32)`` from one kernel; the f32
-    pre-activation is the accumulator the backward pass differentiates at."""
-    be = get_backend(backend)
-    config = Config() if config is None else config
-    _validate(x, y, activation, config, be)
-    out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
-    validation.require_float_dtype("out_dtype", out_dtype)
-    return _tiled_jit(x, y, activation=activation, out_dtype=jnp.dtype(out_dtype), save_preactivation=True,
-                      config=config, backend=be)

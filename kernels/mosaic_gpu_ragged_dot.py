@@ -238,7 +238,7 @@ def grouped_call(
     so that test variants reuse the schedule, the padding and the launch."""
     backend.require_available()
     check_input_dtype(lhs.dtype)
-    (m, k), num_groups = lhs.shape, rhs.shape[0]
+    m = lhs.shape[0]
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
     lhs_p = pad_to(lhs, (tm, tk))

@@ -318,7 +318,7 @@ def gradient_bound(
       along (n terms, sequential), rounded once to the bias dtype.
     """
     dtype = np.dtype(dtype)
-    u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
+    u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
     vis = ref.visible
     sq, skv, d = ref.q.shape[2], ref.k.shape[2], ref.q.shape[3]
     do = _f64(cotangent).transpose(0, 2, 1, 3)  # [b, h, sq, d]
@@ -326,7 +326,6 @@ def gradient_bound(
     u_op = arith.operand_unit(dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
     rounds = dtype != np.float32
-    floor_in = algebra.underflow_floor(dtype, arith) if rounds else 0.0
     floor32 = algebra.underflow_floor(F32, arith)
 
     # lse and P

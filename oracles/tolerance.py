@@ -25,7 +25,6 @@ an oracle returns.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Literal
 
 import ml_dtypes

@@ -320,6 +320,7 @@ def run_variants(variants: str, names: Sequence[str], examples: int, seed: int =
     result = {}
     for name in names:
         prop, kernel = table[name]
+        print(f"running variant {name}", flush=True)  # a hang is then placed in this variant
         tally = run_property(prop, kernel, examples, seed)
         result[name] = {"caught": bool(tally.failures), "failure": (tally.failures or [""])[0][:600]}
     return result

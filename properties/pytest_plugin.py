@@ -34,7 +34,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on the CPU: one worker more than cores. The multi-device checks run
+    in child processes while their worker waits, and the deadlock check waits out its
+    timeout; the extra worker keeps every core compiling meanwhile."""
+    backend = get_backend(config.getoption("--backend"))
+    if backend.platform != "cpu":
+        return None  # xdist's own choice
+    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else None
     # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
     compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
 
@@ -45,6 +52,13 @@ def backends_under_test(config: pytest.Config) -> list[Backend]:
     checked on every CPU run, in their own interpreter."""
     chosen = get_backend(config.getoption("--backend"))
     return [chosen, Backend("mosaic_gpu_interpret")] if chosen.name == "interpret" else [chosen]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes ``each_backend`` runs once per backend of the session."""
+    if "each_backend" in metafunc.fixturenames:
+        chosen = backends_under_test(metafunc.config)
+        metafunc.parametrize("each_backend", chosen, ids=[str(b) for b in chosen])
 
 
 @pytest.hookimpl(wrapper=True)

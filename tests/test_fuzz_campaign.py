@@ -11,11 +11,19 @@ import pytest
 
 from broken.matmul_variants import VARIANTS
 from pallascheck.fuzz import campaign, cli
+from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
 from pallascheck.properties.matmul_spec import SPEC as MATMUL
 from pallascheck.properties.spec import Case
 
 DROPPED_TILE, _, _ = VARIANTS["dropped_last_k_tile"]
+
+
+def _generic(backend: Backend) -> Backend:
+    """The campaign is exercised with a Pallas-generic matmul variant in float32."""
+    if backend.is_mosaic_gpu:
+        pytest.skip(f"the campaign's test kernel is a Pallas-generic matmul variant in float32; {backend} has none")
+    return backend
 
 
 def _log(corpus: str) -> list[dict]:
@@ -24,6 +32,7 @@ def _log(corpus: str) -> list[dict]:
 
 
 def test_campaign_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
+    backend = _generic(backend)
     corpus = str(tmp_path)
     result = campaign.run([DROPPED_TILE], backend, corpus, seconds=120, examples_per_round=30, dtypes=["float32"])
     assert len(result.findings) == 1 and not result.interrupted
@@ -43,6 +52,7 @@ def test_campaign_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
 
 
 def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
+    backend = _generic(backend)
     corpus = str(tmp_path)
 
     def off_by_one_then_interrupted(case, config, be):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 from fractions import Fraction
 from typing import Callable, Sequence
 

@@ -92,21 +92,26 @@ def _two_groups_share_a_tile(case: Case) -> bool:
     return int((case.arrays["group_sizes"] > 0).sum()) >= 2
 
 
+# A K loop of two tiles: K 64 with 32-wide K tiles (the GPU's own space has tile_k 64 only).
+_TWO_K_TILES = mrd.Config(tile_m=64, tile_n=64, tile_k=32, max_concurrent_steps=2)
+
+
 def _two_k_tiles(case: Case) -> bool:
-    return case.arrays["lhs"].shape[1] > 32  # K 64 spans two of the interpreter's 32-wide K tiles
+    return case.arrays["lhs"].shape[1] > _TWO_K_TILES.tile_k
 
 
-# name -> (kernel, the cases that carry its trigger; see the module docstring)
+# name -> (kernel, the cases that carry its trigger, the configs that do; see the module docstring)
 _BROKEN = {
-    "group_boundary_off_by_one": (_variant(rows_in_group=_rows_in_group_off_by_one), _two_groups_share_a_tile),
-    "last_k_tile_dropped": (_variant(group_product=_group_product_short_k), _two_k_tiles),
-    "accumulator_not_rezeroed": (_variant(for_each_group=_for_each_group_shared_accumulator), _two_groups_share_a_tile),
+    "group_boundary_off_by_one": (_variant(rows_in_group=_rows_in_group_off_by_one), _two_groups_share_a_tile, None),
+    "last_k_tile_dropped": (_variant(group_product=_group_product_short_k), _two_k_tiles, [_TWO_K_TILES]),
+    "accumulator_not_rezeroed": (_variant(for_each_group=_for_each_group_shared_accumulator), _two_groups_share_a_tile, None),
 }
 
 
-def _spec(name: str, fn: Callable[..., jax.Array], trigger: Callable[[Case], bool]) -> KernelSpec:
-    spec = make_spec(fn, name=f"mosaic_gpu_ragged_dot[{name}]", differentiable=False)
-    return dataclasses.replace(spec, cases=lambda dtype, backend: spec.cases(dtype, backend).filter(trigger))
+def _spec(name: str, fn: Callable[..., jax.Array], trigger: Callable[[Case], bool], configs: list | None) -> KernelSpec:
+    base = make_spec(fn, name=f"mosaic_gpu_ragged_dot[{name}]", differentiable=False)
+    spec = dataclasses.replace(base, cases=lambda dtype, backend: base.cases(dtype, backend).filter(trigger))
+    return spec if configs is None else dataclasses.replace(spec, configs=lambda case, backend: configs)
 
 
-VARIANTS = {name: (_spec(name, fn, trigger), ("bfloat16",), EXAMPLES) for name, (fn, trigger) in _BROKEN.items()}
+VARIANTS = {name: (_spec(name, *parts), ("bfloat16",), EXAMPLES) for name, parts in _BROKEN.items()}
