@@ -34,14 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto`` on the CPU: one worker more than cores. The multi-device checks run
-    in child processes while their worker waits, and the deadlock check waits out its
-    timeout; the extra worker keeps every core compiling meanwhile."""
-    backend = get_backend(config.getoption("--backend"))
-    if backend.platform != "cpu":
-        return None  # xdist's own choice
-    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else None
+def pytest_configure(config: pytest.Config) -> None:
     # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
     compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
 
