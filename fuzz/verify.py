@@ -84,8 +84,8 @@ def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | No
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
     previous = _load_durations()
-    # Unknown units first (assume slow), then by the last run's time.
-    return sorted(units, key=lambda u: -previous.get(u.key, float("inf")))
+    # Unknown units first (assume slow), then by the last run's time on this backend.
+    return sorted(units, key=lambda u: -previous.get(f"{backend}:{u.key}", float("inf")))
 
 
 def run_unit(unit: Unit, options: Options) -> tuple[list[Row], list[str], float]:
@@ -174,7 +174,7 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
             futures = {pool.submit(run_unit, unit, options): unit for unit in units}
             for future in concurrent.futures.as_completed(futures):
                 done(futures[future], future.result())
-    _save_durations({u.key: r[2] for u, r in results.items()})
+    _save_durations({f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     rows = [row for unit in units for row in results[unit][0]]
     failures = [message for unit in units for message in results[unit][1]]
     return rows, failures
