@@ -457,12 +457,10 @@ def _smem(shape: tuple[int, ...], dtype: Any, stages: int | None = None) -> Any:
     return plgpu.SMEM(full, dtype, transforms=_tiled(dtype))
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
-    bias_ref = rest[0] if t.bias_dims is not None else None
-    o_ref, lse_ref = rest[-2:]
-    b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+def _kv_streams(t: Tile, k_ref, v_ref, bias_ref, b, h, q_start):
+    """The k, v (and bias) blocks a q block streams through the pipeline, for the
+    forward and dq kernels: their sources and SMEM scratch."""
     kv_head = lax.div(h, jnp.int32(t.group))
-    q_start = qi * t.block_q
     dtype = jnp.dtype(t.dtype)
     kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
     named = [
@@ -472,7 +470,16 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     if bias_ref is not None:
         named.append(("bias", lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
                       _smem((t.block_q, t.block_kv), jnp.float32, t.stages)))
-    sources, scratch = _streams(t, named)
+    return _streams(t, named)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
+    bias_ref = rest[0] if t.bias_dims is not None else None
+    o_ref, lse_ref = rest[-2:]
+    b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    q_start = qi * t.block_q
+    dtype = jnp.dtype(t.dtype)
+    sources, scratch = _kv_streams(t, k_ref, v_ref, bias_ref, b, h, q_start)
 
     def body(q_smem, lhs_smem, lse_smem, q_barrier, *stream_scratch):
         streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
@@ -560,18 +567,9 @@ def _dq_kernel(q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, 
     bias_ref = rest[0] if t.bias_dims is not None else None
     dq_ref = rest[-1]
     b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
-    kv_head = lax.div(h, jnp.int32(t.group))
     q_start = qi * t.block_q
     dtype = jnp.dtype(t.dtype)
-    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
-    named = [
-        ("k", lambda j: k_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
-        ("v", lambda j: v_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
-    ]
-    if bias_ref is not None:
-        named.append(("bias", lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
-                      _smem((t.block_q, t.block_kv), jnp.float32, t.stages)))
-    sources, scratch = _streams(t, named)
+    sources, scratch = _kv_streams(t, k_ref, v_ref, bias_ref, b, h, q_start)
 
     def body(q_smem, do_smem, lhs_smem, lse_smem, delta_smem, barriers, *stream_scratch):
         streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
