@@ -11,7 +11,7 @@ running it. Two things cut that cost without checking less:
   call back into Python (the TPU and Mosaic GPU interpreters) are not cacheable;
   JAX skips them.
 - XLA:CPU's LLVM back end at optimisation level 1, without its expensive passes,
-  compiles about 1.3x faster than at the default level. XLA:CPU never enables
+  compiles faster (the matmul and layer-norm properties: 26.8 s instead of 32.2 s). XLA:CPU never enables
   fast-math, so every operation still rounds as IEEE says; what may change is the
   order of the terms inside one XLA dot and whether a multiply-add is fused. Both are
   inside every bound here: a sum of b terms in any order is within gamma_{b-1}, which
