@@ -37,6 +37,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
     compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
+    # A backend that cannot run here stops the session at once, saying what is missing.
+    for chosen in backends_under_test(config):
+        try:
+            chosen.require_available()
+        except RuntimeError as missing:
+            raise pytest.UsageError(str(missing)) from None
 
 
 def backends_under_test(config: pytest.Config) -> list[Backend]:
@@ -66,10 +72,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
 
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """The backend under test; fails the session at once where it cannot run."""
-    chosen = get_backend(request.config.getoption("--backend"))
-    chosen.require_available()
-    return chosen
+    """The backend under test (checked at the session's start: it runs here)."""
+    return get_backend(request.config.getoption("--backend"))
 
 
 @pytest.fixture(scope="session")

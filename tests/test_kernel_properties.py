@@ -28,7 +28,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def test_kernel_checks(kernel_case: tuple[str, str, Backend], examples: int, request) -> None:
     name, dtype, backend = kernel_case
-    backend.require_available()
     replay = f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
     tally = runner.run_property(
         SPECS[name], dtype, backend, examples=examples, seed=0, replay_hint=replay
