@@ -86,11 +86,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from . import campaign
 
     backend = _available_backend(args.backend)
-    specs = [get_spec(name) for name in (args.kernel or registry())]
-    missing = [s.name for s in specs if not s.runs_on(backend)]
+    missing = verify.not_on(str(backend), args.kernel)
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
-    specs = [s for s in specs if s.runs_on(backend)]
+    specs = [get_spec(name) for name in (args.kernel or registry()) if name not in missing]
     if not specs:
         raise SystemExit(f"pallascheck: no selected kernel runs on {backend}")
     print(f"fuzzing {', '.join(s.name for s in specs)} on {backend} for {args.minutes:g} min; corpus {args.corpus}/")

@@ -98,26 +98,13 @@ def _forward_body(x_gmem, w_gmem, *refs, num_k_tiles: int, up_offset: int, activ
             w_gmem.at[k_slice, pl.ds(up_offset + gate_col, tile_n)], up_smem.at[slot], loaded.at[slot]
         )
 
-    for step in range(min(stages, num_k_tiles)):
-        load(step, step)
-
     def k_loop(gate_ref, up_ref):
-        @pl.loop(0, num_k_tiles)
-        def _step(step):
-            slot = lax.rem(step, stages)
-            plgpu.barrier_wait(loaded.at[slot])
+        def issue(slot):  # gate and up: two wgmmas per step
             plgpu.wgmma(gate_ref, x_smem.at[slot], gate_smem.at[slot])
             plgpu.wgmma(up_ref, x_smem.at[slot], up_smem.at[slot])
-            # Both of step-1's wgmmas have retired (at most this step's two are
-            # in flight), so its slot may take the tile `stages` ahead of it.
-            plgpu.wgmma_wait(2)
-            refill = step - 1 + stages
+            return 2
 
-            @pl.when((step >= 1) & (refill < num_k_tiles))
-            def _refill():
-                load(refill, lax.rem(refill, stages))
-
-        plgpu.wgmma_wait(0)
+        mosaic_gpu_matmul.k_ring(num_k_tiles, stages, loaded, load, issue)
         return gate_ref[...], up_ref[...]
 
     acc = plgpu.ACC((tile_m, tile_n), jnp.float32)  # allocated as exact zeros
@@ -147,9 +134,7 @@ def fused_call(
     mosaic_gpu_matmul.check_input_dtype(x.dtype)
     t, f = x.shape[0], weights.shape[2]
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
-    need = smem_bytes(config, x.dtype.itemsize, save_residuals)
-    if need > tiling.GPU_SHARED_MEMORY_BYTES:
-        raise ValueError(f"config {config} needs {need} bytes of shared memory, more than {tiling.GPU_SHARED_MEMORY_BYTES}")
+    tiling.require_shared_memory(config, smem_bytes(config, x.dtype.itemsize, save_residuals))
     x_p = mosaic_gpu_matmul.pad_to(x, (tm, tk))
     w_p = mosaic_gpu_matmul.pad_to(weights, (tk, 1, tn))
     (tp, dp), fp = x_p.shape, w_p.shape[2]

@@ -156,6 +156,30 @@ def operand_transforms(minor: int, dtype: Any) -> tuple[Any, ...]:
     return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
+def k_ring(num_k_tiles: int, stages: int, loaded: Any, load: Callable[[Any, Any], None],
+           issue: Callable[[Any], int]) -> None:
+    """The K loop over a ring of ``stages`` SMEM slots: ``load(step, slot)`` starts the
+    TMA copies of K tile ``step`` into ``slot`` (arriving on ``loaded.at[slot]``);
+    ``issue(slot)`` starts this step's wgmmas and returns how many it started. Once
+    only those may still run, step-1's have retired and its slot takes the tile
+    ``stages`` ahead of it. Returns with every wgmma done."""
+    for step in range(min(stages, num_k_tiles)):
+        load(step, step)
+
+    @pl.loop(0, num_k_tiles)
+    def _step(step):
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(loaded.at[slot])
+        plgpu.wgmma_wait(issue(slot))
+        refill = step - 1 + stages
+
+        @pl.when((step >= 1) & (refill < num_k_tiles))
+        def _refill():
+            load(refill, lax.rem(refill, stages))
+
+    plgpu.wgmma_wait(0)
+
+
 def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
     """One output tile. ``refs`` = output GMEM refs, x/y SMEM rings, their
     barriers, output SMEM tiles (one per output)."""
@@ -171,25 +195,12 @@ def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
         plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
         plgpu.copy_gmem_to_smem(y_gmem.at[k_slice, n_slice], y_smem.at[slot], loaded.at[slot])
 
-    for step in range(min(stages, num_k_tiles)):
-        load(step, step)
-
     def k_loop(acc_ref):
-        @pl.loop(0, num_k_tiles)
-        def _step(step):
-            slot = lax.rem(step, stages)
-            plgpu.barrier_wait(loaded.at[slot])
+        def issue(slot):
             plgpu.wgmma(acc_ref, x_smem.at[slot], y_smem.at[slot])
-            # Step-1's wgmma has now retired, so its slot may take the tile
-            # `stages` ahead of it; this step's wgmma keeps running meanwhile.
-            plgpu.wgmma_wait(1)
-            refill = step - 1 + stages
+            return 1
 
-            @pl.when((step >= 1) & (refill < num_k_tiles))
-            def _refill():
-                load(refill, lax.rem(refill, stages))
-
-        plgpu.wgmma_wait(0)
+        k_ring(num_k_tiles, stages, loaded, load, issue)
         return acc_ref[...]
 
     acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))  # allocated as exact zeros
@@ -236,9 +247,7 @@ def tiled_call(
     x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
     (mp, kp), np_ = x_p.shape, y_p.shape[1]
     out_dtypes = [jnp.dtype(out_dtype)] + ([jnp.dtype(jnp.float32)] if save_preactivation else [])
-    need = smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation)
-    if need > tiling.GPU_SHARED_MEMORY_BYTES:
-        raise ValueError(f"config {config} needs {need} bytes of shared memory, more than {tiling.GPU_SHARED_MEMORY_BYTES}")
+    tiling.require_shared_memory(config, smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation))
     stages = config.max_concurrent_steps
     scratch = (
         plgpu.SMEM((stages, tm, tk), x.dtype, transforms=operand_transforms(tk, x.dtype)),

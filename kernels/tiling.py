@@ -10,3 +10,9 @@ GPU_SHARED_MEMORY_BYTES = 227 * 1024
 def blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
     """Block sizes worth trying for a length: never more than one block of pure padding."""
     return tuple(b for b in choices if b < 2 * max(size, 16)) or (min(choices),)
+
+
+def require_shared_memory(config: object, need: int) -> None:
+    """A config whose tiles need more shared memory than a GPU block has is refused."""
+    if need > GPU_SHARED_MEMORY_BYTES:
+        raise ValueError(f"config {config} needs {need} bytes of shared memory, more than {GPU_SHARED_MEMORY_BYTES}")

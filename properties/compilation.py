@@ -27,6 +27,8 @@ import os
 
 import jax
 
+from pallascheck.kernels.backends import parse
+
 CACHE_ENV_VAR = "PALLASCHECK_CACHE_DIR"
 DEFAULT_CACHE_DIR = os.path.join(".pallascheck", "jax-cache")
 QUICK_CPU_FLAGS = ("--xla_backend_optimization_level=1", "--xla_llvm_disable_expensive_passes=true")
@@ -69,8 +71,6 @@ def configure(backend_name: str) -> None:
     XLA:CPU compiles where the kernels run on the CPU (GPU runs keep XLA's defaults so
     the baselines they are compared with are compiled as users compile them)."""
     enable_cache()
-    from pallascheck.kernels.backends import parse
-
     if parse(backend_name).platform == "cpu":
         quick_cpu_compiles()
     else:  # several processes share one GPU: each allocates what it uses

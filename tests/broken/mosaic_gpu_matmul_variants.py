@@ -46,23 +46,12 @@ def _body(x_gmem, y_gmem, *refs, num_k_tiles, activation, bug):
         plgpu.copy_gmem_to_smem(x_gmem.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
         plgpu.copy_gmem_to_smem(y_gmem.at[y_k_slice, n_slice], y_smem.at[slot], loaded.at[slot])
 
-    for step in range(min(stages, num_k_tiles)):
-        load(step, step)
-
     def k_loop(acc_ref):
-        @pl.loop(0, num_k_tiles)
-        def _step(step):
-            slot = lax.rem(step, stages)
-            plgpu.barrier_wait(loaded.at[slot])
+        def issue(slot):
             plgpu.wgmma(acc_ref, x_smem.at[slot], y_smem.at[slot])
-            plgpu.wgmma_wait(1)
-            refill = step - 1 + stages
+            return 1
 
-            @pl.when((step >= 1) & (refill < num_k_tiles))
-            def _refill():
-                load(refill, lax.rem(refill, stages))
-
-        plgpu.wgmma_wait(0)
+        mosaic_gpu_matmul.k_ring(num_k_tiles, stages, loaded, load, issue)
         if bug == "stale_accumulator":
             # BUG: the sum starts from whatever the output tile's SMEM holds (never
             # written by this CTA: NaN on the interpreter, an earlier CTA's tile on
