@@ -657,6 +657,7 @@ def _validate(q, k, v, bias, mask, causal, sm_scale) -> float:
     return float(sm_scale)
 
 
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale"))
 def xla_reference(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None) -> jax.Array:
     """What a user writes instead: plain jax.numpy in the input dtype, same semantics.
 

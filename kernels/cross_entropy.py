@@ -453,6 +453,7 @@ def validate(logits: Any, labels: Any, label_smoothing: Any, ignore_index: Any, 
 cross_entropy = make_cross_entropy()
 
 
+@functools.partial(jax.jit, static_argnames=("label_smoothing", "ignore_index", "reduction"))
 def xla_reference(
     logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, ignore_index: int = -100,
     reduction: str = "mean",

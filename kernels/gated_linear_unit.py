@@ -222,6 +222,7 @@ def gated_linear_unit(
     return out.reshape(*lead, f)
 
 
+@functools.partial(jax.jit, static_argnames=("activation",))
 def xla_reference(x: jax.Array, weights: jax.Array, *, activation: "str | None" = None) -> jax.Array:
     """What a user writes instead: two XLA dots accumulating in f32, the gate's
     activation and the product in f32, one rounding to x's dtype."""

@@ -346,6 +346,7 @@ def _validate(x: Any, w: Any, labels: Any, label_smoothing: Any, ignore_index: A
 linear_softmax_cross_entropy = make_linear_softmax_cross_entropy()
 
 
+@functools.partial(jax.jit, static_argnames=("label_smoothing", "ignore_index", "reduction"))
 def xla_reference(
     x: jax.Array, w: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, ignore_index: int = -100,
     reduction: str = "mean",

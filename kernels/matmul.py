@@ -268,6 +268,7 @@ def matmul(
     return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, backend)
 
 
+@functools.partial(jax.jit, static_argnames=("activation", "out_dtype"))
 def xla_reference(
     x: jax.Array, y: jax.Array, *, activation: str = "none", out_dtype: Any = None
 ) -> jax.Array:

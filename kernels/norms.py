@@ -482,6 +482,7 @@ f32 statistics, one rounding to x.dtype (see the module docstring).
 Differentiable in x and scale (Pallas backward kernel)."""
 
 
+@functools.partial(jax.jit, static_argnames=("eps",))
 def xla_reference_layer_norm(
     x: jax.Array, scale: jax.Array | None = None, offset: jax.Array | None = None, *, eps: float = 1e-5
 ) -> jax.Array:
@@ -496,6 +497,7 @@ def xla_reference_layer_norm(
     return y
 
 
+@functools.partial(jax.jit, static_argnames=("eps",))
 def xla_reference_rms_norm(
     x: jax.Array, scale: jax.Array | None = None, *, eps: float = 1e-6
 ) -> jax.Array:

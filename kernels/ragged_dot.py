@@ -310,6 +310,7 @@ def ragged_dot(
     return _ragged_dot_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config, backend)
 
 
+@jax.jit
 def xla_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """What a user writes instead: ``lax.ragged_dot`` accumulating in f32, rounded
     once to the input dtype."""

@@ -503,6 +503,7 @@ def top_k(
     return _top_k(logits, k, config, backend, parts)
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
 def xla_reference(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """What a user writes instead: ``jax.lax.top_k``."""
     return lax.top_k(logits, k)
