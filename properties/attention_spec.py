@@ -44,12 +44,18 @@ def _layout(layout: str, b: int, h: int, sq: int, skv: int) -> tuple[int, ...]:
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        b, h, hkv = draw_(st.sampled_from(HEADS))
-        sq, skv, d = draw_(strategies.dims(SEQ_Q)), draw_(strategies.dims(SEQ_KV)), draw_(strategies.dims(HEAD_DIMS))
-        causal = draw_(st.booleans())
+        b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(HEADS)))
+        sq, skv, d = (draw_(strategies.layout(f"attention.{a}", strategies.dims(bucket)))
+                      for a, bucket in (("sq", SEQ_Q), ("skv", SEQ_KV), ("d", HEAD_DIMS)))
+        causal = draw_(strategies.layout("attention.causal", st.booleans()))
+        sm_scale = draw_(strategies.layout("attention.sm_scale", st.sampled_from(SM_SCALES)))
+        # Which of bias and mask exist, and their broadcast layouts, are part of the
+        # compiled kernel; what they hold is drawn per case.
+        has_bias = draw_(strategies.layout("attention.has_bias", st.booleans()))
+        has_mask = draw_(strategies.layout("attention.has_mask", st.booleans()))
+        bias_kind = draw_(st.sampled_from(BIASES[1:])) if has_bias else "none"
+        mask_kind = draw_(st.sampled_from(MASKS[1:])) if has_mask else "none"
         logits_kind = draw_(st.sampled_from(LOGITS))
-        bias_kind, mask_kind = draw_(st.sampled_from(BIASES)), draw_(st.sampled_from(MASKS))
-        sm_scale = draw_(st.sampled_from(SM_SCALES))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed)
         npd = strategies.np_dtype(dtype)
@@ -64,7 +70,7 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
             "cotangent": rng.standard_normal((b, sq, h, d)).astype(npd),
         }
         if bias_kind != "none":
-            shape = _layout(draw_(st.sampled_from(LAYOUTS)), b, h, sq, skv)
+            shape = _layout(draw_(strategies.layout("attention.bias_layout", st.sampled_from(LAYOUTS))), b, h, sq, skv)
             bias = rng.standard_normal(shape)
             if bias_kind == "large_negative":  # some keys pushed ~1e4 below the rest
                 bias = np.where(rng.random(shape) < 0.3, -1e4, bias)
@@ -74,7 +80,7 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
                     bias[..., 0, :] = -np.inf
             arrays["bias"] = bias.astype(npd)
         if mask_kind != "none":
-            shape = _layout(draw_(st.sampled_from(LAYOUTS[:3])), b, h, sq, skv)
+            shape = _layout(draw_(strategies.layout("attention.mask_layout", st.sampled_from(LAYOUTS[:3]))), b, h, sq, skv)
             mask = rng.random(shape) < rng.uniform(0.3, 0.9)
             if mask_kind == "rows_masked":
                 mask[..., rng.random(shape[-2]) < 0.3, :] = False
@@ -159,7 +165,7 @@ def _permuted_case(case: Case, batch_perm: np.ndarray, kv_head_perm: np.ndarray)
     return Case(out, case.params), q_head_perm
 
 
-def _batch_head_permutation(run, bound, case: Case, config: Any, backend: Backend):
+def _batch_head_permutation(run, bound, case: Case, config: Any, backend: Backend, out: np.ndarray):
     """attention(P q, P k, P v) = P attention(q, k, v) for P permuting the batch and the
     kv heads together with their q-head groups (bias/mask permuted alike). Each side is
     within its bound of the same oracle element: they agree within the sum of bounds."""
@@ -168,25 +174,25 @@ def _batch_head_permutation(run, bound, case: Case, config: Any, backend: Backen
     bp, kp = rng.permutation(b), rng.permutation(hkv)
     permuted, qp = _permuted_case(case, bp, kp)
     lhs = np.asarray(run(permuted, config, backend))
-    rhs = np.asarray(run(case, config, backend))[bp][:, :, qp].astype(np.float64)
+    rhs = np.asarray(out)[bp][:, :, qp].astype(np.float64)
     return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)[bp][:, :, qp]
 
 
-def _key_value_permutation(run, bound, case: Case, config: Any, backend: Backend):
+def _key_value_permutation(run, bound, case: Case, config: Any, backend: Backend, out: np.ndarray):
     """Non-causal attention is invariant to permuting keys and values together (and the
     key axis of the bias and mask); causal attention is not, so it is not checked."""
     skv = case.arrays["k"].shape[1]
     perm = np.random.default_rng(skv).permutation(skv)
-    out = {}
+    arrays = {}
     for name, x in case.arrays.items():
         if name in ("k", "v"):
             x = x[:, perm]
         elif name in ("bias", "mask") and x.shape[-1] > 1:
             x = x[..., perm]
-        out[name] = x
-    permuted = Case(out, case.params)
+        arrays[name] = x
+    permuted = Case(arrays, case.params)
     lhs = np.asarray(run(permuted, config, backend))
-    rhs = np.asarray(run(case, config, backend)).astype(np.float64)
+    rhs = np.asarray(out).astype(np.float64)
     return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)
 
 
@@ -194,10 +200,10 @@ def permutations(run, bound) -> Relation:
     """Both permutation relations on one case, compared as one flat array: batch/head
     equivariance always, key/value invariance when not causal."""
 
-    def relation(case: Case, config: Any, backend: Backend):
-        parts = [_batch_head_permutation(run, bound, case, config, backend)]
+    def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        parts = [_batch_head_permutation(run, bound, case, config, backend, out)]
         if not case.params["causal"]:
-            parts.append(_key_value_permutation(run, bound, case, config, backend))
+            parts.append(_key_value_permutation(run, bound, case, config, backend, out))
         return tuple(np.concatenate([np.ravel(p[i]) for p in parts]) for i in range(3))
 
     return Relation("permutations", relation)

@@ -120,8 +120,8 @@ def relation(kernel: str, import_path: str = "", devices: int = 2, examples: int
     oracle. It runs one child process per case; the relation's "error" is the child's
     worst budget used, its bound 1."""
 
-    def run(case: Case, config: Any, backend: Backend):
-        del config, backend  # the child uses its own config, in interpret mode on CPU devices
+    def run(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        del config, backend, out  # the child uses its own config, in interpret mode on CPU devices
         result = run_with_cpu_devices(
             f"{__name__}:sharded_matches_unsharded", devices,
             {"examples": examples, "seed": int(case.arrays["labels"].size), "kernel": kernel,

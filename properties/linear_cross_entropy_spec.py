@@ -33,7 +33,10 @@ KINDS = ("normal", "large", "few_distinct", "positive")
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        t, h, v = draw_(strategies.dims(TOKENS)), draw_(strategies.dims(HIDDEN)), draw_(strategies.dims(VOCABS))
+        t, h, v = (draw_(strategies.layout(f"linear_cross_entropy.{a}", strategies.dims(bucket)))
+                   for a, bucket in (("t", TOKENS), ("h", HIDDEN), ("v", VOCABS)))
+        reduction = draw_(strategies.layout("linear_cross_entropy.reduction", st.sampled_from(lce.ce.REDUCTIONS)))
+        eps = draw_(strategies.layout("linear_cross_entropy.label_smoothing", st.sampled_from(SMOOTHING)))
         kind = draw_(st.sampled_from(KINDS))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed + 7)
@@ -43,7 +46,6 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
         pinned = draw_(st.sampled_from(("uniform", "first", "last")))
         labels = {"uniform": rng.integers(0, v, t), "first": np.zeros(t, np.int64), "last": np.full(t, v - 1)}[pinned]
         ignored = rng.random(t) < draw_(st.sampled_from((0.0, 0.3, 1.0)))
-        reduction = draw_(st.sampled_from(lce.ce.REDUCTIONS))
         np_dtype = strategies.np_dtype(dtype)
         return Case(
             arrays={
@@ -51,7 +53,7 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
                 "labels": np.where(ignored, IGNORE_INDEX, labels).astype(np.int32),
                 "cotangent": rng.standard_normal(t if reduction == "none" else ()).astype(np.float32),
             },
-            params={"label_smoothing": draw_(st.sampled_from(SMOOTHING)), "ignore_index": IGNORE_INDEX,
+            params={"label_smoothing": eps, "ignore_index": IGNORE_INDEX,
                     "reduction": reduction},
         )
 

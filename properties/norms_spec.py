@@ -25,19 +25,23 @@ EPS = (1e-6, 1e-5, 1e-2)
 def cases(kind: str, dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        shape = draw_(st.sampled_from(LEADING_SHAPES)) + (draw_(strategies.dims(FEATURES)),)
+        shape = (draw_(strategies.layout(f"{kind}.leading", st.sampled_from(LEADING_SHAPES)))
+                 + (draw_(strategies.layout(f"{kind}.d", strategies.dims(FEATURES))),))
         d = shape[-1]
+        has_scale = draw_(strategies.layout(f"{kind}.scale", st.booleans()))
+        has_offset = kind == "layer_norm" and draw_(strategies.layout(f"{kind}.offset", st.booleans()))
+        eps = draw_(strategies.layout(f"{kind}.eps", st.sampled_from(EPS)))
         kind_of_x = draw_(strategies.element_kinds())
         seed = draw_(strategies.seeds())
         arrays = {
             "x": strategies.elements(seed, shape, dtype, kind_of_x, reduction=d),
             "cotangent": strategies.elements(seed + 1, shape, dtype, "normal"),
         }
-        if draw_(st.booleans()):
+        if has_scale:
             arrays["scale"] = strategies.elements(seed + 2, (d,), dtype, "normal")
-        if kind == "layer_norm" and draw_(st.booleans()):
+        if has_offset:
             arrays["offset"] = strategies.elements(seed + 3, (d,), dtype, "normal")
-        return Case(arrays, {"eps": draw_(st.sampled_from(EPS))})
+        return Case(arrays, {"eps": eps})
 
     return draw()
 

@@ -60,8 +60,9 @@ def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        m, n, k = draw_(strategies.dims(M_DIMS)), draw_(strategies.dims(N_DIMS)), draw_(strategies.dims(K_DIMS))
-        groups = draw_(st.sampled_from(GROUP_COUNTS))
+        m, n, k = (draw_(strategies.layout(f"ragged_dot.{a}", strategies.dims(bucket)))
+                   for a, bucket in (("m", M_DIMS), ("n", N_DIMS), ("k", K_DIMS)))
+        groups = draw_(strategies.layout("ragged_dot.groups", st.sampled_from(GROUP_COUNTS)))
         layout = draw_(st.sampled_from(GROUP_LAYOUTS))
         kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
         seed = draw_(strategies.seeds())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -74,12 +75,13 @@ def check_case(
         outcome = dataclasses.replace(fn(), check=name)
         tally.add(outcome, time.perf_counter() - t0 + (values_setup_seconds if name == "values" else 0.0))
 
-    # The float64 gradients are the most expensive oracle; "reference" and "gradients"
-    # share one evaluation.
+    # Computed once, shared by the checks: the kernel's output (values, configs_agree,
+    # run 0 of deterministic, the untransformed side of the relations) and the float64
+    # gradients, the most expensive oracle ("reference" and "gradients").
+    kernel_out = functools.cache(lambda: _np(spec.kernel(case, config, backend)))
     exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
-    out = None
     if {"values", "configs_agree"} & set(selected):
-        out = _np(spec.kernel(case, config, backend))
+        out = kernel_out()
         bound = spec.bound(case, ref, config, arith)
     values_setup_seconds = time.perf_counter() - start  # oracle + kernel run + bound
     if "values" in selected:
@@ -119,7 +121,7 @@ def check_case(
         timed("gradients", gradients)
     if "deterministic" in selected:
         def deterministic() -> checks.Outcome:
-            runs = [lambda: spec.kernel(case, config, backend)] * 2
+            runs = [kernel_out, lambda: spec.kernel(case, config, backend)]
             if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
                 runs.append(lambda: spec.kernel(case, config, shuffled))
@@ -128,7 +130,7 @@ def check_case(
     if "metamorphic" in selected:
         for relation in spec.relations:
             def metamorphic(relation=relation) -> checks.Outcome:
-                lhs, rhs, rel_bound = relation.run(case, config, backend)
+                lhs, rhs, rel_bound = relation.run(case, config, backend, kernel_out())
                 return checks.check_relation(_np(lhs), _np(rhs), rel_bound, relation=relation.name, context=ctx)
             timed("metamorphic", metamorphic)
     return tally
@@ -148,6 +150,17 @@ def run_errors(spec: KernelSpec, *, context: checks.Context) -> checks.Outcome:
     return outcome
 
 
+CASES_PER_LAYOUT = 2
+"""Cases checked per Hypothesis example. They share a layout (shapes, static
+parameters, config: see ``strategies.layout``) and so one compiled kernel, and differ
+in their values. Compilation is most of a check's cost in interpret mode; a second
+case of the same layout costs a run, not a compile."""
+
+
+def _fingerprint(case: Case) -> tuple[str, ...]:
+    return tuple(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest() for a in case.arrays.values())
+
+
 def run_property(
     spec: KernelSpec,
     dtype: str,
@@ -159,16 +172,22 @@ def run_property(
     shrink: bool = False,
     failure_dir: str | None = None,
     replay_hint: str = "",
+    cases_per_layout: int = CASES_PER_LAYOUT,
 ) -> Tally:
-    """Draw ``examples`` cases (and a config for each) and run the checks on them.
+    """Draw ``examples`` Hypothesis examples, each a config and ``cases_per_layout``
+    distinct cases of one layout, and run the checks on every case.
 
-    On failure the tally records the message; with ``failure_dir`` the failing
-    case is saved as .npz for ``pallascheck replay``.
+    The config is drawn once per example, as an index into the first case's config
+    space; a spec whose cases do not share their layout still gets a valid config for
+    each case. On failure the tally records the message; with ``failure_dir`` the
+    failing case is saved as .npz for ``pallascheck replay``.
     """
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
-    drawn = spec.cases(dtype, backend).flatmap(
-        lambda case: st.tuples(st.just(case), st.sampled_from(list(spec.configs(case, backend))))
+    drawn = st.lists(
+        spec.cases(dtype, backend), min_size=cases_per_layout, max_size=cases_per_layout, unique_by=_fingerprint
+    ).flatmap(
+        lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
 
@@ -178,17 +197,20 @@ def run_property(
     )
     @hypothesis_seed(seed)
     @given(drawn)
-    def property_(case_and_config: tuple[Case, Any]) -> None:
-        case, config = case_and_config
-        try:
-            check_case(spec, case, config, backend, context=context, selected=selected, tally=tally)
-        except Exception as failure:  # a crash is a finding too: keep its input
-            if failure_dir is not None:
-                save_failure(failure_dir, spec, dtype, backend, case, config, failure)
-            raise
-        finally:
-            if backend.name == "tpu_interpret":
-                reset_tpu_interpreter()
+    def property_(cases_and_config: tuple[list[Case], int]) -> None:
+        cases, index = cases_and_config
+        for case in cases:
+            space = list(spec.configs(case, backend))
+            config = space[index % len(space)]
+            try:
+                check_case(spec, case, config, backend, context=context, selected=selected, tally=tally)
+            except Exception as failure:  # a crash is a finding too: keep its input
+                if failure_dir is not None:
+                    save_failure(failure_dir, spec, dtype, backend, case, config, failure)
+                raise
+            finally:
+                if backend.name == "tpu_interpret":
+                    reset_tpu_interpreter()
 
     try:
         property_()

@@ -66,10 +66,12 @@ class GradientSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Relation:
-    """A metamorphic relation: ``run(case, config, backend)`` returns (lhs, rhs, bound)."""
+    """A metamorphic relation: ``run(case, config, backend, out)`` returns (lhs, rhs,
+    bound); ``out`` is the kernel's output on ``case`` under that config and backend,
+    which the runner has already computed (the relation runs the transformed case)."""
 
     name: str
-    run: Callable[[Case, Any, Backend], tuple[Any, Any, Any]]
+    run: Callable[[Case, Any, Backend, np.ndarray], tuple[Any, Any, Any]]
 
 
 @dataclasses.dataclass(frozen=True)

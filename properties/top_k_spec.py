@@ -93,8 +93,9 @@ def logits(seed: int, shape: tuple[int, int], dtype: str, kind: str) -> np.ndarr
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        tokens, vocab = draw_(strategies.dims(TOKENS)), draw_(strategies.dims(VOCABS))
-        k = draw_(st.sampled_from([k for k in KS if k <= vocab]))
+        tokens, vocab = (draw_(strategies.layout(f"top_k.{a}", strategies.dims(bucket)))
+                         for a, bucket in (("tokens", TOKENS), ("vocab", VOCABS)))
+        k = draw_(strategies.layout("top_k.k", st.sampled_from([k for k in KS if k <= vocab])))
         kind = draw_(st.sampled_from(ELEMENT_KINDS))
         seed = draw_(strategies.seeds())
         return Case(arrays={"logits": logits(seed, (tokens, vocab), dtype, kind)}, params={"k": k, "kind": kind})
