@@ -173,12 +173,12 @@ def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
     return np.where(ref.visible, x, 0.0)
 
 
-def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any) -> Bounded:
+def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool) -> Bounded:
     """Step 1: s_hat = (q.k) * sm_scale (+ bias), each rounding in ``compute_dtype``;
     the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
     (precision HIGHEST); xla_reference's dot runs at default precision (tf32 on GPU)
     and rounds to its dtype."""
-    if np.dtype(compute_dtype) == np.float32:  # the kernel: f32 q.k at precision HIGHEST
+    if kernel:  # f32 q.k at precision HIGHEST
         arith = dataclasses.replace(arith, matmul_input_f32="float32")
     qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
                      order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
@@ -232,7 +232,7 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
     kernel = block_k is not None
     compute = F32 if kernel else dtype
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute)
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute, kernel=kernel)
     e = s.err
     e_max = _row_max(e, ref.visible)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)  # >= m_hat - s_hat_j >= 0
@@ -329,7 +329,7 @@ def gradient_bound(
     floor32 = algebra.underflow_floor(F32, arith)
 
     # lse and P
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32)
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32, kernel=True)
     e = s.err
     e_max = _row_max(e, vis)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)
