@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser("verify", help="run every registered kernel's checks")
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
-    verify.add_argument("--examples", type=int, default=6, help="cases checked per kernel, dtype and check (drawn %d per Hypothesis example, sharing one compiled kernel)" % runner.CASES_PER_LAYOUT)
+    verify.add_argument("--examples", type=int, default=6, help=f"cases checked per kernel, dtype and check (drawn {runner.CASES_PER_LAYOUT} per Hypothesis example, sharing one compiled kernel)")
     verify.add_argument("--seed", type=int, default=0)
     verify.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     verify.add_argument("--dtype", action="append", help="only this dtype (repeatable)")

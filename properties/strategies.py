@@ -9,13 +9,11 @@ large arrays cheap for Hypothesis, and the seed replays them exactly.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+from typing import Any, Sequence
 
 import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
-
-T = TypeVar("T")
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -45,7 +43,7 @@ def dims(bucket: Sequence[int] = SMALL_DIMS) -> st.SearchStrategy[int]:
     return st.sampled_from(tuple(bucket))
 
 
-def layout(key: str, strategy: st.SearchStrategy[T]) -> st.SearchStrategy[T]:
+def layout[T](key: str, strategy: st.SearchStrategy[T]) -> st.SearchStrategy[T]:
     """A draw that decides the compiled executable: a dimension, a static parameter,
     which optional operands exist. Within one Hypothesis example every draw under the
     same ``key`` gives the same value, so the cases the runner draws together
