@@ -53,7 +53,9 @@ def run(
     first_seed: int = 0,
     dtypes: Sequence[str] | None = None,
 ) -> CampaignResult:
-    """Fuzz ``specs`` on ``backend`` for about ``seconds`` (a round in flight finishes).
+    """Fuzz ``specs`` on ``backend`` for about ``seconds`` (a round in flight finishes);
+    each round checks ``examples_per_round`` cases per (kernel, dtype), as verify's
+    ``--examples`` counts them.
 
     A (kernel, dtype) pair that failed is not fuzzed again in later rounds: its
     reproducer is in the corpus, and the other pairs get the time.
@@ -96,7 +98,7 @@ def _round(
     replay = f"pallascheck replay {directory}/{spec.name}-{dtype}-<check>.npz"
     start = time.monotonic()
     tally = runner.run_property(
-        spec, dtype, backend, examples=examples, seed=seed, shrink=True,
+        spec, dtype, backend, examples=runner.examples_for(examples), seed=seed, shrink=True,
         failure_dir=directory, replay_hint=replay,
     )
     saved = sorted(

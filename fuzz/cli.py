@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz = sub.add_parser("fuzz", help="fuzz kernels until the time is up, keeping every failing case")
     fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
     fuzz.add_argument("--minutes", type=float, default=10.0)
-    fuzz.add_argument("--examples", type=int, default=50, help="examples per kernel, dtype and round")
+    fuzz.add_argument("--examples", type=int, default=50, help="cases checked per kernel, dtype and round (as verify's)")
     fuzz.add_argument("--seed", type=int, default=1000, help="the first round's Hypothesis seed (then +1 per round)")
     fuzz.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable)")

@@ -112,7 +112,7 @@ def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[
     replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
               f"--examples {options.examples} --seed {options.seed}")
     tally = runner.run_property(
-        get_spec(name), dtype, backend, examples=math.ceil(options.examples / runner.CASES_PER_LAYOUT), seed=options.seed,
+        get_spec(name), dtype, backend, examples=runner.examples_for(options.examples), seed=options.seed,
         failure_dir=options.failures, replay_hint=replay,
     )
     rows = []

@@ -108,10 +108,6 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, 1 << max(0, (head_dim - 1).bit_length()))
 
 
-
-
-
-
 def configs(
     seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2
 ) -> list[Config] | list[mosaic_gpu_attention.Config]:

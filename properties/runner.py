@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -155,6 +156,12 @@ CASES_PER_LAYOUT = 2
 parameters, config: see ``strategies.layout``) and so one compiled kernel, and differ
 in their values. Compilation is most of a check's cost in interpret mode; a second
 case of the same layout costs a run, not a compile."""
+
+
+def examples_for(cases: int) -> int:
+    """Hypothesis examples that check at least ``cases`` cases: what ``verify`` and
+    ``fuzz`` take ``--examples`` to mean."""
+    return math.ceil(cases / CASES_PER_LAYOUT)
 
 
 def _fingerprint(case: Case) -> tuple[str, ...]:
