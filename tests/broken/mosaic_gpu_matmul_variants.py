@@ -1,10 +1,13 @@
 """Deliberately broken Mosaic GPU matmuls. Each is a copy of the real kernel body
 (kernels/mosaic_gpu_matmul.py ``_matmul_body``) with one line changed (marked
-``BUG``), run through the real wrapper (``mosaic_gpu_matmul.tiled_call``), so that
+``BUG``; ``accumulator_rounded_to_bf16`` carries the sum in registers across K tiles
+so that it can round it, as a kernel that keeps its accumulator in the input
+precision would), run through the real wrapper (``mosaic_gpu_matmul.tiled_call``), so that
 only the bug differs from the kernel under test. Forward only; bf16/f16 inputs.
 
-``stale_accumulator`` and ``y_tile_off_by_one`` give wrong values on the
-interpreter and the GPU alike (the latter once K spans more than one ``tile_k``).
+``stale_accumulator``, ``y_tile_off_by_one`` and ``accumulator_rounded_to_bf16``
+give wrong values on the interpreter and the GPU alike (the last two once K spans
+more than one ``tile_k``).
 
 Not a variant, and why: refilling a pipeline slot before the wgmma reading it has
 retired (``wgmma_wait(2)`` instead of 1). The interpreter runs each wgmma
@@ -23,7 +26,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallascheck.kernels import mosaic_gpu_matmul
+from pallascheck.kernels import mosaic_gpu_attention, mosaic_gpu_matmul
 from pallascheck.kernels.activations import get_activation
 from pallascheck.kernels.backends import MOSAIC_GPU, get_backend
 from pallascheck.properties.matmul_spec import make_spec
@@ -59,7 +62,32 @@ def _body(x_gmem, y_gmem, *refs, num_k_tiles, activation, bug):
             return acc_ref[...] + out_smems[0][...].astype(jnp.float32)
         return acc_ref[...]
 
-    acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
+    def rounding_k_loop():
+        """The same ring; each K tile's wgmma goes to a fresh accumulator that is added
+        to a running sum carried in registers."""
+        for step in range(min(stages, num_k_tiles)):
+            load(step, step)
+
+        def step_fn(step, total):
+            slot = lax.rem(step, stages)
+            plgpu.barrier_wait(loaded.at[slot])
+            part = mosaic_gpu_attention.mma(x_smem.at[slot], y_smem.at[slot], (tile_m, tile_n))
+            refill = step + stages
+
+            @pl.when(refill < num_k_tiles)
+            def _refill():  # the wgmma reading `slot` has retired (mma read its result)
+                load(refill, lax.rem(refill, stages))
+
+            # BUG: the running sum is rounded to bf16 after every K tile (an
+            # accumulator kept in the input precision between pipeline stages).
+            return (total + part).astype(jnp.bfloat16).astype(jnp.float32)
+
+        return lax.fori_loop(0, num_k_tiles, step_fn, mosaic_gpu_attention.zeros((tile_m, tile_n), plgpu.Layout.WGMMA))
+
+    if bug == "accumulator_rounded_to_bf16":
+        acc = rounding_k_loop()
+    else:
+        acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
     mosaic_gpu_matmul.store_tiles(out_gmems, out_smems, (get_activation(activation)(acc), acc), m_slice, n_slice)
 
 
@@ -82,5 +110,5 @@ BACKENDS = MOSAIC_GPU
 EXAMPLES = 12
 VARIANTS = {
     name: (make_spec(_variant(name), name=f"mosaic_gpu_matmul[{name}]", differentiable=False), ("bfloat16", "float16"), EXAMPLES)
-    for name in ("stale_accumulator", "y_tile_off_by_one")
+    for name in ("stale_accumulator", "y_tile_off_by_one", "accumulator_rounded_to_bf16")
 }
