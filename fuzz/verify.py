@@ -38,6 +38,9 @@ class Row:
     budget_used: float
     probabilistic_budget: float | None
     seconds: float
+    # the same outputs' budget used under the accuracy contract (values, gradients,
+    # reference); None where the spec states no contract or the check has none
+    contract_budget: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,8 @@ def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[
         if check in tally.outcomes:
             o = tally.outcomes[check]
             prob = tally.probabilistic_budget if check == "values" else None
-            rows.append(Row(name, dtype, check, o.passed, o.examples, o.budget_used, prob, tally.seconds.get(check, 0.0)))
+            rows.append(Row(name, dtype, check, o.passed, o.examples, o.budget_used, prob, tally.seconds.get(check, 0.0),
+                            tally.contract_budgets.get(check)))
     return rows, [tally.failure] if tally.failure else []
 
 
@@ -222,10 +226,11 @@ def fmt_budget(value: float | None) -> str:
 
 
 def print_table(rows: Sequence[Row]) -> None:
-    header = ("kernel", "dtype", "check", "result", "examples", "budget used", "prob. budget", "time (s)")
+    header = ("kernel", "dtype", "check", "result", "examples", "budget used", "contract", "prob. budget", "time (s)")
     body = [
         (r.kernel, r.dtype, r.check, "pass" if r.passed else "FAIL", str(r.examples),
-         fmt_budget(r.budget_used), fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
+         fmt_budget(r.budget_used), fmt_budget(r.contract_budget), fmt_budget(r.probabilistic_budget),
+         f"{r.seconds:.1f}")
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]

@@ -29,17 +29,28 @@ token, f32 running statistics of an online logsumexp:
     m   running max                     m' = max(m, max(tile))
     s   sum of exp(z - m)               s' = s * exp(m - m') + sum(exp(tile - m'))
     t   the target logit z_y            t' = t + sum(where(col == y, tile, 0))
-    sz  the sum of the logits           sz' = sz + sum(tile)   (for smoothing)
-The last tile hangs past V: its columns are masked with ``jnp.where`` (to -inf for
-the max and the exp-sum, 0 for the sums) before any arithmetic, because the padding
-is NaN in the interpreters and another row's memory on Triton. The kernel writes the
-four statistics ([T] f32 each); ``lse = m + log(s)`` and the loss formula above are
-evaluated elementwise in XLA in f32, in exactly that order:
-    loss = (lse - c1 * t) - c2 * (sz / V),  c1 = f32(1 - eps), c2 = f32(eps)
+    sd  sum of (z - m), for smoothing   sd' = sd + n * (m - m') + sum(tile - m')
+(``n`` = the columns before this tile). The last tile hangs past V: its columns are
+masked with ``jnp.where`` (to -inf for the max and the exp-sum, 0 for the sums)
+before any arithmetic, because the padding is NaN in the interpreters and another
+row's memory on Triton. The kernel writes the four statistics ([T] f32 each); the
+loss is finished elementwise in XLA in f32, in exactly this order:
+    loss = (log(s) + c1 * (m - t)) + c2 * (-(sd / V)),  c1 = f32(1 - eps), c2 = f32(eps)
 (a term whose constant is exactly 0 is skipped, so -inf logits do not make 0 * inf).
 
-Kernel (backward, ``custom_vjp``; residuals logits, labels, lse): the same grid
-recomputes softmax tile by tile, ``p = exp(z - lse)``, and writes
+Why this form and not ``lse - c1 * t - c2 * mean(z)`` (the formula JAX's and
+PyTorch's references write, and ``xla_reference`` below): that one subtracts two
+numbers of the size of the logits, so in f32 it loses everything at |z| ~ 1e8 (the
+loss of logits [z, z, z-1, z-2], label 0, is 0.9176 at every z and that formula
+gives 0.0 at z = 1e8, 0.914 at 1e5). Here every term is a difference to the row's
+max, all three terms are >= 0 and nothing cancels: the error is relative to the
+loss and to |z - max|, and adding a constant to a row's logits changes nothing but
+the rounding of those differences. Every piece of ``sd`` is <= 0 as well.
+
+Kernel (backward, ``custom_vjp``; residuals logits, labels, m, log(s)): the same
+grid recomputes softmax tile by tile, ``p = exp((z - m) - log(s))`` (never
+``exp(z - lse)``: ``lse = m + log(s)`` rounded to f32 drops log(s) at |m| ~ 1e8),
+and writes
     dlogits = g * ((p - c1 * onehot(y)) - c3),  c3 = f32(eps / V)
 rounded to the logits dtype, where ``g`` is the per-token cotangent (0 for ignored
 tokens: a token with cotangent exactly 0 gets gradient exactly 0). No
@@ -50,17 +61,21 @@ axis of ``logits`` sharded over the mesh axis ``axis_name`` (equal shards, in de
 order) and the labels replicated over it. Labels are global class indices. Each
 device runs the kernel on its shard with ``labels - shard_offset`` (only the owning
 shard matches the label), then the statistics are combined:
-    M = pmax(m);  S = psum(s * exp(m - M));  t = psum(t);  sz = psum(sz);  V = V_local * n
-and the loss is finished as above on every device (it is replicated over the axis).
-The backward pass is local: each device writes its shard's gradient with the global
-lse and V. Differentiate inside the ``shard_map`` body (the loss is the same on
+    M = pmax(m);  S = psum(s * exp(m - M));  t = psum(t);
+    sd = psum(sd + V_local * (m - M));  V = V_local * n
+(every re-pivoted piece of sd is still <= 0) and the loss is finished as above on
+every device (it is replicated over the axis). The backward pass is local: each
+device writes its shard's gradient with the global M, log(S) and V. Differentiate inside the ``shard_map`` body (the loss is the same on
 every device of the axis). Build the ``shard_map`` with ``check_vma=False``
 (``compat.shard_map_unchecked``): a ``pallas_call``'s outputs carry no varying-axes
 type. Label range errors are not raised in this mode (the labels are traced); out
 of range labels give NaN as under jit.
 
 ``xla_reference`` is what a careful user writes instead: plain ``jax.numpy`` with the
-logits upcast to f32 (``jax.nn.logsumexp``), the same formula, autodiff gradients.
+logits upcast to f32 (``jax.nn.logsumexp``), ``lse - c1 z_y - c2 mean(z)``, autodiff
+gradients. It is the baseline the kernel is compared with, kept as users write it:
+it meets its own (implementation) bound and fails the accuracy contract at large
+logits (oracles/cross_entropy.py).
 
 Kernel bodies and the statistic combination are swappable
 (``make_cross_entropy(forward_body=, backward_body=, combine=, finish=, reduce=)``)
@@ -165,22 +180,42 @@ class Tiles:
 NEG_INF = float("-inf")
 
 
-def online_update(carry: tuple, z: jax.Array, col_ok: jax.Array, cols: jax.Array, labels: jax.Array) -> tuple:
-    """One vocab tile of the online logsumexp: (m, s, t, sz) -> updated, all (bt, 1) f32.
+def pivot(m: jax.Array) -> jax.Array:
+    """The max to subtract: 0 for a row that is -inf so far (no -inf - -inf)."""
+    return jnp.where(m == NEG_INF, 0.0, m)
 
-    ``z``: the tile in f32 with exact zeros outside ``col_ok``."""
-    m, s, t, sz = carry
+
+def online_update(carry: tuple, z: jax.Array, col_ok: jax.Array, cols: jax.Array, labels: jax.Array,
+                  seen: Any) -> tuple:
+    """One vocab tile of the online logsumexp: (m, s, t, sd) -> updated, all (bt, 1) f32.
+
+    ``z``: the tile in f32 with exact zeros outside ``col_ok``; ``seen``: the number
+    of valid columns before this tile (the terms of ``sd`` to re-pivot)."""
+    m, s, t, sd = carry
     masked = jnp.where(col_ok, z, NEG_INF)
     m_new = jnp.maximum(m, jnp.max(masked, axis=1, keepdims=True))
-    # A row that is -inf so far has m_new = -inf: subtract 0 instead (no -inf - -inf).
-    pivot = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    s = s * jnp.exp(m - pivot) + jnp.sum(jnp.exp(masked - pivot), axis=1, keepdims=True)
+    old, new = pivot(m), pivot(m_new)
+    s = s * jnp.exp(m - new) + jnp.sum(jnp.exp(masked - new), axis=1, keepdims=True)
     t = t + jnp.sum(jnp.where(cols == labels, z, 0.0), axis=1, keepdims=True)
-    sz = sz + jnp.sum(jnp.where(col_ok, z, 0.0), axis=1, keepdims=True)
-    return m_new, s, t, sz
+    # sum of (z - max so far): the old terms move to the new max, this tile's join
+    # (every piece <= 0, so the sum never cancels).
+    sd = sd + jnp.asarray(seen, jnp.float32) * (old - new)
+    sd = sd + jnp.sum(jnp.where(col_ok, z - new, 0.0), axis=1, keepdims=True)
+    return m_new, s, t, sd
 
 
-def _forward_kernel(logits_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, tiles: Tiles):
+def initial_stats(block_t: int) -> tuple:
+    """(m, s, t, sd) before the first tile: -inf and zeros, (block_t, 1) f32."""
+    shape = (block_t, 1)
+    return (jnp.full(shape, NEG_INF, jnp.float32),) + tuple(jnp.zeros(shape, jnp.float32) for _ in range(3))
+
+
+def softmax_tile(z: jax.Array, m: jax.Array, log_s: jax.Array) -> jax.Array:
+    """p = exp((z - m) - log(s)): the row's max and log-sum, never their rounded sum."""
+    return jnp.exp((z - m) - log_s)
+
+
+def _forward_kernel(logits_ref, labels_ref, m_ref, s_ref, t_ref, sd_ref, *, tiles: Tiles):
     row_ok = tiles.row_ok()
     labels = tiles.load_rows(labels_ref, row_ok)
 
@@ -188,26 +223,26 @@ def _forward_kernel(logits_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, tile
         start, cols = tiles.columns(j)
         col_ok = cols < tiles.vocab
         z = tiles.load_tile(logits_ref, start, row_ok & col_ok)
-        return online_update(carry, z, col_ok, cols, labels)
+        return online_update(carry, z, col_ok, cols, labels, start)
 
-    shape = (tiles.block_t, 1)
-    init = (jnp.full(shape, NEG_INF, jnp.float32),) + tuple(jnp.zeros(shape, jnp.float32) for _ in range(3))
-    for ref, value in zip((m_ref, s_ref, t_ref, sz_ref), lax.fori_loop(0, tiles.num_tiles, step, init)):
+    stats = lax.fori_loop(0, tiles.num_tiles, step, initial_stats(tiles.block_t))
+    for ref, value in zip((m_ref, s_ref, t_ref, sd_ref), stats):
         tiles.store_rows(ref, value, row_ok)
 
 
-def _backward_kernel(logits_ref, labels_ref, lse_ref, g_ref, dlogits_ref, *, tiles: Tiles, c1: float, c3: float):
+def _backward_kernel(logits_ref, labels_ref, m_ref, log_s_ref, g_ref, dlogits_ref, *, tiles: Tiles, c1: float,
+                     c3: float):
     row_ok = tiles.row_ok()
     labels = tiles.load_rows(labels_ref, row_ok)
-    lse = tiles.load_rows(lse_ref, row_ok)
+    m = tiles.load_rows(m_ref, row_ok)
+    log_s = tiles.load_rows(log_s_ref, row_ok)
     g = tiles.load_rows(g_ref, row_ok)
 
     def step(j, carry):
         start, cols = tiles.columns(j)
         ok = row_ok & (cols < tiles.vocab)
         z = tiles.load_tile(logits_ref, start, ok)
-        p = jnp.exp(z - lse)
-        d = p - jnp.where(cols == labels, c1, 0.0)
+        d = softmax_tile(z, m, log_s) - jnp.where(cols == labels, c1, 0.0)
         if c3 != 0.0:
             d = d - c3
         d = jnp.where(g == 0.0, 0.0, g * d)  # cotangent 0 (ignored token): exactly 0
@@ -226,7 +261,7 @@ class Stats(NamedTuple):
     max: jax.Array
     sumexp: jax.Array  # sum exp(z - max)
     target: jax.Array  # z_label (0 if the label is not in this shard)
-    logit_sum: jax.Array
+    shifted_sum: jax.Array  # sum (z - max), every term <= 0
 
 
 def _specs(tiles: Tiles, padded_vocab: int):
@@ -254,33 +289,36 @@ def forward_call(
 
 
 def backward_call(
-    logits: jax.Array, labels: jax.Array, lse: jax.Array, g: jax.Array, *, c1: float, c3: float,
+    logits: jax.Array, labels: jax.Array, m: jax.Array, log_s: jax.Array, g: jax.Array, *, c1: float, c3: float,
     config: Config, backend: Backend, body: KernelBody = _backward_kernel,
 ) -> jax.Array:
-    """dlogits [T, V] in the logits dtype; lse and g: [T] f32 (g = 0 for ignored tokens)."""
+    """dlogits [T, V] in the logits dtype; m (the row max), log_s (log of the
+    exp-sum) and g: [T] f32 (g = 0 for ignored tokens)."""
     tokens, vocab = logits.shape
     tiles = Tiles(tokens, vocab, config.block_t, config.block_v, backend.is_triton)
     rows, col = _specs(tiles, tiles.num_tiles * config.block_v)
     return backend.pallas_call(
         functools.partial(body, tiles=tiles, c1=c1, c3=c3),
-        grid=(pl.cdiv(tokens, config.block_t),), in_specs=[rows, col, col, col], out_specs=rows,
+        grid=(pl.cdiv(tokens, config.block_t),), in_specs=[rows, col, col, col, col], out_specs=rows,
         out_shape=jax.ShapeDtypeStruct(logits.shape, logits.dtype), num_warps=config.num_warps,
         num_stages=config.num_stages, dimension_semantics=("parallel",), name="pallascheck_cross_entropy_bwd",
-    )(logits, labels.reshape(tokens, 1), lse.reshape(tokens, 1), g.reshape(tokens, 1))
+    )(logits, *(a.reshape(tokens, 1) for a in (labels, m, log_s, g)))
 
 
 # ---------------------------------------------------------------------------------
 # Combining statistics (across shards) and finishing the loss, in XLA, f32.
 
 
-def combine(stats: Stats, axis_name: Any) -> Stats:
-    """Statistics of the whole vocabulary from each shard's (identity without an axis)."""
+def combine(stats: Stats, axis_name: Any, local_vocab: int) -> Stats:
+    """Statistics of the whole vocabulary from each shard's (identity without an
+    axis); ``local_vocab``: the columns of one shard."""
     if axis_name is None:
         return stats
     big = lax.pmax(stats.max, axis_name)
-    pivot = jnp.where(big == NEG_INF, 0.0, big)
-    sumexp = lax.psum(stats.sumexp * jnp.exp(stats.max - pivot), axis_name)
-    return Stats(big, sumexp, lax.psum(stats.target, axis_name), lax.psum(stats.logit_sum, axis_name))
+    sumexp = lax.psum(stats.sumexp * jnp.exp(stats.max - pivot(big)), axis_name)
+    # each shard's sum of (z - its max), moved to the global max: pieces <= 0
+    shifted = lax.psum(stats.shifted_sum + np.float32(local_vocab) * (pivot(stats.max) - pivot(big)), axis_name)
+    return Stats(big, sumexp, lax.psum(stats.target, axis_name), shifted)
 
 
 def constants(label_smoothing: float, vocab: int) -> tuple[float, float, float]:
@@ -289,20 +327,17 @@ def constants(label_smoothing: float, vocab: int) -> tuple[float, float, float]:
     return f32(1.0 - label_smoothing), f32(label_smoothing), f32(label_smoothing / vocab)
 
 
-def log_sum_exp(stats: Stats) -> jax.Array:
-    return stats.max + jnp.log(stats.sumexp)
-
-
 def finish(stats: Stats, *, label_smoothing: float, vocab: int) -> tuple[jax.Array, jax.Array]:
-    """(per-token loss, lse) from whole-vocabulary statistics, f32."""
+    """(per-token loss, log of the exp-sum) from whole-vocabulary statistics, f32:
+    ``(log s + c1 (m - t)) + c2 (-(sd / V))``, three terms >= 0 (module docstring)."""
     c1, c2, _ = constants(label_smoothing, vocab)
-    lse = log_sum_exp(stats)
-    loss = lse
+    log_s = jnp.log(stats.sumexp)
+    loss = log_s
     if c1 != 0.0:
-        loss = loss - c1 * stats.target
+        loss = loss + c1 * (stats.max - stats.target)
     if c2 != 0.0:
-        loss = loss - c2 * (stats.logit_sum / np.float32(vocab))
-    return loss, lse
+        loss = loss + c2 * -(stats.shifted_sum / np.float32(vocab))
+    return loss, log_s
 
 
 def reduce(losses: jax.Array, counted: jax.Array, reduction: str) -> jax.Array:
@@ -328,42 +363,44 @@ def _axis_size(axis_name: Any) -> int:
 def make_cross_entropy(
     forward_body: KernelBody = _forward_kernel,
     backward_body: KernelBody = _backward_kernel,
-    combine: Callable[[Stats, Any], Stats] = combine,
+    combine: Callable[[Stats, Any, int], Stats] = combine,
     finish: Callable[..., tuple[jax.Array, jax.Array]] = finish,
     reduce: Callable[[jax.Array, jax.Array, str], jax.Array] = reduce,
 ) -> Callable[..., jax.Array]:
     """Build ``cross_entropy`` (same public signature) around the given pieces."""
 
     def token_losses(logits2d, labels, eps, ignore_index, axis_name, config, backend):
-        """(per-token loss, lse, local labels, global vocab) without the custom_vjp."""
-        vocab = logits2d.shape[1]
+        """(per-token loss, (max, log-sum) for the backward pass, local labels, global
+        vocab, ignored, invalid) without the custom_vjp."""
+        local_vocab = vocab = logits2d.shape[1]
         local = labels
         if axis_name is not None:
-            local = labels - lax.axis_index(axis_name) * vocab
-            vocab = vocab * _axis_size(axis_name)
-        stats = combine(forward_call(logits2d, local, config=config, backend=backend, body=forward_body), axis_name)
-        loss, lse = finish(stats, label_smoothing=eps, vocab=vocab)
+            local = labels - lax.axis_index(axis_name) * local_vocab
+            vocab = local_vocab * _axis_size(axis_name)
+        stats = forward_call(logits2d, local, config=config, backend=backend, body=forward_body)
+        stats = combine(stats, axis_name, local_vocab)
+        loss, log_s = finish(stats, label_smoothing=eps, vocab=vocab)
         ignored = labels == ignore_index
         invalid = ~ignored & ((labels < 0) | (labels >= vocab))
         loss = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, loss))
-        return loss, lse, local, vocab, ignored, invalid
+        return loss, (stats.max, log_s), local, vocab, ignored, invalid
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
     def core(logits2d, labels, eps, ignore_index, axis_name, config, backend):
         return token_losses(logits2d, labels, eps, ignore_index, axis_name, config, backend)[0]
 
     def core_fwd(logits2d, labels, eps, ignore_index, axis_name, config, backend):
-        loss, lse, local, _, ignored, invalid = token_losses(
+        loss, (m, log_s), local, _, ignored, invalid = token_losses(
             logits2d, labels, eps, ignore_index, axis_name, config, backend
         )
-        return loss, (logits2d, labels, local, lse, ignored, invalid)
+        return loss, (logits2d, labels, local, m, log_s, ignored, invalid)
 
     def core_bwd(eps, ignore_index, axis_name, config, backend, residuals, g):
-        logits2d, labels, local, lse, ignored, invalid = residuals
+        logits2d, labels, local, m, log_s, ignored, invalid = residuals
         vocab = logits2d.shape[1] * (1 if axis_name is None else _axis_size(axis_name))
         c1, _, c3 = constants(eps, vocab)
         g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
-        dlogits = backward_call(logits2d, local, lse, g, c1=c1, c3=c3, config=config, backend=backend,
+        dlogits = backward_call(logits2d, local, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend,
                                 body=backward_body)
         return dlogits, np.zeros(labels.shape, jax.dtypes.float0)
 

@@ -13,11 +13,13 @@ tile of ``block_v`` columns the program forms the logits tile in registers,
     z = sum over H chunks of block_h:  dot(x[:, chunk], w[chunk, tile])   (f32 accumulate)
 (rows past T, H columns past H and vocabulary columns past V masked to zero on load),
 and feeds it to the same online-logsumexp update as the cross-entropy kernel
-(running max, rescaled exp-sum, target logit, logit sum). Only the [T] statistics
-are written; the loss is finished in XLA exactly as in cross_entropy.
+(running max, rescaled exp-sum, target logit, sum of logits minus the max). Only the
+[T] statistics are written; the loss is finished in XLA exactly as in cross_entropy
+(every term a difference to the row's max, so large logits lose nothing).
 
-Backward kernels (``custom_vjp``; residuals x, w, labels, lse). Both recompute
-logits tiles and ``dlogits = g * ((exp(z - lse) - c1 onehot) - c3)`` in f32, round it
+Backward kernels (``custom_vjp``; residuals x, w, labels, the row max m and log of
+the exp-sum). Both recompute logits tiles and
+``dlogits = g * ((exp((z - m) - log s) - c1 onehot) - c3)`` in f32, round it
 to the input dtype (the dot operands must share a dtype), and contract it into an
 f32 output that the program owns, one H chunk at a time (read, add, write):
 - dx: grid over token blocks; for each vocabulary tile in order:
@@ -125,10 +127,10 @@ class Dims:
 
         return lax.fori_loop(0, self.h_chunks, chunk, jnp.zeros((bt, bv), jnp.float32))
 
-    def dlogits_tile(self, z: jax.Array, cols: jax.Array, labels: jax.Array, lse: jax.Array, g: jax.Array,
-                     c1: float, c3: float) -> jax.Array:
-        """g * ((exp(z - lse) - c1 onehot) - c3) in f32, exactly 0 where g == 0 or past V."""
-        d = jnp.exp(z - lse) - jnp.where(cols == labels, c1, 0.0)
+    def dlogits_tile(self, z: jax.Array, cols: jax.Array, labels: jax.Array, m: jax.Array, log_s: jax.Array,
+                     g: jax.Array, c1: float, c3: float) -> jax.Array:
+        """g * ((exp((z - m) - log s) - c1 onehot) - c3) in f32, exactly 0 where g == 0 or past V."""
+        d = ce.softmax_tile(z, m, log_s) - jnp.where(cols == labels, c1, 0.0)
         if c3 != 0.0:
             d = d - c3
         return jnp.where((g == 0.0) | (cols >= self.vocab), 0.0, g * d)
@@ -140,7 +142,7 @@ class Dims:
         block_io.store(ref.at[rows, cols], total, ok, masked_io=self.masked_io)
 
 
-def _forward_kernel(x_ref, w_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, dims: Dims):
+def _forward_kernel(x_ref, w_ref, labels_ref, m_ref, s_ref, t_ref, sd_ref, *, dims: Dims):
     """x block: this program's token rows; w: whole."""
     bt, bv = dims.config.block_t, dims.config.block_v
     row_ok = dims.iota(pl.program_id(0) * bt, bt, 0) < dims.tokens
@@ -150,26 +152,27 @@ def _forward_kernel(x_ref, w_ref, labels_ref, m_ref, s_ref, t_ref, sz_ref, *, di
         v0 = pl.multiple_of(j * bv, bv)
         cols = dims.iota(v0, bv, 1)
         z = dims.logits_tile(x_ref, w_ref, 0, v0, row_ok, cols < dims.vocab)
-        return ce.online_update(carry, z, cols < dims.vocab, cols, labels)
+        return ce.online_update(carry, z, cols < dims.vocab, cols, labels, v0)
 
-    shape = (bt, 1)
-    init = (jnp.full(shape, ce.NEG_INF, jnp.float32),) + tuple(jnp.zeros(shape, jnp.float32) for _ in range(3))
-    for ref, value in zip((m_ref, s_ref, t_ref, sz_ref), lax.fori_loop(0, dims.v_tiles, step, init)):
+    stats = lax.fori_loop(0, dims.v_tiles, step, ce.initial_stats(bt))
+    for ref, value in zip((m_ref, s_ref, t_ref, sd_ref), stats):
         block_io.store(ref, value, row_ok, masked_io=dims.masked_io)
 
 
-def _dx_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dx_ref, *, dims: Dims, c1: float, c3: float):
+def _dx_kernel(x_ref, w_ref, labels_ref, m_ref, log_s_ref, g_ref, dx_ref, *, dims: Dims, c1: float, c3: float):
     """x, dx (f32) blocks: this program's token rows; w: whole. For every vocabulary
     tile: dlogits tile, then dx[:, chunk] += dlogits @ w[chunk, tile]^T per H chunk."""
     bt, bv, bh = dims.config.block_t, dims.config.block_v, dims.config.block_h
     row_ok = dims.iota(pl.program_id(0) * bt, bt, 0) < dims.tokens
-    labels, lse, g = (block_io.load(r, row_ok, masked_io=dims.masked_io) for r in (labels_ref, lse_ref, g_ref))
+    labels, m, log_s, g = (
+        block_io.load(r, row_ok, masked_io=dims.masked_io) for r in (labels_ref, m_ref, log_s_ref, g_ref)
+    )
 
     def step(j, carry):
         v0 = pl.multiple_of(j * bv, bv)
         cols = dims.iota(v0, bv, 1)
         col_ok = cols < dims.vocab
-        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, 0, v0, row_ok, col_ok), cols, labels, lse, g, c1, c3)
+        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, 0, v0, row_ok, col_ok), cols, labels, m, log_s, g, c1, c3)
 
         def chunk(k, c):
             h0 = pl.multiple_of(k * bh, bh)
@@ -185,8 +188,8 @@ def _dx_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dx_ref, *, dims: Dims, 
     lax.fori_loop(0, dims.v_tiles, step, 0)
 
 
-def _dw_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dw_ref, *, dims: Dims, c1: float, c3: float):
-    """w, dw (f32) blocks: this program's vocabulary tile; x, labels, lse, g: whole.
+def _dw_kernel(x_ref, w_ref, labels_ref, m_ref, log_s_ref, g_ref, dw_ref, *, dims: Dims, c1: float, c3: float):
+    """w, dw (f32) blocks: this program's vocabulary tile; x, labels, m, log_s, g: whole.
     For every token block: dlogits tile, then dw[chunk, :] += x[rows, chunk]^T @ dlogits."""
     bt, bv, bh = dims.config.block_t, dims.config.block_v, dims.config.block_h
     cols = dims.iota(pl.program_id(0) * bv, bv, 1)
@@ -195,8 +198,10 @@ def _dw_kernel(x_ref, w_ref, labels_ref, lse_ref, g_ref, dw_ref, *, dims: Dims, 
     def step(i, carry):
         t0 = pl.multiple_of(i * bt, bt)
         row_ok = dims.iota(t0, bt, 0) < dims.tokens
-        labels, lse, g = (dims.load(r, pl.ds(t0, bt), slice(None), row_ok) for r in (labels_ref, lse_ref, g_ref))
-        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, t0, 0, row_ok, col_ok), cols, labels, lse, g, c1, c3)
+        labels, m, log_s, g = (
+            dims.load(r, pl.ds(t0, bt), slice(None), row_ok) for r in (labels_ref, m_ref, log_s_ref, g_ref)
+        )
+        d = dims.dlogits_tile(dims.logits_tile(x_ref, w_ref, t0, 0, row_ok, col_ok), cols, labels, m, log_s, g, c1, c3)
 
         def chunk(k, c):
             h0 = pl.multiple_of(k * bh, bh)
@@ -238,27 +243,28 @@ def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callab
     return ce.Stats(*(o[:, 0] for o in outs))
 
 
-def backward_call(x, w, labels, lse, g, *, c1: float, c3: float, config: Config, backend: Backend,
+def backward_call(x, w, labels, m, log_s, g, *, c1: float, c3: float, config: Config, backend: Backend,
                   dx_body: Callable[..., None] = _dx_kernel, dw_body: Callable[..., None] = _dw_kernel):
-    """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); lse, g: [T] f32. The kernels
+    """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); m (row max), log_s (log of the
+    exp-sum), g: [T] f32. The kernels
     accumulate in f32 outputs, rounded once to the input dtype here."""
     (tokens, hidden), vocab = x.shape, w.shape[1]
     dims = Dims(tokens, hidden, vocab, config, backend.is_triton)
     bt, bv, bh = config.block_t, config.block_v, config.block_h
     tp, hp, vp = _padded(tokens, bt), _padded(hidden, bh), _padded(vocab, bv)
-    columns = [a.reshape(tokens, 1) for a in (labels, lse, g)]
+    columns = [a.reshape(tokens, 1) for a in (labels, m, log_s, g)]
     common = dict(num_warps=config.num_warps, num_stages=config.num_stages, dimension_semantics=("parallel",))
     token_rows = pl.BlockSpec((bt, hp), lambda i: (i, 0))
     dx = backend.pallas_call(
         functools.partial(dx_body, dims=dims, c1=c1, c3=c3), grid=(dims.t_blocks,),
-        in_specs=[token_rows, _whole((hp, vp))] + [pl.BlockSpec((bt, 1), lambda i: (i, 0))] * 3,
+        in_specs=[token_rows, _whole((hp, vp))] + [pl.BlockSpec((bt, 1), lambda i: (i, 0))] * 4,
         out_specs=token_rows, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
         name="pallascheck_linear_cross_entropy_dx", **common,
     )(x, w, *columns)
     vocab_cols = pl.BlockSpec((hp, bv), lambda j: (0, j))
     dw = backend.pallas_call(
         functools.partial(dw_body, dims=dims, c1=c1, c3=c3), grid=(dims.v_tiles,),
-        in_specs=[_whole((tp, hp)), vocab_cols] + [_whole((tp, 1))] * 3,
+        in_specs=[_whole((tp, hp)), vocab_cols] + [_whole((tp, 1))] * 4,
         out_specs=vocab_cols, out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32),
         name="pallascheck_linear_cross_entropy_dw", **common,
     )(x, w, *columns)
@@ -275,24 +281,24 @@ def make_linear_softmax_cross_entropy(
     def token_losses(x, w, labels, eps, ignore_index, config, backend):
         vocab = w.shape[1]
         stats = forward_call(x, w, labels, config=config, backend=backend, body=forward_body)
-        loss, lse = ce.finish(stats, label_smoothing=eps, vocab=vocab)
+        loss, log_s = ce.finish(stats, label_smoothing=eps, vocab=vocab)
         ignored = labels == ignore_index
         invalid = ~ignored & ((labels < 0) | (labels >= vocab))
-        return jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, loss)), lse, ignored, invalid
+        return jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, loss)), (stats.max, log_s), ignored, invalid
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
     def core(x, w, labels, eps, ignore_index, config, backend):
         return token_losses(x, w, labels, eps, ignore_index, config, backend)[0]
 
     def core_fwd(x, w, labels, eps, ignore_index, config, backend):
-        loss, lse, ignored, invalid = token_losses(x, w, labels, eps, ignore_index, config, backend)
-        return loss, (x, w, labels, lse, ignored, invalid)
+        loss, (m, log_s), ignored, invalid = token_losses(x, w, labels, eps, ignore_index, config, backend)
+        return loss, (x, w, labels, m, log_s, ignored, invalid)
 
     def core_bwd(eps, ignore_index, config, backend, residuals, g):
-        x, w, labels, lse, ignored, invalid = residuals
+        x, w, labels, m, log_s, ignored, invalid = residuals
         c1, _, c3 = ce.constants(eps, w.shape[1])
         g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
-        dx, dw = backward_call(x, w, labels, lse, g, c1=c1, c3=c3, config=config, backend=backend,
+        dx, dw = backward_call(x, w, labels, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend,
                                dx_body=dx_body, dw_body=dw_body)
         return dx, dw, np.zeros(labels.shape, jax.dtypes.float0)
 

@@ -20,21 +20,37 @@ The sum runs within a tile (any order: b - 1 additions), then sequentially acros
 tiles (tiles - 1) and shards (D - 1): depth k = (b - 1) + (tiles - 1) + (D - 1), so
     |s^ - S| <= sum_j rho_j e_j + gamma_k sum_j e_j (1 + rho_j) + (V + R) * floor,
 with S = sum e_j >= 1 (the max term is 1). log: |log s^ - log S| <= -log(1 - E/S),
-plus t |log s^|. lse = M + log s rounds once. The target logit is exact (one term
-plus exact zeros); the logit sum errs by gamma_k sum|z_j|. The finish replays
-(lse - c1 t) - c2 (sz / V) with the f32 constants c1 = f32(1-eps), c2 = f32(eps)
-carrying their exactly known representation error. "sum"/"mean": a sum of T f32
-terms in unknown order (gamma_{T-1}) and one division by the count.
+plus t |log s^|. The target logit is exact (one term plus exact zeros); the shifted
+sum sd = sum (z_j - M) errs by gamma_k' sum |z_j - M| (``_shifted_sum``). The finish
+replays (log s + c1 (M - t)) + c2 (-(sd / V)) with the f32 constants c1 = f32(1-eps),
+c2 = f32(eps) carrying their exactly known representation error: every rounding is
+relative to a term >= 0, none to |z|. "sum"/"mean": a sum of T f32 terms in unknown
+order (gamma_{T-1}) and one division by the count.
 
-``xla_reference`` is the same replay with one tile of all V columns (no rescales)
-summed in unknown order (depth V - 1).
+``xla_reference`` is the same sum with one tile of all V columns (no rescales) in
+unknown order (depth V - 1), then its own finish (lse - c1 t) - c2 (sum z / V):
+lse = M + log s rounds once at the size of the logits and the logit sum errs by
+gamma_{V-1} sum |z_j|, so its bound grows with |z| and it keeps few digits of the
+loss at large logits: within that bound, outside the accuracy contract.
 
-Gradient bound (``gradient_bound``): p_j = exp(fl(z_j - lse^)) with lse^ within
-E_lse, so its argument errs by E_lse + 2u |z_j - lse| (the same two roundings as
-above), a relative error expm1 of that, then t; then d = (p - c1 onehot) - c3 with
+Gradient bound (``gradient_bound``): p_j = exp(fl(fl(z_j - M) - log s^)) with log s^
+within E, so its argument errs by E + u (|z_j - M| + |z_j - lse|) (the two
+subtractions), a relative error expm1 of that, then t; then d = (p - c1 onehot) - c3 with
 c3 = f32(eps / V), times the per-token cotangent g (for "mean" g / count, one f32
 division), each step rounding in f32 (oracles/algebra.py), and one rounding to the
 logits dtype.
+
+Accuracy contract (``contract_bound``, ``gradient_contract``): what the op allows,
+whatever a kernel's tiling. It is the bound above for the canonical backward-stable
+algorithm: subtract the row's max from every logit, exp, sum the V terms in any order
+(one tile of V columns: gamma_{V-1}, no rescales), log, and finish with the
+differences to the max, (log s + c1 (M - z_y)) + c2 (-(sum (z - M)) / V); the
+gradient as exp((z - M) - log s). Every rounding is relative to |z - M|, to log s or
+to the loss, never to |z|: a kernel whose error grows with the logits' magnitude
+(``lse - z_y``, xla_reference) meets its own bound and fails this one. The online
+kernel is inside it: its R = tiles - 1 rescales add R (t + u) to a term's relative
+error and save R (b - 1) u of summation depth against gamma_{V-1}, and t = 6u <=
+(b - 2) u for every block_v >= 16 that Config allows.
 """
 from __future__ import annotations
 
@@ -116,9 +132,10 @@ def _constant(exact: float) -> Bounded:
     return Bounded(np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact))
 
 
-def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
-                 logit_err: np.ndarray | None = None) -> Bounded:
-    """lse [T] as the kernel (block_v tiles per shard) or XLA (block_v None) computes it.
+def _log_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+             logit_err: np.ndarray | None = None) -> tuple[Bounded, Bounded]:
+    """(max M, log s) [T] as the kernel (block_v tiles per shard) or XLA (block_v None)
+    computes them, s = sum exp(z - M); lse = M + log s.
 
     ``logit_err`` [T, V]: errors of computed logits (the fused kernel's dot). The
     replay then runs on the computed logits; logsumexp is 1-Lipschitz in the max norm,
@@ -155,7 +172,14 @@ def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shard
         log_err = np.where(rel < 1.0, -np.log1p(-np.minimum(rel, 1.0)), np.inf)
     log_value = np.log(e_sum)
     log_err = log_err + t * (np.abs(log_value) + log_err) + floor
-    return algebra.add(Bounded(big, worst), Bounded(log_value, log_err), arith=arith)
+    return Bounded(big, worst), Bounded(log_value, log_err)
+
+
+def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
+                 logit_err: np.ndarray | None = None) -> Bounded:
+    """lse = M + log s [T], rounded once to f32 (xla_reference's logsumexp)."""
+    big, log_s = _log_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    return algebra.add(big, log_s, arith=arith)
 
 
 def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
@@ -171,18 +195,82 @@ def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards:
     return Bounded(z.sum(axis=1), err)
 
 
+def _shifted_sum(z: np.ndarray, big: Bounded, *, arith: Arithmetic, block_v: int, shards: int,
+                 logit_err: np.ndarray | None = None) -> Bounded:
+    """sd = sum_j (z_j - M) [T] as the kernel accumulates it (module docstring).
+
+    Every piece added is <= 0: a tile's differences z_j - m_k (one rounding each), the
+    re-pivots n (m_k - m_{k+1}) of the columns seen (two roundings: the difference,
+    the product) and across shards V_local (M_d - M) (two). The pieces of term j
+    telescope to z_j - M, so their magnitudes sum to sum_j |z_j - M|, and no piece
+    passes through more than 2 + (b - 1) + 2 tiles + 2 D roundings (its own, the tile's
+    sum, two additions per later tile, the shard re-pivot and the psum): that many
+    factors (1 + u) bound every piece, gamma_k of the magnitude in all. Computed logits
+    (``logit_err``) move each z_j by err_j and M by at most max err."""
+    tokens, vocab = z.shape
+    local = vocab // shards
+    width = min(block_v, local)
+    depth = 2 + (width - 1) + 2 * -(-local // width) + (2 * shards if shards > 1 else 0)
+    propagated = 0.0 if logit_err is None else logit_err.sum(axis=1) + vocab * big.err
+    with np.errstate(invalid="ignore"):
+        magnitude = np.abs(z - big.value[:, None]).sum(axis=1) + propagated
+    err = propagated + gamma(depth, U32) * magnitude + (vocab - 1) * underflow_floor(F32, arith)
+    err = np.where(magnitude <= largest_finite(F32), err, np.inf)
+    with np.errstate(invalid="ignore"):
+        return Bounded((z - big.value[:, None]).sum(axis=1), err)
+
+
+def _target(ref: CrossEntropyOracle, logit_err: np.ndarray | None) -> Bounded:
+    """z_y [T] (exact: one term plus exact zeros) with the computed logit's error."""
+    safe = np.where(ref.ignored, 0, ref.labels)
+    err = np.zeros(len(safe)) if logit_err is None else np.take_along_axis(logit_err, safe[:, None], axis=1)[:, 0]
+    return Bounded(np.take_along_axis(ref.z, safe[:, None], axis=1)[:, 0], err)
+
+
+def _negated(b: Bounded) -> Bounded:
+    return Bounded(-b.value, b.err)
+
+
+FINISHES = ("stable", "textbook")
+
+
 def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
-                     logit_err: np.ndarray | None = None) -> Bounded:
+                     logit_err: np.ndarray | None = None, finish: str | None = None) -> Bounded:
     """Per-token loss [T] with its error (0 where ignored), before any reduction.
-    ``logit_err``: errors of the computed logits (None: the logits are inputs, exact)."""
+
+    ``block_v``: the kernel's vocabulary tile (None: xla_reference, one tile in any
+    order). ``finish``: "stable", the kernel's (log s + c1 (M - t)) + c2 (-(sd / V)),
+    or "textbook", xla_reference's (lse - c1 t) - c2 (sum z / V); default: the
+    kernel's for a ``block_v``, xla_reference's for None. ``logit_err``: errors of the
+    computed logits (None: the logits are inputs, exact)."""
+    finish = finish or ("textbook" if block_v is None else "stable")
+    if finish not in FINISHES:
+        raise ValueError(f"finish must be one of {FINISHES}, got {finish!r}")
+    if finish == "textbook":
+        return _textbook_token_loss(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    kw = dict(arith=arith, dtype=F32)
+    big, log_s = _log_sum(ref.z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    loss = log_s
+    if np.float32(1.0 - ref.eps) != 0.0:
+        gap = algebra.add(big, _negated(_target(ref, logit_err)), **kw)  # m - t >= 0
+        loss = algebra.add(loss, algebra.multiply(_constant(1.0 - ref.eps), gap, **kw), **kw)
+    if np.float32(ref.eps) != 0.0:
+        sd = _shifted_sum(ref.z, big, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+        mean = algebra.divide(_negated(sd), Bounded.exact(ref.z.shape[1]), **kw)
+        loss = algebra.add(loss, algebra.multiply(_constant(ref.eps), mean, **kw), **kw)
+    return Bounded(np.where(ref.ignored, 0.0, ref.token_loss), np.where(ref.ignored, 0.0, loss.err))
+
+
+def _textbook_token_loss(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int,
+                         logit_err: np.ndarray | None) -> Bounded:
+    """``(lse - c1 z_y) - c2 (sum z / V)`` with lse = M + log s rounded to f32 (its sum
+    in tiles of ``block_v``, or one tile in any order for None)."""
     z = ref.z
     vocab = z.shape[1]
     kw = dict(arith=arith, dtype=F32)
     lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     loss = lse
-    safe = np.where(ref.ignored, 0, ref.labels)
-    target_err = np.zeros(len(safe)) if logit_err is None else np.take_along_axis(logit_err, safe[:, None], axis=1)[:, 0]
-    target = Bounded(np.take_along_axis(z, safe[:, None], axis=1)[:, 0], target_err)
+    target = _target(ref, logit_err)
     if np.float32(1.0 - ref.eps) != 0.0:
         term = algebra.multiply(_constant(1.0 - ref.eps), target, **kw)
         loss = algebra.add(loss, Bounded(-term.value, term.err), **kw)
@@ -195,9 +283,10 @@ def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int
 
 
 def loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
-               logit_err: np.ndarray | None = None) -> np.ndarray:
-    """|kernel - oracle| for the reduced (or per-token) loss; see the module docstring."""
-    token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+               logit_err: np.ndarray | None = None, finish: str | None = None) -> np.ndarray:
+    """|kernel - oracle| for the reduced (or per-token) loss; see the module docstring
+    and ``token_loss_bound``."""
+    token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err, finish=finish)
     if ref.reduction == "none":
         return token.err.reshape(np.shape(ref.out))
     kw = dict(arith=arith, dtype=F32)
@@ -246,12 +335,16 @@ def dlogits_f32(
     vocab = z.shape[1]
     kw = dict(arith=arith, dtype=F32)
     t = arith.transcendental_rel(F32)
-    lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
+    big, log_s = _log_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     with np.errstate(invalid="ignore", over="ignore"):
-        p = np.exp(z - lse.value[:, None])
-        arg_err = lse.err[:, None] + 2.0 * U32 * np.abs(z - lse.value[:, None])
+        shifted = z - big.value[:, None]
+        lse = big.value[:, None] + log_s.value[:, None]
+        p = np.exp(z - lse)
+        # fl(fl(z - m) - log s): each difference rounds once, log s errs by its bound,
+        # computed logits move z by err_j and m by at most big.err
+        arg_err = log_s.err[:, None] * (1 + U32) + U32 * (np.abs(shifted) + np.abs(z - lse))
         if logit_err is not None:
-            arg_err = arg_err + logit_err * (1 + 2.0 * U32)
+            arg_err = arg_err + (logit_err + big.err[:, None]) * (1 + 2.0 * U32)
         rel = np.expm1(arg_err) * (1 + t) + t
         p_err = np.where(p == 0.0, 0.0, p * rel) + underflow_floor(F32, arith)
     d = Bounded(p, p_err)
@@ -265,6 +358,18 @@ def dlogits_f32(
     g = token_cotangent(ref, cotangent, arith)
     d = algebra.multiply(Bounded(g.value[:, None], g.err[:, None]), d, **kw)
     return Bounded(np.where(ref.ignored[:, None], 0.0, d.value), np.where(ref.ignored[:, None], 0.0, d.err))
+
+
+def contract_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, logit_err: np.ndarray | None = None) -> np.ndarray:
+    """The accuracy contract of the loss (module docstring): ``loss_bound`` of the
+    max-shifted algorithm with one tile of all V columns summed in any order."""
+    return loss_bound(ref, arith=arith, block_v=ref.z.shape[1], logit_err=logit_err)
+
+
+def gradient_contract(ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic
+                      ) -> dict[str, np.ndarray]:
+    """The accuracy contract of dlogits: ``gradient_bound`` of the same algorithm."""
+    return gradient_bound(ref, cotangent, logits_dtype=logits_dtype, arith=arith, block_v=ref.z.shape[1])
 
 
 def gradient_bound(

@@ -18,6 +18,12 @@ each bounded as err(dlogits) @ |w|^T (resp. |x|^T @ err(dlogits)) plus the dot's
 accumulation error and one rounding to the output dtype.
 ``xla_reference`` (one XLA dot of unknown order, then cross-entropy in f32) is the
 same model with sequential orders and one vocabulary tile.
+
+Accuracy contract (``contract_bound``, ``gradient_contract``): logits from a dot of H
+terms in any order (gamma_{H-1} |x| @ |w|, with the backend's product precision for
+f32 inputs: tf32 on NVIDIA GPUs at default precision), then cross-entropy's contract
+(oracles/cross_entropy.py) on those logits; for dx and dw, the contract's dlogits
+contracted with dots of V (resp. T) terms in any order.
 """
 from __future__ import annotations
 
@@ -71,6 +77,12 @@ def loss_bound(ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: Arit
     return ce_oracle.loss_bound(ref.ce, arith=arith, block_v=block_v, logit_err=err)
 
 
+def contract_bound(ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: Arithmetic) -> np.ndarray:
+    """The accuracy contract of the loss (module docstring)."""
+    err = _logit_err(ref, operand_dtype=operand_dtype, arith=arith, block_h=None)
+    return ce_oracle.contract_bound(ref.ce, arith=arith, logit_err=err)
+
+
 def oracle_vjp(ref: LinearCrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     c = ref.ce
     fn = lambda a, b: ce_oracle.reference64(a @ b, c.labels, eps=c.eps, ignore_index=c.ignore_index,  # noqa: E731
@@ -80,23 +92,35 @@ def oracle_vjp(ref: LinearCrossEntropyOracle, cotangent: Any) -> dict[str, np.nd
     return {"dx": dx, "dw": dw}
 
 
+def gradient_contract(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dtype: Any, arith: Arithmetic
+                      ) -> dict[str, np.ndarray]:
+    """The accuracy contract of dx and dw (module docstring): every blocked order of
+    ``gradient_bound`` replaced by one tile in any order."""
+    tokens, hidden = ref.x.shape
+    return gradient_bound(ref, cotangent, operand_dtype=operand_dtype, arith=arith, block_h=None,
+                          block_v=ref.w.shape[1], block_t=tokens, any_order=True)
+
+
 def gradient_bound(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dtype: Any, arith: Arithmetic,
-                   config: Any) -> dict[str, np.ndarray]:
-    err = _logit_err(ref, operand_dtype=operand_dtype, arith=arith, block_h=config.block_h)
-    d = ce_oracle.dlogits_f32(ref.ce, cotangent, arith=arith, block_v=config.block_v, logit_err=err)
+                   block_h: int | None, block_v: int, block_t: int, any_order: bool = False) -> dict[str, np.ndarray]:
+    """dx, dw of the backward kernels with these blocks (``any_order``: every dot one
+    chain in unknown order, as for the contract)."""
+    err = _logit_err(ref, operand_dtype=operand_dtype, arith=arith, block_h=block_h)
+    d = ce_oracle.dlogits_f32(ref.ce, cotangent, arith=arith, block_v=block_v, logit_err=err)
     d = algebra.round_to(d, operand_dtype, arith)  # the dot operand
     x, w = ref.x, ref.w
     d_abs, d_sub = d.magnitude, algebra.subnormal_part(d.value)
 
     def contract(propagated, magnitude, flushed, exact, n, block, out_dtype):
-        dot = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=arith.dot_order(block),
+        order = SEQUENTIAL if any_order else arith.dot_order(block)
+        dot = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
                           flushed_magnitude=flushed)
         return algebra.round_to(Bounded(exact, dot.err + propagated), out_dtype, arith).err
 
     exact = oracle_vjp(ref, cotangent)
     w_abs, x_abs = np.abs(w), np.abs(x)
     dx = contract(d.err @ w_abs.T, d_abs @ w_abs.T, d_sub @ w_abs.T + d_abs @ algebra.subnormal_part(w).T,
-                  exact["dx"], w.shape[1], config.block_v, operand_dtype)
+                  exact["dx"], w.shape[1], block_v, operand_dtype)
     dw = contract(x_abs.T @ d.err, x_abs.T @ d_abs, algebra.subnormal_part(x).T @ d_abs + x_abs.T @ d_sub,
-                  exact["dw"], x.shape[0], config.block_t, operand_dtype)
+                  exact["dw"], x.shape[0], block_t, operand_dtype)
     return {"dx": dx, "dw": dw}

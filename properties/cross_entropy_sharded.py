@@ -33,7 +33,7 @@ from .cross_entropy_spec import IGNORE_INDEX, logits_of
 from .multidevice import resolve, run_with_cpu_devices
 from .spec import Case, Relation
 
-KINDS = ("normal", "large", "one_finite", "few_distinct")
+KINDS = ("normal", "large", "offset", "one_finite", "few_distinct")
 LOCAL_VOCABS = (50, 128)  # per device; 50 leaves a partial tile on every shard
 TOKENS = (5, 16)
 
@@ -111,6 +111,22 @@ def sharded_matches_unsharded(
                     f"T={tokens}, V={vocab}, eps={eps}, reduction={reduction}: {outcome.detail}")}
     return {"devices": len(devices), "examples": examples * len(dtypes), "budget": budget,
             "meshes": sorted(meshes), "failure": ""}
+
+
+def sharded_losses(logits: list[list[float]], labels: list[int]) -> dict[str, list]:
+    """Per-token loss and dlogits (cotangent 1) of the vocabulary-parallel f32 kernel,
+    the last axis of ``logits`` split over every device of a 1-D mesh."""
+    axis = "vocab"
+    mesh = sharding.make_mesh(sharding.MeshLayout((len(jax.devices()),), (axis,)))
+
+    def body(z, y):
+        loss, pullback = jax.vjp(lambda a: ce.cross_entropy(a, y, reduction="none", axis_name=axis), z)
+        return loss, pullback(jnp.ones_like(loss))[0]
+
+    run = jax.jit(compat.shard_map_unchecked(body, mesh=mesh, in_specs=(P(None, axis), P()),
+                                             out_specs=(P(), P(None, axis))))
+    loss, dlogits = run(jnp.asarray(logits, jnp.float32), jnp.asarray(labels, jnp.int32))
+    return {"loss": np.asarray(loss, np.float64).tolist(), "dlogits": np.asarray(dlogits, np.float64).tolist()}
 
 
 def relation(kernel: str, import_path: str = "", devices: int = 2, examples: int = 2) -> Relation:

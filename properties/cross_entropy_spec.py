@@ -3,6 +3,9 @@
 Element kinds of the logits (per case):
 - ``normal``: N(0, sigma^2), sigma in {1, 8};
 - ``large``: 1e4 * N(0, 1): lse and z_y are large and cancel in the loss;
+- ``offset``: sigma * N(0, 1) plus one offset per row of size 1e4 to 2e4, either sign:
+  a loss of order 1 carried by logits of order 1e4. ``lse - z_y`` keeps only
+  about 10 bits of it in f32; the accuracy contract is relative to |z - max|;
 - ``near_max``: uniform in [max/4, max/2] of the dtype (label smoothing 0: the sum of
   a row's logits would overflow f32, which the kernel documents; reduction "none":
   the sum of such per-token losses overflows f32 as well);
@@ -12,9 +15,10 @@ Element kinds of the logits (per case):
 Labels: uniform, or pinned to 0 / V-1; a fraction of them (0, 30 %, or all) set to
 ``ignore_index``. Smoothing in {0, 0.1, 1}; every reduction.
 
-The metamorphic relation adds a constant per token. The shifted logits are rounded to
-the dtype, so the exact losses of the two inputs differ by the effect of that
-rounding; the oracle computes it, and the allowed gap is both kernel bounds plus it.
+The metamorphic relation adds a constant per token (0, up to 50 or up to 5000). The
+shifted logits are rounded to the dtype, so the exact losses of the two inputs differ
+by the effect of that rounding; the oracle computes it, and the allowed gap is both
+accuracy contracts plus it: a loss whose error grows with |z| breaks it.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
 DTYPES = ("float32", "bfloat16", "float16")
 LEADING_SHAPES = ((1,), (7,), (3, 11))  # tokens 1, 7, 33
 VOCABS = (16, 100, 300)  # 100 and 300 leave a partial last tile
-LOGIT_KINDS = ("normal", "large", "near_max", "one_finite", "few_distinct")
+LOGIT_KINDS = ("normal", "large", "offset", "near_max", "one_finite", "few_distinct")
 SMOOTHING = (0.0, 0.1, 1.0)
 EXACT_KINDS = ("near_max", "one_finite")  # drawn without smoothing: their exact loss is known
 IGNORE_INDEX = -100
@@ -55,6 +59,9 @@ def logits_of(seed: int, tokens: int, vocab: int, dtype: str, kind: str) -> tupl
         z = rng.standard_normal((tokens, vocab)) * rng.choice([1.0, 8.0])
     elif kind == "large":
         z = 1e4 * rng.standard_normal((tokens, vocab))
+    elif kind == "offset":
+        offset = rng.choice([-1.0, 1.0], (tokens, 1)) * rng.uniform(1e4, 2e4, (tokens, 1))
+        z = offset + rng.standard_normal((tokens, vocab)) * rng.choice([1.0, 8.0])
     elif kind == "near_max":
         z = rng.uniform(top / 4, top / 2, (tokens, vocab))
     elif kind == "one_finite":
@@ -141,6 +148,16 @@ def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> d
     return {"dlogits": bounds["dlogits"].reshape(logits.shape)}
 
 
+def _contract(case: Case, ref: oracle.CrossEntropyOracle, arith: Arithmetic) -> np.ndarray:
+    return oracle.contract_bound(ref, arith=arith)
+
+
+def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
+    logits = case.arrays["logits"]
+    bounds = oracle.gradient_contract(ref, case.arrays["cotangent"], logits_dtype=logits.dtype, arith=arith)
+    return {"dlogits": bounds["dlogits"].reshape(logits.shape)}
+
+
 def _oracle_vjp(case: Case, ref: oracle.CrossEntropyOracle) -> dict[str, np.ndarray]:
     return {"dlogits": oracle.oracle_vjp(ref, case.arrays["cotangent"])["dlogits"].reshape(case.arrays["logits"].shape)}
 
@@ -174,9 +191,10 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
         moved = _shifted(case)
         arith = arithmetic_for(backend.name)
         ref, ref_moved = _oracle(case), _oracle(moved)
-        # exact change of the loss caused by rounding the shifted logits to the dtype
+        # exact change of the loss caused by rounding the shifted logits to the dtype;
+        # the op is shift-invariant, so each side may be off by its accuracy contract
         rounding_effect = np.abs(ref_moved.out - ref.out)
-        allowed = _bound(case, ref, config, arith) + _bound(moved, ref_moved, config, arith) + rounding_effect
+        allowed = _contract(case, ref, arith) + _contract(moved, ref_moved, arith) + rounding_effect
         return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
 
     return KernelSpec(
@@ -188,9 +206,10 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=_contract,
         configs=lambda case, backend: ce.configs(int(case.arrays["labels"].size), case.arrays["logits"].shape[-1], backend),
         default_config=ce.Config(),
-        gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound),
+        gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound, contract=_gradient_contract),
         relations=(Relation("shift_invariance", shift_invariance),),
         bad_inputs=_bad_inputs(kernel),
     )

@@ -2,7 +2,9 @@
 
 Inputs: x [T, H] and w [H, V] from the shared element kinds (normal, large, few
 distinct, positive); "large" scales both so the logits reach ~1e3-1e4 and the loss
-cancels lse against z_y. Labels uniform or pinned to 0 / V-1, a fraction ignored
+cancels lse against z_y; "offset" sets x[:, 0] = 1 and one row of w to a constant c,
+|c| in [1e4, 2e4], so every logit carries the same large offset over an O(1) loss
+(what the accuracy contract is about: see oracles/cross_entropy.py). Labels uniform or pinned to 0 / V-1, a fraction ignored
 (0, 30 %, all), smoothing {0, 0.1, 1}, every reduction.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TOKENS = (1, 16, 33)
 HIDDEN = (16, 40)  # 40 leaves a partial H chunk
 VOCABS = (64, 100)  # 100 leaves a partial vocabulary tile
-KINDS = ("normal", "large", "few_distinct", "positive")
+KINDS = ("normal", "large", "offset", "few_distinct", "positive")
 
 
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
@@ -41,8 +43,12 @@ def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed + 7)
         scale = {"large": 30.0}.get(kind, 1.0)  # logits up to ~H * 30^2 * 16
-        x = strategies.elements(seed, (t, h), "float64", "normal" if kind == "large" else kind) * scale
-        w = strategies.elements(seed + 1, (h, v), "float64", "normal" if kind == "large" else kind) * scale
+        base = kind if kind in ("few_distinct", "positive") else "normal"
+        x = strategies.elements(seed, (t, h), "float64", base) * scale
+        w = strategies.elements(seed + 1, (h, v), "float64", base) * scale
+        if kind == "offset":  # x[:, 0] = 1 and one w row constant: every logit of a row + c, |c| in [1e4, 2e4]
+            x[:, 0] = 1.0
+            w[0, :] = rng.choice([-1.0, 1.0]) * rng.uniform(1e4, 2e4)
         pinned = draw_(st.sampled_from(("uniform", "first", "last")))
         labels = {"uniform": rng.integers(0, v, t), "first": np.zeros(t, np.int64), "last": np.full(t, v - 1)}[pinned]
         ignored = rng.random(t) < draw_(st.sampled_from((0.0, 0.3, 1.0)))
@@ -81,7 +87,15 @@ def _bound(case: Case, ref, config: Any, arith: Arithmetic) -> np.ndarray:
 
 def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
     return oracle.gradient_bound(ref, case.arrays["cotangent"], operand_dtype=case.arrays["x"].dtype, arith=arith,
-                                 config=config)
+                                 block_h=config.block_h, block_v=config.block_v, block_t=config.block_t)
+
+
+def _contract(case: Case, ref, arith: Arithmetic) -> np.ndarray:
+    return oracle.contract_bound(ref, operand_dtype=case.arrays["x"].dtype, arith=arith)
+
+
+def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
+    return oracle.gradient_contract(ref, case.arrays["cotangent"], operand_dtype=case.arrays["x"].dtype, arith=arith)
 
 
 def make_spec(kernel: Callable[..., jax.Array] = lce.linear_softmax_cross_entropy,
@@ -105,10 +119,11 @@ def make_spec(kernel: Callable[..., jax.Array] = lce.linear_softmax_cross_entrop
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=_contract,
         configs=lambda case, backend: lce.configs(*case.arrays["x"].shape, case.arrays["w"].shape[1], backend),
         default_config=lce.Config(),
         gradients=GradientSpec(kernel_vjp, lambda case, ref: oracle.oracle_vjp(ref, case.arrays["cotangent"]),
-                               _gradient_bound),
+                               _gradient_bound, contract=_gradient_contract),
         bad_inputs=_bad_inputs(kernel),
     )
 

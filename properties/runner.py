@@ -26,7 +26,7 @@ from pallascheck.oracles.tolerance import arithmetic_for
 from . import checks
 from .spec import Case, KernelSpec
 
-CHECKS = ("values", "reference", "configs_agree", "gradients", "deterministic", "metamorphic")
+CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
 REPORTED = CHECKS + ("crash",)  # a crash is reported as its own failed row
 
 
@@ -40,9 +40,15 @@ def config_to_json(config: Any) -> Any:
 
 @dataclasses.dataclass
 class Tally:
-    """Per-check aggregate over examples."""
+    """Per-check aggregate over examples.
+
+    ``contract_budgets``: the worst budget used under the spec's accuracy contract by
+    the outputs of the "values", "gradients" and "reference" checks. The "contract"
+    check fails on the kernel's; xla_reference's is reported, never a failure (it is
+    the baseline a user writes, not the kernel under test)."""
 
     outcomes: dict[str, checks.Outcome] = dataclasses.field(default_factory=dict)
+    contract_budgets: dict[str, float] = dataclasses.field(default_factory=dict)
     probabilistic_budget: float = 0.0
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     failure: str = ""
@@ -51,6 +57,9 @@ class Tally:
         name = outcome.check
         self.outcomes[name] = self.outcomes[name].merge(outcome) if name in self.outcomes else outcome
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def add_contract_budget(self, check: str, budget: float) -> None:
+        self.contract_budgets[check] = max(self.contract_budgets.get(check, 0.0), budget)
 
 
 def check_case(
@@ -81,6 +90,9 @@ def check_case(
     # gradients, the most expensive oracle ("reference" and "gradients").
     kernel_out = functools.cache(lambda: _np(spec.kernel(case, config, backend)))
     exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
+    kernel_gradients = functools.cache(
+        lambda: {k: _np(v) for k, v in spec.gradients.kernel_vjp(case, config, backend).items()}
+    )
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
         bound = spec.bound(case, ref, config, arith)
@@ -91,12 +103,16 @@ def check_case(
         tally.probabilistic_budget = max(
             tally.probabilistic_budget, checks.compare(out, expected, prob).budget_used
         )
+    has_gradients = spec.gradients is not None and "gradients" in selected
+    gradient_contract = has_gradients and spec.gradients.contract is not None
     if "reference" in selected:
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
-            o = checks.check_values(
-                _np(spec.reference(case)), expected, spec.bound(case, ref, None, arith), context=ref_ctx
-            )
+            reference_out = _np(spec.reference(case))
+            o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
+            if spec.contract is not None:
+                contract_used = checks.compare(reference_out, expected, spec.contract(case, ref, arith)).budget_used
+                tally.add_contract_budget("reference", contract_used)
             if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
                 exact = exact_gradients()
@@ -112,14 +128,32 @@ def check_case(
             other_bound = spec.bound(case, ref, default, arith)
             return checks.check_configs_agree({config: (out, bound), default: (other, other_bound)}, context=ctx)
         timed("configs_agree", agree)
-    if "gradients" in selected and spec.gradients is not None:
+    if has_gradients:
         g = spec.gradients
 
         def gradients() -> checks.Outcome:
             exact = exact_gradients()
-            got = {k: _np(v) for k, v in g.kernel_vjp(case, config, backend).items()}
-            return checks.check_gradients(got, exact, g.bound(case, ref, exact, config, arith), context=ctx)
+            return checks.check_gradients(kernel_gradients(), exact, g.bound(case, ref, exact, config, arith), context=ctx)
         timed("gradients", gradients)
+    if "contract" in selected and (spec.contract is not None or gradient_contract):
+        def contract() -> checks.Outcome:
+            parts = []
+            if spec.contract is not None:
+                parts.append(checks.compare(kernel_out(), expected, spec.contract(case, ref, arith)))
+                tally.add_contract_budget("values", parts[-1].budget_used)
+            if gradient_contract:
+                exact = exact_gradients()
+                parts.append(checks.check_gradients(
+                    kernel_gradients(), exact, spec.gradients.contract(case, ref, exact, arith), context=ctx,
+                    raise_on_failure=False,
+                ))
+                tally.add_contract_budget("gradients", parts[-1].budget_used)
+            o = functools.reduce(checks.Outcome.merge, parts)
+            o.examples = 1
+            if not o.passed:
+                raise checks.CheckFailure(dataclasses.replace(o, check="contract"), ctx)
+            return o
+        timed("contract", contract)
     if "deterministic" in selected:
         def deterministic() -> checks.Outcome:
             runs = [kernel_out, lambda: spec.kernel(case, config, backend)]

@@ -62,6 +62,8 @@ class GradientSpec:
     bound: Callable[[Case, Any, Mapping[str, np.ndarray], Any, Arithmetic], Mapping[str, np.ndarray]]
     # xla_reference's VJP, where the bound models autodiff's graph of it (else None)
     reference_vjp: Callable[[Case], Mapping[str, np.ndarray]] | None = None
+    # (case, oracle, exact grads, arithmetic) -> the accuracy contract of each gradient
+    contract: Callable[[Case, Any, Mapping[str, np.ndarray], Arithmetic], Mapping[str, np.ndarray]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +95,15 @@ class KernelSpec:
     reference: Callable[[Case], np.ndarray]  # xla_reference, same dtype
     oracle: Callable[[Case], Any]
     expected: Callable[[Any], np.ndarray]  # the oracle's output
-    # (case, oracle, config or None for xla_reference, arithmetic) -> bound array
+    # (case, oracle, config or None for xla_reference, arithmetic) -> bound array:
+    # the implementation bound, a model of the kernel's own arithmetic
     bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]
     configs: Callable[[Case, Backend], Sequence[Any]]
     default_config: Any
+    # (case, oracle, arithmetic) -> the accuracy contract: the error a backward-stable
+    # algorithm for the op achieves in the output's arithmetic, whatever the kernel's
+    # algorithm (None: the spec states none, and only the implementation bound applies)
+    contract: Callable[[Case, Any, Arithmetic], np.ndarray] | None = None
     gradients: GradientSpec | None = None
     relations: Sequence[Relation] = ()
     bad_inputs: Callable[[], Sequence[BadInput]] = lambda: ()

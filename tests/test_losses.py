@@ -1,6 +1,7 @@
 """Focused rules of the loss kernels that the generic spec checks do not state:
 every token ignored, vocabulary-parallel equal to unsharded on 2/4/8 devices, the
-traced-label contract, real vocabulary sizes, and the fused kernel's memory."""
+traced-label contract, real vocabulary sizes, the fused kernel's memory, and the
+loss of logits with a large common offset (plain, fused and vocabulary-parallel)."""
 from __future__ import annotations
 
 import jax
@@ -10,6 +11,8 @@ import pytest
 
 from pallascheck.bench.losses import linear_memory
 from pallascheck.kernels import cross_entropy as ce
+from pallascheck.kernels import linear_cross_entropy as lce
+from pallascheck.oracles import cross_entropy as ce_oracle
 from pallascheck.properties import checks, runner
 from pallascheck.properties.cross_entropy_spec import IGNORE_INDEX, SPEC, logits_of
 from pallascheck.properties.multidevice import run_with_cpu_devices
@@ -36,6 +39,61 @@ def test_out_of_range_label_under_jit_is_nan_not_garbage(backend) -> None:
     assert np.isfinite(out[0]) and np.isnan(out[1]) and out[2] == 0.0
     grad = np.asarray(jax.jit(jax.grad(lambda z, y: ce.cross_entropy(z, y, reduction="sum", backend=backend)))(logits, labels))
     assert np.isfinite(grad[0]).all() and np.isnan(grad[1]).all() and (grad[2] == 0).all()
+
+
+# Logits [z, z, z - 1, z - 2], label 0: the loss is log(2 + e^-1 + e^-2) = 0.9175758 at
+# every z. In f32, z - 1 and z - 2 exist up to 2^24; at z = 1e8 (spacing 8) they round
+# to z, the input is [z, z, z, z] and its exact loss is log 4. [z, z, z - 8, z - 16] is
+# exact at 1e8. Each row's expected loss and gradient are the float64 oracle's for the
+# f32 input; the kernels must be within 1e-6 of it (relative to a loss of order 1).
+LARGE_LOGITS = np.asarray(
+    [[z, z, z - 1, z - 2] for z in (1e4, 1e5, 1e8)] + [[1e8, 1e8, 1e8 - 8, 1e8 - 16]], np.float32
+)
+
+
+def _exact_loss_and_gradient(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.zeros(len(logits), np.int64)
+    ref = ce_oracle.oracle(logits, labels, eps=0.0, ignore_index=IGNORE_INDEX, reduction="none")
+    return ref.out, ce_oracle.oracle_vjp(ref, np.ones(len(logits)))["dlogits"]
+
+
+def test_exact_loss_at_large_logits(backend) -> None:
+    loss, grad = _exact_loss_and_gradient(LARGE_LOGITS)
+    assert np.allclose(loss[:2], 0.9175758, atol=1e-7) and np.isclose(loss[2], np.log(4.0))
+    labels = jnp.zeros(len(LARGE_LOGITS), jnp.int32)
+    fn = lambda z: ce.cross_entropy(z, labels, reduction="none", backend=backend)  # noqa: E731
+    got, pullback = jax.vjp(fn, jnp.asarray(LARGE_LOGITS))
+    (got_grad,) = pullback(jnp.ones_like(got))
+    np.testing.assert_allclose(np.asarray(got), loss, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got_grad), grad, rtol=0, atol=1e-6)
+    # The inputs do stress the loss: the textbook lse - z_y (xla_reference) misses it.
+    textbook = np.asarray(ce.xla_reference(jnp.asarray(LARGE_LOGITS), labels, reduction="none"))
+    assert np.abs(textbook - loss)[1:].min() > 1e-3, textbook
+
+
+def test_fused_exact_loss_at_large_logits(backend) -> None:
+    """x = [[1]], w = the logits row: x @ w is exact, so the fused kernel sees the
+    same logits, one token per call."""
+    loss, grad = _exact_loss_and_gradient(LARGE_LOGITS)
+    for row, expected, expected_grad in zip(LARGE_LOGITS, loss, grad):
+        x, w, labels = jnp.ones((1, 1), jnp.float32), jnp.asarray(row[None, :]), jnp.zeros((1,), jnp.int32)
+        fn = lambda a, b: lce.linear_softmax_cross_entropy(a, b, labels, reduction="sum", backend=backend)  # noqa: E731
+        got, pullback = jax.vjp(fn, x, w)
+        _, dw = pullback(jnp.ones_like(got))
+        np.testing.assert_allclose(float(got), expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(dw)[0], expected_grad, rtol=0, atol=1e-6)
+
+
+def test_vocab_parallel_exact_loss_at_large_logits() -> None:
+    """Two devices, two columns each: the max and the target live on either shard."""
+    loss, grad = _exact_loss_and_gradient(LARGE_LOGITS)
+    rows = LARGE_LOGITS[:, [2, 0, 3, 1]]  # the max on both shards, the label (now 1) on the first
+    result = run_with_cpu_devices(
+        "pallascheck.properties.cross_entropy_sharded:sharded_losses", 2,
+        {"logits": rows.astype(np.float64).tolist(), "labels": [1] * len(rows)}, timeout_s=300,
+    )
+    np.testing.assert_allclose(result["loss"], loss, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(result["dlogits"])[:, [1, 3, 0, 2]], grad, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])

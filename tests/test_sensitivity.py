@@ -55,3 +55,22 @@ def test_broken_variant_is_caught(variant_case: tuple[str, Backend]) -> None:
         if not tally.failure:
             survived.append(dtype)
     assert not survived, f"{variant} survived {examples} examples on {survived}"
+
+
+CONTRACT_ONLY = [f"{module}/{name}" for module, m in _MODULES.items() for name in getattr(m, "CONTRACT_ONLY", ())]
+# The checks against the implementation bound, without the contract and the relations
+# (which are stated within the contract).
+IMPLEMENTATION_CHECKS = ("values", "reference", "configs_agree", "gradients", "deterministic")
+
+
+@pytest.mark.parametrize("variant", CONTRACT_ONLY)
+def test_contract_only_variant_meets_its_own_bound(variant: str) -> None:
+    """A kernel may be right about its own arithmetic and still be inaccurate: these
+    variants pass every implementation-bound check and fail the accuracy contract."""
+    spec, dtypes, examples = VARIANTS[variant]
+    backend = Backend("interpret")
+    for dtype in dtypes:
+        own = runner.run_property(spec, dtype, backend, examples=examples, seed=0, selected=IMPLEMENTATION_CHECKS)
+        assert not own.failure, own.failure
+        contract = runner.run_property(spec, dtype, backend, examples=examples, seed=0, selected=("contract",))
+        assert contract.failure.startswith("[contract]"), contract.failure
