@@ -5,6 +5,7 @@
     pallascheck replay FILE.npz [--backend B]
     pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
     pallascheck bench --harness [--no-pytest]
+    pallascheck probe [--backend B] [--json PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
 (kernels -> oracles -> properties -> bench, fuzz).
@@ -149,6 +150,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from pallascheck.bench import probe
+
+    report = probe.run(_available_backend(args.backend))
+    probe.print_table(report)
+    path = args.json or os.path.join(".pallascheck", f"probe-{report.backend.replace(':', '-')}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(report.as_json())
+    print(f"written to {path}")
+    return 1 if any(report.violations.values()) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pallascheck", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs")
     bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property")
     bench.set_defaults(func=cmd_bench)
+    probe = sub.add_parser("probe", help="measure the backend's dot arithmetic and check the tolerance model's assumptions")
+    probe.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
+    probe.add_argument("--json", help="where the measurements go (default .pallascheck/probe-BACKEND.json)")
+    probe.set_defaults(func=cmd_probe)
     return parser
 
 
