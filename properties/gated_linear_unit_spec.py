@@ -17,7 +17,7 @@ from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
 from . import strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
 D_DIMS = (7, 64)  # 7 leaves a ragged last K tile
@@ -123,7 +123,8 @@ def make_spec(
     """The GLU spec for ``kernel`` (gated_linear_unit's signature); ``differentiable=False``
     drops the gradient checks. xla_reference's autodiff graph (no rounding of dz,
     two dots summed for dx) is not the kernel's, so only its forward is checked."""
-    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound)
+    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
+                             contract=any_order_gradient_contract(_gradient_bound))
     return KernelSpec(
         name=name,
         dtypes=DTYPES,
@@ -134,6 +135,7 @@ def make_spec(
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=any_order_contract(_bound),
         configs=lambda case, backend: glu.configs(
             int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["weights"].shape[2], case.arrays["x"].shape[-1],
             backend, itemsize=case.arrays["x"].dtype.itemsize,

@@ -15,7 +15,7 @@ from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 M_DIMS = (1, 17, 64)
 N_DIMS = (16, 33)
@@ -136,7 +136,8 @@ def make_spec(
     """The matmul spec, for ``kernel`` (any callable with matmul.matmul's signature);
     ``differentiable=False`` drops the gradient checks (forward-only kernels)."""
     gradients = GradientSpec(
-        functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp
+        functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp,
+        contract=any_order_gradient_contract(_gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -147,6 +148,7 @@ def make_spec(
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=any_order_contract(_bound),
         configs=lambda case, backend: matmul.configs(
             case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend,
             itemsize=case.arrays["x"].dtype.itemsize,
@@ -161,6 +163,9 @@ def make_spec(
                 ("x", "cotangent"),
                 functools.partial(_run, kernel),
                 lambda case, config, backend: _bound(case, _oracle(case), config, arithmetic_for(backend.name)),
+            ),
+            relations.power_of_two_scaling(
+                functools.partial(_run, kernel), "x", "y", lambda case: case.params["activation"] in ("none", "relu"),
             ),
         ),
         bad_inputs=_bad_inputs,

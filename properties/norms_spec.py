@@ -15,7 +15,7 @@ from pallascheck.oracles import norms as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
 
 LEADING_SHAPES = ((1,), (5,), (3, 11), (33,))  # flattened rows 1, 5, 33, 33
 FEATURES = (1, 7, 64, 100, 256)  # D; 7 and 100 leave padding columns
@@ -70,6 +70,25 @@ def _bound(case: Case, ref: oracle.NormOracle, config: Any, arith: Arithmetic) -
     dtype = case.arrays["x"].dtype
     compute = np.float32 if config is not None else dtype  # xla_reference computes in x's dtype
     return oracle.bound(ref, out_dtype=dtype, arith=arith, compute_dtype=compute).reshape(case.arrays["x"].shape)
+
+
+def _contract(case: Case, ref: oracle.NormOracle, arith: Arithmetic) -> np.ndarray:
+    """The two-pass algorithm in f32 with sums in any order, one rounding to x's dtype:
+    the kernel's own arithmetic (oracles/norms.py), and the canonical backward-stable
+    one, whose error grows with |mean| / std (a backward error relative to |x|)."""
+    dtype = case.arrays["x"].dtype
+    return oracle.bound(ref, out_dtype=dtype, arith=arith, compute_dtype=np.float32).reshape(case.arrays["x"].shape)
+
+
+def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
+    """The same for the gradients, the parameter sums over all rows in any order."""
+    x = case.arrays["x"]
+    bounds = oracle.gradient_bound(
+        ref, case.arrays["cotangent"], x_dtype=x.dtype, param_dtype=x.dtype,
+        block_rows=int(np.prod(x.shape[:-1])), arith=arith, with_offset=True,
+    )
+    bounds["dx"] = bounds["dx"].reshape(x.shape)
+    return bounds
 
 
 def _kernel_vjp(fn, kind: str, case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
@@ -132,6 +151,20 @@ def make_spec(
     def row_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
         return _bound(case, oracle_of(case), config, arithmetic_for(backend.name))
 
+    def shift_invariance(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        """layer_norm(x + c) = layer_norm(x) for a constant c per row (0, up to 100 or
+        up to 1e4). The shifted x is rounded to its dtype; the oracle gives the exact
+        effect of that rounding, and each side may be off by its accuracy contract."""
+        x = case.arrays["x"]
+        rng = np.random.default_rng(x.size)
+        shift = rng.uniform(-1.0, 1.0, x.shape[:-1] + (1,)) * rng.choice([0.0, 100.0, 1e4])
+        with np.errstate(over="ignore"):
+            moved = Case({**case.arrays, "x": (x.astype(np.float64) + shift).astype(x.dtype)}, case.params)
+        arith = arithmetic_for(backend.name)
+        ref, ref_moved = oracle_of(case), oracle_of(moved)
+        allowed = _contract(case, ref, arith) + _contract(moved, ref_moved, arith) + np.abs(ref_moved.out - ref.out)
+        return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
+
     return KernelSpec(
         name=name or kind,
         dtypes=strategies.DTYPES,
@@ -141,13 +174,16 @@ def make_spec(
         oracle=oracle_of,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=_contract,
         configs=lambda case, backend: norms.configs(
             int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend
         ),
         default_config=norms.Config(),
-        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel, kind), _oracle_vjp, _gradient_bound)
+        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel, kind), _oracle_vjp, _gradient_bound,
+                               contract=_gradient_contract)
         if differentiable else None,
-        relations=(relations.row_permutation(("x", "cotangent"), run, row_bound),),
+        relations=(relations.row_permutation(("x", "cotangent"), run, row_bound),)
+        + ((Relation("shift_invariance", shift_invariance),) if kind == "layer_norm" else ()),
         bad_inputs=_bad_inputs(kind, kernel),
     )
 

@@ -15,7 +15,7 @@ from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
 from . import strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
 N_DIMS = (16, 33)
@@ -151,6 +151,7 @@ def make_spec(
         lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
         _oracle_vjp, _gradient_bound,
         reference_vjp=lambda case: _vjp(ragged_dot.xla_reference, case),
+        contract=any_order_gradient_contract(_gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -161,6 +162,7 @@ def make_spec(
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        contract=any_order_contract(_bound),
         configs=lambda case, backend: ragged_dot.configs(
             case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
             itemsize=case.arrays["lhs"].dtype.itemsize, groups=case.arrays["rhs"].shape[0],

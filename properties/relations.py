@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
@@ -28,3 +29,61 @@ def row_permutation(
         return lhs, rhs, 2.0 * bound(case, config, backend)[perm]
 
     return Relation("row_permutation", relation)
+
+
+# Products and partial sums of a power-of-two scaled dot stay exact in f32 when the
+# smallest nonzero product is at least 2^-90 (partial sums then cancel to no less than
+# its ulp, 2^-113, still normal in f32) and |x| @ |y|, scaled, stays below a quarter
+# of the output dtype's largest finite value. The rounding to the output dtype
+# commutes with the scaling where the output is normal: every nonzero output must be,
+# and a zero output is the f32 sum's exact 0 only where the output dtype reaches down
+# to 2^-113 (f32, bf16; not f16, where a tiny sum also rounds to 0).
+_SMALLEST_PRODUCT = 2.0**-90
+
+
+def _scales_exactly(v: np.ndarray, factor: float) -> bool:
+    """v * factor is exact in v's dtype (no overflow, no bit lost below the normals)."""
+    exact = v.astype(np.float64) * factor
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(exact.astype(v.dtype).astype(np.float64), exact))
+
+
+def _exactly_scalable(a: np.ndarray, b: np.ndarray, a_factor: float, b_factor: float, out: np.ndarray) -> bool:
+    if not (_scales_exactly(a, a_factor) and _scales_exactly(b, b_factor)):
+        return False
+    out_dtype = out.dtype
+    info = ml_dtypes.finfo(out_dtype)
+    magnitude = np.abs(out.astype(np.float64))
+    if (magnitude[magnitude > 0] < float(info.smallest_normal)).any():
+        return False
+    if float(info.smallest_normal) > 2.0**-113 and (magnitude == 0).any():
+        return False
+    a64, b64 = np.abs(a.astype(np.float64)) * a_factor, np.abs(b.astype(np.float64)) * b_factor
+    smallest = a64[a64 > 0].min(initial=np.inf) * b64[b64 > 0].min(initial=np.inf)
+    largest = float((a64 @ b64).max(initial=0.0))
+    return smallest >= _SMALLEST_PRODUCT and largest <= float(ml_dtypes.finfo(np.dtype(out_dtype)).max) / 4
+
+
+def power_of_two_scaling(
+    run: Callable[[Case, Any, Backend], Any], lhs: str, rhs: str, homogeneous: Callable[[Case], bool],
+) -> Relation:
+    """Scaling by powers of two is exact in floating point (no rounding changes while
+    everything stays normal), so for a dot-like kernel of ``lhs`` @ ``rhs``:
+    f(2 lhs, 2 rhs) = 4 f(lhs, rhs) bitwise where the output is positively homogeneous
+    (``homogeneous(case)``: no activation, or relu), and f(2 lhs, rhs / 2) = f(lhs, rhs)
+    bitwise for any activation (every product is unchanged). A case whose values sit
+    near the ends of the range (subnormal, huge) is compared with itself: the scaling
+    would change its roundings, and the relation claims nothing there."""
+
+    def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        a, b = case.arrays[lhs], case.arrays[rhs]
+        b_scale = 2.0 if homogeneous(case) else 0.5
+        factor = 2.0 * b_scale
+        if not _exactly_scalable(a, b, 2.0, b_scale, np.asarray(out)):
+            return np.asarray(out), np.asarray(out).astype(np.float64), np.float64(0.0)
+        scaled = Case({**case.arrays, lhs: (a.astype(np.float64) * 2).astype(a.dtype),
+                       rhs: (b.astype(np.float64) * b_scale).astype(b.dtype)}, case.params)
+        got = np.asarray(run(scaled, config, backend)).astype(np.float64)
+        return got, np.asarray(out).astype(np.float64) * factor, np.float64(0.0)
+
+    return Relation("power_of_two_scaling", relation)

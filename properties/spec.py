@@ -124,6 +124,20 @@ class KernelSpec:
         return self.default_config_on.get(backend.name, self.default_config)
 
 
+def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]) -> Callable[..., np.ndarray]:
+    """The accuracy contract of an op whose implementation bound, at config None,
+    models the canonical backward-stable algorithm: every sum one chain in any order
+    (gamma_{n-1}), f32 accumulation, one rounding of the output. That is the
+    xla_reference model of the dot-like specs (matmul, GLU, ragged_dot); a tiled
+    kernel's blocked order is inside it (gamma_{b-1+n/b-1} <= gamma_{n-1})."""
+    return lambda case, ref, arith: bound(case, ref, None, arith)
+
+
+def any_order_gradient_contract(bound: Callable[..., Mapping[str, np.ndarray]]) -> Callable[..., Mapping[str, np.ndarray]]:
+    """``any_order_contract`` for a GradientSpec bound."""
+    return lambda case, ref, grads, arith: bound(case, ref, grads, None, arith)
+
+
 _REGISTRY: dict[str, KernelSpec] = {}
 
 

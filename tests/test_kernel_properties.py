@@ -34,7 +34,9 @@ def test_kernel_checks(kernel_case: tuple[str, str, Backend], examples: int, req
     )
     assert not tally.failure, tally.failure
     assert set(tally.outcomes) >= {"values", "reference", "deterministic"}
-    assert all(o.examples == examples * runner.CASES_PER_LAYOUT for k, o in tally.outcomes.items() if k != "configs_agree")
+    cases = examples * runner.CASES_PER_LAYOUT
+    per_case = {"metamorphic": len(SPECS[name].relations)}  # one example per relation
+    assert all(o.examples == cases * per_case.get(k, 1) for k, o in tally.outcomes.items() if k != "configs_agree")
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
