@@ -18,7 +18,9 @@ in f32.
 - order of the K sum (a small FPRev): row j holds M = 2^26 at position 0, -M at
   position j and ones elsewhere; the count of ones that survive depends only on
   which ones were added while M was in the sum, and is matched against sequential,
-  reverse, pairwise and blocked orders simulated in numpy (f32);
+  reverse, pairwise and blocked orders simulated in numpy (f32), and against fused
+  groups (g products added in one step, each truncated to the 24-bit grid of the
+  group's largest, the groups then added in sequence: the tensor-core model);
 - subnormals: a bf16 subnormal input (2^-130), and a product whose exact value is an
   f32 subnormal (2^-70 * 2^-70 = 2^-140): kept or flushed to zero.
 
@@ -165,12 +167,27 @@ def _simulate(order: str, terms: np.ndarray, mode: str = "nearest-even") -> floa
             level = [_add(level[i], level[i + 1], mode) if i + 1 < len(level) else level[i]
                      for i in range(0, len(level), 2)]
         return level[0]
-    block = int(order.split("-")[1])  # "blocked-b": sequential within blocks of b, then across
-    return _simulate("sequential", np.array([_simulate("sequential", terms[i:i + block], mode)
-                                             for i in range(0, len(terms), block)]), mode)
+    kind, size = order.split("-")
+    groups = [terms[i:i + int(size)] for i in range(0, len(terms), int(size))]
+    if kind == "fused":  # each group summed at once, aligned to its largest term
+        return _simulate("sequential", np.array([fused_group_sum(g) for g in groups]), mode)
+    # "blocked-b": sequential within blocks of b, then across
+    return _simulate("sequential", np.array([_simulate("sequential", g, mode) for g in groups]), mode)
 
 
-ORDERS = ("sequential", "reverse", "pairwise") + tuple(f"blocked-{b}" for b in (2, 4, 8, 16))
+def fused_group_sum(terms: np.ndarray, bits: int = 24) -> float:
+    """A group of products added in one step, as the tensor-core studies describe it:
+    every term truncated to the ``bits``-bit grid of the group's largest exponent, then
+    summed exactly."""
+    largest = np.max(np.abs(terms))
+    if largest == 0:
+        return 0.0
+    grid = 2.0 ** (np.floor(np.log2(largest)) - (bits - 1))
+    return float(np.sum(np.trunc(terms / grid) * grid))
+
+
+ORDERS = (("sequential", "reverse", "pairwise") + tuple(f"blocked-{b}" for b in (2, 4, 8, 16))
+          + tuple(f"fused-{g}" for g in (4, 8, 16, 32)))
 
 
 def sequential_permutation(surviving: list[int]) -> list[int] | None:

@@ -58,3 +58,21 @@ def test_probe_finds_a_permuted_sequential_order() -> None:
     measured = probe.probe_path(_emulated("nearest-even", swapped, flush=True))
     assert measured["order"]["matches"][0].startswith("sequential in the order [0, 1, 3, 2, 5, 4, 7, 6]")
     assert measured["subnormals"] == {"subnormal_input": "flushed", "subnormal_product": "flushed"}
+
+
+def test_probe_finds_fused_groups() -> None:
+    """Groups of 16 products added at once, aligned to the largest (what the H200's
+    tensor cores do: README), then accumulated in f32 toward zero."""
+    def dot(x, y):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        out = np.zeros((x.shape[0], y.shape[1]), np.float32)
+        for i in range(x.shape[0]):
+            for j in range(y.shape[1]):
+                acc = 0.0
+                for g in range(0, x.shape[1], 16):
+                    acc = probe.round_f32(acc + probe.fused_group_sum(x[i, g:g + 16] * y[g:g + 16, j]), "toward-zero")
+                out[i, j] = acc
+        return out
+
+    measured = probe.probe_path(dot)
+    assert "fused-16" in measured["order"]["matches"] and measured["rounding"]["mode"] == "toward-zero"
