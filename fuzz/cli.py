@@ -5,6 +5,7 @@
     pallascheck replay FILE.npz [--backend B]
     pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
     pallascheck bench --harness [--no-pytest]
+    pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
     pallascheck probe [--backend B] [--json PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
@@ -131,6 +132,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import jax
 
+    if args.tolerance_rules:
+        from pallascheck.bench import tolerance_rules
+
+        results = tolerance_rules.run(args.tests, args.examples)
+        tolerance_rules.print_report(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"summary": tolerance_rules.summary(results),
+                           "results": [vars(r) for r in results]}, f, indent=1)
+        return 0
     if args.harness:
         from pallascheck.bench import harness
 
@@ -196,8 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
     bench.add_argument("--no-pytest", action="store_true", help="with --harness: time verify only")
-    bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs")
-    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property")
+    bench.add_argument("--tolerance-rules", action="store_true",
+                       help="kills, misses and false alarms of the contract, the implementation bound and torch's and "
+                            "JAX's default tolerances on the broken variants and the shipped kernels (CPU)")
+    bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs; with "
+                                                         "--tolerance-rules: the one holding broken/")
+    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property; with "
+                                                               "--tolerance-rules: cases per shipped kernel and dtype")
     bench.set_defaults(func=cmd_bench)
     probe = sub.add_parser("probe", help="measure the backend's dot arithmetic and check the tolerance model's assumptions")
     probe.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")

@@ -9,6 +9,7 @@ import functools
 from typing import Any, Iterator, Sequence
 
 import jax
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -178,3 +179,11 @@ def abstract_gpu(device_kind: str = "NVIDIA H100 80GB HBM3") -> Iterator[None]:
     mesh = jax.sharding.AbstractMesh((1,), ("_",), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
         yield
+
+
+def jax_test_tolerance(dtype: Any) -> float:
+    """JAX's default test tolerance for ``dtype`` (``JaxTestCase.assertAllClose`` uses it
+    as both atol and rtol): the table lives in a private module of JAX's."""
+    from jax._src import public_test_util
+
+    return float(public_test_util.default_tolerance()[np.dtype(dtype)])
