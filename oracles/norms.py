@@ -82,14 +82,27 @@ def _mean(terms: Bounded, *, arith: Arithmetic, dtype: Any) -> Bounded:
     return Bounded(q.value[:, None], q.err[:, None])
 
 
-def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any) -> tuple[Bounded, Bounded, Bounded]:
-    """(c, rstd, xhat) as the kernel computes them, each with its error bound."""
+VARIANCES = ("two_pass", "one_pass")
+
+
+def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any, variance: str = "two_pass"
+                    ) -> tuple[Bounded, Bounded, Bounded]:
+    """(c, rstd, xhat) as the kernel computes them, each with its error bound.
+    ``variance``: "two_pass" (sum((x - mean)^2) / D, the kernel's) or "one_pass"
+    (sum(x^2) / D - mean^2, whose rounding errors scale with E[x^2], not the variance)."""
+    if variance not in VARIANCES:
+        raise ValueError(f"variance must be one of {VARIANCES}, got {variance!r}")
     x = algebra.operand(ref.x, arith=arith, dtype=dtype)
     kw = dict(arith=arith, dtype=dtype)
     if ref.kind == "layer_norm":
         mean = _mean(x, **kw)
         c = algebra.add(x, Bounded(-mean.value, mean.err), **kw)
-        second = _mean(algebra.multiply(c, c, **kw), **kw)
+        if variance == "two_pass":
+            second = _mean(algebra.multiply(c, c, **kw), **kw)
+        else:
+            square_of_mean = algebra.multiply(mean, mean, **kw)
+            second = algebra.add(_mean(algebra.multiply(x, x, **kw), **kw),
+                                 Bounded(-square_of_mean.value, square_of_mean.err), **kw)
     else:
         c = x
         second = _mean(algebra.multiply(x, x, **kw), **kw)
@@ -99,8 +112,9 @@ def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any) -> tuple[Bou
     return c, rstd, algebra.multiply(c, rstd, **kw)
 
 
-def bound(ref: NormOracle, *, out_dtype: Any, arith: Arithmetic, compute_dtype: Any = F32) -> np.ndarray:
-    _, _, xhat = _forward_replay(ref, arith, compute_dtype)
+def bound(ref: NormOracle, *, out_dtype: Any, arith: Arithmetic, compute_dtype: Any = F32,
+          variance: str = "two_pass") -> np.ndarray:
+    _, _, xhat = _forward_replay(ref, arith, compute_dtype, variance)
     kw = dict(arith=arith, dtype=compute_dtype)
     y = algebra.multiply(xhat, Bounded.exact(ref.scale[None, :]), **kw)
     if ref.kind == "layer_norm":
@@ -120,11 +134,11 @@ def oracle_vjp(ref: NormOracle, cotangent: Any, *, with_offset: bool) -> dict[st
 
 def gradient_bound(
     ref: NormOracle, cotangent: Any, *, x_dtype: Any, param_dtype: Any, block_rows: int,
-    arith: Arithmetic, with_offset: bool,
+    arith: Arithmetic, with_offset: bool, variance: str = "two_pass",
 ) -> dict[str, np.ndarray]:
     g = Bounded.exact(_f64(cotangent).reshape(ref.x.shape))
     kw = dict(arith=arith, dtype=F32)
-    _, rstd, xhat = _forward_replay(ref, arith, F32)
+    _, rstd, xhat = _forward_replay(ref, arith, F32, variance)
     gs = algebra.multiply(g, Bounded.exact(ref.scale[None, :]), **kw)
     m2 = _mean(algebra.multiply(gs, xhat, **kw), **kw)
     projection = algebra.multiply(xhat, m2, **kw)

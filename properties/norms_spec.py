@@ -22,7 +22,10 @@ FEATURES = (1, 7, 64, 100, 256)  # D; 7 and 100 leave padding columns
 EPS = (1e-6, 1e-5, 1e-2)
 
 
-def cases(kind: str, dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+def cases(kind: str, dtype: str, backend: Backend,
+          x_kinds: tuple[str, ...] = strategies.ELEMENT_KINDS) -> st.SearchStrategy[Case]:
+    """Drawn cases; ``x_kinds`` narrows the element kinds of x (a variant aimed at
+    one part of the input space)."""
     @st.composite
     def draw(draw_) -> Case:
         shape = (draw_(strategies.layout(f"{kind}.leading", st.sampled_from(LEADING_SHAPES)))
@@ -31,7 +34,7 @@ def cases(kind: str, dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
         has_scale = draw_(strategies.layout(f"{kind}.scale", st.booleans()))
         has_offset = kind == "layer_norm" and draw_(strategies.layout(f"{kind}.offset", st.booleans()))
         eps = draw_(strategies.layout(f"{kind}.eps", st.sampled_from(EPS)))
-        kind_of_x = draw_(strategies.element_kinds())
+        kind_of_x = draw_(strategies.element_kinds(x_kinds))
         seed = draw_(strategies.seeds())
         arrays = {
             "x": strategies.elements(seed, shape, dtype, kind_of_x, reduction=d),

@@ -12,10 +12,13 @@ import dataclasses
 from typing import Callable
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from pallascheck.kernels import norms
+from pallascheck.oracles import norms as norms_oracle
+from pallascheck.properties.norms_spec import cases as norms_cases
 from pallascheck.properties.norms_spec import make_spec
 from pallascheck.properties.spec import KernelSpec
 from pallascheck.properties.strategies import DTYPES
@@ -37,6 +40,20 @@ def _one_pass_variance_in_input_dtype_forward(
     centered = x.astype(jnp.float32) - mean32
     centered = jnp.where(col_ok, centered, jnp.zeros_like(centered))
     tile.store(mean_ref, mean32, row_ok)
+    tile.store(rstd_ref, rstd, row_ok)
+    norms.store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
+
+
+def _one_pass_variance_forward(x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind, eps, tile):
+    """var = E[x^2] - E[x]^2 in f32: faithful to its own one-pass arithmetic, but its
+    rounding errors scale with E[x^2], not with the variance."""
+    col_ok, row_ok, features = tile.col_ok(), tile.row_ok(), tile.features
+    x = tile.load_f32(x_ref, row_ok & col_ok)
+    mean = jnp.sum(x, axis=1, keepdims=True) / features
+    var = jnp.sum(x * x, axis=1, keepdims=True) / features - mean * mean  # BUG: one pass
+    rstd = lax.rsqrt(var + eps)
+    centered = jnp.where(col_ok, x - mean, 0.0)
+    tile.store(mean_ref, mean, row_ok)
     tile.store(rstd_ref, rstd, row_ok)
     norms.store_output(tile, y_ref, centered, rstd, scale_ref, offset_ref)
 
@@ -165,6 +182,11 @@ ln_dscale_drops_last_row_block = _variant(
     backward_body=_dscale_drops_last_row_block_backward,
 )
 
+ln_one_pass_variance = _variant(
+    "layer_norm", "Layer norm with var = E[x^2] - E[x]^2 in f32 (within its own one-pass bound).",
+    forward_body=_one_pass_variance_forward,
+)
+
 _BROKEN = {
     "ln_one_pass_variance_in_input_dtype": ln_one_pass_variance_in_input_dtype,
     "ln_eps_outside_sqrt": ln_eps_outside_sqrt,
@@ -194,4 +216,44 @@ def _spec(name: str, fn: Callable) -> KernelSpec:
     return spec
 
 
+def _one_pass_spec() -> KernelSpec:
+    """The one-pass layer norm with the bounds of its own arithmetic (what its author
+    would derive) and layer norm's accuracy contract, on rows with a large mean."""
+    spec = make_spec("layer_norm", ln_one_pass_variance, name="layer_norm[one_pass_variance]")
+
+    def bound(case, ref, config, arith):
+        compute = np.float32 if config is not None else case.arrays["x"].dtype
+        return norms_oracle.bound(ref, out_dtype=case.arrays["x"].dtype, arith=arith, compute_dtype=compute,
+                                  variance="one_pass").reshape(case.arrays["x"].shape)
+
+    def gradient_bound(case, ref, grads, config, arith):
+        x = case.arrays["x"]
+        bounds = norms_oracle.gradient_bound(ref, case.arrays["cotangent"], x_dtype=x.dtype, param_dtype=x.dtype,
+                                             block_rows=config.block_rows, arith=arith, with_offset=True,
+                                             variance="one_pass")
+        bounds["dx"] = bounds["dx"].reshape(x.shape)
+        return bounds
+
+    return dataclasses.replace(
+        spec, bound=bound, gradients=dataclasses.replace(spec.gradients, bound=gradient_bound),
+        cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, x_kinds=("offset_rows",)).filter(
+            _mean_over_std_at_most(3000.0)),
+    )
+
+
+def _mean_over_std_at_most(ratio: float) -> Callable:
+    """Rows whose |mean| / std stays below ``ratio``: there the one-pass f32 variance
+    errs by about u (mean / std)^2 <= 0.5 of itself and stays positive, so the
+    variant returns numbers (not NaN) that only the contract can judge."""
+    def ok(case) -> bool:
+        x = case.arrays["x"].astype(np.float64).reshape(-1, case.arrays["x"].shape[-1])
+        std = x.std(axis=1)
+        return bool(np.all(std > 0) and np.all(np.abs(x.mean(axis=1)) <= ratio * std))
+    return ok
+
+
+# Variants whose implementation bound holds: only the accuracy contract (and the
+# relations stated within it) can catch them (tests/test_sensitivity.py shows both).
+CONTRACT_ONLY = ("ln_one_pass_variance",)
 VARIANTS = {name: (_spec(name, fn), _DTYPES.get(name, DTYPES), EXAMPLES) for name, fn in _BROKEN.items()}
+VARIANTS["ln_one_pass_variance"] = (_one_pass_spec(), ("float32",), 4)
