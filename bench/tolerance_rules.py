@@ -17,7 +17,8 @@ gradient, against the float64 oracle:
 Inputs: the broken variants under tests/broken (each with its own dtypes, example
 count and input regime, as in the sensitivity suite, on the backend its kernels run
 on) and the shipped kernels of the registry (every dtype, ``examples`` cases each),
-drawn by Hypothesis with a fixed seed, the kernel's default config. A variant is
+drawn by Hypothesis with a fixed seed, each with a config of its space (drawn as the
+suite draws them). A variant is
 killed by a rule when some case fails it; a shipped kernel x dtype that fails a rule
 is a false alarm. Only values and gradients are judged here: the suite's other checks
 (determinism, configs agreeing, relations, the interpreters' race detectors) catch
@@ -33,6 +34,7 @@ from typing import Any, Mapping
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import strategies as st
 
 from pallascheck.kernels import compat
 from pallascheck.kernels.backends import GENERIC, Backend
@@ -110,14 +112,14 @@ def judge(name: str, spec: KernelSpec, dtypes: tuple[str, ...], backend: Backend
           broken: bool) -> Result:
     """Draw ``examples`` cases per dtype and record which rules any case fails."""
     caught = dict.fromkeys(RULES, False)
-    config = spec.default_config_for(backend)
     for dtype in dtypes:
         @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck), print_blob=False)
         @hypothesis_seed(seed)
-        @given(spec.cases(dtype, backend))
-        def run(case: Case) -> None:
-            for rule, passed in judge_case(spec, case, config, backend).items():
+        @given(spec.cases(dtype, backend), st.integers(0, 2**16))
+        def run(case: Case, index: int) -> None:
+            space = list(spec.configs(case, backend))  # a config of the case's space, as the suite draws it
+            for rule, passed in judge_case(spec, case, space[index % len(space)], backend).items():
                 caught[rule] |= not passed
             if all(caught.values()):
                 raise _AllCaught
