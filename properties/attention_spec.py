@@ -142,6 +142,24 @@ def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> d
     )
 
 
+def _contract(case: Case, ref: oracle.AttentionOracle, arith: Arithmetic) -> np.ndarray:
+    """The two-pass algorithm (no online rescale: every key in one block, its sums in
+    any order), logits and softmax in f32, p in the input dtype for the p.v product as
+    every tensor-core attention does: the kernel's model with one kv block. The online
+    kernel is inside it, as for cross-entropy (oracles/cross_entropy.py): its rescales
+    add R (t + u) to a weight's error and save R (block_k - 1) u of summation depth."""
+    return oracle.bound(ref, dtype=case.arrays["q"].dtype, arith=arith, block_k=case.arrays["k"].shape[1])
+
+
+def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
+    """The same for the backward pass: one q block and one kv block, sums in any order."""
+    dtype = case.arrays["q"].dtype
+    seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=seq_kv)
+    return oracle.gradient_bound(ref, case.arrays["cotangent"], fwd, dtype=dtype, arith=arith,
+                                 block_q=seq_q, block_k=seq_kv, block_k_forward=seq_kv)
+
+
 # ------------------------------------------------------------------------ relations
 
 
@@ -262,7 +280,9 @@ def make_spec(kernel: Callable[..., jax.Array] = attention.attention, name: str 
             itemsize=case.arrays["q"].dtype.itemsize,
         ),
         default_config=attention.Config(),
-        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound),
+        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
+                               contract=_gradient_contract),
+        contract=_contract,
         relations=(permutations(run, run_bound),),
         bad_inputs=_bad_inputs(kernel),
         backends=GENERIC + MOSAIC_GPU,
