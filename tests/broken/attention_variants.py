@@ -162,6 +162,14 @@ VARIANT_BODIES = {
 # (every compile costs seconds in interpret mode). An f16 accumulator keeps more
 # mantissa than a bf16 output and as much as an f16 one: it is a bug only in f32.
 _DTYPES = {"f16_accumulator": ("float32",)}
+# On Triton an f32 dot runs at tf32, whose 11-bit significand is f16's: the kernel's
+# own p.v products already err as much as an f16 accumulator adds, and the bound
+# (which charges tf32 there) covers both. Seen on the H200: the variant passed every
+# check in 12 examples.
+NOT_ON = {
+    "f16_accumulator": {"triton": "f32 dots run at tf32 (f16's precision): an f16 accumulator costs no more "
+                                  "than the kernel's own p.v products, inside the bound"},
+}
 DEFAULT_DTYPES = ("bfloat16",)
 EXAMPLES = 12
 
