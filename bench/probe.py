@@ -133,19 +133,19 @@ def rounding(dot: DotFn) -> dict[str, Any]:
     return {"mode": mode, "ulps_past_1": list(seen)}
 
 
-def round_f32(value: float, mode: str) -> float:
-    """``value`` (exact in float64) rounded to f32 by ``mode`` (a directed mode, or
-    nearest: ties to even)."""
-    nearest = np.float32(value)
-    if float(nearest) == value or mode.startswith("nearest"):
-        return float(nearest)
-    if mode == "toward-zero":
-        target, overshot = 0.0, abs(float(nearest)) > abs(value)
-    elif mode == "down":
-        target, overshot = -np.inf, float(nearest) > value
-    else:  # up
-        target, overshot = np.inf, float(nearest) < value
-    return float(np.nextafter(nearest, np.float32(target))) if overshot else float(nearest)
+def round_f32(value: Any, mode: str) -> Any:
+    """``value`` (exact in float64; a number or an array) rounded to f32 by ``mode`` (a
+    directed mode, or nearest: ties to even)."""
+    exact = np.asarray(value, np.float64)
+    nearest = exact.astype(np.float32)
+    if mode.startswith("nearest"):
+        rounded = nearest
+    else:
+        near = nearest.astype(np.float64)
+        overshot = {"toward-zero": np.abs(near) > np.abs(exact), "down": near > exact, "up": near < exact}[mode]
+        target = {"toward-zero": 0.0, "down": -np.inf, "up": np.inf}[mode]
+        rounded = np.where(overshot, np.nextafter(nearest, np.float32(target)), nearest)
+    return float(rounded) if np.ndim(value) == 0 else rounded.astype(np.float64)
 
 
 def _add(a: float, b: float, mode: str) -> float:
@@ -175,15 +175,16 @@ def _simulate(order: str, terms: np.ndarray, mode: str = "nearest-even") -> floa
     return _simulate("sequential", np.array([_simulate("sequential", g, mode) for g in groups]), mode)
 
 
-def fused_group_sum(terms: np.ndarray, bits: int = 24) -> float:
-    """A group of products added in one step, as the tensor-core studies describe it:
-    every term truncated to the ``bits``-bit grid of the group's largest exponent, then
-    summed exactly."""
-    largest = np.max(np.abs(terms))
-    if largest == 0:
-        return 0.0
-    grid = 2.0 ** (np.floor(np.log2(largest)) - (bits - 1))
-    return float(np.sum(np.trunc(terms / grid) * grid))
+def fused_group_sum(terms: Any, bits: int = 24, axis: int = -1) -> Any:
+    """Groups of products added in one step each, as the tensor-core studies describe
+    it: every term truncated to the ``bits``-bit grid of its group's largest exponent
+    (the group runs along ``axis``), then summed exactly."""
+    terms = np.asarray(terms, np.float64)
+    largest = np.max(np.abs(terms), axis=axis, keepdims=True)
+    with np.errstate(divide="ignore"):
+        grid = np.where(largest > 0, 2.0 ** (np.floor(np.log2(np.where(largest > 0, largest, 1.0))) - (bits - 1)), 1.0)
+    total = np.sum(np.trunc(terms / grid) * grid, axis=axis)
+    return float(total) if total.ndim == 0 else total
 
 
 ORDERS = (("sequential", "reverse", "pairwise") + tuple(f"blocked-{b}" for b in (2, 4, 8, 16))

@@ -13,23 +13,24 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.oracles.tolerance import CPU, GPU
 
 
-def _emulated(mode: str, order: Callable[[int], list[int]], flush: bool) -> probe.DotFn:
-    """A dot that adds exact products one at a time in ``order`` into an f32
-    accumulator rounded by ``mode``."""
+def _emulated(mode: str, groups: Callable[[int], list[list[int]]], flush: bool = False) -> probe.DotFn:
+    """A dot that adds the exact products of each group of K positions, in the order
+    ``groups(K)`` gives, into an f32 accumulator rounded by ``mode``; a group of
+    several terms is added at once, as tensor cores add theirs (probe.fused_group_sum)."""
     def dot(x, y):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        out = np.zeros((x.shape[0], y.shape[1]), np.float32)
-        for i in range(x.shape[0]):
-            for j in range(y.shape[1]):
-                acc = 0.0
-                for k in order(x.shape[1]):
-                    term = x[i, k] * y[k, j]
-                    if flush and abs(term) < np.finfo(np.float32).tiny:
-                        term = 0.0
-                    acc = probe.round_f32(acc + term, mode)
-                out[i, j] = acc
-        return out
+        acc = np.zeros((x.shape[0], y.shape[1]))
+        for group in groups(x.shape[1]):
+            terms = x[:, group, None] * y[None, group, :]  # [M, group, N], exact
+            if flush:
+                terms = np.where(np.abs(terms) < np.finfo(np.float32).tiny, 0.0, terms)
+            acc = probe.round_f32(acc + probe.fused_group_sum(terms, axis=1), mode)
+        return acc.astype(np.float32)
     return dot
+
+
+def _one_by_one(order: Callable[[int], list[int]]) -> Callable[[int], list[list[int]]]:
+    return lambda k: [[i] for i in order(k)]
 
 
 def test_probe_holds_the_model(each_backend: Backend) -> None:
@@ -43,7 +44,7 @@ def test_probe_holds_the_model(each_backend: Backend) -> None:
 @pytest.mark.parametrize("name", ["sequential", "reverse"])
 def test_probe_classifies_an_emulated_dot(mode: str, name: str) -> None:
     order = (lambda k: list(range(k))) if name == "sequential" else (lambda k: list(range(k))[::-1])
-    measured = probe.probe_path(_emulated(mode, order, flush=False))
+    measured = probe.probe_path(_emulated(mode, _one_by_one(order)))
     assert measured["rounding"]["mode"] == mode
     assert measured["products"]["exact"] and measured["accumulator"]["bits"] == 24
     assert name in measured["order"]["matches"]
@@ -55,7 +56,7 @@ def test_probe_classifies_an_emulated_dot(mode: str, name: str) -> None:
 
 def test_probe_finds_a_permuted_sequential_order() -> None:
     swapped = lambda k: [i ^ 1 for i in range(k)]  # noqa: E731 - pairs taken high index first
-    measured = probe.probe_path(_emulated("nearest-even", swapped, flush=True))
+    measured = probe.probe_path(_emulated("nearest-even", _one_by_one(swapped), flush=True))
     assert measured["order"]["matches"][0].startswith("sequential in the order [0, 1, 3, 2, 5, 4, 7, 6]")
     assert measured["subnormals"] == {"subnormal_input": "flushed", "subnormal_product": "flushed"}
 
@@ -63,16 +64,6 @@ def test_probe_finds_a_permuted_sequential_order() -> None:
 def test_probe_finds_fused_groups() -> None:
     """Groups of 16 products added at once, aligned to the largest (what the H200's
     tensor cores do: README), then accumulated in f32 toward zero."""
-    def dot(x, y):
-        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        out = np.zeros((x.shape[0], y.shape[1]), np.float32)
-        for i in range(x.shape[0]):
-            for j in range(y.shape[1]):
-                acc = 0.0
-                for g in range(0, x.shape[1], 16):
-                    acc = probe.round_f32(acc + probe.fused_group_sum(x[i, g:g + 16] * y[g:g + 16, j]), "toward-zero")
-                out[i, j] = acc
-        return out
-
-    measured = probe.probe_path(dot)
+    sixteens = lambda k: [list(range(g, min(g + 16, k))) for g in range(0, k, 16)]  # noqa: E731
+    measured = probe.probe_path(_emulated("toward-zero", sixteens))
     assert "fused-16" in measured["order"]["matches"] and measured["rounding"]["mode"] == "toward-zero"
