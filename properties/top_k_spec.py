@@ -155,6 +155,9 @@ def make_spec(kernel: Callable[..., Any] = top_k.top_k, name: str = "top_k") -> 
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
+        # Selection is exact: any correct top-k returns these values and indices, so
+        # the op's contract is the implementation bound, 0.
+        contract=lambda case, ref, arith: oracle.bound(ref),
         configs=lambda case, backend: top_k.configs(*case.arrays["logits"].shape, case.params["k"], backend),
         default_config=top_k.Config(),
         relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),),
