@@ -1,5 +1,13 @@
 """The pytest plugin (entry point ``pytest11``): any project that installs
-pallascheck gets ``--backend``, the Hypothesis profiles and the fixtures.
+pallascheck gets ``--backend``, ``--examples``, the Hypothesis profiles, the fixtures
+(``backend``, ``each_backend``, ``examples``) and ``spec_tests``, which turns kernel
+specs into tests, one per spec x dtype x backend of the session:
+
+    # test_my_kernel.py in any project: no conftest needed
+    from pallascheck.properties.pytest_plugin import spec_tests
+    from my_project.specs import MY_SPEC
+
+    test_my_kernel = spec_tests(MY_SPEC)
 
 Profiles (select with --hypothesis-profile or $PALLASCHECK_PROFILE):
 - ci (default): derandomized, few examples, no database: never flaky, fast on 2 cores;
@@ -15,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pallascheck.kernels.backends import ALIASES, ENV_VAR, NAMES, Backend, NotOnBackend, get_backend
-from pallascheck.properties import compilation
+from pallascheck.properties import compilation, runner
+from pallascheck.properties.spec import KernelSpec
 
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("ci", max_examples=4, derandomize=True, database=None, print_blob=True, **_COMMON)
@@ -32,9 +41,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"one of {NAMES} (tpu_interpret:SEED; {', '.join(f'{a}={n}' for a, n in ALIASES.items())}); "
         "default $PALLASCHECK_BACKEND or interpret",
     )
+    group.addoption(
+        "--examples", type=int, default=None,
+        help="Hypothesis examples per kernel x dtype property (each checks "
+        f"{runner.CASES_PER_LAYOUT} cases); default: the active Hypothesis profile's",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pallascheck_specs(specs): the kernel specs a spec_tests test checks")
+    examples = config.getoption("--examples")
+    if examples is not None and examples < 1:
+        raise pytest.UsageError(f"--examples must be >= 1, got {examples}")
     # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
     compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
     # A backend that cannot run here stops the session at once, saying what is missing.
@@ -54,10 +72,38 @@ def backends_under_test(config: pytest.Config) -> list[Backend]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test that takes ``each_backend`` runs once per backend of the session."""
+    """A test that takes ``each_backend`` runs once per backend of the session; a
+    ``spec_tests`` test once per spec x dtype x backend the spec runs on."""
     if "each_backend" in metafunc.fixturenames:
         chosen = backends_under_test(metafunc.config)
         metafunc.parametrize("each_backend", chosen, ids=[str(b) for b in chosen])
+    if "pallascheck_spec_case" in metafunc.fixturenames:
+        specs = metafunc.definition.get_closest_marker("pallascheck_specs").args[0]
+        cases = [(spec, dtype, b) for b in backends_under_test(metafunc.config) for spec in specs
+                 if spec.runs_on(b) for dtype in spec.dtypes_for(b)]
+        metafunc.parametrize("pallascheck_spec_case", cases, ids=[f"{s.name}-{d}-{b}" for s, d, b in cases])
+
+
+def spec_tests(*specs: KernelSpec):
+    """A pytest test function running every check of each spec (values, contract,
+    reference, configs, gradients, determinism, relations) on every dtype and backend
+    of the session: assign it to a ``test_...`` name in a test module."""
+
+    @pytest.mark.pallascheck_specs(specs)
+    def test(pallascheck_spec_case: tuple[KernelSpec, str, Backend], examples: int, request: pytest.FixtureRequest):
+        spec, dtype, backend = pallascheck_spec_case
+        replay = f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
+        tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay)
+        assert not tally.failure, tally.failure
+        # every check ran on every case (a relation once per case; configs_agree only
+        # where the drawn config is not the default)
+        cases = examples * runner.CASES_PER_LAYOUT
+        per_case = {"metamorphic": len(spec.relations)}
+        short = {k: o.examples for k, o in tally.outcomes.items()
+                 if k != "configs_agree" and o.examples != cases * per_case.get(k, 1)}
+        assert not short, f"checks that did not run on every case: {short}"
+
+    return test
 
 
 @pytest.hookimpl(wrapper=True)
@@ -77,6 +123,8 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture(scope="session")
-def examples() -> int:
-    """Examples per kernel x dtype property, from the active Hypothesis profile."""
-    return settings.default.max_examples
+def examples(request: pytest.FixtureRequest) -> int:
+    """Hypothesis examples per kernel x dtype property: --examples, else the active
+    Hypothesis profile's."""
+    chosen = request.config.getoption("--examples")
+    return settings.default.max_examples if chosen is None else chosen

@@ -1,0 +1,29 @@
+"""The pytest plugin reaches any project that installs pallascheck: a test module in a
+fresh directory, with no conftest, gets --backend, --examples and ``spec_tests``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+USER_TEST = textwrap.dedent('''
+    from pallascheck.properties.norms_spec import RMS_NORM
+    from pallascheck.properties.pytest_plugin import spec_tests
+
+    test_rms_norm = spec_tests(RMS_NORM)
+''')
+
+
+def test_a_project_without_conftest_gets_the_plugin(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--backend", "interpret",
+               "--examples", "1", "-k", "float32", str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 passed" in done.stdout, done.stdout[-3000:]
+    assert "test_rms_norm[rms_norm-float32-interpret]" in subprocess.run(
+        command + ["--collect-only"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    ).stdout
