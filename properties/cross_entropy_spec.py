@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import cross_entropy as oracle
-from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
+from pallascheck.oracles.tolerance import Arithmetic
 
-from . import strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+from . import relations, strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
 LEADING_SHAPES = ((1,), (7,), (3, 11))  # tokens 1, 7, 33
@@ -187,16 +187,6 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
         (dz,) = pullback(jnp.asarray(case.arrays["cotangent"]))
         return {"dlogits": dz}
 
-    def shift_invariance(case: Case, config: Any, backend: Backend, out: np.ndarray):
-        moved = _shifted(case)
-        arith = arithmetic_for(backend.name)
-        ref, ref_moved = _oracle(case), _oracle(moved)
-        # exact change of the loss caused by rounding the shifted logits to the dtype;
-        # the op is shift-invariant, so each side may be off by its accuracy contract
-        rounding_effect = np.abs(ref_moved.out - ref.out)
-        allowed = _contract(case, ref, arith) + _contract(moved, ref_moved, arith) + rounding_effect
-        return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
-
     return KernelSpec(
         name=name,
         dtypes=dtypes,
@@ -210,7 +200,7 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
         configs=lambda case, backend: ce.configs(int(case.arrays["labels"].size), case.arrays["logits"].shape[-1], backend),
         default_config=ce.Config(),
         gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound, contract=_gradient_contract),
-        relations=(Relation("shift_invariance", shift_invariance),),
+        relations=(relations.invariance_within_contract("shift_invariance", run, _shifted, _oracle, _contract),),
         bad_inputs=_bad_inputs(kernel),
     )
 

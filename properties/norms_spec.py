@@ -15,7 +15,7 @@ from pallascheck.oracles import norms as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+from .spec import BadInput, Case, GradientSpec, KernelSpec
 
 LEADING_SHAPES = ((1,), (5,), (3, 11), (33,))  # flattened rows 1, 5, 33, 33
 FEATURES = (1, 7, 64, 100, 256)  # D; 7 and 100 leave padding columns
@@ -94,6 +94,15 @@ def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, n
     return bounds
 
 
+def _shifted_rows(case: Case) -> Case:
+    """x + c for a constant c per row (0, up to 100 or up to 1e4): layer norm ignores it."""
+    x = case.arrays["x"]
+    rng = np.random.default_rng(x.size)
+    shift = rng.uniform(-1.0, 1.0, x.shape[:-1] + (1,)) * rng.choice([0.0, 100.0, 1e4])
+    with np.errstate(over="ignore"):
+        return Case({**case.arrays, "x": (x.astype(np.float64) + shift).astype(x.dtype)}, case.params)
+
+
 def _kernel_vjp(fn, kind: str, case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
     names, values = _params(case)
     _, pullback = jax.vjp(_call(fn, kind, names, case.params["eps"], config=config, backend=backend), *values)
@@ -154,20 +163,6 @@ def make_spec(
     def row_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
         return _bound(case, oracle_of(case), config, arithmetic_for(backend.name))
 
-    def shift_invariance(case: Case, config: Any, backend: Backend, out: np.ndarray):
-        """layer_norm(x + c) = layer_norm(x) for a constant c per row (0, up to 100 or
-        up to 1e4). The shifted x is rounded to its dtype; the oracle gives the exact
-        effect of that rounding, and each side may be off by its accuracy contract."""
-        x = case.arrays["x"]
-        rng = np.random.default_rng(x.size)
-        shift = rng.uniform(-1.0, 1.0, x.shape[:-1] + (1,)) * rng.choice([0.0, 100.0, 1e4])
-        with np.errstate(over="ignore"):
-            moved = Case({**case.arrays, "x": (x.astype(np.float64) + shift).astype(x.dtype)}, case.params)
-        arith = arithmetic_for(backend.name)
-        ref, ref_moved = oracle_of(case), oracle_of(moved)
-        allowed = _contract(case, ref, arith) + _contract(moved, ref_moved, arith) + np.abs(ref_moved.out - ref.out)
-        return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
-
     return KernelSpec(
         name=name or kind,
         dtypes=strategies.DTYPES,
@@ -186,7 +181,8 @@ def make_spec(
                                contract=_gradient_contract)
         if differentiable else None,
         relations=(relations.row_permutation(("x", "cotangent"), run, row_bound),)
-        + ((Relation("shift_invariance", shift_invariance),) if kind == "layer_norm" else ()),
+        + ((relations.invariance_within_contract("shift_invariance", run, _shifted_rows, oracle_of, _contract),)
+           if kind == "layer_norm" else ()),
         bad_inputs=_bad_inputs(kind, kernel),
     )
 

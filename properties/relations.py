@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
+from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from .spec import Case, Relation
 
@@ -29,6 +30,32 @@ def row_permutation(
         return lhs, rhs, 2.0 * bound(case, config, backend)[perm]
 
     return Relation("row_permutation", relation)
+
+
+def invariance_within_contract(
+    name: str,
+    run: Callable[[Case, Any, Backend], Any],
+    move: Callable[[Case], Case | None],
+    oracle: Callable[[Case], Any],
+    contract: Callable[[Case, Any, Arithmetic], np.ndarray],
+) -> Relation:
+    """f(move(case)) = f(case) for an op invariant to ``move`` in real arithmetic (a
+    constant added to a row of logits, to a row of layer-norm inputs). The moved
+    inputs are rounded to their dtype, so the exact outputs of the two cases differ by
+    that rounding's effect, which the oracle gives (``oracle(case).out``); each side
+    may be off by its accuracy contract. ``move`` returns None where it does not
+    apply without another compiled kernel: the output is then compared with itself."""
+
+    def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        moved = move(case)
+        if moved is None:
+            return np.asarray(out), np.asarray(out).astype(np.float64), np.float64(0.0)
+        arith = arithmetic_for(backend.name)
+        ref, ref_moved = oracle(case), oracle(moved)
+        allowed = contract(case, ref, arith) + contract(moved, ref_moved, arith) + np.abs(ref_moved.out - ref.out)
+        return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
+
+    return Relation(name, relation)
 
 
 # Products and partial sums of a power-of-two scaled dot stay exact in f32 when the

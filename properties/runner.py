@@ -93,6 +93,7 @@ def check_case(
     kernel_gradients = functools.cache(
         lambda: {k: _np(v) for k, v in spec.gradients.kernel_vjp(case, config, backend).items()}
     )
+    contract_bound = functools.cache(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
         bound = spec.bound(case, ref, config, arith)
@@ -111,7 +112,7 @@ def check_case(
             reference_out = _np(spec.reference(case))
             o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
             if spec.contract is not None:
-                contract_used = checks.compare(reference_out, expected, spec.contract(case, ref, arith)).budget_used
+                contract_used = checks.compare(reference_out, expected, contract_bound()).budget_used
                 tally.add_contract_budget("reference", contract_used)
             if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
@@ -139,7 +140,7 @@ def check_case(
         def contract() -> checks.Outcome:
             parts = []
             if spec.contract is not None:
-                parts.append(checks.compare(kernel_out(), expected, spec.contract(case, ref, arith)))
+                parts.append(checks.compare(kernel_out(), expected, contract_bound()))
                 tally.add_contract_budget("values", parts[-1].budget_used)
             if gradient_contract:
                 exact = exact_gradients()
