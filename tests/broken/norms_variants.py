@@ -218,7 +218,8 @@ def _spec(name: str, fn: Callable) -> KernelSpec:
 
 def _one_pass_spec() -> KernelSpec:
     """The one-pass layer norm with the bounds of its own arithmetic (what its author
-    would derive) and layer norm's accuracy contract, on rows with a large mean."""
+    would derive) and layer norm's accuracy contract, on rows moved as far from 0 as
+    its own bound allows (``_rows_moved_to_the_one_pass_limit``)."""
     spec = make_spec("layer_norm", ln_one_pass_variance, name="layer_norm[one_pass_variance]")
 
     def bound(case, ref, config, arith):
@@ -236,20 +237,28 @@ def _one_pass_spec() -> KernelSpec:
 
     return dataclasses.replace(
         spec, bound=bound, gradients=dataclasses.replace(spec.gradients, bound=gradient_bound),
-        cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, x_kinds=("offset_rows",)).filter(
-            _mean_over_std_at_most(3000.0)),
+        cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, x_kinds=("normal",)).map(
+            _rows_moved_to_the_one_pass_limit),
     )
 
 
-def _mean_over_std_at_most(ratio: float) -> Callable:
-    """Rows whose |mean| / std stays below ``ratio``: there the one-pass f32 variance
-    errs by about u (mean / std)^2 <= 0.5 of itself and stays positive, so the
-    variant returns numbers (not NaN) that only the contract can judge."""
-    def ok(case) -> bool:
-        x = case.arrays["x"].astype(np.float64).reshape(-1, case.arrays["x"].shape[-1])
-        std = x.std(axis=1)
-        return bool(np.all(std > 0) and np.all(np.abs(x.mean(axis=1)) <= ratio * std))
-    return ok
+def _rows_moved_to_the_one_pass_limit(case):
+    """Each row of x moved by c times its standard deviation, |c| in [r / 2, r] with
+    r = sqrt(1 / (2 (D + 3) u)), u = 2^-24. The one-pass variance errs by at most
+    gamma_{D+3} E[x^2] ~ (D + 3) u (1 + c^2) var <= var / 2 there, so it stays positive
+    and the variant returns numbers within its own bound, while the two-pass contract
+    allows only ~(D + 3) u |c| var. Measured (seed 0, 12 cases): 0.004-0.10 of its own
+    bound, 1.6-354x its contract where D > 1 (the shorter the row, the more; one
+    D = 100 case at 0.21), 0 where D = 1 (no variance)."""
+    x = case.arrays["x"]
+    rows = x.astype(np.float64).reshape(-1, x.shape[-1])
+    d = rows.shape[1]
+    rng = np.random.default_rng(rows.size)
+    limit = np.sqrt(1.0 / (2.0 * (d + 3) * 2.0**-24))
+    c = rng.choice([-1.0, 1.0], (len(rows), 1)) * rng.uniform(limit / 2, limit, (len(rows), 1))
+    std = rows.std(axis=1, keepdims=True)
+    moved = rows + c * np.where(std > 0, std, 1.0)
+    return dataclasses.replace(case, arrays={**case.arrays, "x": moved.reshape(x.shape).astype(x.dtype)})
 
 
 # Variants whose implementation bound holds: only the accuracy contract (and the
