@@ -109,14 +109,12 @@ def products(dot: DotFn) -> dict[str, Any]:
 
 
 def accumulator_bits(dot: DotFn) -> dict[str, Any]:
+    """The largest k with 1 + 2^-k kept, plus one; and up to which k every one was."""
     ks = np.arange(1, 31)
-    got = _run(dot, np.stack([np.ones_like(ks, float), 2.0 ** -ks.astype(float)], axis=1), [1.0, 1.0])
-    kept = ks[got == 1.0 + 2.0 ** -ks.astype(float)]
-    return {"bits": int(kept.max()) + 1 if len(kept) else 0, "kept_all_up_to": int(_prefix(got == 1.0 + 2.0 ** -ks))}
-
-
-def _prefix(flags: np.ndarray) -> int:
-    return int(np.argmin(flags)) if not flags.all() else len(flags)
+    small = 2.0 ** -ks.astype(float)
+    kept = _run(dot, np.stack([np.ones_like(small), small], axis=1), [1.0, 1.0]) == 1.0 + small
+    return {"bits": int(ks[kept].max()) + 1 if kept.any() else 0,
+            "kept_all_up_to": int(np.argmin(kept)) if not kept.all() else len(ks)}
 
 
 def rounding(dot: DotFn) -> dict[str, Any]:
