@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
-from pallascheck.properties.spec import Case, get_spec, registry
+from pallascheck.properties.spec import Case, bundled_names, get_spec, registry
 
 from . import verify
 
@@ -32,7 +32,7 @@ DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 def cmd_verify(args: argparse.Namespace) -> int:
     from pallascheck.properties.collectives_checks import PROPERTIES
 
-    known = set(registry()) | set(PROPERTIES)
+    known = set(registry()) | set(PROPERTIES) | set(bundled_names())
     unknown = sorted(set(args.kernel or ()) - known)
     if unknown:
         raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties import checks, compilation, runner
-from pallascheck.properties.spec import get_spec, registry
+from pallascheck.properties.spec import get_spec, selected
 
 DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
 # The distributed kernels need a mesh: verify runs them in a child process with this
@@ -68,14 +68,14 @@ class Options:
 def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
     """The selected kernels that have no implementation for ``backend``."""
     chosen = get_backend(backend)
-    return [n for n, s in registry().items() if (not kernels or n in kernels) and not s.runs_on(chosen)]
+    return [n for n, s in selected(kernels).items() if not s.runs_on(chosen)]
 
 
 def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None) -> list[Unit]:
     """The units for the selected kernels and dtypes that run on ``backend``, longest first."""
     from pallascheck.properties.collectives_checks import PROPERTIES
 
-    specs = registry()
+    specs = selected(kernels)
     missing = set(not_on(backend, kernels))
     units: list[Unit] = []
     for name in [n for n in (kernels or specs) if n in specs and n not in missing]:

@@ -9,8 +9,9 @@ and biases / masks that broadcast over batch, heads or a sequence axis.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +19,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import attention, mosaic_gpu_attention
-from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import relations, strategies
+from . import builders, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
 
 HEADS = ((1, 1, 1), (2, 2, 1), (1, 4, 2), (2, 2, 2))  # (batch, heads_q, heads_kv): MHA, MQA, GQA
@@ -41,18 +42,42 @@ def _layout(layout: str, b: int, h: int, sq: int, skv: int) -> tuple[int, ...]:
     return {"full": (b, h, sq, skv), "per_head": (1, h, sq, skv), "2d": (sq, skv), "per_key": (b, 1, 1, skv)}[layout]
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts, as the buckets cases are drawn from. The default is
+    everything kernels/attention.py accepts; a kernel that accepts less (sequence
+    lengths a multiple of its block, MHA only, no bias) narrows it, never widens it."""
+
+    heads: tuple[tuple[int, int, int], ...] = HEADS
+    seq_q: tuple[int, ...] = SEQ_Q
+    seq_kv: tuple[int, ...] | None = SEQ_KV  # None: seq_kv = seq_q
+    head_dims: tuple[int, ...] = HEAD_DIMS
+    causal: tuple[bool, ...] = (False, True)
+    sm_scales: tuple[float | None, ...] = SM_SCALES  # None: 1/sqrt(head_dim)
+    bias: bool = True
+    mask: bool = True
+    # causal cases draw seq_kv = seq_q: for kernels aligned top-left, where the two
+    # alignments agree (ours is bottom-right)
+    causal_square: bool = False
+
+
+DOMAIN = Domain()
+
+
+def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(HEADS)))
+        b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(domain.heads)))
         sq, skv, d = (draw_(strategies.layout(f"attention.{a}", strategies.dims(bucket)))
-                      for a, bucket in (("sq", SEQ_Q), ("skv", SEQ_KV), ("d", HEAD_DIMS)))
-        causal = draw_(strategies.layout("attention.causal", st.booleans()))
-        sm_scale = draw_(strategies.layout("attention.sm_scale", st.sampled_from(SM_SCALES)))
+                      for a, bucket in (("sq", domain.seq_q), ("skv", domain.seq_kv or (0,)), ("d", domain.head_dims)))
+        causal = draw_(strategies.layout("attention.causal", st.sampled_from(domain.causal)))
+        if domain.seq_kv is None or (causal and domain.causal_square):
+            skv = sq
+        sm_scale = draw_(strategies.layout("attention.sm_scale", st.sampled_from(domain.sm_scales)))
         # Which of bias and mask exist, and their broadcast layouts, are part of the
         # compiled kernel; what they hold is drawn per case.
-        has_bias = draw_(strategies.layout("attention.has_bias", st.booleans()))
-        has_mask = draw_(strategies.layout("attention.has_mask", st.booleans()))
+        has_bias = domain.bias and draw_(strategies.layout("attention.has_bias", st.booleans()))
+        has_mask = domain.mask and draw_(strategies.layout("attention.has_mask", st.booleans()))
         bias_kind = draw_(st.sampled_from(BIASES[1:])) if has_bias else "none"
         mask_kind = draw_(st.sampled_from(MASKS[1:])) if has_mask else "none"
         logits_kind = draw_(st.sampled_from(LOGITS))
@@ -110,8 +135,20 @@ def _oracle(case: Case) -> oracle.AttentionOracle:
                          causal=p["causal"], sm_scale=p["sm_scale"])
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """What the bound needs to know of a kernel's tiling, for a kernel that is not
+    ours: the kv block of the online softmax and the backward's q and kv blocks. None
+    is "unknown": the whole sequence, which bounds every blocking (the contract)."""
+
+    block_k: int | None = None
+    block_q_bwd: int | None = None
+    block_k_bwd: int | None = None
+
+
 def _bound(case: Case, ref: oracle.AttentionOracle, config: Any, arith: Arithmetic) -> np.ndarray:
-    block_k = None if config is None else config.block_k  # None: xla_reference
+    # config None: xla_reference's model; a block of None: one block, the whole sequence
+    block_k = None if config is None else config.block_k or case.arrays["k"].shape[1]
     return oracle.bound(ref, dtype=case.arrays["q"].dtype, arith=arith, block_k=block_k)
 
 
@@ -135,10 +172,12 @@ def _oracle_vjp(case: Case, ref: oracle.AttentionOracle) -> dict[str, np.ndarray
 
 def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
     dtype = case.arrays["q"].dtype
-    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=config.block_k)
+    seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+    block_k = config.block_k or seq_kv
+    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=block_k)
     return oracle.gradient_bound(
         ref, case.arrays["cotangent"], fwd, dtype=dtype, arith=arith,
-        block_q=config.block_q_bwd, block_k=config.block_k_bwd, block_k_forward=config.block_k,
+        block_q=config.block_q_bwd or seq_q, block_k=config.block_k_bwd or seq_kv, block_k_forward=block_k,
     )
 
 
@@ -270,8 +309,15 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
     return bad
 
 
-def make_spec(kernel: Callable[..., jax.Array] = attention.attention, name: str = "attention") -> KernelSpec:
-    """The attention spec for ``kernel`` (any callable with attention.attention's signature)."""
+def make_spec(
+    kernel: Callable[..., jax.Array] = attention.attention, name: str = "attention", *,
+    domain: Domain = DOMAIN, blocks: Blocks | None = None, dtypes: Sequence[str] = strategies.DTYPES,
+    differentiable: bool = True, backends: Sequence[str] = GENERIC + MOSAIC_GPU,
+    bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
+) -> KernelSpec:
+    """The attention spec for ``kernel`` (any callable with attention.attention's
+    signature). ``blocks``: the tiling of a kernel that is not ours (one "config"; the
+    default checks ours over its config space)."""
 
     def run(case: Case, config: Any, backend: Backend) -> jax.Array:
         return kernel(*_qkv(case), config=config, backend=backend, **_inputs(case))
@@ -279,30 +325,102 @@ def make_spec(kernel: Callable[..., jax.Array] = attention.attention, name: str 
     def run_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
         return _bound(case, _oracle(case), config, arithmetic_for(backend.name))
 
+    if blocks is None:
+        configs = lambda case, backend: attention.configs(  # noqa: E731
+            case.arrays["q"].shape[1], case.arrays["k"].shape[1], case.arrays["q"].shape[3], backend,
+            itemsize=case.arrays["q"].dtype.itemsize,
+        )
+        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
+                       "default_config_on": {n: mosaic_gpu_attention.Config() for n in MOSAIC_GPU}}
+    else:
+        configs, per_backend = (lambda case, backend: [blocks]), {}
+    shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     return KernelSpec(
         name=name,
-        dtypes=strategies.DTYPES,
-        cases=cases,
+        dtypes=dtypes,
+        cases=functools.partial(cases, domain=domain),
         kernel=run,
         reference=lambda case: attention.xla_reference(*_qkv(case), **_inputs(case)),
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
-        configs=lambda case, backend: attention.configs(
-            case.arrays["q"].shape[1], case.arrays["k"].shape[1], case.arrays["q"].shape[3], backend,
-            itemsize=case.arrays["q"].dtype.itemsize,
-        ),
-        default_config=attention.Config(),
+        configs=configs,
+        default_config=attention.Config() if blocks is None else blocks,
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
-                               contract=_gradient_contract),
+                               contract=_gradient_contract) if differentiable else None,
         contract=_contract,
-        relations=(permutations(run, run_bound),
-                   relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract)),
-        bad_inputs=_bad_inputs(kernel),
-        backends=GENERIC + MOSAIC_GPU,
-        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
-        default_config_on={name: mosaic_gpu_attention.Config() for name in MOSAIC_GPU},
+        relations=(permutations(run, run_bound),) + (shift if domain.bias else ()),
+        bad_inputs=bad_inputs or _bad_inputs(kernel),
+        backends=backends,
+        **per_backend,
     )
 
 
 SPEC = make_spec()
+
+
+# ------------------------------------------------------------------------ builder
+
+LAYOUTS_QKV = {"bshd": (0, 1, 2, 3), "bhsd": (0, 2, 1, 3)}  # ours is bshd; each is its own inverse
+
+
+def attention_like(
+    fn: Callable[..., jax.Array], *, name: str, layout: str = "bshd", scale: str | float = "1/sqrt(d)",
+    causal: Sequence[bool] = (False,), causal_alignment: str = "bottom_right", bias: bool = False,
+    mask: bool = False, gqa: bool = True, seq_q: Sequence[int] = SEQ_Q, seq_kv: Sequence[int] | None = SEQ_KV,
+    head_dims: Sequence[int] = HEAD_DIMS, blocks: Blocks = Blocks(), dtypes: Sequence[str] = strategies.DTYPES,
+    differentiable: bool = True, backends: Sequence[str] = GENERIC, interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's attention ``fn(q, k, v, **options) -> out``.
+
+    - ``layout``: "bshd" ([batch, seq, heads, head_dim], ours) or "bhsd", for q, k, v, out;
+    - ``scale``: the softmax scale ``fn`` applies: "1/sqrt(d)", "none" (1.0), or a float;
+    - ``causal``: the values of ``causal=`` to call it with ((False,): never passed);
+      ``causal_alignment`` "top_left" (query i sees keys j <= i) draws causal cases
+      with seq_q = seq_kv only, where it and our bottom-right alignment agree;
+    - ``bias`` / ``mask``: it takes ``bias=`` (float, broadcasting to [b, h, sq, skv]
+      in our layout) / ``mask=`` (bool, True = visible); ``gqa``: fewer kv heads;
+    - ``seq_q``, ``seq_kv``, ``head_dims``: the sizes it accepts (e.g. multiples of its
+      block); ``seq_kv=None``: only seq_kv = seq_q;
+    - ``blocks``: its kv block and backward blocks, for the implementation bound;
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    Everything else (oracle, bounds, strategies, gradients, relations) is ours.
+    """
+    if layout not in LAYOUTS_QKV:
+        raise ValueError(f"layout must be one of {tuple(LAYOUTS_QKV)}, got {layout!r}")
+    if causal_alignment not in ("bottom_right", "top_left"):
+        raise ValueError(f"causal_alignment must be 'bottom_right' or 'top_left', got {causal_alignment!r}")
+    sm_scale = {"1/sqrt(d)": None, "none": 1.0}.get(scale, scale) if isinstance(scale, str) else float(scale)
+    if isinstance(sm_scale, str):
+        raise ValueError(f"scale must be '1/sqrt(d)', 'none' or a float, got {scale!r}")
+    perm = LAYOUTS_QKV[layout]
+    passes_causal = True in causal
+
+    def adapted(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None, config=None, backend=None):
+        del sm_scale, config  # the case's sm_scale is the function's convention; blocks are fixed
+        options = {"causal": causal} if passes_causal else {}
+        options.update({"bias": bias} if bias is not None else {}, **({"mask": mask} if mask is not None else {}))
+        args = [jnp.transpose(x, perm) for x in (q, k, v)]
+        return jnp.transpose(builders.call_on(fn, get_backend(backend), backends, interpret, *args, **options), perm)
+
+    domain = Domain(
+        heads=HEADS if gqa else tuple(h for h in HEADS if h[1] == h[2]), seq_q=tuple(seq_q),
+        seq_kv=None if seq_kv is None else tuple(seq_kv), head_dims=tuple(head_dims), causal=tuple(causal), sm_scales=(sm_scale,),
+        bias=bias, mask=mask, causal_square=causal_alignment == "top_left",
+    )
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        sq, skv, d = max(seq_q), max(seq_kv or seq_q), max(head_dims)
+        q, kv = jnp.ones((1, sq, 2, d), dtypes[-1]), jnp.ones((1, skv, 2, d), dtypes[-1])
+
+        def call(q_, k_, v_):
+            return lambda: adapted(q_, k_, v_, backend=chosen)
+        return [
+            builders.must_refuse("head_dim mismatch", call(q, kv[..., : d // 2], kv[..., : d // 2])),
+            builders.must_refuse("k/v lengths differ", call(q, kv, kv[:, : skv // 2])),
+        ]
+
+    spec = make_spec(adapted, name, domain=domain, blocks=blocks, dtypes=dtypes, differentiable=differentiable,
+                     backends=backends, bad_inputs=bad)
+    return builders.backward_on_backend(spec, interpret)

@@ -1,8 +1,9 @@
 """KernelSpec for kernels/matmul.py."""
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +11,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import matmul, mosaic_gpu_matmul
-from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import relations, strategies
+from . import builders, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 M_DIMS = (1, 17, 64)
@@ -22,13 +23,29 @@ N_DIMS = (16, 33)
 K_DIMS = (7, 64, 100)  # 7 and 100 leave a ragged last K tile for block_k 16 and 32
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts: the default is everything kernels/matmul.py accepts."""
+
+    m: tuple[int, ...] = M_DIMS
+    n: tuple[int, ...] = N_DIMS
+    k: tuple[int, ...] = K_DIMS
+    activations: tuple[str, ...] | None = None  # None: every one the backend's kernel has
+    out_float32: tuple[bool, ...] = (False, True)  # out in the input dtype / in f32
+
+
+DOMAIN = Domain()
+
+
+def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
         m, n, k = (draw_(strategies.layout(f"matmul.{a}", strategies.dims(b)))
-                   for a, b in (("m", M_DIMS), ("n", N_DIMS), ("k", K_DIMS)))
-        activation = draw_(strategies.layout("matmul.activation", st.sampled_from(matmul.supported_activations(backend))))
-        out_dtype = draw_(strategies.layout("matmul.out_dtype", st.sampled_from(sorted({dtype, "float32"}))))
+                   for a, b in (("m", domain.m), ("n", domain.n), ("k", domain.k)))
+        activations = domain.activations or matmul.supported_activations(backend)
+        activation = draw_(strategies.layout("matmul.activation", st.sampled_from(activations)))
+        out_dtype = draw_(strategies.layout(
+            "matmul.out_dtype", st.sampled_from(sorted({"float32" if f32 else dtype for f32 in domain.out_float32}))))
         # gelu_tanh promises accuracy only for |x @ y| <= matmul.GELU_TANH_RANGE.
         kinds = ("normal", "large", "subnormal", "few_distinct", "positive")
         kind = draw_(strategies.element_kinds([c for c in kinds if not (c == "large" and activation == "gelu_tanh")]))
@@ -66,14 +83,15 @@ def _oracle(case: Case) -> oracle.MatmulOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["y"], activation=case.params["activation"])
 
 
-def _block_k(config: Any) -> int | None:
-    return None if config is None else config.block_k  # None: XLA's dot, order unknown
+def _block_k(config: Any, case: Case) -> int | None:
+    # config None: XLA's dot, order unknown; a block of None: all of K, in any order
+    return None if config is None else config.block_k or case.arrays["x"].shape[1]
 
 
 def _bound(case: Case, ref: oracle.MatmulOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref, activation=case.params["activation"], operand_dtype=case.arrays["x"].dtype,
-        out_dtype=case.params["out_dtype"], arith=arith, block_k=_block_k(config),
+        out_dtype=case.params["out_dtype"], arith=arith, block_k=_block_k(config, case),
     )
 
 
@@ -105,7 +123,7 @@ def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(
         ref, grads, a["x"], a["y"], a["cotangent"], activation=case.params["activation"],
-        operand_dtype=a["x"].dtype, arith=arith, block_k=_block_k(config),
+        operand_dtype=a["x"].dtype, arith=arith, block_k=_block_k(config, case),
     )
 
 
@@ -130,33 +148,50 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The tiling of a kernel that is not ours: its block along K (None, unknown: all
+    of K in any order, the contract)."""
+
+    block_k: int | None = None
+
+
 def make_spec(
-    kernel: Callable[..., jax.Array] = matmul.matmul, name: str = "matmul", differentiable: bool = True
+    kernel: Callable[..., jax.Array] = matmul.matmul, name: str = "matmul", differentiable: bool = True, *,
+    domain: Domain = DOMAIN, blocks: Blocks | None = None, dtypes: Sequence[str] = strategies.DTYPES,
+    backends: Sequence[str] = GENERIC + MOSAIC_GPU, bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
 ) -> KernelSpec:
     """The matmul spec, for ``kernel`` (any callable with matmul.matmul's signature);
-    ``differentiable=False`` drops the gradient checks (forward-only kernels)."""
+    ``differentiable=False`` drops the gradient checks (forward-only kernels);
+    ``blocks``: the tiling of a kernel that is not ours (one "config"; the default
+    checks ours over its config space)."""
+    if blocks is None:
+        configs = lambda case, backend: matmul.configs(  # noqa: E731
+            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend,
+            itemsize=case.arrays["x"].dtype.itemsize,
+        )
+        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
+                       "default_config_on": {n: mosaic_gpu_matmul.Config() for n in MOSAIC_GPU}}
+    else:
+        configs, per_backend = (lambda case, backend: [blocks]), {}
     gradients = GradientSpec(
         functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp,
         contract=any_order_gradient_contract(_gradient_bound),
     )
     return KernelSpec(
         name=name,
-        dtypes=strategies.DTYPES,
-        cases=cases,
+        dtypes=dtypes,
+        cases=functools.partial(cases, domain=domain),
         kernel=functools.partial(_run, kernel),
         reference=_reference,
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=any_order_contract(_bound),
-        configs=lambda case, backend: matmul.configs(
-            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend,
-            itemsize=case.arrays["x"].dtype.itemsize,
-        ),
-        default_config=matmul.Config(),
-        backends=GENERIC + MOSAIC_GPU,
-        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
-        default_config_on={name: mosaic_gpu_matmul.Config() for name in MOSAIC_GPU},
+        configs=configs,
+        default_config=matmul.Config() if blocks is None else blocks,
+        backends=backends,
+        **per_backend,
         gradients=gradients if differentiable else None,
         relations=(
             relations.row_permutation(
@@ -168,8 +203,40 @@ def make_spec(
                 functools.partial(_run, kernel), "x", "y", lambda case: case.params["activation"] in ("none", "relu"),
             ),
         ),
-        bad_inputs=_bad_inputs,
+        bad_inputs=bad_inputs or _bad_inputs,
     )
 
 
 SPEC = make_spec()
+
+
+# ------------------------------------------------------------------------ builder
+
+
+def matmul_like(
+    fn: Callable[..., jax.Array], *, name: str, out_float32: bool = False, m: Sequence[int] = M_DIMS,
+    n: Sequence[int] = N_DIMS, k: Sequence[int] = K_DIMS, blocks: Blocks = Blocks(),
+    dtypes: Sequence[str] = strategies.DTYPES, differentiable: bool = True, backends: Sequence[str] = GENERIC,
+    interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's ``fn(x, y) -> x @ y`` for x [m, k] and y [k, n], products
+    and sums in f32, the output in the inputs' dtype (``out_float32``: in f32).
+
+    - ``m``, ``n``, ``k``: the sizes it accepts (e.g. multiples of its tiles);
+    - ``blocks``: its block along K, for the implementation bound;
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    """
+    def adapted(x, y, *, activation="none", out_dtype=None, config=None, backend=None):
+        del activation, out_dtype, config  # the domain draws no activation and fn's own out dtype
+        return builders.call_on(fn, get_backend(backend), backends, interpret, x, y)
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        x = jnp.ones((max(m), max(k)), dtypes[-1])
+        return [builders.must_refuse("contracting dimensions differ",
+                                     lambda: adapted(x, jnp.ones((max(k) + 8, max(n)), dtypes[-1]), backend=chosen))]
+
+    domain = Domain(tuple(m), tuple(n), tuple(k), activations=("none",), out_float32=(out_float32,))
+    spec = make_spec(adapted, name, differentiable, domain=domain, blocks=blocks, dtypes=dtypes,
+                     backends=backends, bad_inputs=bad)
+    return builders.backward_on_backend(spec, interpret)

@@ -1,8 +1,9 @@
 """KernelSpecs for kernels/norms.py: layer_norm and rms_norm."""
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +11,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import norms
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.backends import GENERIC, Backend, get_backend
 from pallascheck.oracles import norms as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import relations, strategies
+from . import builders, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec
 
 LEADING_SHAPES = ((1,), (5,), (3, 11), (33,))  # flattened rows 1, 5, 33, 33
@@ -22,19 +23,31 @@ FEATURES = (1, 7, 64, 100, 256)  # D; 7 and 100 leave padding columns
 EPS = (1e-6, 1e-5, 1e-2)
 
 
-def cases(kind: str, dtype: str, backend: Backend,
-          x_kinds: tuple[str, ...] = strategies.ELEMENT_KINDS) -> st.SearchStrategy[Case]:
-    """Drawn cases; ``x_kinds`` narrows the element kinds of x (a variant aimed at
-    one part of the input space)."""
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts: the default is everything kernels/norms.py accepts."""
+
+    leading: tuple[tuple[int, ...], ...] = LEADING_SHAPES
+    features: tuple[int, ...] = FEATURES
+    eps: tuple[float, ...] = EPS
+    x_kinds: tuple[str, ...] = strategies.ELEMENT_KINDS  # a variant aimed at one part of the input space
+    optional_params: bool = True  # False: scale (and offset) always given
+
+
+DOMAIN = Domain()
+
+
+def cases(kind: str, dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        shape = (draw_(strategies.layout(f"{kind}.leading", st.sampled_from(LEADING_SHAPES)))
-                 + (draw_(strategies.layout(f"{kind}.d", strategies.dims(FEATURES))),))
+        shape = (draw_(strategies.layout(f"{kind}.leading", st.sampled_from(domain.leading)))
+                 + (draw_(strategies.layout(f"{kind}.d", strategies.dims(domain.features))),))
         d = shape[-1]
-        has_scale = draw_(strategies.layout(f"{kind}.scale", st.booleans()))
-        has_offset = kind == "layer_norm" and draw_(strategies.layout(f"{kind}.offset", st.booleans()))
-        eps = draw_(strategies.layout(f"{kind}.eps", st.sampled_from(EPS)))
-        kind_of_x = draw_(strategies.element_kinds(x_kinds))
+        given = st.booleans() if domain.optional_params else st.just(True)
+        has_scale = draw_(strategies.layout(f"{kind}.scale", given))
+        has_offset = kind == "layer_norm" and draw_(strategies.layout(f"{kind}.offset", given))
+        eps = draw_(strategies.layout(f"{kind}.eps", st.sampled_from(domain.eps)))
+        kind_of_x = draw_(strategies.element_kinds(domain.x_kinds))
         seed = draw_(strategies.seeds())
         arrays = {
             "x": strategies.elements(seed, shape, dtype, kind_of_x, reduction=d),
@@ -120,7 +133,7 @@ def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> d
     x = case.arrays["x"]
     bounds = oracle.gradient_bound(
         ref, case.arrays["cotangent"], x_dtype=x.dtype, param_dtype=x.dtype,
-        block_rows=config.block_rows, arith=arith, with_offset=True,
+        block_rows=config.block_rows or int(np.prod(x.shape[:-1])), arith=arith, with_offset=True,
     )
     bounds["dx"] = bounds["dx"].reshape(x.shape)
     return bounds
@@ -142,12 +155,23 @@ def _bad_inputs(kind: str, fn: Callable[..., jax.Array]) -> Callable[[], list[Ba
     return bad
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The tiling of a norm kernel that is not ours: rows per block of the backward's
+    scale/offset sums (None, unknown: all rows, any order)."""
+
+    block_rows: int | None = None
+
+
 def make_spec(
     kind: str, kernel: Callable[..., jax.Array] | None = None, name: str | None = None,
-    differentiable: bool = True,
+    differentiable: bool = True, *, domain: Domain = DOMAIN, blocks: Blocks | None = None,
+    dtypes: Sequence[str] = strategies.DTYPES, backends: Sequence[str] = GENERIC,
+    bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
 ) -> KernelSpec:
     """The spec of ``kind`` ("layer_norm" or "rms_norm") for ``kernel`` (default: the
-    shipped one; any callable with the same signature)."""
+    shipped one; any callable with the same signature). ``blocks``: the tiling of a
+    kernel that is not ours (one "config"; the default checks ours over its space)."""
     kernel = kernel or getattr(norms, kind)
     reference = getattr(norms, f"xla_reference_{kind}")
     oracle_of = functools.partial(_oracle, kind)
@@ -163,29 +187,78 @@ def make_spec(
     def row_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
         return _bound(case, oracle_of(case), config, arithmetic_for(backend.name))
 
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        if blocks is not None:
+            return [blocks]
+        return norms.configs(int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend)
+
     return KernelSpec(
         name=name or kind,
-        dtypes=strategies.DTYPES,
-        cases=functools.partial(cases, kind),
+        dtypes=dtypes,
+        cases=functools.partial(cases, kind, domain=domain),
         kernel=run,
         reference=run_reference,
         oracle=oracle_of,
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=_contract,
-        configs=lambda case, backend: norms.configs(
-            int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend
-        ),
-        default_config=norms.Config(),
+        configs=configs,
+        default_config=norms.Config() if blocks is None else blocks,
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel, kind), _oracle_vjp, _gradient_bound,
                                contract=_gradient_contract)
         if differentiable else None,
         relations=(relations.row_permutation(("x", "cotangent"), run, row_bound),)
         + ((relations.invariance_within_contract("shift_invariance", run, _shifted_rows, oracle_of, _contract),)
            if kind == "layer_norm" else ()),
-        bad_inputs=_bad_inputs(kind, kernel),
+        bad_inputs=bad_inputs or _bad_inputs(kind, kernel),
+        backends=backends,
     )
 
 
 LAYER_NORM = make_spec("layer_norm")
 RMS_NORM = make_spec("rms_norm")
+
+
+# ------------------------------------------------------------------------ builder
+
+
+def norm_like(
+    fn: Callable[..., jax.Array], *, name: str, kind: str = "layer_norm", optional_params: bool = False,
+    leading: Sequence[tuple[int, ...]] = LEADING_SHAPES, features: Sequence[int] = FEATURES,
+    eps: Sequence[float] = EPS, blocks: Blocks = Blocks(), dtypes: Sequence[str] = strategies.DTYPES,
+    differentiable: bool = True, backends: Sequence[str] = GENERIC, interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's normalisation over the last axis, ``kind`` "layer_norm"
+    (``fn(x, scale, offset, *, eps)``: (x - mean) * rsqrt(var + eps) * scale + offset)
+    or "rms_norm" (``fn(x, scale, *, eps)``: x * rsqrt(mean(x^2) + eps) * scale).
+
+    - ``optional_params``: it accepts None for scale/offset (else it gets ones/zeros);
+    - ``leading``, ``features``, ``eps``: the shapes ([*leading, features]) and eps it accepts;
+    - ``blocks``: rows per block of its backward's parameter sums, for the bound;
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    """
+    if kind not in ("layer_norm", "rms_norm"):
+        raise ValueError(f"kind must be 'layer_norm' or 'rms_norm', got {kind!r}")
+
+    def adapted(x, scale=None, offset=None, *, eps, config=None, backend=None):
+        del config  # the blocks are fixed
+        d = x.shape[-1]
+        if not optional_params:
+            scale = jnp.ones((d,), x.dtype) if scale is None else scale
+            offset = jnp.zeros((d,), x.dtype) if offset is None else offset
+        params = (scale,) if kind == "rms_norm" else (scale, offset)
+        return builders.call_on(fn, get_backend(backend), backends, interpret, x, *params, eps=eps)
+
+    if kind == "rms_norm":
+        adapted_rms = lambda x, scale=None, *, eps, config=None, backend=None: adapted(  # noqa: E731
+            x, scale, eps=eps, config=config, backend=backend)
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        x = jnp.ones((4, 8), dtypes[-1])
+        return [builders.must_refuse("scale of the wrong length", lambda: adapted(x, x[0, :7], backend=chosen, eps=1e-5))]
+
+    domain = Domain(tuple(leading), tuple(features), tuple(eps), optional_params=optional_params)
+    spec = make_spec(kind, adapted if kind == "layer_norm" else adapted_rms, name, differentiable, domain=domain,
+                     blocks=blocks, dtypes=dtypes, backends=backends, bad_inputs=bad)
+    return builders.backward_on_backend(spec, interpret)

@@ -1,8 +1,9 @@
 """KernelSpec for kernels/ragged_dot.py (grouped matmul for mixture-of-experts)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +11,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import mosaic_gpu_ragged_dot, ragged_dot
-from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import strategies
+from . import builders, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
@@ -57,12 +58,25 @@ def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int32)
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts: the default is everything kernels/ragged_dot.py accepts."""
+
+    m: tuple[int, ...] = M_DIMS
+    n: tuple[int, ...] = N_DIMS
+    k: tuple[int, ...] = K_DIMS
+    groups: tuple[int, ...] = GROUP_COUNTS
+
+
+DOMAIN = Domain()
+
+
+def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
         m, n, k = (draw_(strategies.layout(f"ragged_dot.{a}", strategies.dims(bucket)))
-                   for a, bucket in (("m", M_DIMS), ("n", N_DIMS), ("k", K_DIMS)))
-        groups = draw_(strategies.layout("ragged_dot.groups", st.sampled_from(GROUP_COUNTS)))
+                   for a, bucket in (("m", domain.m), ("n", domain.n), ("k", domain.k)))
+        groups = draw_(strategies.layout("ragged_dot.groups", st.sampled_from(domain.groups)))
         layout = draw_(st.sampled_from(GROUP_LAYOUTS))
         kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
         seed = draw_(strategies.seeds())
@@ -94,12 +108,13 @@ def _oracle(case: Case) -> oracle.RaggedDotOracle:
     return oracle.oracle(a["lhs"], a["rhs"], a["group_sizes"])
 
 
-def _block_k(config: Any) -> int | None:
-    return None if config is None else config.block_k
+def _block_k(config: Any, case: Case) -> int | None:
+    # config None: XLA's dot, order unknown; a block of None: all of K, in any order
+    return None if config is None else config.block_k or case.arrays["lhs"].shape[1]
 
 
 def _bound(case: Case, ref: oracle.RaggedDotOracle, config: Any, arith: Arithmetic) -> np.ndarray:
-    return oracle.bound(ref, operand_dtype=case.arrays["lhs"].dtype, arith=arith, block_k=_block_k(config))
+    return oracle.bound(ref, operand_dtype=case.arrays["lhs"].dtype, arith=arith, block_k=_block_k(config, case))
 
 
 def _vjp(fn: Callable[..., jax.Array], case: Case) -> dict[str, jax.Array]:
@@ -117,8 +132,8 @@ def _oracle_vjp(case: Case, ref: oracle.RaggedDotOracle) -> dict[str, np.ndarray
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(ref, grads, a["lhs"], a["rhs"], a["cotangent"],
-                                 operand_dtype=a["lhs"].dtype, arith=arith, block_k=_block_k(config),
-                                 block_rows=None if config is None else config.block_rows)
+                                 operand_dtype=a["lhs"].dtype, arith=arith, block_k=_block_k(config, case),
+                                 block_rows=None if config is None else config.block_rows or a["lhs"].shape[0])
 
 
 def _bad_inputs() -> list[BadInput]:
@@ -142,11 +157,33 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The tiling of a kernel that is not ours: its block along K and the rows per
+    block of the backward's drhs sums (None, unknown: all of them, in any order)."""
+
+    block_k: int | None = None
+    block_rows: int | None = None
+
+
 def make_spec(
-    kernel: Callable[..., jax.Array] = ragged_dot.ragged_dot, name: str = "ragged_dot", differentiable: bool = True
+    kernel: Callable[..., jax.Array] = ragged_dot.ragged_dot, name: str = "ragged_dot", differentiable: bool = True,
+    *, domain: Domain = DOMAIN, blocks: Blocks | None = None, dtypes: Sequence[str] = DTYPES,
+    backends: Sequence[str] = GENERIC + MOSAIC_GPU, bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
 ) -> KernelSpec:
     """The ragged_dot spec for ``kernel`` (ragged_dot.ragged_dot's signature);
-    ``differentiable=False`` drops the gradient checks (forward-only kernels)."""
+    ``differentiable=False`` drops the gradient checks (forward-only kernels);
+    ``blocks``: the tiling of a kernel that is not ours (one "config"; the default
+    checks ours over its config space)."""
+    if blocks is None:
+        configs = lambda case, backend: ragged_dot.configs(  # noqa: E731
+            case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
+            itemsize=case.arrays["lhs"].dtype.itemsize, groups=case.arrays["rhs"].shape[0],
+        )
+        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
+                       "default_config_on": {n: mosaic_gpu_ragged_dot.Config() for n in MOSAIC_GPU}}
+    else:
+        configs, per_backend = (lambda case, backend: [blocks]), {}
     gradients = GradientSpec(
         lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
         _oracle_vjp, _gradient_bound,
@@ -155,25 +192,54 @@ def make_spec(
     )
     return KernelSpec(
         name=name,
-        dtypes=DTYPES,
-        cases=cases,
+        dtypes=dtypes,
+        cases=functools.partial(cases, domain=domain),
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=any_order_contract(_bound),
-        configs=lambda case, backend: ragged_dot.configs(
-            case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
-            itemsize=case.arrays["lhs"].dtype.itemsize, groups=case.arrays["rhs"].shape[0],
-        ),
-        default_config=ragged_dot.Config(),
-        backends=GENERIC + MOSAIC_GPU,
-        dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
-        default_config_on={name: mosaic_gpu_ragged_dot.Config() for name in MOSAIC_GPU},
+        configs=configs,
+        default_config=ragged_dot.Config() if blocks is None else blocks,
+        backends=backends,
+        **per_backend,
         gradients=gradients if differentiable else None,
-        bad_inputs=_bad_inputs,
+        bad_inputs=bad_inputs or _bad_inputs,
     )
 
 
 SPEC = make_spec()
+
+
+# ------------------------------------------------------------------------ builder
+
+
+def grouped_matmul_like(
+    fn: Callable[..., jax.Array], *, name: str, m: Sequence[int] = M_DIMS, n: Sequence[int] = N_DIMS,
+    k: Sequence[int] = K_DIMS, groups: Sequence[int] = GROUP_COUNTS, blocks: Blocks = Blocks(),
+    dtypes: Sequence[str] = DTYPES, differentiable: bool = True, backends: Sequence[str] = GENERIC,
+    interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's grouped (ragged) matmul ``fn(lhs, rhs, group_sizes)``:
+    rows ``[offset_g, offset_g + group_sizes[g])`` of lhs [m, k] times rhs[g] [k, n],
+    rows in no group 0 (``jax.lax.ragged_dot``'s semantics), output in the inputs' dtype.
+
+    - ``m``, ``n``, ``k``, ``groups``: the sizes it accepts;
+    - ``blocks``: its block along K (and the backward's row block), for the bound;
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    """
+    def adapted(lhs, rhs, group_sizes, *, config=None, backend=None):
+        del config  # the blocks are fixed
+        return builders.call_on(fn, get_backend(backend), backends, interpret, lhs, rhs, group_sizes)
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        lhs, rhs = jnp.ones((max(m), max(k)), dtypes[-1]), jnp.ones((2, max(k), max(n)), dtypes[-1])
+        sizes = jnp.array([max(m) // 2, max(m) - max(m) // 2], jnp.int32)
+        return [builders.must_refuse("group count differs from rhs", lambda: adapted(lhs, rhs, sizes[:1], backend=chosen))]
+
+    domain = Domain(tuple(m), tuple(n), tuple(k), tuple(groups))
+    spec = make_spec(adapted, name, differentiable, domain=domain, blocks=blocks, dtypes=dtypes,
+                     backends=backends, bad_inputs=bad)
+    return builders.backward_on_backend(spec, interpret)

@@ -154,8 +154,25 @@ def registry() -> dict[str, KernelSpec]:
     return dict(_REGISTRY)
 
 
+def bundled_names() -> list[str]:
+    """The specs of JAX's bundled Pallas kernels ("jax:gpu.attention", ...): built on
+    request, never part of the default registry (they are outside kernels)."""
+    from .jax_bundled import BUNDLED
+
+    return sorted(BUNDLED)
+
+
 def get_spec(name: str) -> KernelSpec:
     specs = registry()
-    if name not in specs:
-        raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}")
-    return specs[name]
+    if name in specs:
+        return specs[name]
+    if name in bundled_names():
+        from .jax_bundled import BUNDLED
+
+        return BUNDLED[name]()
+    raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}; JAX's bundled: {bundled_names()}")
+
+
+def selected(names: Sequence[str] | None) -> dict[str, KernelSpec]:
+    """The specs named (every registered one for None), bundled ones included."""
+    return dict(registry()) if not names else {n: get_spec(n) for n in names if n in registry() or n in bundled_names()}

@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 
 from pallascheck.kernels import norms
 from pallascheck.oracles import norms as norms_oracle
+from pallascheck.properties.norms_spec import Domain
 from pallascheck.properties.norms_spec import cases as norms_cases
 from pallascheck.properties.norms_spec import make_spec
 from pallascheck.properties.spec import KernelSpec
@@ -237,7 +238,7 @@ def _one_pass_spec() -> KernelSpec:
 
     return dataclasses.replace(
         spec, bound=bound, gradients=dataclasses.replace(spec.gradients, bound=gradient_bound),
-        cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, x_kinds=("normal",)).map(
+        cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, domain=Domain(x_kinds=("normal",))).map(
             _rows_moved_to_the_one_pass_limit),
     )
 

@@ -1,0 +1,26 @@
+"""Check your own kernel: spec builders per op family, and the pytest glue.
+
+    from pallascheck.specs import attention_like, spec_tests
+    spec = attention_like(my_attention, name="my_attention", causal=(False, True))
+    test_my_attention = spec_tests(spec)
+
+Each builder takes your function and the facts only you know (layout, scale
+convention, options, blocks along the reductions) and returns a ``KernelSpec`` with
+our float64 oracle, derived bounds, adversarial strategies, gradients, relations and
+bad inputs. Override one piece with ``dataclasses.replace(spec, oracle=...)``.
+"""
+from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
+from pallascheck.properties.attention_spec import attention_like
+from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
+from pallascheck.properties.matmul_spec import matmul_like
+from pallascheck.properties.norms_spec import Blocks as NormBlocks
+from pallascheck.properties.norms_spec import norm_like
+from pallascheck.properties.pytest_plugin import spec_tests
+from pallascheck.properties.ragged_dot_spec import Blocks as GroupedMatmulBlocks
+from pallascheck.properties.ragged_dot_spec import grouped_matmul_like
+from pallascheck.properties.spec import KernelSpec, register
+
+__all__ = [
+    "AttentionBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks", "attention_like",
+    "grouped_matmul_like", "matmul_like", "norm_like", "register", "spec_tests",
+]

@@ -1,0 +1,100 @@
+"""What the spec builders (``attention_like``, ``norm_like``, ``matmul_like``,
+``grouped_matmul_like``) share: running a function that is not ours on the session's
+backend, and the bad inputs every kernel of a family must refuse.
+
+A builder adapts the user's function to the signature of our kernel of the same
+family and hands it to that family's ``make_spec``: the float64 oracle, the bound,
+the adversarial strategies, the gradients, the relations are ours, unchanged. What the
+user states (layout, scale convention, which options exist, the blocks along the
+reductions) selects the part of our input space the function accepts and the
+tiling the bound models. An unknown block is the whole reduction, the loosest
+blocked bound and the contract: sound for every tiling.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+from pallascheck.kernels import compat
+from pallascheck.kernels.backends import Backend, NotOnBackend
+
+from .spec import BadInput, Case, KernelSpec
+
+
+@contextlib.contextmanager
+def interpreting(backend: Backend, interpret: str | None) -> Iterator[None]:
+    """JAX's force-interpret context for ``backend`` where the function takes no
+    ``interpret`` keyword (the Mosaic GPU interpreter: always)."""
+    if backend.name == "mosaic_gpu_interpret":
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        with plgpu.force_gpu_interpret_mode(compat.mosaic_gpu_interpret_params()):
+            yield
+    elif backend.name == "tpu_interpret" and interpret is None:
+        from jax.experimental.pallas import tpu as pltpu
+
+        with pltpu.force_tpu_interpret_mode(compat.tpu_interpret_params(seed=backend.seed)):
+            yield
+    else:
+        yield
+
+
+def call_on(
+    fn: Callable[..., Any], backend: Backend, backends: Sequence[str], interpret: str | None,
+    *args: Any, **kwargs: Any,
+) -> Any:
+    """``fn(*args, **kwargs)`` with its Pallas calls on ``backend``: the backend's
+    interpret argument passed as keyword ``interpret`` (True; the TPU interpreter's
+    params), or inside JAX's force-interpret context (``interpreting``); on hardware,
+    as it is. JAX has no context that forces the generic interpreter: there the
+    keyword is needed."""
+    if backend.name not in backends:
+        raise NotOnBackend(f"this function runs on {tuple(backends)}, not on {backend}")
+    if interpret is not None and backend.name in ("interpret", "tpu_interpret"):
+        kwargs[interpret] = backend.interpret_arg()
+    elif backend.name == "interpret":
+        raise ValueError("interpret: name the keyword of your function that turns on Pallas' interpreter "
+                         "(interpret='interpret' for pl.pallas_call(..., interpret=interpret))")
+    with interpreting(backend, interpret):
+        return fn(*args, **kwargs)
+
+
+def backward_on_backend(spec: KernelSpec, interpret: str | None) -> KernelSpec:
+    """``spec`` with its kernel VJP inside ``interpreting``: a custom VJP's backward
+    kernels are traced when the pullback is called, after ``call_on`` has returned."""
+    if spec.gradients is None:
+        return spec
+    vjp = spec.gradients.kernel_vjp
+
+    def kernel_vjp(case: Case, config: Any, backend: Backend) -> Any:
+        with interpreting(backend, interpret):
+            return vjp(case, config, backend)
+
+    return dataclasses.replace(spec, gradients=dataclasses.replace(spec.gradients, kernel_vjp=kernel_vjp))
+
+
+# What refusing bad input looks like: an AttributeError or a KeyError is a crash.
+REFUSALS = (ValueError, TypeError, NotImplementedError, AssertionError)
+
+
+class Refused(Exception):
+    """The function refused a bad input with one of ``REFUSALS``."""
+
+
+def must_refuse(name: str, call: Callable[[], Any]) -> BadInput:
+    """A bad input the function must refuse. Its messages are the author's, so any
+    of ``REFUSALS`` counts; returning a value, or crashing otherwise, does not."""
+    def refused() -> Any:
+        try:
+            return call()
+        except REFUSALS as err:
+            raise Refused(f"{type(err).__name__}: {err}") from err
+
+    return BadInput(name, refused, Refused, "")
+
+
+def checking_backend(backends: Sequence[str]) -> Backend:
+    """Where bad inputs are tried: the first interpreter the function runs on (a
+    function that runs only on hardware is tried there)."""
+    return Backend(next((b for b in backends if Backend(b).is_interpreted), backends[0]))
