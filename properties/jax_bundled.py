@@ -26,7 +26,10 @@ from .spec import KernelSpec
 LOW = ("bfloat16", "float16")  # the Mosaic GPU kernels' dtypes
 TRITON = ("interpret", "triton")
 MOSAIC_GPU = ("mosaic_gpu", "mosaic_gpu_interpret")
-H100_SMS = 132  # what the Mosaic GPU interpreter reports for a persistent kernel's grid
+# The SM count the Mosaic GPU interpreter reports to a persistent kernel: fewer programs
+# than output tiles, so each program loops over several (the schedule an H100's 132
+# SMs run at large shapes), and the interpreter runs 2 programs, not 132.
+INTERPRETER_SMS = 2
 
 
 def _module(name: str):
@@ -80,32 +83,36 @@ def gpu_attention_mgpu() -> KernelSpec:
 
 def gpu_hopper_matmul_mgpu() -> KernelSpec:
     """``ops.gpu.hopper_matmul_mgpu.matmul`` (persistent, TMA + wgmma): bf16/f16, out in
-    the input dtype, sizes multiples of its 64-wide tiles; forward only."""
+    the input dtype, m and k multiples of its 64-wide tiles, n of 128 (two consumer
+    warpgroups split N); forward only."""
     mod = _module("gpu.hopper_matmul_mgpu")
     config = mod.TuningConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2)
 
     def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
         # Its persistent grid is one program per SM, counted on the default device; the
-        # CPU has no SMs, so the interpreter gets an H100's count.
+        # CPU has none.
         on_gpu = jax.default_backend() == "gpu"
-        with contextlib.nullcontext() if on_gpu else mock.patch.object(mod, "get_num_sms", return_value=H100_SMS):
+        with contextlib.nullcontext() if on_gpu else mock.patch.object(mod, "get_num_sms", return_value=INTERPRETER_SMS):
             return mod.matmul(x, y, None, config)
 
     return matmul_spec.matmul_like(
-        matmul, name="jax:gpu.hopper_matmul_mgpu", m=(64, 128), n=(64, 128), k=(64, 192),
+        matmul, name="jax:gpu.hopper_matmul_mgpu", m=(64, 192), n=(128, 256), k=(64, 192),
         blocks=matmul_spec.Blocks(block_k=64), dtypes=LOW, differentiable=False, backends=MOSAIC_GPU,
     )
 
 
-def gpu_ragged_dot_mgpu() -> KernelSpec:
+def gpu_ragged_dot_mgpu(rows_outside_groups: str = "unwritten") -> KernelSpec:
     """``ops.gpu.ragged_dot_mgpu.ragged_dot``: bf16/f16, K a multiple of its block;
-    forward only."""
+    forward only. Rows past sum(group_sizes) are never written (uninitialised memory,
+    NaN in the interpreter), unlike ``jax.lax.ragged_dot``'s zeros: its spec promises
+    nothing there (README: findings)."""
     ragged_dot = _module("gpu.ragged_dot_mgpu").ragged_dot
     return ragged_dot_spec.grouped_matmul_like(
         lambda lhs, rhs, sizes: ragged_dot(lhs, rhs, group_sizes=sizes, block_m=64, block_n=64, block_k=64,
                                            max_concurrent_steps=2, grid_block_n=1),
         name="jax:gpu.ragged_dot_mgpu", m=(64, 200), n=(64, 128), k=(64, 128),
-        blocks=ragged_dot_spec.Blocks(block_k=64), dtypes=LOW, differentiable=False, backends=MOSAIC_GPU,
+        rows_outside_groups=rows_outside_groups, blocks=ragged_dot_spec.Blocks(block_k=64), dtypes=LOW,
+        differentiable=False, backends=MOSAIC_GPU,
     )
 
 
@@ -136,13 +143,14 @@ def tpu_flash_attention() -> KernelSpec:
     )
 
 
-def tpu_megablox_gmm() -> KernelSpec:
-    """``ops.tpu.megablox.gmm``: grouped matmul, tiles (m, k, n) = (16, 128, 128); out in
-    the input dtype; f32 and bf16 (it refuses f16)."""
+def tpu_megablox_gmm(rows_outside_groups: str = "unwritten") -> KernelSpec:
+    """``ops.tpu.megablox.gmm``: grouped matmul, tiles (m, k, n) = (16, 128, 128), m a
+    multiple of 16; out in the input dtype; f32 and bf16 (it refuses f16). Rows past
+    sum(group_sizes) hold leftovers of other tiles, not zeros: as ragged_dot_mgpu."""
     gmm = _module("tpu.megablox").gmm
     return ragged_dot_spec.grouped_matmul_like(
         lambda lhs, rhs, sizes: gmm(lhs, rhs, sizes, lhs.dtype, (16, 128, 128)),
-        name="jax:tpu.megablox.gmm", m=(16, 40), n=(128,), k=(128, 256),
+        name="jax:tpu.megablox.gmm", m=(16, 48), n=(128,), k=(128, 256), rows_outside_groups=rows_outside_groups,
         blocks=ragged_dot_spec.Blocks(block_k=128, block_rows=16), dtypes=("float32", "bfloat16"),
         backends=("tpu_interpret", "tpu"),
     )

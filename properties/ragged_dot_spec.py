@@ -66,6 +66,10 @@ class Domain:
     n: tuple[int, ...] = N_DIMS
     k: tuple[int, ...] = K_DIMS
     groups: tuple[int, ...] = GROUP_COUNTS
+    layouts: tuple[str, ...] = GROUP_LAYOUTS
+    # the groups cover every row: rows left over go to the last group (for kernels
+    # that promise nothing for rows past sum(group_sizes))
+    cover_all_rows: bool = False
 
 
 DOMAIN = Domain()
@@ -77,14 +81,17 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         m, n, k = (draw_(strategies.layout(f"ragged_dot.{a}", strategies.dims(bucket)))
                    for a, bucket in (("m", domain.m), ("n", domain.n), ("k", domain.k)))
         groups = draw_(strategies.layout("ragged_dot.groups", st.sampled_from(domain.groups)))
-        layout = draw_(st.sampled_from(GROUP_LAYOUTS))
+        layout = draw_(st.sampled_from(domain.layouts))
         kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
         seed = draw_(strategies.seeds())
+        sizes = group_sizes(seed + 2, m, groups, layout)
+        if domain.cover_all_rows:
+            sizes[-1] += m - sizes.sum()
         return Case(
             arrays={
                 "lhs": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
                 "rhs": strategies.elements(seed + 1, (groups, k, n), dtype, kind, reduction=k),
-                "group_sizes": group_sizes(seed + 2, m, groups, layout),
+                "group_sizes": sizes,
                 # "large" cotangents would overflow the backward products; use N(0,1) ones.
                 "cotangent": strategies.elements(seed + 3, (m, n), dtype, "normal"),
             },
@@ -217,7 +224,8 @@ SPEC = make_spec()
 
 def grouped_matmul_like(
     fn: Callable[..., jax.Array], *, name: str, m: Sequence[int] = M_DIMS, n: Sequence[int] = N_DIMS,
-    k: Sequence[int] = K_DIMS, groups: Sequence[int] = GROUP_COUNTS, blocks: Blocks = Blocks(),
+    k: Sequence[int] = K_DIMS, groups: Sequence[int] = GROUP_COUNTS, rows_outside_groups: str = "zero",
+    blocks: Blocks = Blocks(),
     dtypes: Sequence[str] = DTYPES, differentiable: bool = True, backends: Sequence[str] = GENERIC,
     interpret: str | None = None,
 ) -> KernelSpec:
@@ -226,6 +234,8 @@ def grouped_matmul_like(
     rows in no group 0 (``jax.lax.ragged_dot``'s semantics), output in the inputs' dtype.
 
     - ``m``, ``n``, ``k``, ``groups``: the sizes it accepts;
+    - ``rows_outside_groups``: "zero" (as above), or "unwritten": it promises nothing
+      for rows past sum(group_sizes), and cases have groups covering every row;
     - ``blocks``: its block along K (and the backward's row block), for the bound;
     - ``backends`` / ``interpret``: see ``builders.call_on``.
     """
@@ -239,7 +249,10 @@ def grouped_matmul_like(
         sizes = jnp.array([max(m) // 2, max(m) - max(m) // 2], jnp.int32)
         return [builders.must_refuse("group count differs from rhs", lambda: adapted(lhs, rhs, sizes[:1], backend=chosen))]
 
-    domain = Domain(tuple(m), tuple(n), tuple(k), tuple(groups))
+    if rows_outside_groups not in ("zero", "unwritten"):
+        raise ValueError(f"rows_outside_groups must be 'zero' or 'unwritten', got {rows_outside_groups!r}")
+    layouts = GROUP_LAYOUTS if rows_outside_groups == "zero" else tuple(x for x in GROUP_LAYOUTS if x != "short")
+    domain = Domain(tuple(m), tuple(n), tuple(k), tuple(groups), layouts, rows_outside_groups == "unwritten")
     spec = make_spec(adapted, name, differentiable, domain=domain, blocks=blocks, dtypes=dtypes,
                      backends=backends, bad_inputs=bad)
     return builders.backward_on_backend(spec, interpret)

@@ -1,88 +1,145 @@
-"""JAX's own Pallas kernels as outside clients, checked with our specs in interpret
-mode. A weakness found in them is an expected finding, kept as a strict xfail with
-its evidence, so that it flips when JAX fixes it.
+"""JAX's own Pallas kernels as outside clients (``properties/jax_bundled.py``), checked
+with specs the builders made, in the interpreters on the CPU (and with ``--backend
+triton`` / ``mosaic_gpu`` on a GPU). A weakness found in them is an expected finding,
+kept as a strict xfail that raises only the finding's own exception, so that it flips
+when JAX fixes it. Evidence and replay commands: the README's bundled-kernel table.
 
-``jax.experimental.pallas.ops.gpu.layer_norm`` and ``.rms_norm`` (Triton-style;
-layer_norm deprecated by JAX in favour of Tokamax) under our layer-norm and RMS-norm
-specs: every check, contract included. The bundled rms_norm also adds a bias; the
-adapter passes zeros, which our RMS norm has.
-Finding (both): the forward saves its row statistics (mean and rstd; rstd) in the
-input dtype (``ShapeDtypeStruct(shape=(), dtype=x.dtype)``) and the backward
-recomputes ``x_hat`` from them, so in bf16/f16 ``dx`` carries the residuals'
-rounding, amplified by the backward's cancellation. Measured with seed 0, 4 examples:
-layer_norm dx off by 152x (bf16) and 17.5x (f16) the f32-residual bound, rms_norm dx
-by 4.4x and 3.1x; the forward and every f32 check pass (worst budget 0.26 and 0.84).
-Replay: ``pytest 'tests/test_bundled_kernels.py::test_jax_bundled_norm[layer_norm-bfloat16]'``.
+Findings (jax 0.11.2 and 0.12.0.1):
+- layer_norm, rms_norm: the forward saves its row statistics in the input dtype and
+  the backward recomputes x_hat from them: in bf16/f16 the gradients leave their
+  f32-residual bound (seed 0: layer_norm dscale 23x in bf16, 2.3x in f16; rms_norm
+  dx 3.4x in bf16). Forward and f32 pass.
+- attention (mha), layer_norm, rms_norm, megablox gmm: bad input computed silently
+  (v shorter than k; a scale shorter than the features; fewer group sizes than groups).
+- ragged_dot_mgpu, megablox gmm: rows past sum(group_sizes) are not zeroed (NaN /
+  leftovers), unlike jax.lax.ragged_dot; their specs state "unwritten" and pass.
 """
 from __future__ import annotations
 
-import warnings
+import contextlib
+from unittest import mock
 
-import jax.numpy as jnp
+import jax
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import runner
-from pallascheck.properties.norms_spec import make_spec
+from pallascheck.properties import checks, jax_bundled, runner
+from pallascheck.properties.attention_spec import attention_like
+from pallascheck.properties.spec import get_spec
+
+INTERPRETED = {name: next(b for b in jax_bundled.BUNDLED[name]().backends if Backend(b).is_interpreted)
+               for name in jax_bundled.BUNDLED if name != "jax:gpu.attention_mgpu"}
 
 
-
-def _bundled(kind: str):
-    with warnings.catch_warnings():  # layer_norm warns that it is deprecated, on import
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pytest.importorskip(f"jax.experimental.pallas.ops.gpu.{kind}", reason="no longer shipped by JAX")
+class GradientFinding(AssertionError):
+    """The documented finding: a gradient outside its bound (not any other failure)."""
 
 
-def bundled_norm(kind: str):
-    """JAX's bundled ``kind`` with the shipped norm's signature, in interpret mode (its
-    kernels take [batch, seq, features], a weight and a bias; config and backend do
-    not apply)."""
-    bundled = getattr(_bundled(kind), kind)
-
-    def call(x, scale, offset, eps):
-        d = x.shape[-1]
-        weight = jnp.ones((d,), x.dtype) if scale is None else scale.astype(x.dtype)
-        bias = jnp.zeros((d,), x.dtype) if offset is None else offset.astype(x.dtype)
-        return bundled(x.reshape(1, -1, d), weight, bias, eps=eps, interpret=True).reshape(x.shape)
-
-    def layer_norm(x, scale=None, offset=None, *, eps, config=None, backend=None):
-        del config, backend
-        return call(x, scale, offset, eps)
-
-    def rms_norm(x, scale=None, *, eps, config=None, backend=None):
-        del config, backend
-        return call(x, scale, None, eps)  # the bundled rms_norm's bias: zeros
-
-    return layer_norm if kind == "layer_norm" else rms_norm
+class SilentBadInput(AssertionError):
+    """The documented finding: a bad input computed without an error."""
 
 
-SPECS = {kind: make_spec(kind, bundled_norm(kind), name=f"jax_bundled_{kind}") for kind in ("layer_norm", "rms_norm")}
-
-
-class ResidualPrecisionFinding(AssertionError):
-    """The documented finding: dx outside its bound (not any other failure)."""
+class RowsOutsideGroupsFinding(AssertionError):
+    """The documented finding: rows in no group are not zero."""
 
 
 RESIDUALS_IN_INPUT_DTYPE = pytest.mark.xfail(
-    strict=True, raises=ResidualPrecisionFinding,
-    reason="row statistics are saved in the input dtype: dx in bf16/f16 is off by 3-152x the f32-residual "
-           "bound (module docstring)")
+    strict=True, raises=GradientFinding,
+    reason="row statistics saved in the input dtype: bf16/f16 gradients leave their bound (module docstring)")
+NO_VALIDATION = pytest.mark.xfail(strict=True, raises=SilentBadInput, reason="computes on bad input (module docstring)")
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=RESIDUALS_IN_INPUT_DTYPE),
-                                   pytest.param("float16", marks=RESIDUALS_IN_INPUT_DTYPE)])
-@pytest.mark.parametrize("kind", sorted(SPECS))
-def test_jax_bundled_norm(kind: str, dtype: str, examples: int) -> None:
-    tally = runner.run_property(SPECS[kind], dtype, Backend("interpret"), examples=examples, seed=0)
-    if tally.failure.startswith("[gradients]") and "\n  dx:" in tally.failure:
-        raise ResidualPrecisionFinding(tally.failure)
+def _params(names, marks: dict) -> list:
+    return [pytest.param(*n, marks=marks.get(n, ())) for n in names]
+
+
+PROPERTIES = [(name, dtype) for name in INTERPRETED for dtype in jax_bundled.BUNDLED[name]().dtypes]
+LOW_PRECISION_NORMS = {(f"jax:gpu.{k}", d): RESIDUALS_IN_INPUT_DTYPE
+                       for k in ("layer_norm", "rms_norm") for d in ("bfloat16", "float16")}
+
+
+@pytest.mark.parametrize(("name", "dtype"), _params(PROPERTIES, LOW_PRECISION_NORMS))
+def test_bundled_kernel(name: str, dtype: str, examples: int) -> None:
+    """Every check of the builder-made spec, on the kernel's interpreter."""
+    tally = runner.run_property(get_spec(name), dtype, Backend(INTERPRETED[name]), examples=examples, seed=0,
+                                replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend {INTERPRETED[name]}")
+    if tally.failure.startswith("[gradients]"):
+        raise GradientFinding(tally.failure)
     assert not tally.failure, tally.failure
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("kind", sorted(SPECS))
-def test_jax_bundled_norm_forward(kind: str, dtype: str, examples: int) -> None:
-    """Without the backward pass, the low-precision residuals do not matter."""
-    checks = ("values", "contract", "reference", "deterministic", "metamorphic")
-    tally = runner.run_property(SPECS[kind], dtype, Backend("interpret"), examples=examples, seed=0, selected=checks)
+@pytest.mark.parametrize("name", _params([(n,) for n in INTERPRETED], {
+    ("jax:gpu.attention",): NO_VALIDATION, ("jax:gpu.layer_norm",): NO_VALIDATION,
+    ("jax:gpu.rms_norm",): NO_VALIDATION, ("jax:tpu.megablox.gmm",): NO_VALIDATION}))
+def test_bundled_kernel_refuses_bad_input(name: str) -> None:
+    outcome = runner.run_errors(get_spec(name), context=checks.Context(kernel=name))
+    if not outcome.passed and "nothing was raised" in outcome.detail:
+        raise SilentBadInput(outcome.detail)
+    assert outcome.passed, outcome.detail
+
+
+@pytest.mark.xfail(strict=True, raises=RowsOutsideGroupsFinding, reason="rows past sum(group_sizes) not zeroed")
+@pytest.mark.parametrize("name", ["jax:gpu.ragged_dot_mgpu", "jax:tpu.megablox.gmm"])
+def test_grouped_matmuls_under_ragged_dot_semantics(name: str, examples: int) -> None:
+    """Under jax.lax.ragged_dot's promise (rows in no group are 0)."""
+    factory = {"jax:gpu.ragged_dot_mgpu": jax_bundled.gpu_ragged_dot_mgpu,
+               "jax:tpu.megablox.gmm": jax_bundled.tpu_megablox_gmm}[name]
+    spec = factory(rows_outside_groups="zero")
+    tally = runner.run_property(spec, spec.dtypes[-1], Backend(INTERPRETED[name]), examples=examples, seed=0,
+                                selected=("values",))
+    if tally.failure.startswith("[values]") and "oracle=np.float64(0.0)" in tally.failure:
+        raise RowsOutsideGroupsFinding(tally.failure)
     assert not tally.failure, tally.failure
+
+
+@contextlib.contextmanager
+def causal_loop_one_block_short():
+    """A broken copy of the bundled flash attention, made without copying it: its causal
+    kv loop bound ``lax.div(block_q * (start_q + 1) + block_k - 1, block_k)`` one block
+    short (every ``lax.div`` of the module minus one: the forward's loop bound and
+    the backward's causal lower bound). Compiled executables of the good kernel are
+    dropped before and after."""
+    module = jax_bundled._module("gpu.attention")
+    lax = module.lax
+    short = mock.Mock(wraps=lax, div=lambda a, b: lax.div(a, b) - 1)
+    jax.clear_caches()
+    try:
+        with mock.patch.object(module, "lax", short):
+            yield
+    finally:
+        jax.clear_caches()
+
+
+def test_broken_bundled_attention_is_caught(examples: int) -> None:
+    spec = jax_bundled.gpu_attention()
+    with causal_loop_one_block_short():
+        tally = runner.run_property(spec, "float32", Backend("interpret"), examples=examples, seed=0)
+    assert tally.failure.startswith("[values]") or tally.failure.startswith("[gradients]"), tally.failure or "not caught"
+
+
+def test_bundled_attention_scale_convention_is_told_apart(examples: int) -> None:
+    """mha's sm_scale is 1.0 unless passed: the same kernel under the 1/sqrt(d)
+    convention fails the values check, under its own it passes (test_bundled_kernel)."""
+    mha = jax_bundled._module("gpu.attention").mha
+    wrong = attention_like(
+        lambda q, k, v, interpret: mha(q, k, v, None, interpret=interpret), name="mha_as_1_over_sqrt_d",
+        gqa=False, seq_q=(32, 64), seq_kv=None, differentiable=False, backends=("interpret",), interpret="interpret")
+    tally = runner.run_property(wrong, "float32", Backend("interpret"), examples=examples, seed=0, selected=("values",))
+    assert tally.failure.startswith("[values]"), "a scale convention that differs went unnoticed"
+
+
+def test_attention_mgpu_scale_convention(each_backend: Backend, examples: int) -> None:
+    """attention_mgpu applies no softmax scale (softmax(q k^T) v): under that convention
+    every check passes; under cuDNN's 1/sqrt(d) the values check fails. Hardware only:
+    the Mosaic GPU interpreter cannot lower its warp-specialised pipeline."""
+    if each_backend.name != "mosaic_gpu":
+        pytest.skip("attention_mgpu runs on a Hopper GPU only (--backend mosaic_gpu)")
+    tally = runner.run_property(get_spec("jax:gpu.attention_mgpu"), "bfloat16", each_backend, examples=examples, seed=0)
+    assert not tally.failure, tally.failure
+    mod = jax_bundled._module("gpu.attention_mgpu")
+    config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+    scaled = attention_like(lambda q, k, v: mod.attention(q, k, v, config), name="attention_mgpu_as_1_over_sqrt_d",
+                            seq_q=(128,), seq_kv=(128,), head_dims=(64,), dtypes=("bfloat16",),
+                            differentiable=False, backends=("mosaic_gpu",))
+    tally = runner.run_property(scaled, "bfloat16", each_backend, examples=examples, seed=0, selected=("values",))
+    assert tally.failure.startswith("[values]"), "the 1/sqrt(d) convention was not told apart"
