@@ -45,13 +45,13 @@ def call_on(
     *args: Any, **kwargs: Any,
 ) -> Any:
     """``fn(*args, **kwargs)`` with its Pallas calls on ``backend``: the backend's
-    interpret argument passed as keyword ``interpret`` (True; the TPU interpreter's
-    params), or inside JAX's force-interpret context (``interpreting``); on hardware,
-    as it is. JAX has no context that forces the generic interpreter: there the
-    keyword is needed."""
+    interpret argument passed as keyword ``interpret`` (True, the TPU or Mosaic GPU
+    interpreter's params, False on hardware), or inside JAX's force-interpret context
+    (``interpreting``). JAX has no context that forces the generic interpreter: there
+    the keyword is needed."""
     if backend.name not in backends:
         raise NotOnBackend(f"this function runs on {tuple(backends)}, not on {backend}")
-    if interpret is not None and backend.name in ("interpret", "tpu_interpret"):
+    if interpret is not None:  # False on hardware
         kwargs[interpret] = backend.interpret_arg()
     elif backend.name == "interpret":
         raise ValueError("interpret: name the keyword of your function that turns on Pallas' interpreter "

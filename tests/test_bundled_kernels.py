@@ -13,6 +13,8 @@ Findings (jax 0.11.2 and 0.12.0.1):
   (v shorter than k; a scale shorter than the features; fewer group sizes than groups).
 - ragged_dot_mgpu, megablox gmm: rows past sum(group_sizes) are not zeroed (NaN /
   leftovers), unlike jax.lax.ragged_dot; their specs state "unwritten" and pass.
+- attention_mgpu (H200, jax 0.11.2): bf16 inputs fail to lower ("Expected dtypes to
+  match but src had type bfloat16 and dst had type float16"); f16 passes every check.
 """
 from __future__ import annotations
 
@@ -134,12 +136,21 @@ def test_attention_mgpu_scale_convention(each_backend: Backend, examples: int) -
     the Mosaic GPU interpreter cannot lower its warp-specialised pipeline."""
     if each_backend.name != "mosaic_gpu":
         pytest.skip("attention_mgpu runs on a Hopper GPU only (--backend mosaic_gpu)")
-    tally = runner.run_property(get_spec("jax:gpu.attention_mgpu"), "bfloat16", each_backend, examples=examples, seed=0)
+    tally = runner.run_property(get_spec("jax:gpu.attention_mgpu"), "float16", each_backend, examples=examples, seed=0)
     assert not tally.failure, tally.failure
     mod = jax_bundled._module("gpu.attention_mgpu")
     config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
     scaled = attention_like(lambda q, k, v: mod.attention(q, k, v, config), name="attention_mgpu_as_1_over_sqrt_d",
-                            seq_q=(128,), seq_kv=(128,), head_dims=(64,), dtypes=("bfloat16",),
+                            seq_q=(128,), seq_kv=(128,), head_dims=(64,), dtypes=("float16",),
                             differentiable=False, backends=("mosaic_gpu",))
-    tally = runner.run_property(scaled, "bfloat16", each_backend, examples=examples, seed=0, selected=("values",))
+    tally = runner.run_property(scaled, "float16", each_backend, examples=examples, seed=0, selected=("values",))
     assert tally.failure.startswith("[values]"), "the 1/sqrt(d) convention was not told apart"
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="bf16 fails to lower (module docstring)")
+def test_attention_mgpu_takes_bfloat16(each_backend: Backend) -> None:
+    if each_backend.name != "mosaic_gpu":
+        pytest.skip("attention_mgpu runs on a Hopper GPU only (--backend mosaic_gpu)")
+    mod = jax_bundled._module("gpu.attention_mgpu")
+    q = jax.numpy.ones((1, 128, 1, 64), jax.numpy.bfloat16)
+    jax.block_until_ready(mod.attention(q, q, q, mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)))
