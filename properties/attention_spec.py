@@ -24,7 +24,7 @@ from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import builders, relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation
+from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation, config_fields
 
 HEADS = ((1, 1, 1), (2, 2, 1), (1, 4, 2), (2, 2, 2))  # (batch, heads_q, heads_kv): MHA, MQA, GQA
 SEQ_Q = (1, 17, 32)
@@ -187,16 +187,12 @@ def _contract(case: Case, ref: oracle.AttentionOracle, arith: Arithmetic) -> np.
     every tensor-core attention does: the kernel's model with one kv block. The online
     kernel is inside it, as for cross-entropy (oracles/cross_entropy.py): its rescales
     add R (t + u) to a weight's error and save R (block_k - 1) u of summation depth."""
-    return oracle.bound(ref, dtype=case.arrays["q"].dtype, arith=arith, block_k=case.arrays["k"].shape[1])
+    return _bound(case, ref, Blocks(), arith)
 
 
 def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
     """The same for the backward pass: one q block and one kv block, sums in any order."""
-    dtype = case.arrays["q"].dtype
-    seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=seq_kv)
-    return oracle.gradient_bound(ref, case.arrays["cotangent"], fwd, dtype=dtype, arith=arith,
-                                 block_q=seq_q, block_k=seq_kv, block_k_forward=seq_kv)
+    return _gradient_bound(case, ref, grads, Blocks(), arith)
 
 
 # ------------------------------------------------------------------------ relations
@@ -325,15 +321,10 @@ def make_spec(
     def run_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
         return _bound(case, _oracle(case), config, arithmetic_for(backend.name))
 
-    if blocks is None:
-        configs = lambda case, backend: attention.configs(  # noqa: E731
-            case.arrays["q"].shape[1], case.arrays["k"].shape[1], case.arrays["q"].shape[3], backend,
-            itemsize=case.arrays["q"].dtype.itemsize,
-        )
-        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
-                       "default_config_on": {n: mosaic_gpu_attention.Config() for n in MOSAIC_GPU}}
-    else:
-        configs, per_backend = (lambda case, backend: [blocks]), {}
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        q, k = case.arrays["q"], case.arrays["k"]
+        return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize)
+
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     return KernelSpec(
         name=name,
@@ -344,15 +335,13 @@ def make_spec(
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
-        configs=configs,
-        default_config=attention.Config() if blocks is None else blocks,
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
                                contract=_gradient_contract) if differentiable else None,
         contract=_contract,
         relations=(permutations(run, run_bound),) + (shift if domain.bias else ()),
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
-        **per_backend,
+        **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),
     )
 
 
@@ -399,7 +388,10 @@ def attention_like(
     def adapted(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None, config=None, backend=None):
         del sm_scale, config  # the case's sm_scale is the function's convention; blocks are fixed
         options = {"causal": causal} if passes_causal else {}
-        options.update({"bias": bias} if bias is not None else {}, **({"mask": mask} if mask is not None else {}))
+        if bias is not None:
+            options["bias"] = bias
+        if mask is not None:
+            options["mask"] = mask
         args = [jnp.transpose(x, perm) for x in (q, k, v)]
         return jnp.transpose(builders.call_on(fn, get_backend(backend), backends, interpret, *args, **options), perm)
 

@@ -12,6 +12,7 @@ reason for each one that does not run in an interpreter).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import warnings
 from unittest import mock
@@ -20,12 +21,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from pallascheck.kernels.backends import MOSAIC_GPU
+
 from . import attention_spec, matmul_spec, norms_spec, ragged_dot_spec
 from .spec import KernelSpec
 
 LOW = ("bfloat16", "float16")  # the Mosaic GPU kernels' dtypes
 TRITON = ("interpret", "triton")
-MOSAIC_GPU = ("mosaic_gpu", "mosaic_gpu_interpret")
 # The SM count the Mosaic GPU interpreter reports to a persistent kernel: fewer programs
 # than output tiles, so each program loops over several (the schedule an H100's 132
 # SMs run at large shapes), and the interpreter runs 2 programs, not 132.
@@ -155,6 +157,12 @@ def tpu_megablox_gmm(rows_outside_groups: str = "unwritten") -> KernelSpec:
         blocks=ragged_dot_spec.Blocks(block_k=128, block_rows=16), dtypes=("float32", "bfloat16"),
         backends=("tpu_interpret", "tpu"),
     )
+
+
+@functools.cache
+def spec(name: str) -> KernelSpec:
+    """The spec of bundled kernel ``name``, built (and its module imported) once."""
+    return BUNDLED[name]()
 
 
 BUNDLED: dict[str, Callable[[], KernelSpec]] = {

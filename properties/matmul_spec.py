@@ -16,7 +16,7 @@ from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import builders, relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
+from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (1, 17, 64)
 N_DIMS = (16, 33)
@@ -165,15 +165,10 @@ def make_spec(
     ``differentiable=False`` drops the gradient checks (forward-only kernels);
     ``blocks``: the tiling of a kernel that is not ours (one "config"; the default
     checks ours over its config space)."""
-    if blocks is None:
-        configs = lambda case, backend: matmul.configs(  # noqa: E731
-            case.arrays["x"].shape[0], case.arrays["y"].shape[1], case.arrays["x"].shape[1], backend,
-            itemsize=case.arrays["x"].dtype.itemsize,
-        )
-        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
-                       "default_config_on": {n: mosaic_gpu_matmul.Config() for n in MOSAIC_GPU}}
-    else:
-        configs, per_backend = (lambda case, backend: [blocks]), {}
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        x, y = case.arrays["x"], case.arrays["y"]
+        return matmul.configs(x.shape[0], y.shape[1], x.shape[1], backend, itemsize=x.dtype.itemsize)
+
     gradients = GradientSpec(
         functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp,
         contract=any_order_gradient_contract(_gradient_bound),
@@ -188,10 +183,8 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=any_order_contract(_bound),
-        configs=configs,
-        default_config=matmul.Config() if blocks is None else blocks,
         backends=backends,
-        **per_backend,
+        **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,
         relations=(
             relations.row_permutation(

@@ -16,7 +16,7 @@ from pallascheck.oracles import norms as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
 from . import builders, relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from .spec import BadInput, Case, GradientSpec, KernelSpec, config_fields
 
 LEADING_SHAPES = ((1,), (5,), (3, 11), (33,))  # flattened rows 1, 5, 33, 33
 FEATURES = (1, 7, 64, 100, 256)  # D; 7 and 100 leave padding columns
@@ -92,19 +92,12 @@ def _contract(case: Case, ref: oracle.NormOracle, arith: Arithmetic) -> np.ndarr
     """The two-pass algorithm in f32 with sums in any order, one rounding to x's dtype:
     the kernel's own arithmetic (oracles/norms.py), and the canonical backward-stable
     one, whose error grows with |mean| / std (a backward error relative to |x|)."""
-    dtype = case.arrays["x"].dtype
-    return oracle.bound(ref, out_dtype=dtype, arith=arith, compute_dtype=np.float32).reshape(case.arrays["x"].shape)
+    return _bound(case, ref, Blocks(), arith)
 
 
 def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
     """The same for the gradients, the parameter sums over all rows in any order."""
-    x = case.arrays["x"]
-    bounds = oracle.gradient_bound(
-        ref, case.arrays["cotangent"], x_dtype=x.dtype, param_dtype=x.dtype,
-        block_rows=int(np.prod(x.shape[:-1])), arith=arith, with_offset=True,
-    )
-    bounds["dx"] = bounds["dx"].reshape(x.shape)
-    return bounds
+    return _gradient_bound(case, ref, grads, Blocks(), arith)
 
 
 def _shifted_rows(case: Case) -> Case:
@@ -188,8 +181,6 @@ def make_spec(
         return _bound(case, oracle_of(case), config, arithmetic_for(backend.name))
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
-        if blocks is not None:
-            return [blocks]
         return norms.configs(int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend)
 
     return KernelSpec(
@@ -202,8 +193,7 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=_contract,
-        configs=configs,
-        default_config=norms.Config() if blocks is None else blocks,
+        **config_fields(blocks, configs, norms.Config()),
         gradients=GradientSpec(functools.partial(_kernel_vjp, kernel, kind), _oracle_vjp, _gradient_bound,
                                contract=_gradient_contract)
         if differentiable else None,

@@ -16,7 +16,7 @@ from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
 from . import builders, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
+from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
 N_DIMS = (16, 33)
@@ -182,15 +182,11 @@ def make_spec(
     ``differentiable=False`` drops the gradient checks (forward-only kernels);
     ``blocks``: the tiling of a kernel that is not ours (one "config"; the default
     checks ours over its config space)."""
-    if blocks is None:
-        configs = lambda case, backend: ragged_dot.configs(  # noqa: E731
-            case.arrays["lhs"].shape[0], case.arrays["rhs"].shape[2], case.arrays["lhs"].shape[1], backend,
-            itemsize=case.arrays["lhs"].dtype.itemsize, groups=case.arrays["rhs"].shape[0],
-        )
-        per_backend = {"dtypes_on": {n: ("bfloat16", "float16") for n in MOSAIC_GPU},
-                       "default_config_on": {n: mosaic_gpu_ragged_dot.Config() for n in MOSAIC_GPU}}
-    else:
-        configs, per_backend = (lambda case, backend: [blocks]), {}
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        lhs, rhs = case.arrays["lhs"], case.arrays["rhs"]
+        return ragged_dot.configs(lhs.shape[0], rhs.shape[2], lhs.shape[1], backend,
+                                  itemsize=lhs.dtype.itemsize, groups=rhs.shape[0])
+
     gradients = GradientSpec(
         lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
         _oracle_vjp, _gradient_bound,
@@ -207,10 +203,8 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=any_order_contract(_bound),
-        configs=configs,
-        default_config=ragged_dot.Config() if blocks is None else blocks,
         backends=backends,
-        **per_backend,
+        **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,
         bad_inputs=bad_inputs or _bad_inputs,
     )

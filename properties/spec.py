@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels.backends import GENERIC, Backend
+from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles.tolerance import Arithmetic
 
 
@@ -138,6 +138,22 @@ def any_order_gradient_contract(bound: Callable[..., Mapping[str, np.ndarray]]) 
     return lambda case, ref, grads, arith: bound(case, ref, grads, None, arith)
 
 
+def config_fields(
+    blocks: Any, configs: Callable[[Case, Backend], Sequence[Any]], default: Any, mosaic_gpu_default: Any = None,
+) -> dict[str, Any]:
+    """A KernelSpec's config fields. For a kernel that is not ours, its fixed tiling
+    ``blocks`` is the one config. For ours (``blocks`` None): its config space and
+    default, and where it has a Mosaic GPU version, that version's dtypes (bf16/f16)
+    and default config on the Mosaic GPU backends."""
+    if blocks is not None:
+        return {"configs": lambda case, backend: [blocks], "default_config": blocks}
+    fields: dict[str, Any] = {"configs": configs, "default_config": default}
+    if mosaic_gpu_default is not None:
+        fields["dtypes_on"] = {n: ("bfloat16", "float16") for n in MOSAIC_GPU}
+        fields["default_config_on"] = {n: mosaic_gpu_default for n in MOSAIC_GPU}
+    return fields
+
+
 _REGISTRY: dict[str, KernelSpec] = {}
 
 
@@ -167,9 +183,9 @@ def get_spec(name: str) -> KernelSpec:
     if name in specs:
         return specs[name]
     if name in bundled_names():
-        from .jax_bundled import BUNDLED
+        from . import jax_bundled
 
-        return BUNDLED[name]()
+        return jax_bundled.spec(name)
     raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}; JAX's bundled: {bundled_names()}")
 
 

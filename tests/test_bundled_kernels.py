@@ -29,7 +29,7 @@ from pallascheck.properties import checks, jax_bundled, runner
 from pallascheck.properties.attention_spec import attention_like
 from pallascheck.properties.spec import get_spec
 
-INTERPRETED = {name: next(b for b in jax_bundled.BUNDLED[name]().backends if Backend(b).is_interpreted)
+INTERPRETED = {name: next(b for b in get_spec(name).backends if Backend(b).is_interpreted)
                for name in jax_bundled.BUNDLED if name != "jax:gpu.attention_mgpu"}
 
 
@@ -55,7 +55,7 @@ def _params(names, marks: dict) -> list:
     return [pytest.param(*n, marks=marks.get(n, ())) for n in names]
 
 
-PROPERTIES = [(name, dtype) for name in INTERPRETED for dtype in jax_bundled.BUNDLED[name]().dtypes]
+PROPERTIES = [(name, dtype) for name in INTERPRETED for dtype in get_spec(name).dtypes]
 LOW_PRECISION_NORMS = {(f"jax:gpu.{k}", d): RESIDUALS_IN_INPUT_DTYPE
                        for k in ("layer_norm", "rms_norm") for d in ("bfloat16", "float16")}
 
