@@ -150,7 +150,10 @@ def exp(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """exp(x + d) - exp(x) = exp(x) expm1(d): an absolute error d in the argument is
     a relative error expm1(|d|) ~ d in the result; the exp itself adds its ulps."""
     value = np.exp(x.value)
-    propagated = value * np.expm1(x.err)
+    with np.errstate(over="ignore", invalid="ignore"):
+        propagated = value * np.expm1(x.err)
+        # exp(x) underflowed to 0 while expm1(e) overflowed: the gap itself, exp(x + e) - exp(x)
+        propagated = np.where(np.isnan(propagated), np.exp(x.value + x.err) - value, propagated)
     err = propagated + arith.transcendental_rel(dtype) * (value + propagated)
     return Bounded(value, err + underflow_floor(dtype, arith))
 

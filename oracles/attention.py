@@ -173,12 +173,17 @@ def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
     return np.where(ref.visible, x, 0.0)
 
 
-def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool) -> Bounded:
+def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool,
+           qk_highest: bool = True, log2e: bool = False) -> Bounded:
     """Step 1: s_hat = (q.k) * sm_scale (+ bias), each rounding in ``compute_dtype``;
     the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
-    (precision HIGHEST); xla_reference's dot runs at default precision (tf32 on GPU)
-    and rounds to its dtype."""
-    if kernel:  # f32 q.k at precision HIGHEST
+    (precision HIGHEST; ``qk_highest=False``: a kernel whose f32 q.k runs at the
+    backend's default precision, tf32 on NVIDIA GPUs); xla_reference's dot runs at
+    default precision and rounds to its dtype. ``log2e``: the kernel evaluates exp2 of
+    logits scaled by log2(e) (rounded to f32), before the max or after the shift: the
+    constant's representation and the product's rounding add <= 2 u32 |s_j| or
+    2 u32 (M - s_j) to each logit, in natural units; both are charged."""
+    if kernel and qk_highest:
         arith = dataclasses.replace(arith, matmul_input_f32="float32")
     qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
                      order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
@@ -189,7 +194,10 @@ def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype
     s = algebra.multiply(qk, scale, arith=arith, dtype=compute_dtype)
     if ref.has_bias:
         s = algebra.add(s, Bounded.exact(ref.bias), arith=arith, dtype=compute_dtype)
-    return Bounded(ref.s, _masked(ref, s.err))
+    err = s.err
+    if log2e:
+        err = err + 2.0 * unit_roundoff(F32) * (np.abs(ref.s) + np.abs(ref.row_max - ref.s))
+    return Bounded(ref.s, _masked(ref, err))
 
 
 def _row_max(x: np.ndarray, visible: np.ndarray) -> np.ndarray:
@@ -224,15 +232,18 @@ def _to_bshd(x: np.ndarray) -> np.ndarray:
     return np.transpose(x, (0, 2, 1, 3))
 
 
-def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int | None) -> np.ndarray:
+def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int | None,
+          qk_highest: bool = True, log2e: bool = False) -> np.ndarray:
     """|out - oracle| for [b, sq, h, d]: the kernel with ``block_k`` (steps 1-7 of the
-    module docstring), or xla_reference in ``dtype`` when ``block_k`` is None."""
+    module docstring), or xla_reference in ``dtype`` when ``block_k`` is None;
+    ``qk_highest``, ``log2e``: see ``logits``."""
     dtype = np.dtype(dtype)
     skv = ref.v.shape[2]
     u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
     kernel = block_k is not None
     compute = F32 if kernel else dtype
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute, kernel=kernel)
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute, kernel=kernel, qk_highest=qk_highest,
+               log2e=log2e)
     e = s.err
     e_max = _row_max(e, ref.visible)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)  # >= m_hat - s_hat_j >= 0
@@ -277,21 +288,19 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.n
     if bias is None:
         dq, dk, dv = vjp64(lambda a, b_, c: reference64(a, b_, c, None, vis, scale), (q, k, v), cotangent)
         return {"dq": dq, "dk": dk, "dv": dv}
-    bias64 = np.where(vis, np.broadcast_to(_f64(bias).reshape((1,) * (4 - np.ndim(bias)) + np.shape(bias)), vis.shape), 0.0)
     raw = np.where(np.isfinite(_f64(bias)), _f64(bias), 0.0)  # -inf entries are masked: no gradient
 
     def fn(a, b_, c, bb):
         full = jnp.broadcast_to(bb.reshape((1,) * (4 - bb.ndim) + bb.shape), vis.shape)
         return reference64(a, b_, c, full, vis, scale)
 
-    del bias64
     dq, dk, dv, dbias = vjp64(fn, (q, k, v, raw), cotangent)
     return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias}
 
 
 def gradient_bound(
     ref: AttentionOracle, cotangent: Any, forward_bound: np.ndarray, *, dtype: Any, arith: Arithmetic,
-    block_q: int, block_k: int, block_k_forward: int,
+    block_q: int, block_k: int, block_k_forward: int, qk_highest: bool = True, log2e: bool = False,
 ) -> dict[str, np.ndarray]:
     """Bounds on dq, dk, dv (and dbias) of the kernel's backward pass.
 
@@ -329,7 +338,7 @@ def gradient_bound(
     floor32 = algebra.underflow_floor(F32, arith)
 
     # lse and P
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32, kernel=True)
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32, kernel=True, qk_highest=qk_highest, log2e=log2e)
     e = s.err
     e_max = _row_max(e, vis)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)

@@ -18,9 +18,11 @@ from pallascheck.properties.norms_spec import norm_like
 from pallascheck.properties.pytest_plugin import spec_tests
 from pallascheck.properties.ragged_dot_spec import Blocks as GroupedMatmulBlocks
 from pallascheck.properties.ragged_dot_spec import grouped_matmul_like
+from pallascheck.properties.softmax_spec import Blocks as SoftmaxBlocks
+from pallascheck.properties.softmax_spec import softmax_like
 from pallascheck.properties.spec import KernelSpec, register
 
 __all__ = [
-    "AttentionBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks", "attention_like",
-    "grouped_matmul_like", "matmul_like", "norm_like", "register", "spec_tests",
+    "AttentionBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks", "SoftmaxBlocks",
+    "attention_like", "grouped_matmul_like", "matmul_like", "norm_like", "register", "softmax_like", "spec_tests",
 ]

@@ -139,17 +139,29 @@ def _oracle(case: Case) -> oracle.AttentionOracle:
 class Blocks:
     """What the bound needs to know of a kernel's tiling, for a kernel that is not
     ours: the kv block of the online softmax and the backward's q and kv blocks. None
-    is "unknown": the whole sequence, which bounds every blocking (the contract)."""
+    is "unknown": the whole sequence, which bounds every blocking (the contract).
+    ``qk_precision``: "highest" (f32 q.k in IEEE f32, as ours) or "default" (the
+    backend's default, tf32 on NVIDIA GPUs: a plain ``pl.dot`` / ``jnp.dot`` in Triton).
+    ``exp2``: it takes exp2 of logits scaled by log2(e) (FlashAttention's form)."""
 
     block_k: int | None = None
     block_q_bwd: int | None = None
     block_k_bwd: int | None = None
+    qk_precision: str = "highest"
+    exp2: bool = False
+
+
+def _logit_facts(config: Any) -> dict[str, bool]:
+    """Our kernels' configs state neither: f32 logits at HIGHEST, natural exp."""
+    return {"qk_highest": getattr(config, "qk_precision", "highest") == "highest",
+            "log2e": getattr(config, "exp2", False)}
 
 
 def _bound(case: Case, ref: oracle.AttentionOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     # config None: xla_reference's model; a block of None: one block, the whole sequence
     block_k = None if config is None else config.block_k or case.arrays["k"].shape[1]
-    return oracle.bound(ref, dtype=case.arrays["q"].dtype, arith=arith, block_k=block_k)
+    return oracle.bound(ref, dtype=case.arrays["q"].dtype, arith=arith, block_k=block_k,
+                        **({} if config is None else _logit_facts(config)))
 
 
 def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
@@ -174,10 +186,11 @@ def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> d
     dtype = case.arrays["q"].dtype
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     block_k = config.block_k or seq_kv
-    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=block_k)
+    facts = _logit_facts(config)
+    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=block_k, **facts)
     return oracle.gradient_bound(
-        ref, case.arrays["cotangent"], fwd, dtype=dtype, arith=arith,
-        block_q=config.block_q_bwd or seq_q, block_k=config.block_k_bwd or seq_kv, block_k_forward=block_k,
+        ref, case.arrays["cotangent"], fwd, dtype=dtype, arith=arith, block_q=config.block_q_bwd or seq_q,
+        block_k=config.block_k_bwd or seq_kv, block_k_forward=block_k, **facts,
     )
 
 
@@ -371,7 +384,8 @@ def attention_like(
       in our layout) / ``mask=`` (bool, True = visible); ``gqa``: fewer kv heads;
     - ``seq_q``, ``seq_kv``, ``head_dims``: the sizes it accepts (e.g. multiples of its
       block); ``seq_kv=None``: only seq_kv = seq_q;
-    - ``blocks``: its kv block and backward blocks, for the implementation bound;
+    - ``blocks``: its kv block and backward blocks, the precision of its f32 q.k and
+      whether it uses exp2, for the implementation bound;
     - ``backends`` / ``interpret``: see ``builders.call_on``.
     Everything else (oracle, bounds, strategies, gradients, relations) is ours.
     """
@@ -379,6 +393,8 @@ def attention_like(
         raise ValueError(f"layout must be one of {tuple(LAYOUTS_QKV)}, got {layout!r}")
     if causal_alignment not in ("bottom_right", "top_left"):
         raise ValueError(f"causal_alignment must be 'bottom_right' or 'top_left', got {causal_alignment!r}")
+    if blocks.qk_precision not in ("highest", "default"):
+        raise ValueError(f"blocks.qk_precision must be 'highest' or 'default', got {blocks.qk_precision!r}")
     sm_scale = {"1/sqrt(d)": None, "none": 1.0}.get(scale, scale) if isinstance(scale, str) else float(scale)
     if isinstance(sm_scale, str):
         raise ValueError(f"scale must be '1/sqrt(d)', 'none' or a float, got {scale!r}")

@@ -20,10 +20,11 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallascheck.kernels.backends import MOSAIC_GPU
 
-from . import attention_spec, matmul_spec, norms_spec, ragged_dot_spec
+from . import attention_spec, matmul_spec, norms_spec, ragged_dot_spec, softmax_spec
 from .spec import KernelSpec
 
 LOW = ("bfloat16", "float16")  # the Mosaic GPU kernels' dtypes
@@ -46,12 +47,13 @@ def gpu_attention() -> KernelSpec:
     """``ops.gpu.attention.mha``: [b, s, h, d], MHA only; ``sm_scale`` defaults to 1.0
     (passed explicitly, not 1/sqrt(d)); causal top-left; the fused backward needs as
     many q blocks as kv blocks (seq_q = seq_kv here) and sequences a multiple of its
-    blocks (min(128, seq) forward, 32 backward)."""
+    blocks (min(128, seq) forward, 32 backward). Its f32 q.k is a plain ``pl.dot``:
+    tf32 on the GPU."""
     mha = _module("gpu.attention").mha
     return attention_spec.attention_like(
         lambda q, k, v, causal, interpret: mha(q, k, v, None, sm_scale=1.0, causal=causal, interpret=interpret),
         name="jax:gpu.attention", scale="none", causal=(False, True), causal_alignment="top_left", gqa=False,
-        seq_q=(32, 64, 128), seq_kv=None, blocks=attention_spec.Blocks(128, 32, 32),
+        seq_q=(32, 64, 128), seq_kv=None, blocks=attention_spec.Blocks(128, 32, 32, qk_precision="default", exp2=True),
         backends=TRITON, interpret="interpret",
     )
 
@@ -59,12 +61,45 @@ def gpu_attention() -> KernelSpec:
 def gpu_decode_attention() -> KernelSpec:
     """``ops.gpu.decode_attention.gqa``: one query per sequence (q [b, h, d]), k/v
     [b, s, h_kv, d], scale 1/sqrt(d), kv split in ``k_splits`` parts of ``block_k``
-    blocks combined at the end; forward only."""
+    blocks combined at the end; forward only. Its f32 q.k is tf32 on the GPU."""
     gqa = _module("gpu.decode_attention").gqa
     return attention_spec.attention_like(
         lambda q, k, v, interpret: gqa(q[:, 0], k, v, block_k=32, k_splits=4, interpret=interpret)[:, None],
         name="jax:gpu.decode_attention", seq_q=(1,), seq_kv=(128, 256), head_dims=(64, 128),
-        blocks=attention_spec.Blocks(block_k=32), differentiable=False, backends=TRITON, interpret="interpret",
+        blocks=attention_spec.Blocks(block_k=32, qk_precision="default"), differentiable=False, backends=TRITON,
+        interpret="interpret",
+    )
+
+
+PAGE = 16  # tokens per page of the paged kv cache
+
+
+def gpu_paged_attention() -> KernelSpec:
+    """``ops.gpu.paged_attention.paged_attention``: one query per sequence (q [b, h, d]),
+    k/v as pages [h_kv, pages, page, d] found through a block table, **no softmax
+    scale** (q.k as is, like its reference), exp2 of log2(e)-scaled shifts, kv split in
+    ``k_splits`` parts of ``pages_per_compute_block`` pages; forward only. The adapter
+    stores the pages in a shuffled order the block table undoes, so a wrong table
+    lookup shows; every sequence has its full length."""
+    mod = _module("gpu.paged_attention")
+
+    def call(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool) -> jax.Array:
+        b, skv, h_kv, d = k.shape
+        pages = skv // PAGE
+        order = np.random.default_rng(pages).permutation(b * pages)  # physical slot -> logical page
+
+        def paged(x: jax.Array) -> jax.Array:
+            return x.reshape(b * pages, PAGE, h_kv, d).transpose(2, 0, 1, 3)[:, order]
+
+        tables = jnp.asarray(np.argsort(order).reshape(b, pages), jnp.int32)
+        lengths = jnp.full((b,), skv, jnp.int32)
+        return mod.paged_attention(q[:, 0], paged(k), paged(v), tables, lengths, block_h=16,
+                                   pages_per_compute_block=2, k_splits=2, interpret=interpret)[:, None]
+
+    return attention_spec.attention_like(
+        call, name="jax:gpu.paged_attention", scale="none", seq_q=(1,), seq_kv=(128, 256), head_dims=(64,),
+        blocks=attention_spec.Blocks(block_k=2 * PAGE, qk_precision="default", exp2=True), differentiable=False,
+        backends=TRITON, interpret="interpret",
     )
 
 
@@ -131,6 +166,17 @@ def _gpu_norm(kind: str) -> KernelSpec:
     return norms_spec.norm_like(call, name=f"jax:gpu.{kind}", kind=kind, backends=TRITON, interpret="interpret")
 
 
+def gpu_softmax() -> KernelSpec:
+    """``ops.gpu.softmax.softmax``: each row in one block (the next power of two), the
+    row max subtracted in the input dtype and then upcast for the f32 exp, sum and
+    division; forward only."""
+    softmax = _module("gpu.softmax").softmax
+    return softmax_spec.softmax_like(
+        lambda x, interpret: softmax(x, axis=-1, interpret=interpret), name="jax:gpu.softmax",
+        blocks=softmax_spec.Blocks(shift_dtype="input"), differentiable=False, backends=TRITON, interpret="interpret",
+    )
+
+
 def tpu_flash_attention() -> KernelSpec:
     """``ops.tpu.flash_attention.flash_attention``: [b, h, s, d], MHA only, ``ab`` a full
     [b, h, sq, skv] bias, ``sm_scale`` 1.0 by default, causal top-left; blocks of 128."""
@@ -168,8 +214,10 @@ def spec(name: str) -> KernelSpec:
 BUNDLED: dict[str, Callable[[], KernelSpec]] = {
     "jax:gpu.attention": gpu_attention,
     "jax:gpu.decode_attention": gpu_decode_attention,
+    "jax:gpu.paged_attention": gpu_paged_attention,
     "jax:gpu.layer_norm": lambda: _gpu_norm("layer_norm"),
     "jax:gpu.rms_norm": lambda: _gpu_norm("rms_norm"),
+    "jax:gpu.softmax": gpu_softmax,
     "jax:gpu.attention_mgpu": gpu_attention_mgpu,
     "jax:gpu.hopper_matmul_mgpu": gpu_hopper_matmul_mgpu,
     "jax:gpu.ragged_dot_mgpu": gpu_ragged_dot_mgpu,

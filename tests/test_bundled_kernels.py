@@ -13,6 +13,9 @@ Findings (jax 0.11.2 and 0.12.0.1):
   (v shorter than k; a scale shorter than the features; fewer group sizes than groups).
 - ragged_dot_mgpu, megablox gmm: rows past sum(group_sizes) are not zeroed (NaN /
   leftovers), unlike jax.lax.ragged_dot; their specs state "unwritten" and pass.
+- paged_attention: each kv split's unnormalised output is stored in the input dtype,
+  then rescaled, summed and divided by a denominator rounded to it: bf16 outputs
+  leave the contract (seed 0: 1.15x). f32 and f16 pass.
 - attention_mgpu (H200, jax 0.11.2): bf16 inputs fail to lower ("Expected dtypes to
   match but src had type bfloat16 and dst had type float16"); f16 passes every check.
 """
@@ -37,6 +40,10 @@ class GradientFinding(AssertionError):
     """The documented finding: a gradient outside its bound (not any other failure)."""
 
 
+class ValuesFinding(AssertionError):
+    """The documented finding: outputs outside their bound (not any other failure)."""
+
+
 class SilentBadInput(AssertionError):
     """The documented finding: a bad input computed without an error."""
 
@@ -48,6 +55,9 @@ class RowsOutsideGroupsFinding(AssertionError):
 RESIDUALS_IN_INPUT_DTYPE = pytest.mark.xfail(
     strict=True, raises=GradientFinding,
     reason="row statistics saved in the input dtype: bf16/f16 gradients leave their bound (module docstring)")
+PARTIALS_IN_INPUT_DTYPE = pytest.mark.xfail(
+    strict=True, raises=ValuesFinding,
+    reason="unnormalised split outputs kept in the input dtype: bf16 leaves the contract (module docstring)")
 NO_VALIDATION = pytest.mark.xfail(strict=True, raises=SilentBadInput, reason="computes on bad input (module docstring)")
 
 
@@ -58,15 +68,18 @@ def _params(names, marks: dict) -> list:
 PROPERTIES = [(name, dtype) for name in INTERPRETED for dtype in get_spec(name).dtypes]
 LOW_PRECISION_NORMS = {(f"jax:gpu.{k}", d): RESIDUALS_IN_INPUT_DTYPE
                        for k in ("layer_norm", "rms_norm") for d in ("bfloat16", "float16")}
+FINDINGS = {**LOW_PRECISION_NORMS, ("jax:gpu.paged_attention", "bfloat16"): PARTIALS_IN_INPUT_DTYPE}
 
 
-@pytest.mark.parametrize(("name", "dtype"), _params(PROPERTIES, LOW_PRECISION_NORMS))
+@pytest.mark.parametrize(("name", "dtype"), _params(PROPERTIES, FINDINGS))
 def test_bundled_kernel(name: str, dtype: str, examples: int) -> None:
     """Every check of the builder-made spec, on the kernel's interpreter."""
     tally = runner.run_property(get_spec(name), dtype, Backend(INTERPRETED[name]), examples=examples, seed=0,
                                 replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend {INTERPRETED[name]}")
     if tally.failure.startswith("[gradients]"):
         raise GradientFinding(tally.failure)
+    if tally.failure.startswith(("[values]", "[contract]")):
+        raise ValuesFinding(tally.failure)
     assert not tally.failure, tally.failure
 
 
