@@ -9,14 +9,19 @@ from typing import Any, Callable
 import jax
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
-    jax.block_until_ready(fn())  # compile + warm up
+def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
+    """Wall times of ``repeats`` calls after one untimed call (compile + warm-up)."""
+    jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
+    return statistics.median(sample_seconds(fn, repeats))
 
 
 def best_config(make: Callable[[Any], Callable[[], Any]], configs: list[Any]) -> tuple[float, Any]:

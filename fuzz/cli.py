@@ -7,6 +7,7 @@
     pallascheck bench --harness [--no-pytest]
     pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
     pallascheck probe [--backend B] [--json PATH]
+    pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
 (kernels -> oracles -> properties -> bench, fuzz).
@@ -174,7 +175,33 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 1 if any(report.violations.values()) else 0
 
 
+def cmd_autotune(args: argparse.Namespace) -> int:
+    from pallascheck.bench import autotune
+    from pallascheck.bench.autotune_workloads import WORKLOADS
+    from pallascheck.properties import strategies
+
+    backends = [str(_available_backend(b)) for b in args.backend] if args.backend else autotune.default_backends()
+    fn, inputs = WORKLOADS[args.workload](args.size, args.dtype)
+    kinds = () if args.no_adversarial else strategies.ELEMENT_KINDS
+    result = autotune.autotune(fn, *inputs, backends=backends, repeats=args.repeats, timeout_s=args.timeout,
+                               adversarial=kinds)
+    for entry in result.entries:
+        chosen = entry["chosen"]["fields"] if entry["chosen"] else "none (every config rejected): default"
+        speedup = entry.get("speedup_over_default")
+        print(f"{entry['key']}\n  chosen {chosen}" + (f", {speedup:.2f}x the default" if speedup else ""))
+        print(f"  {len(entry['candidates'])} valid, {len(entry['rejected'])} rejected; configs disagree by at most "
+              f"{(entry['largest_config_difference'] or {}).get('budget', 0.0):.3f} of their bounds")
+        for r in entry["rejected"]:
+            print(f"  rejected {r['config']['fields']}: {r['reason']}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    result.dump(args.out)
+    print(f"written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from pallascheck.bench.autotune_workloads import WORKLOADS
+
     parser = argparse.ArgumentParser(prog="pallascheck", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser("verify", help="run every registered kernel's checks")
@@ -219,6 +246,24 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
     probe.add_argument("--json", help="where the measurements go (default .pallascheck/probe-BACKEND.json)")
     probe.set_defaults(func=cmd_probe)
+    tune = sub.add_parser(
+        "autotune", help="pick each kernel's fastest config among those that pass the numerics gate",
+        description="Run a workload once to find the pallascheck kernels it calls, check every config of each "
+        "kernel's autotuning space against the float64 oracle under its derived bound (values and gradients, "
+        "on the workload's inputs and one adversarial input per element kind), time the configs that pass "
+        "(median and IQR) and write the result: chosen config, all timings, rejected configs with reasons. "
+        "Pin it with `with pallascheck.use_configs(PATH):` or PALLASCHECK_CONFIGS=PATH.")
+    tune.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="what to tune")
+    tune.add_argument("--size", default="small", choices=("small", "bench"),
+                      help="small: seconds in the CPU interpreters; bench: a GPU size")
+    tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    tune.add_argument("--backend", action="append",
+                      help="tune for this backend (repeatable); default: the GPU backends here, else $PALLASCHECK_BACKEND")
+    tune.add_argument("--repeats", type=int, default=10, help="timed runs per config after a warm-up")
+    tune.add_argument("--timeout", type=float, default=300.0, help="seconds before a config is rejected as hung")
+    tune.add_argument("--no-adversarial", action="store_true", help="gate on the workload's own inputs only")
+    tune.add_argument("--out", default=os.path.join(".pallascheck", "autotune.json"), help="the result file")
+    tune.set_defaults(func=cmd_autotune)
     return parser
 
 

@@ -583,7 +583,9 @@ def make_attention(
     def attention(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None, config=None, backend=None):
         be = get_backend(backend)
         sm_scale = _validate(q, k, v, bias, mask, causal, sm_scale)
-        config = resolve_config(config, be, Config, mosaic_gpu_attention.Config)
+        config = resolve_config(config, be, Config, mosaic_gpu_attention.Config, kernel="attention",
+                                arrays={"q": q, "k": k, "v": v, "bias": bias, "mask": mask},
+                                options={"causal": bool(causal), "sm_scale": sm_scale})
         st = Static(
             causal=bool(causal), sm_scale=sm_scale, bias_shape=None if bias is None else _rank4(bias.shape),
             has_mask=mask is not None, config=config, backend=be, bodies=bodies, mosaic_bodies=mosaic_bodies,

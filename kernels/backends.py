@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from jax.experimental import pallas as pl
 
-from . import compat
+from . import compat, pinning
 
 ENV_VAR = "PALLASCHECK_BACKEND"
 NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
@@ -128,13 +128,15 @@ def _qualified(kind: type) -> str:
     return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"
 
 
-def resolve_config(config: Any, backend: Backend, generic: type, mosaic_gpu: type) -> Any:
-    """The config a kernel runs with on ``backend``: the backend's default when None;
-    else it must be the backend's type (``mosaic_gpu`` on the Mosaic GPU backends,
-    ``generic`` on the others), or ``TypeError`` names both."""
+def resolve_config(config: Any, backend: Backend, generic: type, mosaic_gpu: type, *, kernel: str,
+                   arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    """The config a kernel runs with on ``backend``: when None, the one pinned for this
+    call (``pinning.choose``: kernel name, ``arrays``' shapes and dtypes, ``options``)
+    or the backend's default; else it must be the backend's type (``mosaic_gpu`` on the
+    Mosaic GPU backends, ``generic`` on the others), or ``TypeError`` names both."""
     expected = mosaic_gpu if backend.is_mosaic_gpu else generic
-    if config is None:
-        return expected()
+    config = pinning.choose(kernel, config, expected() if config is None else None, arrays=arrays,
+                            options=options, backend=backend.name)
     if not isinstance(config, expected):
         raise TypeError(
             f"config must be of type {_qualified(expected)} on backend {backend} ({_qualified(mosaic_gpu)} on "

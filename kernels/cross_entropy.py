@@ -96,7 +96,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, validation
+from . import block_io, pinning, validation
 from .backends import Backend, get_backend
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -425,11 +425,14 @@ def make_cross_entropy(
         config: Config | None = None,
         backend: "str | Backend | None" = None,
     ) -> jax.Array:
-        config = Config() if config is None else config
         eps = validate(logits, labels, label_smoothing, ignore_index, reduction, config, axis_name)
+        backend = get_backend(backend)
+        config = pinning.choose("cross_entropy", config, Config(), arrays={"logits": logits, "labels": labels},
+                                options={"label_smoothing": eps, "ignore_index": int(ignore_index),
+                                         "reduction": reduction, "axis_name": axis_name}, backend=backend.name)
         return apply(
             logits, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
-            axis_name=axis_name, config=config, backend=get_backend(backend),
+            axis_name=axis_name, config=config, backend=backend,
         )
 
     cross_entropy.__doc__ = CROSS_ENTROPY_DOC
@@ -473,7 +476,7 @@ def validate(logits: Any, labels: Any, label_smoothing: Any, ignore_index: Any, 
         raise ValueError(f"label_smoothing must be a float in [0, 1], got {eps!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if not isinstance(config, Config):
+    if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a cross_entropy.Config, got {type(config).__name__}")
     if axis_name is None and _is_concrete(labels):
         values = np.asarray(labels).astype(np.int64)

@@ -209,7 +209,8 @@ def gated_linear_unit(
     _validate(x, weights)
     name = canonical_activation(activation)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_glu.Config)
+    config = resolve_config(config, backend, Config, mosaic_gpu_glu.Config, kernel="gated_linear_unit",
+                            arrays={"x": x, "weights": weights}, options={"activation": name})
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if name not in matmul.supported_activations(backend):

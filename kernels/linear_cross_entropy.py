@@ -47,7 +47,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, validation
+from . import block_io, pinning, validation
 from . import cross_entropy as ce
 from .backends import Backend, get_backend
 
@@ -324,10 +324,13 @@ def make_linear_softmax_cross_entropy(
         """``cross_entropy(x @ w, labels, ...)`` for x [T, H], w [H, V] (same float dtype),
         labels [T], without materialising the logits. Returns float32; differentiable in
         x and w (Pallas backward kernels)."""
-        config = Config() if config is None else config
         eps = _validate(x, w, labels, label_smoothing, ignore_index, reduction, config)
+        backend = get_backend(backend)
+        config = pinning.choose("linear_cross_entropy", config, Config(), arrays={"x": x, "w": w, "labels": labels},
+                                options={"label_smoothing": eps, "ignore_index": int(ignore_index),
+                                         "reduction": reduction}, backend=backend.name)
         return apply(x, w, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
-                     config=config, backend=get_backend(backend))
+                     config=config, backend=backend)
 
     return linear_softmax_cross_entropy
 
@@ -343,7 +346,7 @@ def _validate(x: Any, w: Any, labels: Any, label_smoothing: Any, ignore_index: A
         raise TypeError(f"x and w must have the same dtype, got {x.dtype} and {w.dtype}")
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"contracting dimensions must match: x.shape[1]={x.shape[1]} != w.shape[0]={w.shape[0]}")
-    if not isinstance(config, Config):
+    if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a linear_cross_entropy.Config, got {type(config).__name__}")
     logits_like = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
     return ce.validate(logits_like, labels, label_smoothing, ignore_index, reduction, ce.Config(), None)

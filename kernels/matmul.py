@@ -43,9 +43,7 @@ from . import block_io, mosaic_gpu_matmul, tiling, validation
 from .activations import ACTIVATIONS, get_activation
 from .backends import Backend, get_backend, resolve_config
 
-
 GELU_TANH_RANGE = 1e12  # (1e12)**3 = 1e36 < f32 max 3.4e38
-
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -62,11 +60,6 @@ class Config:
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
-
-
-
-
-
 
 def configs(
     m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
@@ -88,7 +81,6 @@ def configs(
         if not be.is_triton or s * (bm + bn) * bk * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
 
-
 def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, ...]:
     """Exact gelu needs erf, which Pallas' Triton lowering and jax 0.11.2's Mosaic GPU
     lowering lack, so it is offered on neither (nor the Mosaic GPU interpreter)."""
@@ -97,7 +89,6 @@ def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, 
         return mosaic_gpu_matmul.supported_activations()
     names = tuple(sorted(ACTIVATIONS))
     return tuple(a for a in names if a != "gelu") if be.is_triton else names
-
 
 def _matmul_kernel(
     x_ref, y_ref, *out_refs, m_size: int, n_size: int, k_size: int, block_k: int,
@@ -125,9 +116,7 @@ def _matmul_kernel(
     if len(out_refs) == 2:  # pre-activation residual for the backward pass
         block_io.store(out_refs[1], acc, ok, masked_io=masked_io)
 
-
 KernelBody = Callable[..., None]
-
 
 def tiled_call(
     x: jax.Array,
@@ -170,12 +159,10 @@ def tiled_call(
     outs = call(x, y)
     return outs if save_preactivation else outs[0]
 
-
 def kernel_call(x: jax.Array, y: jax.Array, **kwargs: Any) -> Any:
     """The backend's kernel: Mosaic GPU's for its backends, the Pallas-generic one otherwise."""
     call = mosaic_gpu_matmul.tiled_call if kwargs["backend"].is_mosaic_gpu else tiled_call
     return call(x, y, **kwargs)
-
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def _matmul(x, y, activation, out_dtype, config, backend):
@@ -183,7 +170,6 @@ def _matmul(x, y, activation, out_dtype, config, backend):
         x, y, out_dtype=out_dtype, activation=activation, save_preactivation=False,
         config=config, backend=backend,
     )
-
 
 def _matmul_fwd(x, y, activation, out_dtype, config, backend):
     if activation == "none":
@@ -194,7 +180,6 @@ def _matmul_fwd(x, y, activation, out_dtype, config, backend):
         config=config, backend=backend,
     )
     return out, (x, y, z)
-
 
 def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
     x, y, z = residuals
@@ -213,11 +198,9 @@ def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
     dy = product(x.T, dz.astype(y.dtype), y.dtype)
     return dx, dy
 
-
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 # jit so that repeated calls with the same shapes and config reuse the compiled kernel.
 _matmul_jit = jax.jit(_matmul, static_argnums=(2, 3, 4, 5))
-
 
 def _validate(x: Any, y: Any, out_dtype: Any) -> None:
     validation.require_array("x", x)
@@ -236,7 +219,6 @@ def _validate(x: Any, y: Any, out_dtype: Any) -> None:
     validation.require_nonempty("x", tuple(x.shape))
     validation.require_nonempty("y", tuple(y.shape))
     validation.require_float_dtype("out_dtype", out_dtype)
-
 
 def matmul(
     x: jax.Array,
@@ -257,7 +239,8 @@ def matmul(
     _validate(x, y, out_dtype)
     get_activation(activation)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_matmul.Config)
+    config = resolve_config(config, backend, Config, mosaic_gpu_matmul.Config, kernel="matmul", arrays={"x": x, "y": y},
+                            options={"activation": activation, "out_dtype": jnp.dtype(out_dtype).name})
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if activation not in supported_activations(backend):
@@ -266,7 +249,6 @@ def matmul(
             f"lowering has no erf; use 'gelu_tanh' (supported there: {supported_activations(backend)})"
         )
     return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, backend)
-
 
 @functools.partial(jax.jit, static_argnames=("activation", "out_dtype"))
 def xla_reference(

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, validation
+from . import block_io, pinning, validation
 from .backends import Backend, get_backend
 
 KINDS = ("layer_norm", "rms_norm")
@@ -396,7 +396,7 @@ def _validate(x: Any, scale: Any, offset: Any, eps: Any, config: Any) -> float:
     eps = float(eps)
     if not (math.isfinite(eps) and eps > 0.0):
         raise ValueError(f"eps must be a positive finite float, got {eps!r}")
-    if not isinstance(config, Config):
+    if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a norms.Config, got {type(config).__name__}")
     return eps
 
@@ -448,9 +448,11 @@ def make_norm(
         return core(x2d, scale, offset, eps, config, backend).reshape(x.shape)
 
     def run(x, scale, offset, eps, config, backend):
-        config = Config() if config is None else config
         eps = _validate(x, scale, offset, eps, config)
-        return apply(x, scale, offset, eps=eps, config=config, backend=get_backend(backend))
+        backend = get_backend(backend)
+        config = pinning.choose(kind, config, Config(), arrays={"x": x, "scale": scale, "offset": offset},
+                                options={"eps": eps}, backend=backend.name)
+        return apply(x, scale, offset, eps=eps, config=config, backend=backend)
 
     if layer:
 

@@ -304,7 +304,8 @@ def ragged_dot(
     """
     _validate(lhs, rhs, group_sizes)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_ragged_dot.Config)
+    config = resolve_config(config, backend, Config, mosaic_gpu_ragged_dot.Config, kernel="ragged_dot",
+                            arrays={"lhs": lhs, "rhs": rhs, "group_sizes": group_sizes}, options={})
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(lhs.dtype)
     return _ragged_dot_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config, backend)

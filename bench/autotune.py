@@ -1,0 +1,310 @@
+"""Autotuning that validates numerics: ``pallascheck.autotune(fn, *args)``.
+
+1. **Find the kernels.** ``fn(*args)`` runs once while ``kernels.pinning.recording``
+   collects every pallascheck kernel call it makes (kernel, shapes, options, backend),
+   once per backend tuned for (``$PALLASCHECK_BACKEND`` set to each in turn). Calls
+   that pass a config themselves are left alone.
+2. **Gate every candidate.** Each config of the kernel's autotuning space
+   (``spec.configs``, the default config included) is checked against the float64
+   oracle under the kernel's derived bound (values, and gradients where the kernel is
+   differentiable) on the call's own inputs and on one adversarial input per element
+   kind of ``properties.strategies`` with the same shapes, before it is timed. A config
+   that fails a check, raises (a compile error, out of memory) or runs past
+   ``timeout_s`` is rejected, with the reason kept; it is never chosen.
+3. **Time the survivors**: median and interquartile range of ``repeats`` runs after a
+   warm-up (``bench.timing``), on the call's own inputs.
+4. **The result** (``AutotuneResult``) is a versioned JSON document: per call key the
+   chosen config, the default, every candidate's time and budget used, the rejected
+   configs with reasons, and the largest disagreement between two validated configs
+   (as a fraction of their two bounds: what changing the config can do to the
+   numbers). It is valid for the device kind and jax/jaxlib it was tuned with
+   (``kernels.pinning``). ``with result:``, ``use_configs(path)`` or
+   ``$PALLASCHECK_CONFIGS`` pin its configs for every kernel call with a matching key.
+
+A hung config is abandoned after ``timeout_s`` (its thread cannot be stopped; the
+tuner goes on with the next config); it is not isolated in a process.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from pallascheck.kernels import pinning
+from pallascheck.kernels.backends import ENV_VAR, Backend, NotOnBackend, get_backend
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties import checks, runner, strategies
+from pallascheck.properties.spec import Case, KernelSpec, get_spec
+
+from .timing import sample_seconds
+
+# kernel name in pinning.Call -> spec name, where they differ
+SPEC_NAMES = {"linear_cross_entropy": "linear_softmax_cross_entropy"}
+INTEGER_ARRAYS = ("labels", "group_sizes")  # kept as recorded: their values are semantics, not data
+GPU_BACKENDS = ("triton", "mosaic_gpu")
+
+
+@dataclasses.dataclass
+class AutotuneResult:
+    """A parsed autotuning result (``pinning.parse_result``'s document)."""
+
+    data: dict[str, Any]
+    source: str = "<autotune result>"
+
+    def __post_init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.data["entries"]
+
+    def configs(self) -> dict[str, Any]:
+        """Call key -> chosen config (empty, with a warning, on another device or jax)."""
+        return pinning.pins_of(self.data, self.source)
+
+    def dumps(self) -> str:
+        return json.dumps(self.data, indent=1, sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: str, source: str = "<string>") -> "AutotuneResult":
+        return cls(pinning.parse_result(text, source), source)
+
+    def dump(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.dumps())
+
+    @classmethod
+    def load(cls, path: str) -> "AutotuneResult":
+        with open(path) as f:
+            return cls.loads(f.read(), path)
+
+    def __enter__(self) -> "AutotuneResult":
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(pinning.pinned(self.configs()))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._stack is not None
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def use_configs(path: str) -> Iterator[AutotuneResult]:
+    """Every kernel call in the block uses the configs tuned in ``path``."""
+    with AutotuneResult.load(path) as result:
+        yield result
+
+
+@contextlib.contextmanager
+def _backend_env(name: str) -> Iterator[None]:
+    old = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[ENV_VAR]
+        else:
+            os.environ[ENV_VAR] = old
+
+
+def default_backends() -> list[str]:
+    """The GPU backends that run here, else the session's backend."""
+    if jax.default_backend() == "gpu":
+        names = []
+        for name in GPU_BACKENDS:
+            try:
+                Backend(name).require_available()
+                names.append(name)
+            except RuntimeError:
+                pass
+        return names
+    return [get_backend().name]
+
+
+def find_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+               backends: Sequence[str]) -> list[pinning.Call]:
+    """The pallascheck kernel calls ``fn`` makes on each backend, one per key, those
+    with a config chosen by the caller left out."""
+    calls: dict[str, pinning.Call] = {}
+    for name in backends:
+        with _backend_env(name), pinning.recording() as seen:
+            jax.block_until_ready(fn(*args, **kwargs))
+        for call in seen:
+            if not call.explicit_config:
+                calls.setdefault(call.key, call)
+    return list(calls.values())
+
+
+def _concrete(call: pinning.Call, args: Sequence[Any], seed: int) -> dict[str, np.ndarray]:
+    """The call's arrays: as recorded where concrete; where ``fn`` was traced, an
+    argument of ``fn`` with the same shape and dtype, else N(0, 1) (zeros for integers)."""
+    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(args) if hasattr(x, "shape")]
+    out = {}
+    for i, (name, a) in enumerate(call.arrays.items()):
+        if not isinstance(a, jax.ShapeDtypeStruct):
+            out[name] = np.asarray(a)
+            continue
+        match = next((x for x in leaves if x.shape == a.shape and x.dtype == a.dtype), None)
+        if match is not None:
+            out[name] = match
+        elif _is_float(a):
+            out[name] = strategies.elements(seed + i, a.shape, a.dtype.name, "normal")
+        else:
+            out[name] = np.zeros(a.shape, a.dtype)
+    return out
+
+
+def gate_cases(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], backend: Backend,
+               kinds: Sequence[str], seed: int = 0) -> list[Case]:
+    """The call's own case, then one per adversarial element kind: the float arrays
+    redrawn with that kind and the same shapes (``reduction``: the last axis)."""
+    params = {k: v for k, v in call.options.items() if k != "axis_name"}
+    base = Case(dict(arrays), params)
+    out = np.asarray(jax.device_get(spec.kernel(base, spec.default_config_for(backend), backend)))
+    cotangent = strategies.elements(seed, out.shape, out.dtype.name, "normal")
+    cases = [Case({**arrays, "cotangent": cotangent}, params)]
+    for j, kind in enumerate(kinds):
+        drawn = {name: (strategies.elements(seed + 7 * j + i, a.shape, a.dtype.name, kind, reduction=a.shape[-1])
+                        if _is_float(a) and name not in INTEGER_ARRAYS else a)
+                 for i, (name, a) in enumerate(arrays.items())}
+        cases.append(Case({**drawn, "cotangent": cotangent}, params))
+    return cases
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.name == "bfloat16" or np.issubdtype(a.dtype, np.floating)
+
+
+def _gate_and_time(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend,
+                   repeats: int) -> dict[str, Any]:
+    selected = ("values", "gradients") if spec.gradients is not None else ("values",)
+    ctx = checks.Context(kernel=spec.name, dtype=str(cases[0].arrays[next(iter(cases[0].arrays))].dtype),
+                         backend=str(backend))
+    budget = 0.0
+    for case in cases:
+        tally = runner.check_case(spec, case, config, backend, context=ctx, selected=selected)
+        budget = max([budget] + [o.budget_used for o in tally.outcomes.values()])
+    times = sample_seconds(lambda: spec.kernel(cases[0], config, backend), repeats)
+    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return {"median_s": statistics.median(times), "iqr_s": q3 - q1, "budget": budget,
+            "out": np.asarray(jax.device_get(spec.kernel(cases[0], config, backend))).astype(np.float64)}
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    if isinstance(err, checks.CheckFailure):
+        return f"numerics: {text}"
+    if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
+        return f"out of memory: {text}"
+    return f"crash: {type(err).__name__}: {text}"
+
+
+def _memoised(spec: KernelSpec) -> KernelSpec:
+    """``spec`` with its float64 oracle and oracle gradients computed once per case:
+    the gate checks every config on the same cases."""
+    refs: dict[int, Any] = {}
+    grads: dict[int, Any] = {}
+
+    def oracle(case: Case) -> Any:
+        if id(case) not in refs:
+            refs[id(case)] = spec.oracle(case)
+        return refs[id(case)]
+
+    if spec.gradients is None:
+        return dataclasses.replace(spec, oracle=oracle)
+
+    def oracle_vjp(case: Case, ref: Any) -> Any:
+        if id(case) not in grads:
+            grads[id(case)] = spec.gradients.oracle_vjp(case, ref)
+        return grads[id(case)]
+
+    return dataclasses.replace(spec, oracle=oracle, gradients=dataclasses.replace(spec.gradients, oracle_vjp=oracle_vjp))
+
+
+def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], *, repeats: int,
+              timeout_s: float, kinds: Sequence[str]) -> dict[str, Any]:
+    """One result entry: every candidate gated and timed, the fastest valid one chosen."""
+    spec = _memoised(spec)
+    backend = Backend(call.backend)
+    cases = gate_cases(spec, call, arrays, backend, kinds)
+    default = spec.default_config_for(backend)
+    candidates = list(dict.fromkeys([default, *spec.configs(cases[0], backend)]))
+    timed, rejected, outputs = [], [], {}
+    for config in candidates:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(_gate_and_time, spec, cases, config, backend, repeats)
+        try:
+            got = future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            rejected.append({"config": pinning.config_to_json(config), "reason": f"timeout: over {timeout_s:g} s"})
+            continue
+        except Exception as err:  # noqa: BLE001 - every failure of a candidate is a reason to reject it
+            rejected.append({"config": pinning.config_to_json(config), "reason": _reason(err)})
+            continue
+        finally:
+            pool.shutdown(wait=False)
+        outputs[config] = got.pop("out")
+        timed.append({"config": pinning.config_to_json(config), **got})
+    entry: dict[str, Any] = {
+        "kernel": call.kernel, "spec": spec.name, "key": call.key, "backend": call.backend,
+        "default": pinning.config_to_json(default), "candidates": timed, "rejected": rejected, "chosen": None,
+        "largest_config_difference": _largest_difference(spec, cases[0], outputs, backend),
+    }
+    if timed:
+        best = min(timed, key=lambda c: c["median_s"])
+        entry["chosen"] = best["config"]
+        default_time = next((c["median_s"] for c in timed if c["config"] == entry["default"]), None)
+        entry["speedup_over_default"] = None if default_time is None else default_time / best["median_s"]
+    return entry
+
+
+def _largest_difference(spec: KernelSpec, case: Case, outputs: Mapping[Any, np.ndarray],
+                        backend: Backend) -> dict[str, Any] | None:
+    """max over pairs of validated configs of max |out_a - out_b| / (bound_a + bound_b)."""
+    if len(outputs) < 2:
+        return None
+    arith = arithmetic_for(backend.name)
+    ref = spec.oracle(case)
+    bounds = {c: np.asarray(spec.bound(case, ref, c, arith), dtype=np.float64) for c in outputs}
+    worst = (0.0, None, None)
+    for a, b in itertools.combinations(outputs, 2):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            diff = np.abs(outputs[a] - outputs[b])
+            ratio = np.where(diff == 0, 0.0, diff / (bounds[a] + bounds[b]))
+        if float(np.max(ratio, initial=0.0)) >= worst[0]:
+            worst = (float(np.max(ratio, initial=0.0)), a, b)
+    return {"budget": worst[0], "configs": [pinning.config_to_json(worst[1]), pinning.config_to_json(worst[2])]}
+
+
+def autotune(fn: Callable[..., Any], *args: Any, backends: Sequence[str] | None = None, repeats: int = 10,
+             timeout_s: float = 300.0, adversarial: Sequence[str] = strategies.ELEMENT_KINDS,
+             specs: Mapping[str, KernelSpec] | None = None, **kwargs: Any) -> AutotuneResult:
+    """Tune every pallascheck kernel ``fn(*args, **kwargs)`` calls, on ``backends``
+    (default: the GPU backends that run here, else the session's), choosing per call
+    the fastest config that passes the numerics gate (module docstring). ``specs``
+    replaces the spec of a kernel by name (a variant under test)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    backends = list(backends) if backends is not None else default_backends()
+    entries = []
+    for i, call in enumerate(find_calls(fn, args, kwargs, backends)):
+        name = SPEC_NAMES.get(call.kernel, call.kernel)
+        spec = (specs or {}).get(name) or get_spec(name)
+        if not spec.runs_on(Backend(call.backend)):
+            raise NotOnBackend(f"{name} has no version for {call.backend}")
+        entries.append(tune_call(spec, call, _concrete(call, args, seed=i), repeats=repeats, timeout_s=timeout_s,
+                                 kinds=adversarial))
+    data = {"format": pinning.FORMAT, "version": pinning.VERSION, "environment": pinning.environment(),
+            "entries": entries}
+    return AutotuneResult(data)
