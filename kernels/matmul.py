@@ -43,7 +43,9 @@ from . import block_io, mosaic_gpu_matmul, tiling, validation
 from .activations import ACTIVATIONS, get_activation
 from .backends import Backend, get_backend, resolve_config
 
+
 GELU_TANH_RANGE = 1e12  # (1e12)**3 = 1e36 < f32 max 3.4e38
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -60,6 +62,7 @@ class Config:
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
+
 
 def configs(
     m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
@@ -81,6 +84,7 @@ def configs(
         if not be.is_triton or s * (bm + bn) * bk * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
 
+
 def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, ...]:
     """Exact gelu needs erf, which Pallas' Triton lowering and jax 0.11.2's Mosaic GPU
     lowering lack, so it is offered on neither (nor the Mosaic GPU interpreter)."""
@@ -89,6 +93,7 @@ def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, 
         return mosaic_gpu_matmul.supported_activations()
     names = tuple(sorted(ACTIVATIONS))
     return tuple(a for a in names if a != "gelu") if be.is_triton else names
+
 
 def _matmul_kernel(
     x_ref, y_ref, *out_refs, m_size: int, n_size: int, k_size: int, block_k: int,
@@ -116,7 +121,9 @@ def _matmul_kernel(
     if len(out_refs) == 2:  # pre-activation residual for the backward pass
         block_io.store(out_refs[1], acc, ok, masked_io=masked_io)
 
+
 KernelBody = Callable[..., None]
+
 
 def tiled_call(
     x: jax.Array,
@@ -159,10 +166,12 @@ def tiled_call(
     outs = call(x, y)
     return outs if save_preactivation else outs[0]
 
+
 def kernel_call(x: jax.Array, y: jax.Array, **kwargs: Any) -> Any:
     """The backend's kernel: Mosaic GPU's for its backends, the Pallas-generic one otherwise."""
     call = mosaic_gpu_matmul.tiled_call if kwargs["backend"].is_mosaic_gpu else tiled_call
     return call(x, y, **kwargs)
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def _matmul(x, y, activation, out_dtype, config, backend):
@@ -170,6 +179,7 @@ def _matmul(x, y, activation, out_dtype, config, backend):
         x, y, out_dtype=out_dtype, activation=activation, save_preactivation=False,
         config=config, backend=backend,
     )
+
 
 def _matmul_fwd(x, y, activation, out_dtype, config, backend):
     if activation == "none":
@@ -180,6 +190,7 @@ def _matmul_fwd(x, y, activation, out_dtype, config, backend):
         config=config, backend=backend,
     )
     return out, (x, y, z)
+
 
 def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
     x, y, z = residuals
@@ -198,9 +209,11 @@ def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
     dy = product(x.T, dz.astype(y.dtype), y.dtype)
     return dx, dy
 
+
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 # jit so that repeated calls with the same shapes and config reuse the compiled kernel.
 _matmul_jit = jax.jit(_matmul, static_argnums=(2, 3, 4, 5))
+
 
 def _validate(x: Any, y: Any, out_dtype: Any) -> None:
     validation.require_array("x", x)
@@ -219,6 +232,7 @@ def _validate(x: Any, y: Any, out_dtype: Any) -> None:
     validation.require_nonempty("x", tuple(x.shape))
     validation.require_nonempty("y", tuple(y.shape))
     validation.require_float_dtype("out_dtype", out_dtype)
+
 
 def matmul(
     x: jax.Array,
@@ -249,6 +263,7 @@ def matmul(
             f"lowering has no erf; use 'gelu_tanh' (supported there: {supported_activations(backend)})"
         )
     return _matmul_jit(x, y, activation, jnp.dtype(out_dtype), config, backend)
+
 
 @functools.partial(jax.jit, static_argnames=("activation", "out_dtype"))
 def xla_reference(
