@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import statistics
+import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
@@ -133,11 +134,16 @@ def default_backends() -> list[str]:
 def find_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
                backends: Sequence[str]) -> list[pinning.Call]:
     """The pallascheck kernel calls ``fn`` makes on each backend, one per key, those
-    with a config chosen by the caller left out."""
+    with a config chosen by the caller left out. A backend some kernel of ``fn`` has no
+    version for is skipped with a warning."""
     calls: dict[str, pinning.Call] = {}
     for name in backends:
         with _backend_env(name), pinning.recording() as seen:
-            jax.block_until_ready(fn(*args, **kwargs))
+            try:
+                jax.block_until_ready(fn(*args, **kwargs))
+            except NotOnBackend as missing:
+                warnings.warn(f"not tuned for {name}: {missing}", stacklevel=3)
+                continue
         for call in seen:
             if not call.explicit_config:
                 calls.setdefault(call.key, call)

@@ -11,6 +11,8 @@ bad inputs. Override one piece with ``dataclasses.replace(spec, oracle=...)``.
 """
 from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
 from pallascheck.properties.attention_spec import attention_like
+from pallascheck.properties.cross_entropy_spec import Blocks as CrossEntropyBlocks
+from pallascheck.properties.cross_entropy_spec import cross_entropy_like
 from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
 from pallascheck.properties.matmul_spec import matmul_like
 from pallascheck.properties.norms_spec import Blocks as NormBlocks
@@ -21,8 +23,10 @@ from pallascheck.properties.ragged_dot_spec import grouped_matmul_like
 from pallascheck.properties.softmax_spec import Blocks as SoftmaxBlocks
 from pallascheck.properties.softmax_spec import softmax_like
 from pallascheck.properties.spec import KernelSpec, register
+from pallascheck.properties.top_k_spec import top_k_like
 
 __all__ = [
-    "AttentionBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks", "SoftmaxBlocks",
-    "attention_like", "grouped_matmul_like", "matmul_like", "norm_like", "register", "softmax_like", "spec_tests",
+    "AttentionBlocks", "CrossEntropyBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks",
+    "SoftmaxBlocks", "attention_like", "cross_entropy_like", "grouped_matmul_like", "matmul_like", "norm_like",
+    "register", "softmax_like", "spec_tests", "top_k_like",
 ]

@@ -22,8 +22,9 @@ accuracy contracts plus it: a loss whose error grows with |z| breaks it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +33,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import cross_entropy as ce
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.backends import GENERIC, Backend, get_backend
 from pallascheck.oracles import cross_entropy as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import relations, strategies
-from .spec import BadInput, Case, GradientSpec, KernelSpec
+from . import builders, relations, strategies
+from .spec import BadInput, Case, GradientSpec, KernelSpec, config_fields
 
 DTYPES = ("float32", "bfloat16", "float16")
 LEADING_SHAPES = ((1,), (7,), (3, 11))  # tokens 1, 7, 33
@@ -46,6 +47,7 @@ LOGIT_KINDS = ("normal", "large", "offset", "near_max", "one_finite", "few_disti
 SMOOTHING = (0.0, 0.1, 1.0)
 EXACT_KINDS = ("near_max", "one_finite")  # drawn without smoothing: their exact loss is known
 IGNORE_INDEX = -100
+IGNORED = (0.0, 0.3, 1.0)  # fractions of the tokens labelled ignore_index
 ONE_FINITE_AT = (0, 63, 64, 127, 128)  # tile boundaries of the 64/128-column tiles
 
 
@@ -76,9 +78,26 @@ def logits_of(seed: int, tokens: int, vocab: int, dtype: str, kind: str) -> tupl
     return z.astype(np_dtype), forced
 
 
-def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None) -> st.SearchStrategy[Case]:
-    """Drawn cases; ``regime`` pins some choices (keys "kind", "ignored",
-    "label_smoothing", "reduction") to aim a campaign at one part of the input space."""
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts: the default is everything kernels/cross_entropy.py
+    accepts (vocabulary-parallel cases are tests/test_losses.py's)."""
+
+    leading: tuple[tuple[int, ...], ...] = LEADING_SHAPES
+    vocab: tuple[int, ...] = VOCABS
+    label_smoothing: tuple[float, ...] = SMOOTHING
+    ignore_index: int = IGNORE_INDEX
+    ignored: tuple[float, ...] = IGNORED  # (0.0,): it ignores no label
+    reductions: tuple[str, ...] = ce.REDUCTIONS
+
+
+DOMAIN = Domain()
+
+
+def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None,
+          domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    """Drawn cases from ``domain``; ``regime`` pins some choices (keys "kind",
+    "ignored", "label_smoothing", "reduction") to aim a campaign at one part of it."""
     regime = dict(regime or {})
 
     def pick(key: str, options: Any) -> st.SearchStrategy[Any]:
@@ -86,16 +105,16 @@ def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None)
 
     @st.composite
     def draw(draw_) -> Case:
-        leading = draw_(strategies.layout("cross_entropy.leading", st.sampled_from(LEADING_SHAPES)))
-        vocab = draw_(strategies.layout("cross_entropy.vocab", strategies.dims(VOCABS)))
+        leading = draw_(strategies.layout("cross_entropy.leading", st.sampled_from(domain.leading)))
+        vocab = draw_(strategies.layout("cross_entropy.vocab", strategies.dims(domain.vocab)))
         tokens = int(np.prod(leading))
         # near_max per-token losses reach max/4: their sum would overflow f32; near_max
         # and one_finite are the cases with a known exact loss, which smoothing would change.
         pinned_kind = regime.get("kind")
-        reduction = draw_(strategies.layout(
-            "cross_entropy.reduction", pick("reduction", ("none",) if pinned_kind == "near_max" else ce.REDUCTIONS)))
-        eps = draw_(strategies.layout(
-            "cross_entropy.label_smoothing", pick("label_smoothing", (0.0,) if pinned_kind in EXACT_KINDS else SMOOTHING)))
+        reductions = ("none",) if pinned_kind == "near_max" else domain.reductions
+        reduction = draw_(strategies.layout("cross_entropy.reduction", pick("reduction", reductions)))
+        smoothing = (0.0,) if pinned_kind in EXACT_KINDS else domain.label_smoothing
+        eps = draw_(strategies.layout("cross_entropy.label_smoothing", pick("label_smoothing", smoothing)))
         kind = draw_(pick("kind", [k for k in LOGIT_KINDS if not (k == "near_max" and reduction != "none")
                                    and not (k in EXACT_KINDS and eps != 0.0)]))
         seed = draw_(strategies.seeds())
@@ -106,8 +125,8 @@ def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None)
                   "last": np.full(tokens, vocab - 1)}[pinned]
         if forced is not None:
             labels = forced
-        ignored = rng.random(tokens) < draw_(pick("ignored", (0.0, 0.3, 1.0)))
-        labels = np.where(ignored, IGNORE_INDEX, labels).astype(np.int32)
+        ignored = rng.random(tokens) < draw_(pick("ignored", domain.ignored))
+        labels = np.where(ignored, domain.ignore_index, labels).astype(np.int32)
         out_shape = leading if reduction == "none" else ()
         return Case(
             arrays={
@@ -116,7 +135,7 @@ def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None)
                 "cotangent": rng.standard_normal(out_shape).astype(np.float32),
                 "shift": (rng.uniform(-50, 50, leading) * rng.choice([0.0, 1.0, 100.0])).astype(np.float64),
             },
-            params={"label_smoothing": eps, "ignore_index": IGNORE_INDEX, "reduction": reduction},
+            params={"label_smoothing": eps, "ignore_index": domain.ignore_index, "reduction": reduction},
         )
 
     return draw()
@@ -133,18 +152,20 @@ def _oracle(case: Case) -> oracle.CrossEntropyOracle:
                          ignore_index=p["ignore_index"], reduction=p["reduction"])
 
 
-def _block_v(config: Any) -> int | None:
-    return None if config is None else config.block_v  # None: xla_reference, one tile in unknown order
+def _block_v(config: Any, case: Case) -> int | None:
+    # config None: xla_reference, one tile in unknown order and its own finish; a
+    # block of None: the whole vocabulary in any order, the contract
+    return None if config is None else config.block_v or case.arrays["logits"].shape[-1]
 
 
 def _bound(case: Case, ref: oracle.CrossEntropyOracle, config: Any, arith: Arithmetic) -> np.ndarray:
-    return oracle.loss_bound(ref, arith=arith, block_v=_block_v(config))
+    return oracle.loss_bound(ref, arith=arith, block_v=_block_v(config, case))
 
 
 def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
     logits = case.arrays["logits"]
     bounds = oracle.gradient_bound(ref, case.arrays["cotangent"], logits_dtype=logits.dtype, arith=arith,
-                                   block_v=config.block_v)
+                                   block_v=_block_v(config, case))
     return {"dlogits": bounds["dlogits"].reshape(logits.shape)}
 
 
@@ -168,10 +189,25 @@ def _shifted(case: Case) -> Case:
     return Case({**case.arrays, "logits": moved}, case.params)
 
 
-def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "cross_entropy",
-              dtypes: tuple[str, ...] = DTYPES, regime: Mapping[str, Any] | None = None) -> KernelSpec:
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The tiling of a cross-entropy kernel that is not ours: the vocabulary columns
+    per step of its running-max logsumexp (None, unknown: the whole vocabulary in one
+    sum in any order, the contract)."""
+
+    block_v: int | None = None
+
+
+def make_spec(
+    kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "cross_entropy", *, domain: Domain = DOMAIN,
+    blocks: Blocks | None = None, dtypes: Sequence[str] = DTYPES, differentiable: bool = True,
+    backends: Sequence[str] = GENERIC, bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
+    regime: Mapping[str, Any] | None = None,
+) -> KernelSpec:
     """The spec for ``kernel`` (default: the shipped one; any callable with its
-    signature); ``regime`` pins parts of the case strategy (see ``cases``)."""
+    signature); ``regime`` pins parts of the case strategy (see ``cases``);
+    ``blocks``: the tiling of a kernel that is not ours (one "config"; the default
+    checks ours over its config space)."""
 
     def run(case: Case, config: Any, backend: Backend) -> jax.Array:
         return kernel(jnp.asarray(case.arrays["logits"]), jnp.asarray(case.arrays["labels"]), config=config,
@@ -187,21 +223,25 @@ def make_spec(kernel: Callable[..., jax.Array] = ce.cross_entropy, name: str = "
         (dz,) = pullback(jnp.asarray(case.arrays["cotangent"]))
         return {"dlogits": dz}
 
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        return ce.configs(int(case.arrays["labels"].size), case.arrays["logits"].shape[-1], backend)
+
     return KernelSpec(
         name=name,
         dtypes=dtypes,
-        cases=functools.partial(cases, regime=regime),
+        cases=functools.partial(cases, regime=regime, domain=domain),
         kernel=run,
         reference=run_reference,
         oracle=_oracle,
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=_contract,
-        configs=lambda case, backend: ce.configs(int(case.arrays["labels"].size), case.arrays["logits"].shape[-1], backend),
-        default_config=ce.Config(),
-        gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound, contract=_gradient_contract),
+        **config_fields(blocks, configs, ce.Config()),
+        gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound, contract=_gradient_contract)
+        if differentiable else None,
         relations=(relations.invariance_within_contract("shift_invariance", run, _shifted, _oracle, _contract),),
-        bad_inputs=_bad_inputs(kernel),
+        bad_inputs=bad_inputs or _bad_inputs(kernel),
+        backends=backends,
     )
 
 
@@ -226,3 +266,64 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
 
 
 SPEC = make_spec()
+
+
+# ------------------------------------------------------------------------ builder
+
+TOKENS = (1, 7, 33)  # the token counts of LEADING_SHAPES, as the rows of 2-D logits
+
+
+def cross_entropy_like(
+    fn: Callable[..., jax.Array], *, name: str, reduction: Sequence[str] = ("none",), ignore_index: int | None = None,
+    label_smoothing: Sequence[float] = (0.0,), blocks: Blocks = Blocks(), tokens: Sequence[int] = TOKENS,
+    vocab: Sequence[int] = VOCABS, dtypes: Sequence[str] = DTYPES, differentiable: bool = True,
+    backends: Sequence[str] = GENERIC, interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's softmax cross-entropy ``fn(logits, labels, **options)``
+    for logits [tokens, vocab] (f32, bf16 or f16; finite or -inf) and int32 labels
+    [tokens], the loss in float32, with our semantics (kernels/cross_entropy.py): per
+    token ``lse - (1 - eps) z_y - eps mean_j z_j``; a token labelled ``ignore_index``
+    adds 0 and gets gradient 0; "mean" is over the tokens not ignored (0 if none).
+
+    - ``reduction``: the reductions it computes. One ("none": per-token losses
+      [tokens], "sum" or "mean"): it takes no keyword; several: passed as ``reduction=``;
+    - ``ignore_index``: None: it ignores no label (no keyword; no token drawn
+      ignored); an int: passed as ``ignore_index=``, and no, some or all tokens get it;
+    - ``label_smoothing``: the eps it is called with; ``(0.0,)``: it has none (no
+      keyword), else passed as ``label_smoothing=``;
+    - ``blocks``: the vocabulary block of its running-max logsumexp, for the bound;
+    - ``tokens``, ``vocab``: the sizes it accepts;
+    - ``differentiable``: its VJP in the logits is checked against the float64 one;
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    Its accuracy contract and the shift-invariance relation hold whatever the blocks:
+    the error may grow with |z - max|, never with |z|.
+    """
+    if not reduction or any(r not in ce.REDUCTIONS for r in reduction):
+        raise ValueError(f"reduction must be a non-empty sequence of {ce.REDUCTIONS}, got {reduction!r}")
+    if any(not 0.0 <= eps <= 1.0 for eps in label_smoothing):
+        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+    domain = Domain(
+        leading=tuple((t,) for t in tokens), vocab=tuple(vocab), label_smoothing=tuple(label_smoothing),
+        ignore_index=IGNORE_INDEX if ignore_index is None else ignore_index,
+        ignored=(0.0,) if ignore_index is None else IGNORED, reductions=tuple(reduction),
+    )
+    passed = {"reduction": len(domain.reductions) > 1, "ignore_index": ignore_index is not None,
+              "label_smoothing": any(eps != 0.0 for eps in domain.label_smoothing)}
+
+    def adapted(logits, labels, *, config=None, backend=None, **options):
+        del config  # the blocks are fixed
+        options = {key: value for key, value in options.items() if passed[key]}
+        return builders.call_on(fn, get_backend(backend), backends, interpret, logits, labels, **options)
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        z = jnp.zeros((max(tokens), max(vocab)), dtypes[-1])
+        short = jnp.zeros((max(tokens) - 1,), jnp.int32)
+        options = dict(reduction=domain.reductions[0], ignore_index=domain.ignore_index,
+                       label_smoothing=domain.label_smoothing[0])
+        return [builders.must_refuse("labels one shorter than the tokens",
+                                     lambda: adapted(z, short, backend=chosen, **options))]
+
+    spec = make_spec(adapted, name, domain=domain, blocks=blocks, dtypes=dtypes, differentiable=differentiable,
+                     backends=backends, bad_inputs=bad)
+    return builders.backward_on_backend(spec, interpret)

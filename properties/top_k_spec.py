@@ -26,8 +26,9 @@ values are compared bit for bit.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -35,12 +36,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels import top_k
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.backends import GENERIC, Backend, get_backend
 from pallascheck.oracles import top_k as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import relations, strategies
-from .spec import BadInput, Case, KernelSpec
+from . import builders, relations, strategies
+from .spec import BadInput, Case, KernelSpec, config_fields
 
 # Hypothesis starts from the first entry of each bucket, so each bucket leads with a
 # hard case: several stages run and stop early, and the candidates reach deep slots.
@@ -90,15 +91,42 @@ def logits(seed: int, shape: tuple[int, int], dtype: str, kind: str) -> np.ndarr
     raise ValueError(f"element kind must be one of {ELEMENT_KINDS}, got {kind!r}")
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+def numbers_only(values: np.ndarray) -> np.ndarray:
+    """``values`` with every NaN made the infinity of its sign and -0.0 made +0.0:
+    where the total order and the order of numbers (NaN unordered, -0.0 == +0.0)
+    part ways, nothing is left."""
+    wide = values.astype(np.float32)
+    wide = np.where(np.isnan(wide), np.where(np.signbit(wide), -np.inf, np.inf), wide)
+    return np.where(wide == 0.0, 0.0, wide).astype(values.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs a kernel accepts: the default is everything kernels/top_k.py accepts."""
+
+    tokens: tuple[int, ...] = TOKENS
+    vocab: tuple[int, ...] = VOCABS
+    ks: tuple[int, ...] = KS  # each case draws a k <= its vocab
+    # False: the logits hold no NaN and no -0.0 (``numbers_only``), for a kernel that
+    # compares them as numbers and so promises nothing about the total order there
+    total_order: bool = True
+
+
+DOMAIN = Domain()
+# Under the order of numbers signed_zeros is all_equal again.
+NUMBER_KINDS = tuple(kind for kind in ELEMENT_KINDS if kind != "signed_zeros")
+
+
+def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
         tokens, vocab = (draw_(strategies.layout(f"top_k.{a}", strategies.dims(bucket)))
-                         for a, bucket in (("tokens", TOKENS), ("vocab", VOCABS)))
-        k = draw_(strategies.layout("top_k.k", st.sampled_from([k for k in KS if k <= vocab])))
-        kind = draw_(st.sampled_from(ELEMENT_KINDS))
+                         for a, bucket in (("tokens", domain.tokens), ("vocab", domain.vocab)))
+        k = draw_(strategies.layout("top_k.k", st.sampled_from([k for k in domain.ks if k <= vocab])))
+        kind = draw_(st.sampled_from(ELEMENT_KINDS if domain.total_order else NUMBER_KINDS))
         seed = draw_(strategies.seeds())
-        return Case(arrays={"logits": logits(seed, (tokens, vocab), dtype, kind)}, params={"k": k, "kind": kind})
+        x = logits(seed, (tokens, vocab), dtype, kind)
+        return Case(arrays={"logits": x if domain.total_order else numbers_only(x)}, params={"k": k, "kind": kind})
 
     return draw()
 
@@ -143,13 +171,29 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
-def make_spec(kernel: Callable[..., Any] = top_k.top_k, name: str = "top_k") -> KernelSpec:
-    """The top_k spec for ``kernel`` (any callable with top_k.top_k's signature)."""
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The one config of a top-k kernel that is not ours. Selection does no
+    arithmetic, so no block size enters its bound (zero): there is nothing to state."""
+
+
+def make_spec(
+    kernel: Callable[..., Any] = top_k.top_k, name: str = "top_k", *, domain: Domain = DOMAIN,
+    blocks: Blocks | None = None, dtypes: Sequence[str] = strategies.DTYPES, backends: Sequence[str] = GENERIC,
+    bad_inputs: Callable[[], Sequence[BadInput]] | None = None,
+) -> KernelSpec:
+    """The top_k spec for ``kernel`` (any callable with top_k.top_k's signature).
+    ``blocks``: a kernel that is not ours (one "config"; the default checks ours over
+    its config space)."""
     run = functools.partial(_run, kernel)
+
+    def configs(case: Case, backend: Backend) -> Sequence[Any]:
+        return top_k.configs(*case.arrays["logits"].shape, case.params["k"], backend)
+
     return KernelSpec(
         name=name,
-        dtypes=strategies.DTYPES,
-        cases=cases,
+        dtypes=dtypes,
+        cases=functools.partial(cases, domain=domain),
         kernel=run,
         reference=_reference,
         oracle=_oracle,
@@ -158,11 +202,105 @@ def make_spec(kernel: Callable[..., Any] = top_k.top_k, name: str = "top_k") -> 
         # Selection is exact: any correct top-k returns these values and indices, so
         # the op's contract is the implementation bound, 0.
         contract=lambda case, ref, arith: oracle.bound(ref),
-        configs=lambda case, backend: top_k.configs(*case.arrays["logits"].shape, case.params["k"], backend),
-        default_config=top_k.Config(),
+        **config_fields(blocks, configs, top_k.Config()),
         relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),),
-        bad_inputs=_bad_inputs,
+        bad_inputs=bad_inputs or _bad_inputs,
+        backends=backends,
     )
 
 
 SPEC = make_spec()
+
+
+# ------------------------------------------------------------------------ builder
+
+OUTPUTS = ("values_indices", "indices_values", "values")
+TIES = ("lower_index", "any")
+ORDERS = ("total", "numbers")
+
+
+def lowest_indices(x: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The indices our tie rule gives ``values`` [rows, k] taken from ``x`` [rows, n]:
+    the r-th value of a bit pattern gets the r-th lowest index of x holding that
+    pattern, -1 where x holds it fewer times (values that are not x's). For the
+    right values these are the oracle's indices: it takes each tie group in index
+    order."""
+    out = np.full(values.shape, -1, np.int64)
+    if values.dtype != x.dtype:  # the values check fails; their bits are no pattern of x
+        return out
+    x_bits, value_bits = oracle.bits(x), oracle.bits(values)
+    for row in range(values.shape[0]):
+        seen: dict[int, int] = {}
+        for slot, pattern in enumerate(value_bits[row].tolist()):
+            holders = np.flatnonzero(x_bits[row] == pattern)
+            rank = seen[pattern] = seen.get(pattern, -1) + 1
+            if rank < holders.size:
+                out[row, slot] = holders[rank]
+    return out
+
+
+def points_at(x: np.ndarray, values: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether ``indices`` are one valid choice for ``values``: in range, each at most
+    once per row, and x holds each value's bit pattern at its index."""
+    if indices.shape != values.shape or values.dtype != x.dtype:
+        return False
+    if ((indices < 0) | (indices >= x.shape[1])).any():
+        return False
+    once = all(np.unique(row).size == row.size for row in indices)
+    return once and bool((oracle.bits(np.take_along_axis(x, indices, axis=1)) == oracle.bits(values)).all())
+
+
+def top_k_like(
+    fn: Callable[..., Any], *, name: str, k: Sequence[int] = KS, rows: Sequence[int] = TOKENS,
+    n: Sequence[int] = VOCABS, output: str = "values_indices", ties: str = "lower_index", order: str = "total",
+    dtypes: Sequence[str] = strategies.DTYPES, backends: Sequence[str] = GENERIC, interpret: str | None = None,
+) -> KernelSpec:
+    """The spec of a user's top-k along the last axis, ``fn(x, k)`` for x [rows, n]
+    (f32, bf16 or f16) and a Python int k: per row the k largest values, largest
+    first, in x's dtype, and their indices in the row. Selection does no arithmetic:
+    values are compared bit for bit, indices exactly.
+
+    - ``output``: what it returns: "values_indices" ((values, indices)),
+      "indices_values" ((indices, values)) or "values" (no indices: the values alone
+      are checked);
+    - ``ties``: the order of equal values: "lower_index" (the lower index first, as
+      ours and ``jax.lax.top_k``) or "any" (indices that point at the values, each
+      once, pass whichever of the equal entries they pick);
+    - ``order``: "total" (IEEE-754 total order, as ``jax.lax.top_k``: +NaN above
+      +inf, +0.0 above -0.0, -NaN last, NaN payloads ordered) or "numbers" (it
+      compares as numbers: cases then hold no NaN and no -0.0);
+    - ``k``, ``rows``, ``n``: the k and sizes it accepts (each k <= n is drawn);
+    - ``backends`` / ``interpret``: see ``builders.call_on``.
+    Top-k has no gradient here (ours has none to compare with).
+    """
+    for fact, value, allowed in (("output", output, OUTPUTS), ("ties", ties, TIES), ("order", order, ORDERS)):
+        if value not in allowed:
+            raise ValueError(f"{fact} must be one of {allowed}, got {value!r}")
+    if any(all(k_ > n_ for k_ in k) for n_ in n):
+        raise ValueError(f"every n must admit some k <= n; got k={tuple(k)}, n={tuple(n)}")
+
+    def called(x, k_, backend):
+        return builders.call_on(fn, get_backend(backend), backends, interpret, x, k_)
+
+    def adapted(x, k_, *, config=None, backend=None):
+        del config  # nothing of the tiling enters the bound
+        out = called(x, k_, backend)
+        x = np.asarray(x)
+        # The check compares indices exactly under our tie rule: values alone, or a
+        # valid choice among equal values, are given the indices that rule picks.
+        if output == "values":
+            values = np.asarray(out)
+            return values, lowest_indices(x, values)
+        values, indices = (np.asarray(a) for a in (out if output == "values_indices" else out[::-1]))
+        if ties == "any" and points_at(x, values, indices):
+            indices = lowest_indices(x, values)
+        return values, indices
+
+    def bad() -> list[BadInput]:
+        chosen = builders.checking_backend(backends)
+        x = jnp.ones((max(rows), max(n)), dtypes[-1])
+        # fn itself, not ``adapted``: the index bookkeeping must not stand in for a refusal
+        return [builders.must_refuse("k above n", lambda: called(x, max(n) + 1, chosen))]
+
+    domain = Domain(tuple(rows), tuple(n), tuple(k), total_order=order == "total")
+    return make_spec(adapted, name, domain=domain, blocks=Blocks(), dtypes=dtypes, backends=backends, bad_inputs=bad)
