@@ -171,13 +171,19 @@ def _concrete(call: pinning.Call, args: Sequence[Any], seed: int) -> dict[str, n
 
 def gate_cases(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], backend: Backend,
                kinds: Sequence[str], seed: int = 0) -> list[Case]:
-    """The call's own case, then one per adversarial element kind: the float arrays
-    redrawn with that kind and the same shapes (``reduction``: the last axis)."""
+    """The call's own case, then the spec's adversarial cases at its shapes
+    (``KernelSpec.adversarial``), or one per element kind in ``kinds``: the float arrays
+    redrawn with that kind and the same shapes (``reduction``: the last axis). No
+    ``kinds``: the call's own case only."""
     params = {k: v for k, v in call.options.items() if k != "axis_name"}
     base = Case(dict(arrays), params)
     out = np.asarray(jax.device_get(spec.kernel(base, spec.default_config_for(backend), backend)))
     cotangent = strategies.elements(seed, out.shape, out.dtype.name, "normal")
     cases = [Case({**arrays, "cotangent": cotangent}, params)]
+    if not kinds:
+        return cases
+    if spec.adversarial is not None:
+        return cases + list(spec.adversarial(cases[0], seed))
     for j, kind in enumerate(kinds):
         drawn = {name: (strategies.elements(seed + 7 * j + i, a.shape, a.dtype.name, kind, reduction=a.shape[-1])
                         if _is_float(a) and name not in INTEGER_ARRAYS else a)

@@ -13,6 +13,8 @@ from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
 from pallascheck.properties.attention_spec import attention_like
 from pallascheck.properties.cross_entropy_spec import Blocks as CrossEntropyBlocks
 from pallascheck.properties.cross_entropy_spec import cross_entropy_like
+from pallascheck.properties.elementwise_spec import Compute as ElementwiseCompute
+from pallascheck.properties.elementwise_spec import elementwise_like
 from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
 from pallascheck.properties.matmul_spec import matmul_like
 from pallascheck.properties.norms_spec import Blocks as NormBlocks
@@ -26,7 +28,7 @@ from pallascheck.properties.spec import KernelSpec, register
 from pallascheck.properties.top_k_spec import top_k_like
 
 __all__ = [
-    "AttentionBlocks", "CrossEntropyBlocks", "GroupedMatmulBlocks", "KernelSpec", "MatmulBlocks", "NormBlocks",
-    "SoftmaxBlocks", "attention_like", "cross_entropy_like", "grouped_matmul_like", "matmul_like", "norm_like",
-    "register", "softmax_like", "spec_tests", "top_k_like",
+    "AttentionBlocks", "CrossEntropyBlocks", "ElementwiseCompute", "GroupedMatmulBlocks", "KernelSpec",
+    "MatmulBlocks", "NormBlocks", "SoftmaxBlocks", "attention_like", "cross_entropy_like", "elementwise_like",
+    "grouped_matmul_like", "matmul_like", "norm_like", "register", "softmax_like", "spec_tests", "top_k_like",
 ]

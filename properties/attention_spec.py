@@ -84,10 +84,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed)
         npd = strategies.np_dtype(dtype)
-        scale = 1.0
-        if logits_kind == "large":  # q.k * sm_scale ~ c^2 for N(0, c^2) entries
-            effective = (1.0 / np.sqrt(d)) if sm_scale is None else sm_scale
-            scale = np.sqrt(1000.0 / (effective * np.sqrt(d)))
+        scale = _qk_scale(logits_kind, d, sm_scale)
         arrays = {
             "q": (rng.standard_normal((b, sq, h, d)) * scale).astype(npd),
             "k": (rng.standard_normal((b, skv, hkv, d)) * scale).astype(npd),
@@ -113,6 +110,28 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         return Case(arrays, {"causal": causal, "sm_scale": sm_scale})
 
     return draw()
+
+
+def _qk_scale(kind: str, d: int, sm_scale: float | None) -> float:
+    """The scale of N(0, 1) q and k entries: 1, or for "large" logits such that
+    q.k * sm_scale ~ 1e3 (c^2 for N(0, c^2) entries)."""
+    if kind != "large":
+        return 1.0
+    effective = (1.0 / np.sqrt(d)) if sm_scale is None else sm_scale
+    return float(np.sqrt(1000.0 / (effective * np.sqrt(d))))
+
+
+def _adversarial(case: Case, seed: int) -> list[Case]:
+    """q, k, v redrawn with each logits kind at case's shapes (bias and mask kept)."""
+    a = case.arrays
+    d, npd = a["q"].shape[-1], a["q"].dtype
+    out = []
+    for i, kind in enumerate(LOGITS):
+        rng = np.random.default_rng(seed + i)
+        scale = _qk_scale(kind, d, case.params["sm_scale"])
+        drawn = {n: (rng.standard_normal(a[n].shape) * (scale if n != "v" else 1.0)).astype(npd) for n in "qkv"}
+        out.append(Case({**a, **drawn}, case.params))
+    return out
 
 
 def _inputs(case: Case) -> dict[str, Any]:
@@ -352,6 +371,7 @@ def make_spec(
                                contract=_gradient_contract) if differentiable else None,
         contract=_contract,
         relations=(permutations(run, run_bound),) + (shift if domain.bias else ()),
+        adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
         **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),

@@ -240,9 +240,27 @@ def make_spec(
         gradients=GradientSpec(kernel_vjp, _oracle_vjp, _gradient_bound, contract=_gradient_contract)
         if differentiable else None,
         relations=(relations.invariance_within_contract("shift_invariance", run, _shifted, _oracle, _contract),),
+        adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
     )
+
+
+def _adversarial(case: Case, seed: int) -> list[Case]:
+    """The logits redrawn with each kind at case's shape, labels kept (or placed on the
+    one finite logit); the kinds whose exact loss needs smoothing 0, or whose row sums
+    overflow a reduced loss, only where the case allows them (as ``cases`` draws)."""
+    logits, labels, p = case.arrays["logits"], case.arrays["labels"], case.params
+    tokens, vocab = int(np.prod(logits.shape[:-1])), logits.shape[-1]
+    out = []
+    for i, kind in enumerate(LOGIT_KINDS):
+        if (kind in EXACT_KINDS and p["label_smoothing"] != 0.0) or (kind == "near_max" and p["reduction"] != "none"):
+            continue
+        z, forced = logits_of(seed + i, tokens, vocab, logits.dtype.name, kind)
+        y = labels if forced is None else np.where(labels.reshape(-1) == p["ignore_index"], labels.reshape(-1),
+                                                   forced).astype(labels.dtype).reshape(labels.shape)
+        out.append(Case({**case.arrays, "logits": z.reshape(logits.shape), "labels": y}, p))
+    return out
 
 
 def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:

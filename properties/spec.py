@@ -113,6 +113,10 @@ class KernelSpec:
     # Config type): dtypes and default config per backend name
     dtypes_on: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     default_config_on: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
+    # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
+    # kinds of strategies.elements suit every float array of the spec
+    adversarial: Callable[[Case, int], Sequence[Case]] | None = None
 
     def runs_on(self, backend: Backend) -> bool:
         return backend.name in self.backends
