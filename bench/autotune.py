@@ -212,7 +212,8 @@ def _gate_and_time(spec: KernelSpec, cases: Sequence[Case], config: Any, backend
 
 
 def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    # the failing check and its worst element (CheckFailure: first two lines)
+    text = " / ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:400]
     if isinstance(err, checks.CheckFailure):
         return f"numerics: {text}"
     if "RESOURCE_EXHAUSTED" in str(err) or "out of memory" in str(err).lower():
