@@ -244,8 +244,10 @@ def _memoised(spec: KernelSpec) -> KernelSpec:
 
 
 def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], *, repeats: int,
-              timeout_s: float, kinds: Sequence[str]) -> dict[str, Any]:
-    """One result entry: every candidate gated and timed, the fastest valid one chosen."""
+              timeout_s: float, kinds: Sequence[str], progress: Callable[[str], None] = lambda line: None,
+              ) -> dict[str, Any]:
+    """One result entry: every candidate gated and timed, the fastest valid one chosen;
+    ``progress`` gets a line per candidate."""
     spec = _memoised(spec)
     backend = Backend(call.backend)
     cases = gate_cases(spec, call, arrays, backend, kinds)
@@ -259,14 +261,17 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
             got = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             rejected.append({"config": pinning.config_to_json(config), "reason": f"timeout: over {timeout_s:g} s"})
+            progress(f"  {config}: rejected, {rejected[-1]['reason']}")
             continue
         except Exception as err:  # noqa: BLE001 - every failure of a candidate is a reason to reject it
             rejected.append({"config": pinning.config_to_json(config), "reason": _reason(err)})
+            progress(f"  {config}: rejected, {rejected[-1]['reason']}")
             continue
         finally:
             pool.shutdown(wait=False)
         outputs[config] = got.pop("out")
         timed.append({"config": pinning.config_to_json(config), **got})
+        progress(f"  {config}: {got['median_s'] * 1e3:.3f} ms (IQR {got['iqr_s'] * 1e3:.3f}), budget {got['budget']:.2f}")
     entry: dict[str, Any] = {
         "kernel": call.kernel, "spec": spec.name, "key": call.key, "backend": call.backend,
         "default": pinning.config_to_json(default), "candidates": timed, "rejected": rejected, "chosen": None,
@@ -300,11 +305,13 @@ def _largest_difference(spec: KernelSpec, case: Case, outputs: Mapping[Any, np.n
 
 def autotune(fn: Callable[..., Any], *args: Any, backends: Sequence[str] | None = None, repeats: int = 10,
              timeout_s: float = 300.0, adversarial: Sequence[str] = strategies.ELEMENT_KINDS,
-             specs: Mapping[str, KernelSpec] | None = None, **kwargs: Any) -> AutotuneResult:
+             specs: Mapping[str, KernelSpec] | None = None, progress: Callable[[str], None] = lambda line: None,
+             **kwargs: Any) -> AutotuneResult:
     """Tune every pallascheck kernel ``fn(*args, **kwargs)`` calls, on ``backends``
     (default: the GPU backends that run here, else the session's), choosing per call
     the fastest config that passes the numerics gate (module docstring). ``specs``
-    replaces the spec of a kernel by name (a variant under test)."""
+    replaces the spec of a kernel by name (a variant under test); ``adversarial=()``
+    gates on the call's own inputs only; ``progress`` gets a line per call and config."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if timeout_s <= 0:
@@ -316,8 +323,9 @@ def autotune(fn: Callable[..., Any], *args: Any, backends: Sequence[str] | None 
         spec = (specs or {}).get(name) or get_spec(name)
         if not spec.runs_on(Backend(call.backend)):
             raise NotOnBackend(f"{name} has no version for {call.backend}")
+        progress(call.key)
         entries.append(tune_call(spec, call, _concrete(call, args, seed=i), repeats=repeats, timeout_s=timeout_s,
-                                 kinds=adversarial))
+                                 kinds=adversarial, progress=progress))
     data = {"format": pinning.FORMAT, "version": pinning.VERSION, "environment": pinning.environment(),
             "entries": entries}
     return AutotuneResult(data)

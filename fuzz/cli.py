@@ -184,7 +184,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     fn, inputs = WORKLOADS[args.workload](args.size, args.dtype)
     kinds = () if args.no_adversarial else strategies.ELEMENT_KINDS
     result = autotune.autotune(fn, *inputs, backends=backends, repeats=args.repeats, timeout_s=args.timeout,
-                               adversarial=kinds)
+                               adversarial=kinds, progress=lambda line: print(line, flush=True))
     for entry in result.entries:
         chosen = entry["chosen"]["fields"] if entry["chosen"] else "none (every config rejected): default"
         speedup = entry.get("speedup_over_default")
