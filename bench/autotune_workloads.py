@@ -33,13 +33,13 @@ def _norm(kind: str) -> Callable[[str, str], tuple[Callable[..., Any], tuple]]:
 
 
 def _attention(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
-    b, s, h, d = (1, 48, 2, 32) if size == "small" else (1, 1024, 8, 128)
+    b, s, h, d = (1, 48, 2, 32) if size == "small" else (1, 512, 4, 64)
     return (lambda q, k, v: attention.attention(q, k, v, causal=True)), tuple(
         _normal(i, (b, s, h, d), dtype) for i in range(3))
 
 
 def _cross_entropy(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
-    t, v = (33, 300) if size == "small" else (4096, 32768)
+    t, v = (33, 300) if size == "small" else (2048, 8192)
     labels = jax.random.randint(jax.random.key(2), (t,), 0, v, jnp.int32)
     return (lambda z, y: cross_entropy.cross_entropy(z, y)), (_normal(0, (t, v), dtype), labels)
 
