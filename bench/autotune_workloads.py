@@ -26,7 +26,7 @@ def _matmul(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
 
 def _norm(kind: str) -> Callable[[str, str], tuple[Callable[..., Any], tuple]]:
     def make(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
-        rows, d = (33, 100) if size == "small" else (8192, 2048)
+        rows, d = (33, 100) if size == "small" else (4096, 1024)
         fn = getattr(norms, kind)
         return (lambda x, s: fn(x, s)), (_normal(0, (rows, d), dtype), _normal(1, (d,), dtype))
     return make
@@ -39,7 +39,7 @@ def _attention(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
 
 
 def _cross_entropy(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
-    t, v = (33, 300) if size == "small" else (2048, 8192)
+    t, v = (33, 300) if size == "small" else (1024, 8192)
     labels = jax.random.randint(jax.random.key(2), (t,), 0, v, jnp.int32)
     return (lambda z, y: cross_entropy.cross_entropy(z, y)), (_normal(0, (t, v), dtype), labels)
 
