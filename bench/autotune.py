@@ -7,12 +7,14 @@
 2. **Gate every candidate.** Each config of the kernel's autotuning space
    (``spec.configs``, the default config included) is checked against the float64
    oracle under the kernel's derived bound (values, and gradients where the kernel is
-   differentiable) on the call's own inputs and on one adversarial input per element
-   kind of ``properties.strategies`` with the same shapes, before it is timed. A config
-   that fails a check, raises (a compile error, out of memory) or runs past
-   ``timeout_s`` is rejected, with the reason kept; it is never chosen.
-3. **Time the survivors**: median and interquartile range of ``repeats`` runs after a
-   warm-up (``bench.timing``), on the call's own inputs.
+   differentiable) on the call's own inputs and on the spec's adversarial inputs with
+   the same shapes (``KernelSpec.adversarial``, else one per element kind of
+   ``properties.strategies``), before it is timed. Gates run several at a time in
+   threads (their float64 bounds are the cost at large shapes). A config that fails a
+   check, raises (a compile error, out of memory) or runs past ``timeout_s`` is
+   rejected, with the reason kept; it is never chosen.
+3. **Time the survivors** one at a time: median and interquartile range of
+   ``repeats`` runs after a warm-up (``bench.timing``), on the call's own inputs.
 4. **The result** (``AutotuneResult``) is a versioned JSON document: per call key the
    chosen config, the default, every candidate's time and budget used, the rejected
    configs with reasons, and the largest disagreement between two validated configs
@@ -196,8 +198,9 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.name == "bfloat16" or np.issubdtype(a.dtype, np.floating)
 
 
-def _gate_and_time(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend,
-                   repeats: int) -> dict[str, Any]:
+def _gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend) -> dict[str, Any]:
+    """Every case's checks under ``config`` (raises CheckFailure on the first failure):
+    the worst budget used, and the output on the call's own inputs."""
     selected = ("values", "gradients") if spec.gradients is not None else ("values",)
     ctx = checks.Context(kernel=spec.name, dtype=str(cases[0].arrays[next(iter(cases[0].arrays))].dtype),
                          backend=str(backend))
@@ -205,10 +208,20 @@ def _gate_and_time(spec: KernelSpec, cases: Sequence[Case], config: Any, backend
     for case in cases:
         tally = runner.check_case(spec, case, config, backend, context=ctx, selected=selected)
         budget = max([budget] + [o.budget_used for o in tally.outcomes.values()])
-    times = sample_seconds(lambda: spec.kernel(cases[0], config, backend), repeats)
-    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
-    return {"median_s": statistics.median(times), "iqr_s": q3 - q1, "budget": budget,
+    return {"budget": budget,
             "out": np.asarray(jax.device_get(spec.kernel(cases[0], config, backend))).astype(np.float64)}
+
+
+def _time(spec: KernelSpec, case: Case, config: Any, backend: Backend, repeats: int) -> dict[str, float]:
+    times = sample_seconds(lambda: spec.kernel(case, config, backend), repeats)
+    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
+    return {"median_s": statistics.median(times), "iqr_s": q3 - q1}
+
+
+def _gate_workers() -> int:
+    """Gates run in threads: their float64 bounds (numpy, which releases the GIL) are
+    the cost at large shapes; half the cores, so the kernels' own threads keep some."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _reason(err: BaseException) -> str:
@@ -251,27 +264,47 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
     spec = _memoised(spec)
     backend = Backend(call.backend)
     cases = gate_cases(spec, call, arrays, backend, kinds)
+    for case in cases:  # the float64 oracles, once, before the gates share them
+        ref = spec.oracle(case)
+        if spec.gradients is not None:
+            spec.gradients.oracle_vjp(case, ref)
     default = spec.default_config_for(backend)
     candidates = list(dict.fromkeys([default, *spec.configs(cases[0], backend)]))
     timed, rejected, outputs = [], [], {}
-    for config in candidates:
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        future = pool.submit(_gate_and_time, spec, cases, config, backend, repeats)
+
+    def reject(config: Any, reason: str) -> None:
+        rejected.append({"config": pinning.config_to_json(config), "reason": reason})
+        progress(f"  {config}: rejected, {reason}")
+
+    # 1. gate every candidate, several at a time; a config that hangs keeps its thread
+    gates = concurrent.futures.ThreadPoolExecutor(max_workers=_gate_workers())
+    futures = {config: gates.submit(_gate, spec, cases, config, backend) for config in candidates}
+    passed = []
+    for config, future in futures.items():
         try:
             got = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
-            rejected.append({"config": pinning.config_to_json(config), "reason": f"timeout: over {timeout_s:g} s"})
-            progress(f"  {config}: rejected, {rejected[-1]['reason']}")
+            reject(config, f"timeout: over {timeout_s:g} s")
             continue
         except Exception as err:  # noqa: BLE001 - every failure of a candidate is a reason to reject it
-            rejected.append({"config": pinning.config_to_json(config), "reason": _reason(err)})
-            progress(f"  {config}: rejected, {rejected[-1]['reason']}")
+            reject(config, _reason(err))
+            continue
+        outputs[config] = got["out"]
+        passed.append((config, got["budget"]))
+    gates.shutdown(wait=False)
+    # 2. time the valid ones, one at a time, alone on the device
+    for config, budget in passed:
+        timer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        try:
+            got = timer.submit(_time, spec, cases[0], config, backend, repeats).result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            reject(config, f"timeout: over {timeout_s:g} s while timed")
+            outputs.pop(config)
             continue
         finally:
-            pool.shutdown(wait=False)
-        outputs[config] = got.pop("out")
-        timed.append({"config": pinning.config_to_json(config), **got})
-        progress(f"  {config}: {got['median_s'] * 1e3:.3f} ms (IQR {got['iqr_s'] * 1e3:.3f}), budget {got['budget']:.2f}")
+            timer.shutdown(wait=False)
+        timed.append({"config": pinning.config_to_json(config), **got, "budget": budget})
+        progress(f"  {config}: {got['median_s'] * 1e3:.3f} ms (IQR {got['iqr_s'] * 1e3:.3f}), budget {budget:.2f}")
     entry: dict[str, Any] = {
         "kernel": call.kernel, "spec": spec.name, "key": call.key, "backend": call.backend,
         "default": pinning.config_to_json(default), "candidates": timed, "rejected": rejected, "chosen": None,
