@@ -18,7 +18,7 @@ import pallascheck
 from pallascheck.kernels import matmul, pinning
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties.matmul_spec import make_spec
-from tests.broken.matmul_variants import unmasked_k_padding_at_largest_block
+from broken.matmul_variants import unmasked_k_padding_at_largest_block
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((24, 40)), jnp.float32)  # K = 40: 32 does not divide it
 Y = jnp.asarray(np.random.default_rng(1).standard_normal((40, 24)), jnp.float32)
