@@ -213,7 +213,9 @@ def _gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend
 
 
 def _time(spec: KernelSpec, case: Case, config: Any, backend: Backend, repeats: int) -> dict[str, float]:
-    times = sample_seconds(lambda: spec.kernel(case, config, backend), repeats)
+    # inputs on the device once: the timed calls must not copy them from the host
+    on_device = Case({k: jax.device_put(v) for k, v in case.arrays.items()}, case.params)
+    times = sample_seconds(lambda: spec.kernel(on_device, config, backend), repeats)
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
     return {"median_s": statistics.median(times), "iqr_s": q3 - q1}
 
