@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         "autotune", help="pick each kernel's fastest config among those that pass the numerics gate",
         description="Run a workload once to find the pallascheck kernels it calls, check every config of each "
         "kernel's autotuning space against the float64 oracle under its derived bound (values and gradients, "
-        "on the workload's inputs and one adversarial input per element kind), time the configs that pass "
+        "on the workload's inputs and the spec's adversarial inputs at the same shapes), time the configs that pass "
         "(median and IQR) and write the result: chosen config, all timings, rejected configs with reasons. "
         "Pin it with `with pallascheck.use_configs(PATH):` or PALLASCHECK_CONFIGS=PATH.")
     tune.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="what to tune")
