@@ -13,8 +13,10 @@
    threads (their float64 bounds are the cost at large shapes). A config that fails a
    check, raises (a compile error, out of memory) or runs past ``timeout_s`` is
    rejected, with the reason kept; it is never chosen.
-3. **Time the survivors** one at a time: median and interquartile range of
-   ``repeats`` runs after a warm-up (``bench.timing``), on the call's own inputs.
+3. **Time the survivors**, alone on the device, on the call's own inputs (on the
+   device before timing): after a warm-up each, ``repeats`` rounds that run every
+   config once in a shuffled order (``bench.timing.interleaved_seconds``), so that
+   drift falls on all alike; median and interquartile range.
 4. **The result** (``AutotuneResult``) is a versioned JSON document: per call key the
    chosen config, the default, every candidate's time and budget used, the rejected
    configs with reasons, and the largest disagreement between two validated configs
@@ -47,7 +49,7 @@ from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import checks, runner, strategies
 from pallascheck.properties.spec import Case, KernelSpec, get_spec
 
-from .timing import sample_seconds
+from .timing import interleaved_seconds
 
 # kernel name in pinning.Call -> spec name, where they differ
 SPEC_NAMES = {"linear_cross_entropy": "linear_softmax_cross_entropy"}
@@ -212,10 +214,7 @@ def _gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend
             "out": np.asarray(jax.device_get(spec.kernel(cases[0], config, backend))).astype(np.float64)}
 
 
-def _time(spec: KernelSpec, case: Case, config: Any, backend: Backend, repeats: int) -> dict[str, float]:
-    # inputs on the device once: the timed calls must not copy them from the host
-    on_device = Case({k: jax.device_put(v) for k, v in case.arrays.items()}, case.params)
-    times = sample_seconds(lambda: spec.kernel(on_device, config, backend), repeats)
+def _summary(times: Sequence[float]) -> dict[str, float]:
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
     return {"median_s": statistics.median(times), "iqr_s": q3 - q1}
 
@@ -294,17 +293,27 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
         outputs[config] = got["out"]
         passed.append((config, got["budget"]))
     gates.shutdown(wait=False)
-    # 2. time the valid ones, one at a time, alone on the device
+    # 2. warm the valid ones up, one at a time (a hang is a timeout), with the inputs on
+    #    the device once (no host copy inside a timed call); then time them in rounds,
+    #    each round every config once in a shuffled order, alone on the device
+    on_device = Case({k: jax.device_put(v) for k, v in cases[0].arrays.items()}, cases[0].params)
+    warm: dict[Any, tuple[Callable[[], Any], float]] = {}
     for config, budget in passed:
+        def run_config(config: Any = config) -> Any:
+            return spec.kernel(on_device, config, backend)
         timer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
-            got = timer.submit(_time, spec, cases[0], config, backend, repeats).result(timeout=timeout_s)
+            timer.submit(lambda: jax.block_until_ready(run_config())).result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
-            reject(config, f"timeout: over {timeout_s:g} s while timed")
+            reject(config, f"timeout: over {timeout_s:g} s while warmed up for timing")
             outputs.pop(config)
             continue
         finally:
             timer.shutdown(wait=False)
+        warm[config] = (run_config, budget)
+    samples = interleaved_seconds([fn for fn, _ in warm.values()], repeats)
+    for (config, (_, budget)), times in zip(warm.items(), samples):
+        got = _summary(times)
         timed.append({"config": pinning.config_to_json(config), **got, "budget": budget})
         progress(f"  {config}: {got['median_s'] * 1e3:.3f} ms (IQR {got['iqr_s'] * 1e3:.3f}), budget {budget:.2f}")
     entry: dict[str, Any] = {

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 
 def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
@@ -17,6 +18,20 @@ def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_seconds(fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0) -> list[list[float]]:
+    """Wall times of ``repeats`` calls of each of ``fns`` (already warmed up), taken in
+    rounds: each round calls every function once, in a shuffled order, so that drift
+    (clocks ramping up, a neighbour's load) falls on all of them alike."""
+    order = np.random.default_rng(seed)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for i in order.permutation(len(fns)):
+            start = time.perf_counter()
+            jax.block_until_ready(fns[i]())
+            times[i].append(time.perf_counter() - start)
     return times
 
 
