@@ -63,19 +63,22 @@ def choose(kernel: str, config: Any, default: Any, *, arrays: Mapping[str, Any],
            backend: str) -> Any:
     """``config`` if given; else the config pinned for this call, if it has the type of
     ``default`` (a Mosaic GPU config is never given to the generic kernel); else
-    ``default``. Records the call while ``recording``."""
-    key = call_key(kernel, arrays, options, backend)
+    ``default``. Records the call while ``recording``. The call key is formed only when
+    a result is pinned or calls are recorded: every kernel call comes through here."""
     calls = _RECORDING.get()
+    pinned = _PINNED.get()
+    if pinned is None and os.environ.get(ENV_VAR):
+        pinned = _pins_from_file(os.environ[ENV_VAR])
+    if calls is None and (config is not None or not pinned):
+        return default if config is None else config
+    key = call_key(kernel, arrays, options, backend)
     if calls is not None:
         concrete = {n: (a if not isinstance(a, jax.core.Tracer) else jax.ShapeDtypeStruct(a.shape, a.dtype))
                     for n, a in arrays.items() if a is not None}
         calls.append(Call(kernel, key, concrete, dict(options), backend, config is not None))
     if config is not None:
         return config
-    pinned = _PINNED.get()
-    if pinned is None and os.environ.get(ENV_VAR):
-        pinned = _pins_from_file(os.environ[ENV_VAR])
-    chosen = None if pinned is None else pinned.get(key)
+    chosen = pinned.get(key) if pinned else None
     return chosen if isinstance(chosen, type(default)) else default
 
 
@@ -182,6 +185,6 @@ def _warn_stale(source: str, tuned: str, here: str) -> None:
 
 
 @functools.cache
-def _pins_from_file(path: str) -> dict[str, Any]:
+def _pins_from_file(path: str) -> dict[str, Any]:  # read once per process
     with open(path) as f:
         return pins_of(parse_result(f.read(), path), path)

@@ -17,7 +17,8 @@ error; every relative error composes exactly):
    every order: the chain n - 1); xla_reference's ``jnp.sum`` accumulates in f32 and
    rounds the sum once to its dtype;
 4. y_j = w_hat_j / L_hat: ``algebra.divide`` in f32 plus t|y| (Triton may emit PTX's
-   approximate division, within 2 ulp); xla_reference divides in its dtype;
+   approximate division, within 2 ulp); xla_reference divides in its dtype, and
+   step 5 charges it a second rounding there: XLA may form w * (1 / L), two roundings;
 5. one rounding of y to the output dtype.
 The contract is the kernel's model with the shift in f32 and one block: what a
 two-pass softmax that upcasts its inputs achieves. A shift in bf16 costs up to

@@ -29,7 +29,7 @@ from pallascheck.oracles.elementwise import ElementwiseOracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for, gamma, unit_roundoff
 
 from . import builders, strategies
-from .spec import Case, GradientSpec, KernelSpec, Relation
+from .spec import Case, GradientSpec, KernelSpec, Relation, config_fields
 
 # (1,) and (7,): a lone element and a ragged vector; (3, 33) rows with an odd tail;
 # (8, 128): one aligned TPU tile; (2, 3, 64): rank 3. Few buckets, because interpret
@@ -226,8 +226,7 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=bound,
         contract=contract,
-        configs=lambda case, backend: [compute],
-        default_config=compute,
+        **config_fields(compute),
         gradients=GradientSpec(kernel_vjp, oracle_vjp, gradient_bound, contract=gradient_contract)
         if differentiable else None,
         relations=(element_permutation(run, bound_of), reflection(run, bound_of)),

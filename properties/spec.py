@@ -143,12 +143,14 @@ def any_order_gradient_contract(bound: Callable[..., Mapping[str, np.ndarray]]) 
 
 
 def config_fields(
-    blocks: Any, configs: Callable[[Case, Backend], Sequence[Any]], default: Any, mosaic_gpu_default: Any = None,
+    blocks: Any, configs: Callable[[Case, Backend], Sequence[Any]] | None = None, default: Any = None,
+    mosaic_gpu_default: Any = None,
 ) -> dict[str, Any]:
     """A KernelSpec's config fields. For a kernel that is not ours, its fixed tiling
-    ``blocks`` is the one config. For ours (``blocks`` None): its config space and
-    default, and where it has a Mosaic GPU version, that version's dtypes (bf16/f16)
-    and default config on the Mosaic GPU backends."""
+    ``blocks`` is the one config (a family with no kernel of ours passes nothing else).
+    For ours (``blocks`` None): its config space and default, and where it has a Mosaic
+    GPU version, that version's dtypes (bf16/f16) and default config on the Mosaic GPU
+    backends."""
     if blocks is not None:
         return {"configs": lambda case, backend: [blocks], "default_config": blocks}
     fields: dict[str, Any] = {"configs": configs, "default_config": default}
