@@ -1,116 +1,317 @@
-"""Fuzz campaigns: keep drawing inputs until a kernel breaks or time runs out.
+"""Fuzz campaigns: search for inputs that break kernels, survive the kernels that
+hang or crash, keep every finding once, and resume where the last run stopped.
 
-A campaign runs rounds of ``runner.run_property`` over kernel x dtype pairs, each
-round with a fresh Hypothesis seed, more examples than the test profiles and
-shrinking on, so a failure is reported at its smallest input. Everything found is
-written the moment it is found:
+A campaign runs tasks (one Hypothesis run of ``examples`` cases of one arm) in
+worker processes (``workers``), ``jobs`` at a time. Targeted (the default), each
+task reports every check's budget used (error / bound) to ``hypothesis.target``,
+and a bandit (``bandit``) over (kernel, dtype), input kind and config slot spends
+the next task where budgets climb; untargeted, tasks go to uniformly drawn
+(kernel, dtype) pairs with unpinned draws, which is the baseline the targeted
+search is measured against.
 
-- ``CORPUS/round-<seed>/<kernel>-<dtype>-<check>.npz``: the failing case (arrays
-  bit-exact), its config, backend and message; ``pallascheck replay FILE`` re-runs it;
-- ``CORPUS/log.jsonl``: one line per finished (kernel, dtype, round) with its outcome,
-  appended and flushed as it goes.
-
-So a campaign that is interrupted (Ctrl-C, a killed job) loses at most the round in
-flight, never a reproducer already found.
+A value failure is shrunk by Hypothesis to its smallest input, deduplicated by
+signature (``corpus``), and its check is retired for that (kernel, dtype): the
+others go on. A hang, crash or out-of-memory kills the worker: the case it was
+running is kept, the pair is retired, a new worker takes over. Everything is on disk
+the moment it is known; ``resume=True`` continues a campaign from its state file,
+skipping what it already found.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import random
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import runner
-from pallascheck.properties.spec import KernelSpec
+from pallascheck.properties.checks import Worst
+from pallascheck.properties.spec import Case
 
+from . import bandit, targets
+from .corpus import Corpus, crash_pattern, signature, worst_pattern
+from .workers import Death, Task, Worker
 
-@dataclasses.dataclass
-class Finding:
-    kernel: str
-    dtype: str
-    seed: int
-    message: str
-    saved: list[str]
+STATE_VERSION = 1
 
 
 @dataclasses.dataclass
 class CampaignResult:
-    rounds: int = 0
-    examples: int = 0
-    findings: list[Finding] = dataclasses.field(default_factory=list)
+    tasks: int = 0
+    cases: int = 0
+    seconds: float = 0.0
+    new_failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    repeats: int = 0  # findings whose signature the corpus already had
+    first_failure_seconds: float | None = None  # from this run's start
     interrupted: bool = False
 
 
+@dataclasses.dataclass
+class Limits:
+    """Per-case limits: seconds without progress (a hang) and resident bytes (out of memory)."""
+
+    case_timeout: float = 300.0
+    memory_bytes: int = 8 * 2**30
+
+
+class Campaign:
+    def __init__(
+        self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
+        dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool,
+    ):
+        self.corpus = Corpus(corpus)
+        saved = self.corpus.load_state()
+        if saved is not None and not resume:
+            raise ValueError(f"corpus {corpus!r} already holds a campaign: pass --resume to continue it, "
+                             f"or choose another --corpus")
+        if saved is not None and saved["backend"] != str(backend):
+            raise ValueError(f"corpus {corpus!r} was fuzzed on {saved['backend']}, not {backend}: "
+                             f"resume it there, or choose another --corpus")
+        self.backend = backend
+        self.paths = list(paths) or (saved or {}).get("paths", [])
+        targets.add_paths(self.paths)
+        names = list(targets_) or (saved or {}).get("targets", [])
+        if not names:
+            raise ValueError("no kernel to fuzz: name one with --kernel")
+        self.targets = names
+        wanted = list(dtypes or ()) or (saved or {}).get("dtypes", [])
+        self.dtypes = wanted
+        self.pairs = [(name, d) for name in names for d in targets.resolve(name).dtypes_for(backend)
+                      if not wanted or d in wanted]
+        if not self.pairs:
+            raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
+        self.examples = examples
+        self.targeted = targeted
+        self.rng = random.Random(first_seed)
+        self.bandit = bandit.Bandit(self.pairs, self.rng)
+        self.retired_checks: dict[tuple[str, str], list[str]] = {}
+        self.retired: set[tuple[str, str]] = set()
+        self.seed = first_seed
+        self.seconds_before = 0.0
+        self.started = time.time()
+        if saved is not None:
+            self.bandit.restore(saved["bandit"])
+            self.retired_checks = {tuple(p): c for p, c in saved["retired_checks"]}
+            self.retired = {tuple(p) for p in saved["retired"]}
+            self.seed = saved["next_seed"]
+            self.seconds_before = saved["seconds"]
+            self.started = saved["started"]
+        self.cases = (saved or {}).get("cases", 0)
+        self.run_start = time.monotonic()
+
+    # -- state -------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Campaign seconds, over every run of it."""
+        return self.seconds_before + time.monotonic() - self.run_start
+
+    def save(self) -> None:
+        import jax
+
+        arms = [dict(row, retired=(row["kernel"], row["dtype"]) in self.retired) for row in self.bandit.arms()]
+        self.corpus.save_state({
+            "version": STATE_VERSION, "backend": str(self.backend), "jax": jax.__version__,
+            "started": self.started, "seconds": self.elapsed(), "targeted": self.targeted,
+            "targets": self.targets, "dtypes": self.dtypes, "paths": self.paths, "examples": self.examples,
+            "next_seed": self.seed, "cases": self.cases, "arms": arms, "bandit": self.bandit.state(),
+            "retired": [list(p) for p in sorted(self.retired)],
+            "retired_checks": [[list(p), c] for p, c in sorted(self.retired_checks.items())],
+        })
+
+    def open_pairs(self) -> list[tuple[str, str]]:
+        return [p for p in self.pairs if p not in self.retired]
+
+    # -- tasks -------------------------------------------------------------------
+    def next_task(self) -> Task | None:
+        pairs = self.open_pairs()
+        if not pairs:
+            return None
+        if self.targeted:
+            pair, kind, slot = self.bandit.choose(pairs)
+        else:
+            pair, kind, slot = self.rng.choice(pairs), "any", None
+        checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
+        self.seed += 1
+        return Task(pair[0], pair[1], kind, slot, self.seed, runner.examples_for(self.examples), checks,
+                    self.targeted)
+
+    def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
+        """Book a finished task; returns the failure record if it found one."""
+        pair = (task.target, task.dtype)
+        self.bandit.learn(pair, result["kinds"], result["configs"])
+        self.bandit.update(pair, task.kind, task.slot, bandit.reward(result["budgets"]))
+        found = None
+        if result["failure"]:
+            check = result["check"] or "crash"
+            if check == "crash":
+                pattern = crash_pattern(result["failure"].split("\n", 1)[-1])
+                self.retired.add(pair)
+            else:
+                pattern = worst_pattern(Worst(**{**result["worst"], "index": tuple(result["worst"]["index"]),
+                                                  "shape": tuple(result["worst"]["shape"])})
+                                        if result["worst"] else None)
+                retired = self.retired_checks.setdefault(pair, [])
+                retired.append(check)
+                if not set(runner.CHECKS) - set(retired):
+                    self.retired.add(pair)
+            found = self.record(task, "value" if check != "crash" else "crash", check, pattern,
+                                result["failure"], result["case"], minimised=True)
+        self.log_task(task, result["cases"], result["budgets"], found)
+        return found
+
+    def died(self, task: Task, death: Death) -> dict[str, Any]:
+        """Book a task whose worker was lost: its in-flight case is the reproducer."""
+        self.retired.add((task.target, task.dtype))
+        case_path = None
+        if death.inflight is not None:
+            case = Case.load(death.inflight)
+            meta = dict(case.params["__failure__"], check=death.kind, message=death.message)
+            case_path = death.inflight + f".{death.kind}.npz"
+            Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
+        found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
+        self.log_task(task, 0, {}, found)
+        return found
+
+    def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
+               *, minimised: bool) -> dict[str, Any]:
+        sig = signature(task.target, task.dtype, check, kind, pattern)
+        case_file = self.corpus.file("failures", sig, "case.npz")
+        paths = "".join(f" --path {p}" for p in self.paths)
+        record = {
+            "signature": sig, "kernel": task.target, "dtype": task.dtype, "check": check, "kind": kind,
+            "pattern": pattern, "message": message, "backend": str(self.backend), "seed": task.seed,
+            "input_kind": task.kind, "config_slot": task.slot, "first_seen_t": round(self.elapsed(), 2),
+            "minimised": minimised,
+            "replay": f"pallascheck replay {case_file}{paths}" if case_path else
+                      f"pallascheck fuzz --kernel {task.target} --dtype {task.dtype} --seed {task.seed - 1}{paths} "
+                      f"(no case was in flight: the task died while drawing or compiling)",
+        }
+        if case_path:
+            case = Case.load(case_path)
+            record["shapes"] = {k: list(v.shape) for k, v in case.arrays.items()}
+            record["config"] = case.params["__failure__"]["config"]
+        stored, new = self.corpus.record_failure(record, case_path)
+        stored["new"] = new
+        return stored
+
+    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: dict[str, Any] | None) -> None:
+        self.corpus.append("events.jsonl", {
+            "t": round(self.elapsed(), 2), "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
+            "config_slot": task.slot, "seed": task.seed, "cases": cases, "best_budget": budgets,
+            "outcome": found["kind"] if found else "pass", "signature": found["signature"] if found else None,
+            "targeted": task.targeted, "checks": list(task.checks),
+        })
+        self.save()
+
+
 def run(
-    specs: Sequence[KernelSpec],
+    targets_: Sequence[str],
     backend: Backend,
     corpus: str,
     *,
     seconds: float,
-    examples_per_round: int = 50,
-    first_seed: int = 0,
+    examples: int = 16,
+    jobs: int = 1,
+    targeted: bool = True,
     dtypes: Sequence[str] | None = None,
+    paths: Sequence[str] = (),
+    first_seed: int = 0,
+    resume: bool = False,
+    limits: Limits = Limits(),
+    stop_on_first: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> CampaignResult:
-    """Fuzz ``specs`` on ``backend`` for about ``seconds`` (a round in flight finishes);
-    each round checks ``examples_per_round`` cases per (kernel, dtype), as verify's
-    ``--examples`` counts them.
-
-    A (kernel, dtype) pair that failed is not fuzzed again in later rounds: its
-    reproducer is in the corpus, and the other pairs get the time.
-    """
+    """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
+    ``jobs`` worker processes; ``examples`` cases per task. ``stop_on_first``: stop at
+    the first failure (time-to-first-failure measurements)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
-    if examples_per_round < 1:
-        raise ValueError(f"examples_per_round must be >= 1, got {examples_per_round!r}")
-    os.makedirs(corpus, exist_ok=True)
-    pairs = [(s, d) for s in specs for d in s.dtypes_for(backend) if dtypes is None or d in dtypes]
-    if not pairs:
-        raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
+    if examples < 1:
+        raise ValueError(f"examples must be >= 1, got {examples!r}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    campaign = Campaign(targets_, backend, corpus, examples=examples, targeted=targeted, dtypes=dtypes,
+                        paths=paths, first_seed=first_seed, resume=resume)
     result = CampaignResult()
+    setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
+    workers = [Worker(i, campaign.corpus.worker_dir(i), setup) for i in range(jobs)]
     deadline = time.monotonic() + seconds
-    seed = first_seed
-    broken: set[tuple[str, str]] = set()
+    best = (0.0, "")
+    last_progress = 0.0
+    started = 0
+    campaign.save()
     try:
-        with open(os.path.join(corpus, "log.jsonl"), "a") as log:
-            while time.monotonic() < deadline and len(broken) < len(pairs):
-                for spec, dtype in pairs:
-                    if (spec.name, dtype) in broken or time.monotonic() >= deadline:
-                        continue
-                    found, examples = _round(spec, dtype, backend, corpus, seed, examples_per_round, log)
-                    result.examples += examples
-                    if found is not None:
-                        broken.add((spec.name, dtype))
-                        result.findings.append(found)
-                result.rounds += 1
-                seed += 1
+        while True:
+            busy = False
+            for i, worker in enumerate(workers):
+                task = worker.task
+                messages, death = worker.poll(limits.case_timeout, limits.memory_bytes)
+                found = None
+                for kind, payload in messages:
+                    if kind == "checked":
+                        campaign.corpus.append("cases.jsonl", dict(payload, t=round(campaign.elapsed(), 2)))
+                        campaign.cases += 1
+                        result.cases += 1
+                        used = max((c["budget"] if c["budget"] is not None else float("inf")
+                                    for c in payload["checks"].values()), default=0.0)
+                        best = max(best, (used, f"{payload['kernel']} {payload['dtype']}"))
+                    elif kind == "done":
+                        result.tasks += 1
+                        found = campaign.finish(task, payload)
+                if death is not None:
+                    if task is not None:
+                        result.tasks += 1
+                        found = campaign.died(task, death)
+                    workers[i] = worker = Worker(i, campaign.corpus.worker_dir(i), setup)
+                if found is not None:
+                    if found["new"]:
+                        result.new_failures.append(found)
+                        if result.first_failure_seconds is None:
+                            result.first_failure_seconds = time.monotonic() - campaign.run_start
+                    else:
+                        result.repeats += 1
+                # At least one task runs, however short the time given.
+                stop = (stop_on_first and result.new_failures) or (time.monotonic() >= deadline and started)
+                if worker.task is None and worker.ready and not stop:
+                    task = campaign.next_task()
+                    if task is not None:
+                        worker.start(task)
+                        started += 1
+                busy |= worker.task is not None
+            if progress is not None and time.monotonic() - last_progress >= 1.0:
+                last_progress = time.monotonic()
+                progress(_progress_line(campaign, result, best))
+            if (stop_on_first and result.new_failures) or (
+                    not busy and ((time.monotonic() >= deadline and started) or not campaign.open_pairs())):
+                break
+            time.sleep(0.05)
     except KeyboardInterrupt:
         result.interrupted = True
+    finally:
+        for worker in workers:
+            if worker.task is None:
+                worker.stop()
+            else:  # a task in flight is lost, not its findings: those are on disk already
+                worker.kill()
+        result.seconds = time.monotonic() - campaign.run_start
+        campaign.save()
+        campaign.corpus.close()
     return result
 
 
-def _round(
-    spec: KernelSpec, dtype: str, backend: Backend, corpus: str, seed: int, examples: int, log
-) -> tuple[Finding | None, int]:
-    """One Hypothesis run; (the finding or None, the examples it checked)."""
-    directory = os.path.join(corpus, f"round-{seed}")
-    replay = f"pallascheck replay {directory}/{spec.name}-{dtype}-<check>.npz"
-    start = time.monotonic()
-    tally = runner.run_property(
-        spec, dtype, backend, examples=runner.examples_for(examples), seed=seed, shrink=True,
-        failure_dir=directory, replay_hint=replay,
-    )
-    saved = sorted(
-        os.path.join(directory, f) for f in (os.listdir(directory) if os.path.isdir(directory) else ())
-        if f.startswith(f"{spec.name}-{dtype}-")
-    )
-    checked = tally.outcomes["values"].examples if "values" in tally.outcomes else 0
-    entry = {
-        "kernel": spec.name, "dtype": dtype, "backend": str(backend), "seed": seed, "examples": checked,
-        "seconds": round(time.monotonic() - start, 2), "passed": not tally.failure, "saved": saved,
-        "budget_used": {k: (None if o.budget_used == float("inf") else o.budget_used) for k, o in tally.outcomes.items()},
-    }
-    log.write(json.dumps(entry) + "\n")
-    log.flush()
-    return (Finding(spec.name, dtype, seed, tally.failure, saved) if tally.failure else None), checked
+def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float, str]) -> str:
+    elapsed = time.monotonic() - campaign.run_start
+    failures = campaign.corpus.failures()
+    kinds = {}
+    for f in failures.values():
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    found = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
+    return (f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
+            f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
+            f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open")
+
+
+def default_memory_bytes(jobs: int) -> int:
+    """Three quarters of the machine's memory, shared among the workers."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(0.75 * total / jobs)

@@ -1,11 +1,14 @@
 """The ``pallascheck`` command.
 
     pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--jobs N] [--json PATH]
-    pallascheck fuzz [--backend B] [--minutes M] [--kernel K ...] [--dtype D ...] [--corpus DIR]
-    pallascheck replay FILE.npz [--backend B]
+    pallascheck fuzz [--backend B] [--minutes M] [--jobs N] [--kernel K ...] [--dtype D ...] [--corpus DIR]
+                     [--resume] [--random] [--case-timeout S] [--memory-gb G]
+    pallascheck replay FILE.npz [--backend B] [--path DIR]
+    pallascheck report CORPUS [--out DIR]
     pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
     pallascheck bench --harness [--no-pytest]
     pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
+    pallascheck bench --time-to-find [--tests DIR] [--limit S] [--jobs N] [--variant V ...] [--json PATH]
     pallascheck probe [--backend B] [--json PATH]
     pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
 
@@ -19,13 +22,13 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
-from pallascheck.properties.spec import Case, bundled_names, get_spec, registry
+from pallascheck.properties.spec import Case, bundled_names, registry
 
-from . import verify
+from . import report, verify
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
@@ -86,40 +89,68 @@ def _available_backend(name: str | None) -> Backend:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from . import campaign
+    from . import campaign, targets
 
     backend = _available_backend(args.backend)
-    missing = verify.not_on(str(backend), args.kernel)
+    targets.add_paths(args.path or ())
+    named = args.kernel or ([] if args.resume else list(registry()))
+    missing = verify.not_on(str(backend), [n for n in named if n in registry() or n in bundled_names()])
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
-    specs = [get_spec(name) for name in (args.kernel or registry()) if name not in missing]
-    if not specs:
-        raise SystemExit(f"pallascheck: no selected kernel runs on {backend}")
-    print(f"fuzzing {', '.join(s.name for s in specs)} on {backend} for {args.minutes:g} min; corpus {args.corpus}/")
-    result = campaign.run(
-        specs, backend, args.corpus, seconds=60.0 * args.minutes, examples_per_round=args.examples,
-        first_seed=args.seed, dtypes=args.dtype,
-    )
+    named = [n for n in named if n not in missing]
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(args.jobs)
+    mode = "random draws" if args.random else "targeted search"
+    print(f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
+          f"({mode}, {args.jobs} jobs); corpus {args.corpus}/", flush=True)
+    progress = _progress_printer()
+    try:
+        result = campaign.run(
+            named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=args.jobs,
+            targeted=not args.random, dtypes=args.dtype, paths=args.path or (), first_seed=args.seed,
+            resume=args.resume, limits=campaign.Limits(args.case_timeout, memory), progress=progress,
+        )
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
     status = "interrupted" if result.interrupted else "done"
-    print(f"{status}: {result.rounds} rounds, {result.examples} passing examples, {len(result.findings)} findings")
-    for finding in result.findings:
-        print(f"\n{finding.kernel} {finding.dtype} (seed {finding.seed}): saved {', '.join(finding.saved) or 'nothing'}")
-        print(finding.message)
+    print(f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
+          f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones")
+    for found in result.new_failures:
+        print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} {found['check']}: "
+              f"{found['message'].strip().splitlines()[0] if found['message'] else ''}\n  replay: {found['replay']}")
+    print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130
-    return 1 if result.findings else 0
+    return 1 if result.new_failures else 0
+
+
+def _progress_printer() -> Callable[[str], None]:
+    """A live line on a terminal; a line every 30 s in a log."""
+    if sys.stderr.isatty():
+        return lambda line: print("\r" + line, end="", file=sys.stderr, flush=True)
+    last = [0.0]
+
+    def to_log(line: str) -> None:
+        if time.monotonic() - last[0] >= 30.0:
+            last[0] = time.monotonic()
+            print(line, file=sys.stderr, flush=True)
+    return to_log
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from . import targets
+
+    targets.add_paths(args.path or ())
     case = Case.load(args.file)
     meta: dict[str, Any] = dict(case.params).pop("__failure__")
     params = {k: v for k, v in case.params.items() if k != "__failure__"}
     case = Case(case.arrays, params)
-    spec = get_spec(meta["kernel"])
+    spec = targets.resolve(meta["kernel"])
     backend = _available_backend(args.backend or meta["backend"])
     config_type = type(spec.default_config_for(get_backend(meta["backend"])))
     config = config_type(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
     print(f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}")
+    if meta["check"] in ("hang", "crash", "oom"):
+        print(f"this case was saved when its worker was lost ({meta['check']}): {meta['message']}", flush=True)
     context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}")
     try:
         tally = runner.check_case(spec, case, config, backend, context=context)
@@ -142,6 +173,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 json.dump({"summary": tolerance_rules.summary(results),
                            "results": [vars(r) for r in results]}, f, indent=1)
+        return 0
+    if args.time_to_find:
+        from pallascheck.bench import time_to_find
+
+        rows = time_to_find.run(args.tests, limit=args.limit, jobs=args.jobs, only=args.variant)
+        result = time_to_find.summary(rows, args.limit)
+        print("\n" + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "jobs": args.jobs, "summary": result,
+                           "rows": rows}, f, indent=1)
         return 0
     if args.harness:
         from pallascheck.bench import harness
@@ -215,19 +257,40 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
     verify.add_argument("--durations", type=int, default=10, help="list the N slowest kernel x dtype x check rows (0: none)")
     verify.set_defaults(func=cmd_verify)
-    fuzz = sub.add_parser("fuzz", help="fuzz kernels until the time is up, keeping every failing case")
+    fuzz = sub.add_parser(
+        "fuzz", help="search for inputs that break kernels, keeping every failure once",
+        description="Run tasks (one Hypothesis run of --examples cases of one kernel, dtype, input kind and config "
+        "slot) in worker processes until the time is up. Targeted (default): Hypothesis climbs toward the inputs "
+        "that use the most of their error bound and a bandit spends the next task where that budget climbs. A hang "
+        "(no progress for --case-timeout s), a crash or a worker above --memory-gb becomes a saved reproducer and "
+        "the worker is restarted. Failures are shrunk, deduplicated by signature and saved under CORPUS/failures/ "
+        "with a replay command; --resume continues a campaign where it stopped.")
     fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
     fuzz.add_argument("--minutes", type=float, default=10.0)
-    fuzz.add_argument("--examples", type=int, default=50, help="cases checked per kernel, dtype and round (as verify's)")
-    fuzz.add_argument("--seed", type=int, default=1000, help="the first round's Hypothesis seed (then +1 per round)")
-    fuzz.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+    fuzz.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: every core)")
+    fuzz.add_argument("--examples", type=int, default=16, help="cases per task (as verify's --examples counts them)")
+    fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
+    fuzz.add_argument("--kernel", action="append",
+                      help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec "
+                           "(or a VARIANTS entry) of an importable module (see --path)")
+    fuzz.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
     fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
-    fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers and the log go")
+    fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
+    fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
+    fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
+    fuzz.add_argument("--case-timeout", type=float, default=300.0,
+                      help="seconds a worker may go without progress (a case, or a task's first compile) before it "
+                           "counts as hung")
+    fuzz.add_argument("--memory-gb", type=float, default=0.0,
+                      help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
+                           "machine's, shared among the jobs)")
     fuzz.set_defaults(func=cmd_fuzz)
     replay = sub.add_parser("replay", help="re-run the checks on a saved failing case")
     replay.add_argument("file")
     replay.add_argument("--backend", default=None)
+    replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.set_defaults(func=cmd_replay)
+    report.add_parser(sub)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
     bench.add_argument("--backend", default="mosaic_gpu")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
@@ -237,8 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tolerance-rules", action="store_true",
                        help="kills, misses and false alarms of the contract, the implementation bound and torch's and "
                             "JAX's default tolerances on the broken variants and the shipped kernels (CPU)")
+    bench.add_argument("--time-to-find", action="store_true",
+                       help="seconds a fuzz campaign takes to find each broken variant of tests/broken, targeted "
+                            "against random (CPU interpreters)")
+    bench.add_argument("--limit", type=float, default=120.0, help="with --time-to-find: seconds per campaign")
+    bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="with --time-to-find: workers per campaign")
+    bench.add_argument("--variant", action="append", help="with --time-to-find: only this MODULE/NAME (repeatable)")
     bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs; with "
-                                                         "--tolerance-rules: the one holding broken/")
+                                                         "--tolerance-rules or --time-to-find: the one holding broken/")
     bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property; with "
                                                                "--tolerance-rules: cases per shipped kernel and dtype")
     bench.set_defaults(func=cmd_bench)

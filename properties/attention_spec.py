@@ -78,9 +78,9 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         # compiled kernel; what they hold is drawn per case.
         has_bias = domain.bias and draw_(strategies.layout("attention.has_bias", st.booleans()))
         has_mask = domain.mask and draw_(strategies.layout("attention.has_mask", st.booleans()))
-        bias_kind = draw_(st.sampled_from(BIASES[1:])) if has_bias else "none"
-        mask_kind = draw_(st.sampled_from(MASKS[1:])) if has_mask else "none"
-        logits_kind = draw_(st.sampled_from(LOGITS))
+        bias_kind = draw_(strategies.element_kinds(BIASES[1:])) if has_bias else "none"
+        mask_kind = draw_(strategies.element_kinds(MASKS[1:])) if has_mask else "none"
+        logits_kind = draw_(strategies.element_kinds(LOGITS))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed)
         npd = strategies.np_dtype(dtype)

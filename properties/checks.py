@@ -40,6 +40,19 @@ class Context:
         return dataclasses.replace(self, config=config)
 
 
+@dataclasses.dataclass(frozen=True)
+class Worst:
+    """Where an outcome's budget was used most: the compared output's name and shape,
+    the element's index, and (for value comparisons) its error and bound. Fuzz
+    campaigns plot error against bound and group failures by where they occur."""
+
+    name: str
+    index: tuple[int, ...]
+    shape: tuple[int, ...]
+    error: float | None = None
+    bound: float | None = None
+
+
 @dataclasses.dataclass
 class Outcome:
     check: str
@@ -47,6 +60,7 @@ class Outcome:
     budget_used: float  # worst observed error / bound (0 when nothing to compare)
     detail: str = ""
     examples: int = 1
+    worst: Worst | None = None
 
     def merge(self, other: "Outcome") -> "Outcome":
         """Combine outcomes of the same check over more examples."""
@@ -58,6 +72,7 @@ class Outcome:
             max(self.budget_used, other.budget_used),
             (failed or worse).detail,
             self.examples + other.examples,
+            (failed or worse).worst,
         )
 
 
@@ -114,7 +129,8 @@ def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check:
     )
     if not special_ok[worst]:
         detail = f"{name}: element {tuple(int(i) for i in worst)} is {actual[worst]!r}, oracle promises {expected[worst]!r}"
-    return Outcome(check, bool(used <= 1.0), used, detail)
+    where = Worst(name, tuple(int(i) for i in worst), expected.shape, float(error[worst]), float(bound[worst]))
+    return Outcome(check, bool(used <= 1.0), used, detail, worst=where)
 
 
 def check_values(
@@ -133,7 +149,7 @@ def _compare_trees(
         return Outcome(check, False, np.inf, f"no oracle or bound for {sorted(missing) or 'anything'}")
     outcomes = [compare(actual[k], expected[k], bounds[k], name=k, check=check) for k in sorted(actual)]
     worst = max(outcomes, key=lambda o: o.budget_used)
-    return Outcome(check, all(o.passed for o in outcomes), worst.budget_used, worst.detail)
+    return Outcome(check, all(o.passed for o in outcomes), worst.budget_used, worst.detail, worst=worst.worst)
 
 
 def check_gradients(
@@ -181,6 +197,7 @@ def check_same_bits(
                 outcome = Outcome(
                     "deterministic", False, np.inf,
                     f"run {i} output {j} differs from run 0 at {where}: {np.asarray(a)[where] if len(diff) else ''} vs {np.asarray(b)[where] if len(diff) else ''}",
+                    worst=Worst(f"output {j}", where if len(diff) else (), np.shape(a)),
                 )
                 return _raise_unless(outcome, context, raise_on_failure)
     return Outcome("deterministic", True, 0.0, f"{len(thunks)} runs bitwise equal")
@@ -202,7 +219,7 @@ def check_configs_agree(
     for cfg, (out, out_bound) in items[1:]:
         o = compare(out, _as_f64(base), _as_f64(base_bound) + _as_f64(out_bound), name=f"{cfg} vs {base_cfg}", check="configs_agree")
         if o.budget_used >= worst.budget_used:
-            worst = Outcome("configs_agree", o.passed and worst.passed, o.budget_used, o.detail)
+            worst = Outcome("configs_agree", o.passed and worst.passed, o.budget_used, o.detail, worst=o.worst)
         elif not o.passed:
             worst.passed = False
     return _raise_unless(worst, context, raise_on_failure)

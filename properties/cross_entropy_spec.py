@@ -115,8 +115,9 @@ def cases(dtype: str, backend: Backend, regime: Mapping[str, Any] | None = None,
         reduction = draw_(strategies.layout("cross_entropy.reduction", pick("reduction", reductions)))
         smoothing = (0.0,) if pinned_kind in EXACT_KINDS else domain.label_smoothing
         eps = draw_(strategies.layout("cross_entropy.label_smoothing", pick("label_smoothing", smoothing)))
-        kind = draw_(pick("kind", [k for k in LOGIT_KINDS if not (k == "near_max" and reduction != "none")
-                                   and not (k in EXACT_KINDS and eps != 0.0)]))
+        kinds = [k for k in LOGIT_KINDS if not (k == "near_max" and reduction != "none")
+                 and not (k in EXACT_KINDS and eps != 0.0)]
+        kind = draw_(pick("kind", ()) if "kind" in regime else strategies.element_kinds(kinds))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed + 1)
         logits, forced = logits_of(seed, tokens, vocab, dtype, kind)

@@ -16,8 +16,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings, target
 from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
@@ -52,6 +53,7 @@ class Tally:
     probabilistic_budget: float = 0.0
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     failure: str = ""
+    failed_outcome: checks.Outcome | None = None  # the failing check's outcome (where, error, bound)
 
     def add(self, outcome: checks.Outcome, seconds: float) -> None:
         name = outcome.check
@@ -186,6 +188,44 @@ def run_errors(spec: KernelSpec, *, context: checks.Context) -> checks.Outcome:
     return outcome
 
 
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """How a fuzz campaign steers ``run_property`` (the default: plain random draws).
+
+    ``targeted``: each example reports every check's budget used to
+    ``hypothesis.target``, so Hypothesis climbs toward the inputs that use the most
+    of their bound. ``config_slot``: always this index into the config space (mod
+    its size). ``database``: a directory for Hypothesis' example database, under
+    ``database_key``, so that a resumed campaign starts from what the last one found
+    (failing examples and the best-scoring targets). ``before_case(case, config)``
+    and ``after_case(case, config, tally)`` see every case, ``tally`` holding that
+    case's outcomes only (a worker saves the case before it runs, so that a hang or a
+    crash leaves its input behind)."""
+
+    targeted: bool = False
+    config_slot: int | None = None
+    database: str | None = None
+    database_key: str = ""
+    before_case: Callable[[Case, Any], None] | None = None
+    after_case: Callable[[Case, Any, "Tally"], None] | None = None
+
+
+def _merge_into(tally: Tally, case_tally: Tally) -> None:
+    for name, outcome in case_tally.outcomes.items():
+        tally.add(outcome, case_tally.seconds.get(name, 0.0))
+    for name, budget in case_tally.contract_budgets.items():
+        tally.add_contract_budget(name, budget)
+    tally.probabilistic_budget = max(tally.probabilistic_budget, case_tally.probabilistic_budget)
+
+
+def _report_targets(budgets: dict[str, float]) -> None:
+    """The example's worst budget used per check, for Hypothesis' hill climbing (it
+    takes finite scores only; an infinite budget is a failure, reported anyway)."""
+    for name, budget in budgets.items():
+        if math.isfinite(budget):
+            target(budget, label=name)
+
+
 CASES_PER_LAYOUT = 2
 """Cases checked per Hypothesis example. They share a layout (shapes, static
 parameters, config: see ``strategies.layout``) and so one compiled kernel, and differ
@@ -215,6 +255,7 @@ def run_property(
     failure_dir: str | None = None,
     replay_hint: str = "",
     cases_per_layout: int = CASES_PER_LAYOUT,
+    search: Search = Search(),
 ) -> Tally:
     """Draw ``examples`` Hypothesis examples, each a config and ``cases_per_layout``
     distinct cases of one layout, and run the checks on every case.
@@ -222,7 +263,8 @@ def run_property(
     The config is drawn once per example, as an index into the first case's config
     space; a spec whose cases do not share their layout still gets a valid config for
     each case. On failure the tally records the message; with ``failure_dir`` the
-    failing case is saved as .npz for ``pallascheck replay``.
+    failing case is saved as .npz for ``pallascheck replay``. ``search`` steers the
+    draws for a fuzz campaign.
     """
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
@@ -231,29 +273,52 @@ def run_property(
     ).flatmap(
         lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )
-    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    phases = [Phase.explicit, Phase.reuse, Phase.generate]
+    phases += [Phase.target] if search.targeted else []
+    phases += [Phase.shrink] if shrink else []
+    database = DirectoryBasedExampleDatabase(search.database) if search.database else None
 
     @settings(
-        max_examples=examples, database=None, deadline=None, phases=phases, derandomize=False,
+        max_examples=examples, database=database, deadline=None, phases=phases, derandomize=False,
         suppress_health_check=list(HealthCheck), print_blob=False,
     )
     @hypothesis_seed(seed)
     @given(drawn)
     def property_(cases_and_config: tuple[list[Case], int]) -> None:
         cases, index = cases_and_config
-        for case in cases:
-            space = list(spec.configs(case, backend))
-            config = space[index % len(space)]
-            try:
-                check_case(spec, case, config, backend, context=context, selected=selected, tally=tally)
-            except Exception as failure:  # a crash is a finding too: keep its input
-                if failure_dir is not None:
-                    save_failure(failure_dir, spec, dtype, backend, case, config, failure)
-                raise
-            finally:
-                if backend.name == "tpu_interpret":
-                    reset_tpu_interpreter()
+        index = index if search.config_slot is None else search.config_slot
+        budgets: dict[str, float] = {}
+        try:
+            for case in cases:
+                space = list(spec.configs(case, backend))
+                config = space[index % len(space)]
+                if search.before_case is not None:
+                    search.before_case(case, config)
+                case_tally = Tally()
+                try:
+                    check_case(spec, case, config, backend, context=context, selected=selected, tally=case_tally)
+                except Exception as failure:  # a crash is a finding too: keep its input
+                    if failure_dir is not None:
+                        save_failure(failure_dir, spec, dtype, backend, case, config, failure)
+                    if search.after_case is not None and isinstance(failure, checks.CheckFailure):
+                        case_tally.add(failure.outcome, 0.0)
+                        search.after_case(case, config, case_tally)
+                    raise
+                finally:
+                    if backend.name == "tpu_interpret":
+                        reset_tpu_interpreter()
+                _merge_into(tally, case_tally)
+                if search.after_case is not None:
+                    search.after_case(case, config, case_tally)
+                for name, outcome in case_tally.outcomes.items():
+                    budgets[name] = max(budgets.get(name, 0.0), outcome.budget_used)
+        finally:
+            if search.targeted:
+                _report_targets(budgets)
 
+    if search.database:
+        key = f"{spec.name}/{dtype}/{backend}/{search.database_key}/{sorted(selected)}"
+        property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()
     try:
         property_()
     except checks.CheckFailure as failure:
@@ -262,6 +327,7 @@ def run_property(
             check = "reference"
         tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)
         tally.failure = str(failure)
+        tally.failed_outcome = failure.outcome
     except Exception as crash:  # noqa: BLE001 - a kernel that crashes is a failed check
         tally.add(checks.Outcome("crash", False, float("inf"), repr(crash), examples=0), 0.0)
         tally.failure = f"[crash] {context.describe()}\n  {type(crash).__name__}: {crash}"

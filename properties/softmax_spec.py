@@ -50,7 +50,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = Domain()) -> st.SearchS
     def draw(draw_) -> Case:
         leading = draw_(strategies.layout("softmax.leading", st.sampled_from(domain.leading)))
         n = draw_(strategies.layout("softmax.n", strategies.dims(domain.features)))
-        kind = draw_(st.sampled_from(domain.kinds))
+        kind = draw_(strategies.element_kinds(domain.kinds))
         seed = draw_(strategies.seeds())
         rows = int(np.prod(leading))
         x, _ = logits_of(seed, rows, n, dtype, kind)

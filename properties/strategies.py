@@ -9,7 +9,8 @@ large arrays cheap for Hypothesis, and the seed replays them exactly.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -56,8 +57,44 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**32 - 1)
 
 
+# A fuzz campaign aims some runs at one input kind (``pinned_element_kind``) and
+# learns which kinds a spec draws from (``recording_element_kinds``): every spec draws
+# its input kinds (element kinds, adversarial logits, masks, biases) through
+# ``element_kinds``. Module state, because a campaign runs one arm at a time per
+# worker process.
+_pinned_kind: str | None = None
+_recorders: list[set[str]] = []
+
+
 def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[str]:
-    return st.sampled_from(tuple(allowed))
+    """One of ``allowed``; the pinned kind where one is pinned and allowed here."""
+    allowed = tuple(allowed)
+    for seen in _recorders:
+        seen.update(allowed)
+    return st.just(_pinned_kind) if _pinned_kind in allowed else st.sampled_from(allowed)
+
+
+@contextlib.contextmanager
+def pinned_element_kind(kind: str | None) -> Iterator[None]:
+    """Within the block, every draw of ``element_kinds`` whose options include ``kind``
+    gives ``kind`` (None: no pin)."""
+    global _pinned_kind
+    previous, _pinned_kind = _pinned_kind, kind
+    try:
+        yield
+    finally:
+        _pinned_kind = previous
+
+
+@contextlib.contextmanager
+def recording_element_kinds() -> Iterator[set[str]]:
+    """A set that collects every input kind offered to ``element_kinds`` within the block."""
+    seen: set[str] = set()
+    _recorders.append(seen)
+    try:
+        yield seen
+    finally:
+        _recorders.remove(seen)
 
 
 def elements(

@@ -123,7 +123,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         tokens, vocab = (draw_(strategies.layout(f"top_k.{a}", strategies.dims(bucket)))
                          for a, bucket in (("tokens", domain.tokens), ("vocab", domain.vocab)))
         k = draw_(strategies.layout("top_k.k", st.sampled_from([k for k in domain.ks if k <= vocab])))
-        kind = draw_(st.sampled_from(ELEMENT_KINDS if domain.total_order else NUMBER_KINDS))
+        kind = draw_(strategies.element_kinds(ELEMENT_KINDS if domain.total_order else NUMBER_KINDS))
         seed = draw_(strategies.seeds())
         x = logits(seed, (tokens, vocab), dtype, kind)
         return Case(arrays={"logits": x if domain.total_order else numbers_only(x)}, params={"k": k, "kind": kind})

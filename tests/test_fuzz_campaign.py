@@ -1,75 +1,138 @@
-"""Fuzz campaigns find broken kernels, keep replayable reproducers, and lose nothing
-when interrupted."""
+"""Fuzz campaigns find broken kernels and keep replayable reproducers; survive kernels
+that hang, crash or eat memory; keep one record per bug; lose nothing when
+interrupted; and resume without redoing what they found."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
-import numpy as np
 import pytest
 
-from broken.matmul_variants import VARIANTS
-from pallascheck.fuzz import campaign, cli
+from fuzz_targets import WRONG_FIRST_ELEMENT
+from pallascheck.fuzz import campaign, cli, corpus
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
 from pallascheck.properties.matmul_spec import SPEC as MATMUL
 from pallascheck.properties.spec import Case
 
-DROPPED_TILE, _, _ = VARIANTS["dropped_last_k_tile"]
+TESTS = os.path.dirname(__file__)
+DROPPED_TILE = "broken.matmul_variants:dropped_last_k_tile"
 
 
 def _generic(backend: Backend) -> Backend:
-    """The campaign is exercised with a Pallas-generic matmul variant in float32."""
+    """The campaigns here fuzz Pallas-generic kernels and plain jnp functions."""
     if backend.is_mosaic_gpu:
-        pytest.skip(f"the campaign's test kernel is a Pallas-generic matmul variant in float32; {backend} has none")
+        pytest.skip(f"the campaign's test kernels are Pallas-generic or plain jnp; {backend} runs neither")
     return backend
 
 
-def _log(corpus: str) -> list[dict]:
-    with open(os.path.join(corpus, "log.jsonl")) as f:
+def _lines(path: str) -> list[dict]:
+    with open(path) as f:
         return [json.loads(line) for line in f]
 
 
-def test_campaign_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
-    backend = _generic(backend)
-    corpus = str(tmp_path)
-    result = campaign.run([DROPPED_TILE], backend, corpus, seconds=120, examples_per_round=30, dtypes=["float32"])
-    assert len(result.findings) == 1 and not result.interrupted
-    (finding,) = result.findings
-    assert finding.saved and all(p.endswith(".npz") for p in finding.saved)
-    log = _log(corpus)
-    assert log[-1]["passed"] is False and log[-1]["saved"] == finding.saved
+def _run(targets, backend, path, **kwargs) -> campaign.CampaignResult:
+    kwargs = {"seconds": 120, "examples": 4, "jobs": 1, "paths": [TESTS], "dtypes": ["float32"], **kwargs}
+    return campaign.run(targets, backend, str(path), **kwargs)
 
-    case = Case.load(finding.saved[0])
+
+def test_campaign_finds_a_broken_kernel_and_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
+    backend = _generic(backend)
+    result = _run([DROPPED_TILE], backend, tmp_path, examples=16, stop_on_first=True)
+    (found,) = result.new_failures
+    assert found["kind"] == "value" and found["minimised"] and os.path.exists(found["case"])
+    assert found["replay"] == f"pallascheck replay {found['case']} --path {TESTS}"
+    (event,) = [e for e in _lines(tmp_path / "events.jsonl") if e["outcome"] != "pass"]
+    assert event["signature"] == found["signature"]
+
+    assert cli.main(["replay", found["case"], "--path", TESTS]) == 1  # still breaks the broken kernel
+    case = Case.load(found["case"])
     meta = case.params["__failure__"]
     case = Case(case.arrays, {k: v for k, v in case.params.items() if k != "__failure__"})
     config = type(MATMUL.default_config)(**meta["config"])
-    context = checks.Context(kernel=DROPPED_TILE.name, dtype="float32", backend=str(backend))
-    with pytest.raises(checks.CheckFailure):  # the reproducer still breaks the broken kernel
-        runner.check_case(DROPPED_TILE, case, config, backend, context=context)
+    context = checks.Context(kernel="matmul", dtype="float32", backend=str(backend))
     runner.check_case(MATMUL, case, config, backend, context=context)  # and the real kernel passes it
+
+
+def test_hang_crash_and_memory_hog_become_reproducers_while_the_campaign_goes_on(tmp_path, backend) -> None:
+    backend = _generic(backend)
+    targets = ["fuzz_targets:SOUND", "fuzz_targets:HANGS", "fuzz_targets:ABORTS", "fuzz_targets:HOARDS"]
+    result = _run(targets, backend, tmp_path, seconds=45, jobs=2,
+                  limits=campaign.Limits(case_timeout=15, memory_bytes=int(1.5 * 2**30)))
+    found = {f["kernel"].split(":")[1]: f for f in result.new_failures}
+    assert {k: f["kind"] for k, f in found.items()} == {"HANGS": "hang", "ABORTS": "crash", "HOARDS": "oom"}
+    for f in found.values():  # the input in flight when the worker was lost, replayable
+        assert os.path.exists(f["case"]) and Case.load(f["case"]).params["__failure__"]["check"] == f["kind"]
+    events = _lines(tmp_path / "events.jsonl")
+    last_death = max(e["t"] for e in events if e["outcome"] != "pass")
+    assert any(e["kernel"] == "fuzz_targets:SOUND" and e["outcome"] == "pass" and e["t"] > last_death
+               for e in events), "the sound kernel was not fuzzed after the last worker was lost"
+
+
+def test_two_failures_of_one_bug_share_a_signature(tmp_path) -> None:
+    store = corpus.Corpus(str(tmp_path / "corpus"))
+    stored = []
+    for seed in (1, 2):  # two campaigns' runs of one kernel, each finding the bug on its own inputs
+        directory = tmp_path / f"run-{seed}"
+        tally = runner.run_property(WRONG_FIRST_ELEMENT, "float32", Backend("interpret"), examples=4, seed=seed,
+                                    failure_dir=str(directory))
+        (saved,) = directory.iterdir()
+        pattern = corpus.worst_pattern(tally.failed_outcome.worst)
+        sig = corpus.signature(WRONG_FIRST_ELEMENT.name, "float32", "values", "value", pattern)
+        stored.append(store.record_failure({"signature": sig}, str(saved)))
+    (first, first_is_new), (second, second_is_new) = stored
+    assert first_is_new and not second_is_new and second["count"] == 2
+    assert os.listdir(tmp_path / "corpus" / "failures") == [first["signature"]]
+    # A bug that is worst at the last element has another pattern, so another signature.
+    assert corpus.worst_pattern(checks.Worst("out", (6,), (7,), 1.0, 0.1)) != \
+        corpus.worst_pattern(checks.Worst("out", (0,), (7,), 1.0, 0.1))
 
 
 def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
     backend = _generic(backend)
-    corpus = str(tmp_path)
 
-    def off_by_one_then_interrupted(case, config, be):
-        if any(p.startswith("round-") for p in os.listdir(corpus)):
-            raise KeyboardInterrupt  # Ctrl-C while Hypothesis shrinks the first failure
-        return np.asarray(MATMUL.kernel(case, config, be), np.float64) + 1.0
-
-    spec = dataclasses.replace(MATMUL, name="matmul[plus_one]", kernel=off_by_one_then_interrupted)
-    result = campaign.run([spec], backend, corpus, seconds=120, examples_per_round=10, dtypes=["float32"])
+    def interrupt_once_found(line: str) -> None:
+        if "value" in line:
+            raise KeyboardInterrupt  # Ctrl-C once the first failure is booked
+    result = _run(["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"], backend, tmp_path,
+                  progress=interrupt_once_found)
     assert result.interrupted
-    saved = [f for d in os.listdir(corpus) if d.startswith("round-") for f in os.listdir(os.path.join(corpus, d))]
-    assert saved == ["matmul[plus_one]-float32-values.npz"]
+    state = json.loads((tmp_path / "campaign.json").read_text())
+    found = corpus.Corpus(str(tmp_path)).failures()
+    assert found, "the failure booked before the interrupt is gone"
+    retired = {tuple(pair): checks_ for pair, checks_ in state["retired_checks"]}
+    for name, f in found.items():
+        assert os.path.exists(tmp_path / "failures" / name / "case.npz")
+        assert f["check"] in retired[(f["kernel"], f["dtype"])]
 
 
-def test_fuzz_command_runs_a_clean_campaign(tmp_path) -> None:
+def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> None:
+    backend = _generic(backend)
+    targets = ["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"]
+    first = _run(targets, backend, tmp_path, seconds=20)
+    found_checks = {f["check"] for f in first.new_failures}
+    assert "values" in found_checks
+    before = json.loads((tmp_path / "campaign.json").read_text())
+    with pytest.raises(ValueError, match="--resume"):
+        _run(targets, backend, tmp_path, seconds=5)
+    second = _run([], backend, tmp_path, seconds=15, resume=True)
+    assert second.tasks > 0 and second.repeats == 0
+    after = json.loads((tmp_path / "campaign.json").read_text())
+    assert after["seconds"] > before["seconds"]
+    resumed = _lines(tmp_path / "events.jsonl")[-second.tasks:]
+    assert all(e["seed"] >= before["next_seed"] for e in resumed)  # no seed run twice
+    assert not any(found_checks & set(e["checks"]) for e in resumed if e["kernel"] == targets[0])
+    assert all(f["count"] == 1 for f in corpus.Corpus(str(tmp_path)).failures().values())
+
+
+def test_fuzz_command(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["fuzz", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random"):
+        assert flag in help_text
     argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "2",
-            "--corpus", str(tmp_path)]
+            "--jobs", "1", "--corpus", str(tmp_path)]
     assert cli.main(argv) == 0
-    (entry,) = _log(str(tmp_path))
-    assert entry["passed"] and entry["examples"] == 2
+    (event,) = _lines(tmp_path / "events.jsonl")
+    assert event["outcome"] == "pass" and event["cases"] == 2

@@ -1,0 +1,85 @@
+"""``pallascheck bench --time-to-find``: how long a fuzz campaign takes to find each
+deliberately broken kernel of ``tests/broken``, targeted against random.
+
+Each variant is fuzzed twice from nothing (an empty corpus, no compilation cache,
+fresh worker processes), once with the targeted search (Hypothesis' ``target`` on
+the budget used and the bandit over input kinds and config slots) and once with
+random draws (uniform pairs, unpinned kinds and configs), each until its first
+failure or ``limit`` seconds. The time counts everything a user waits for: worker
+start-up, compilation, drawing, checking and shrinking the first failure. Variants
+run on the backend their kernels are written for (the Mosaic GPU ones in the Mosaic
+GPU interpreter), in the dtypes where they are wrong.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+from pallascheck.fuzz import campaign
+from pallascheck.kernels.backends import GENERIC, Backend
+from pallascheck.properties.compilation import CACHE_ENV_VAR
+
+MODES = ("targeted", "random")
+
+
+def variants(tests_dir: str) -> list[dict[str, Any]]:
+    """Every broken variant: its target string, backend and wrong dtypes."""
+    sys.path.insert(0, os.path.abspath(tests_dir))
+    broken = importlib.import_module("broken")
+    rows = []
+    for module_name in broken.MODULES:
+        module = importlib.import_module(f"broken.{module_name}")
+        backends = getattr(module, "BACKENDS", GENERIC)
+        backend = "interpret" if "interpret" in backends else "mosaic_gpu_interpret"
+        for name, (_, dtypes, _) in module.VARIANTS.items():
+            if backend in getattr(module, "NOT_ON", {}).get(name, {}):
+                continue
+            rows.append({"variant": f"{module_name}/{name}", "target": f"broken.{module_name}:{name}",
+                         "backend": backend, "dtypes": list(dtypes)})
+    return rows
+
+
+def time_to_find(row: dict[str, Any], mode: str, *, limit: float, jobs: int, tests_dir: str) -> float | None:
+    """Seconds to the first failure of ``row``'s variant (None: not within ``limit``)."""
+    with tempfile.TemporaryDirectory() as corpus:
+        result = campaign.run(
+            [row["target"]], Backend(row["backend"]), corpus, seconds=limit, jobs=jobs,
+            targeted=mode == "targeted", dtypes=row["dtypes"], paths=[os.path.abspath(tests_dir)],
+            stop_on_first=True,
+        )
+    found = result.first_failure_seconds
+    return found if found is not None and found <= limit else None
+
+
+def run(tests_dir: str, *, limit: float, jobs: int, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Both modes for every variant (or those named in ``only``), printing as it goes."""
+    os.environ[CACHE_ENV_VAR] = ""  # every run compiles from nothing, as a first campaign does
+    rows = [r for r in variants(tests_dir) if not only or r["variant"] in only]
+    print(f"{'variant':58s} {'targeted':>9s} {'random':>9s}", flush=True)
+    for row in rows:
+        for mode in MODES:
+            row[mode] = time_to_find(row, mode, limit=limit, jobs=jobs, tests_dir=tests_dir)
+        print(f"{row['variant']:58s} {_fmt(row['targeted']):>9s} {_fmt(row['random']):>9s}", flush=True)
+    return rows
+
+
+def _fmt(seconds: float | None) -> str:
+    return "not found" if seconds is None else f"{seconds:.1f}"
+
+
+def summary(rows: list[dict[str, Any]], limit: float) -> dict[str, Any]:
+    """Medians (a variant not found counts as ``limit``: a lower bound on its time),
+    the number never found, and the median of the per-variant ratios random / targeted."""
+    out: dict[str, Any] = {"variants": len(rows), "limit_s": limit}
+    for mode in MODES:
+        times = [limit if r[mode] is None else r[mode] for r in rows]
+        out[f"{mode}_median_s"] = statistics.median(times) if times else None
+        out[f"{mode}_not_found"] = sum(r[mode] is None for r in rows)
+    ratios = [(limit if r["random"] is None else r["random"]) / (limit if r["targeted"] is None else r["targeted"])
+              for r in rows]
+    out["median_speedup"] = statistics.median(ratios) if ratios else None
+    return out

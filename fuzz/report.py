@@ -1,0 +1,605 @@
+"""``pallascheck report CORPUS``: one HTML page (and its JSON) about a fuzz campaign.
+
+The page answers what a kernel engineer asks after a campaign, top to bottom:
+
+- **Header**: backend, JAX version, when it started, how long it ran, tasks, cases,
+  failures by kind and cases per second.
+- **Failures**: one row per distinct failure (kind, kernel, dtype, check, how often,
+  the message's first line and the replay command to paste into a shell), oldest first.
+- **Budget used**: per kernel and dtype, how much of the derived error bound the worst
+  check of each case used (error / bound; 1.0 is the bound, above it is a failure).
+  Budgets far below 1 mean a loose bound that can hide bugs; infinite budgets (NaN or
+  inf where the oracle is finite, or differing bits) are counted separately.
+- **Error vs bound**: every check's observed error against its bound, log-log, one
+  colour per kernel; the diagonal is error == bound, and points above it failed.
+- **Coverage**: which shapes, configs and input kinds each kernel was fuzzed with.
+- **Throughput**: cumulative cases over the campaign's seconds (with the moments each
+  failure was first seen) and the bandit's pulls per arm.
+
+The page is one self-contained file (inline CSS, figures as PNG data URIs, no
+scripts, nothing fetched), so it can be attached to a bug or archived with the corpus.
+``report.json`` holds the same numbers for scripts and CI (``summarise``).
+The corpus may be empty, still being written or cut short by a kill: missing files
+and truncated lines are reported on the page, never fatal.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import html
+import io
+import json
+import math
+import os
+import time
+from collections import Counter, defaultdict
+from typing import Any, Iterator
+
+import numpy as np
+
+CAMPAIGN, EVENTS, CASES, FAILURES = "campaign.json", "events.jsonl", "cases.jsonl", "failures"
+FAILURE_KINDS = ("value", "crash", "hang", "oom")
+# The JSON's throughput curve and the page's tables stay readable (and the page small)
+# for campaigns of a million cases; report.json keeps every distinct coverage value.
+THROUGHPUT_POINTS = 500
+POINTS_PER_SERIES = 3000  # drawn per row or kernel of a scatter; statistics use all
+COVERAGE_ROWS = 20
+DPI = 90
+
+
+@dataclasses.dataclass
+class _Corpus:
+    """What the report needs from a corpus, accumulated line by line (cases.jsonl can
+    be large, so per-case records are not kept)."""
+
+    path: str
+    campaign: dict[str, Any] | None = None
+    present: dict[str, bool] = dataclasses.field(default_factory=dict)
+    skipped_lines: Counter = dataclasses.field(default_factory=Counter)
+    tasks: int = 0
+    outcomes: Counter = dataclasses.field(default_factory=Counter)
+    cases: int = 0
+    last_t: float = 0.0
+    case_times: list[float] = dataclasses.field(default_factory=list)
+    budgets: dict[tuple[str, str], list[float]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    error_bound: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    shapes: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
+    configs: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
+    kinds: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # JSON files that do not parse
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _records(corpus: _Corpus, name: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a .jsonl file; a line that does not parse (the last one of a
+    killed campaign) is counted and skipped."""
+    path = os.path.join(corpus.path, name)
+    corpus.present[name] = os.path.isfile(path)
+    if not corpus.present[name]:
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                yield record
+            else:
+                corpus.skipped_lines[name] += 1
+
+
+def _budget(value: Any) -> float:
+    # null is how JSON carries an infinite budget (NaN where the oracle is finite);
+    # Python's json also writes a bare NaN, which means the same.
+    return math.inf if value is None or math.isnan(value) else float(value)
+
+
+def _json_file(path: str) -> Any:
+    """A JSON file's value, or None if it does not parse. NaN and Infinity in it become
+    strings, so they pass through to the strict report.json."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f, parse_constant=str)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _shape_key(shapes: Any) -> str:
+    if not isinstance(shapes, dict) or not shapes:
+        return "(none)"
+    return ", ".join(f"{name}={'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes.items())
+
+
+def _config_key(config: Any) -> str:
+    if config is None:
+        return "default"
+    if isinstance(config, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
+    return config if isinstance(config, str) else json.dumps(config)
+
+
+def _add_case(corpus: _Corpus, case: dict[str, Any]) -> None:
+    kernel, dtype = str(case.get("kernel", "?")), str(case.get("dtype", "?"))
+    corpus.cases += 1
+    corpus.case_times.append(float(case.get("t", 0.0)))
+    checks = case.get("checks") or {}
+    if checks:
+        # A case is as bad as its worst check.
+        corpus.budgets[(kernel, dtype)].append(max(_budget(c.get("budget")) for c in checks.values()))
+    for check in checks.values():
+        # Checks that compare bits (deterministic) have no error or bound to plot.
+        error, bound = check.get("error"), check.get("bound")
+        if error is not None and bound is not None and math.isfinite(error) and math.isfinite(bound):
+            corpus.error_bound[kernel].append((float(error), float(bound)))
+    corpus.shapes[kernel][_shape_key(case.get("shapes"))] += 1
+    corpus.configs[kernel][_config_key(case.get("config"))] += 1
+    corpus.kinds[kernel][str(case.get("kind", "?"))] += 1
+
+
+def _read_failures(corpus: _Corpus) -> None:
+    root = os.path.join(corpus.path, FAILURES)
+    corpus.present[FAILURES] = os.path.isdir(root)
+    if not corpus.present[FAILURES]:
+        return
+    for signature in sorted(os.listdir(root)):
+        path = os.path.join(root, signature, "failure.json")
+        if not os.path.isfile(path):
+            continue
+        failure = _json_file(path)
+        if isinstance(failure, dict):
+            failure.setdefault("signature", signature)
+            corpus.failures.append(failure)
+        else:
+            corpus.unreadable.append(os.path.join(FAILURES, signature, "failure.json"))
+    # Unknown first-seen times sort last.
+    corpus.failures.sort(key=lambda f: (f.get("first_seen_t") is None, f.get("first_seen_t") or 0.0))
+
+
+def _load(path: str) -> _Corpus:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"corpus directory {path!r} does not exist")
+    corpus = _Corpus(os.path.abspath(path))
+    campaign_path = os.path.join(path, CAMPAIGN)
+    corpus.present[CAMPAIGN] = os.path.isfile(campaign_path)
+    if corpus.present[CAMPAIGN]:
+        campaign = _json_file(campaign_path)
+        if isinstance(campaign, dict):
+            corpus.campaign = campaign
+        else:
+            corpus.unreadable.append(CAMPAIGN)
+    for event in _records(corpus, EVENTS):
+        corpus.tasks += 1
+        corpus.outcomes[str(event.get("outcome", "?"))] += 1
+        corpus.last_t = max(corpus.last_t, float(event.get("t", 0.0)))
+    for case in _records(corpus, CASES):
+        _add_case(corpus, case)
+    corpus.case_times.sort()
+    if corpus.case_times:
+        corpus.last_t = max(corpus.last_t, corpus.case_times[-1])
+    _read_failures(corpus)
+    return corpus
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+def _finite_or_inf(x: float) -> float | str:
+    # Strict JSON has no infinity; the report spells it "inf".
+    return x if math.isfinite(x) else "inf"
+
+
+def _stats(budgets: list[float]) -> dict[str, Any]:
+    """count, inf (how many were infinite), median, p90, max. Quantiles are nearest-rank
+    over all budgets, infinite ones included, so p90 is "inf" when over 10% are."""
+    median, p90 = np.quantile(budgets, [0.5, 0.9], method="inverted_cdf")
+    return {
+        "count": len(budgets), "inf": sum(not math.isfinite(b) for b in budgets),
+        "median": _finite_or_inf(float(median)), "p90": _finite_or_inf(float(p90)),
+        "max": _finite_or_inf(max(budgets)),
+    }
+
+
+def _duration(corpus: _Corpus) -> float:
+    """The campaign's wall seconds (summed over resumes), else the last timestamp seen."""
+    seconds = (corpus.campaign or {}).get("seconds")
+    return float(seconds) if seconds is not None else corpus.last_t
+
+
+def _throughput(times: list[float]) -> list[list[float]]:
+    """[t, cases so far] at up to THROUGHPUT_POINTS evenly spaced cases, the last included."""
+    if not times:
+        return []
+    picks = np.unique(np.linspace(0, len(times) - 1, min(len(times), THROUGHPUT_POINTS)).astype(int))
+    return [[times[i], int(i) + 1] for i in picks]
+
+
+def _summary(corpus: _Corpus) -> dict[str, Any]:
+    campaign = corpus.campaign or {}
+    seconds = _duration(corpus)
+    by_kernel: dict[str, list[float]] = defaultdict(list)
+    for (kernel, _), budgets in corpus.budgets.items():
+        by_kernel[kernel].extend(budgets)
+    by_kernel_dtype: dict[str, dict[str, Any]] = defaultdict(dict)
+    for (kernel, dtype), budgets in sorted(corpus.budgets.items()):
+        by_kernel_dtype[kernel][dtype] = _stats(budgets)
+    return {
+        "corpus": corpus.path,
+        "files": {name: corpus.present.get(name, False) for name in (CAMPAIGN, EVENTS, CASES, FAILURES)},
+        "skipped_lines": dict(corpus.skipped_lines),
+        "campaign": {k: campaign.get(k) for k in ("version", "backend", "jax", "started", "seconds", "targeted", "next_seed")},
+        "totals": {
+            "tasks": corpus.tasks,
+            "task_outcomes": dict(sorted(corpus.outcomes.items())),
+            "cases": corpus.cases,
+            "seconds": seconds,
+            "cases_per_second": corpus.cases / seconds if seconds > 0 else None,
+            "failures": len(corpus.failures),
+            "failures_by_kind": {kind: sum(f.get("kind") == kind for f in corpus.failures) for kind in FAILURE_KINDS},
+            "failure_occurrences": sum(int(f.get("count", 1)) for f in corpus.failures),
+        },
+        "budget_used": {
+            "by_kernel": {k: _stats(b) for k, b in sorted(by_kernel.items())},
+            "by_kernel_dtype": dict(by_kernel_dtype),
+        },
+        "error_vs_bound": {
+            k: {"points": len(p), "above_bound": sum(e > b for e, b in p)} for k, p in sorted(corpus.error_bound.items())
+        },
+        "coverage": {
+            kernel: {
+                "shapes": dict(corpus.shapes[kernel].most_common()),
+                "configs": dict(corpus.configs[kernel].most_common()),
+                "kinds": dict(corpus.kinds[kernel].most_common()),
+            }
+            for kernel in sorted(corpus.shapes)
+        },
+        "arms": campaign.get("arms") or [],
+        "failures": corpus.failures,
+        "unreadable": corpus.unreadable,
+        "throughput": _throughput(corpus.case_times),
+    }
+
+
+def summarise(corpus: str) -> dict[str, Any]:
+    """The report's numbers for the corpus directory ``corpus``, as strict-JSON data.
+
+    Keys: ``campaign`` (backend, jax, started, seconds, ...), ``files`` (which corpus
+    files exist), ``skipped_lines`` (unparseable lines per file), ``totals`` (tasks,
+    task outcomes, cases, seconds, cases_per_second, failures, failures_by_kind,
+    failure_occurrences), ``budget_used`` (``by_kernel`` and ``by_kernel_dtype`` stats:
+    count, inf, median, p90, max, where a case's budget is its worst check's error /
+    bound and an infinite one is written "inf"), ``error_vs_bound`` (points and how many
+    exceed their bound, per kernel), ``coverage`` (shape, config and input-kind counts
+    per kernel), ``arms`` (campaign.json's), ``failures`` (the failure.json records,
+    oldest first), ``unreadable`` (JSON files left out because they do not parse) and
+    ``throughput`` ([seconds, cumulative cases] pairs).
+    """
+    return _summary(_load(corpus))
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's Figure and Agg canvas (no pyplot: no global state, no display)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "the fuzz report draws its figures with matplotlib, which is not installed: "
+            "pip install 'pallascheck[report]'"
+        ) from err
+    return Figure, FigureCanvasAgg
+
+
+def _png(fig: Any, canvas: Any) -> str:
+    buffer = io.BytesIO()
+    canvas(fig).print_png(buffer)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _floor(values: list[float]) -> float:
+    """Where zeros go on a log axis: a decade below the smallest positive value."""
+    positive = [v for v in values if 0 < v < math.inf]
+    return min(positive) / 10 if positive else 1e-3
+
+
+def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    Figure, canvas = mpl
+    rows = sorted(corpus.budgets)
+    floor = _floor([b for budgets in corpus.budgets.values() for b in budgets])
+    finite_max = max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0])
+    inf_at = finite_max * 10  # infinite budgets are drawn right of every finite one
+    fig = Figure(figsize=(7, 1.2 + 0.32 * len(rows)), dpi=DPI)
+    ax = fig.add_subplot()
+    jitter = np.random.default_rng(0)
+    for y, key in enumerate(rows):
+        budgets = np.array(corpus.budgets[key])
+        finite = np.maximum(budgets[np.isfinite(budgets)], floor)
+        if finite.size:
+            shown = finite[:: max(1, finite.size // POINTS_PER_SERIES)]
+            ax.scatter(shown, y + jitter.uniform(-0.2, 0.2, shown.size), s=6, alpha=0.3, color="tab:blue", zorder=1)
+            # The box drawn by hand (boxplot's orientation argument differs across matplotlib
+            # versions), over the points: quartiles, median and the full range.
+            q1, median, q3 = np.quantile(finite, [0.25, 0.5, 0.75])
+            ax.hlines(y, finite.min(), finite.max(), color="black", linewidth=1, zorder=2)
+            ax.barh(y, q3 - q1, left=q1, height=0.5, fill=False, edgecolor="black", linewidth=1.2, zorder=2)
+            ax.vlines(median, y - 0.25, y + 0.25, color="black", linewidth=2.5, zorder=2)
+        infinite = int((~np.isfinite(budgets)).sum())
+        if infinite:
+            ax.scatter([inf_at], [y], marker=">", color="tab:red", s=30)
+            ax.annotate(f"{infinite} inf", (inf_at, y), xytext=(6, -3), textcoords="offset points", fontsize=7, color="tab:red")
+    ax.axvline(1.0, color="tab:red", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlim(floor / 2, inf_at * 10)
+    ax.set_yticks(range(len(rows)), [f"{k} {d}" for k, d in rows], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.invert_yaxis()
+    ax.set_xlabel("budget used = error / bound (worst check per case; dashed: the bound)")
+    fig.tight_layout()
+    return _png(fig, canvas)
+
+
+def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    Figure, canvas = mpl
+    everything = [v for points in corpus.error_bound.values() for p in points for v in p]
+    floor = _floor(everything)
+    top = max(everything + [floor * 10])
+    fig = Figure(figsize=(6, 4.5), dpi=DPI)
+    ax = fig.add_subplot()
+    for i, (kernel, points) in enumerate(sorted(corpus.error_bound.items())):
+        stride = max(1, len(points) // POINTS_PER_SERIES)
+        error, bound = (np.maximum(np.array(v), floor) for v in zip(*points[::stride]))
+        # Ten colours, then a new marker: kernels stay apart past ten.
+        ax.scatter(bound, error, s=8, alpha=0.5, color=f"C{i % 10}", marker="os^D"[i // 10 % 4], label=kernel)
+    ax.plot([floor, top * 2], [floor, top * 2], color="black", linewidth=1, label="error = bound")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bound")
+    ax.set_ylabel("observed error (zeros at the bottom edge)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return _png(fig, canvas)
+
+
+def _throughput_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    Figure, canvas = mpl
+    fig = Figure(figsize=(7, 3), dpi=DPI)
+    ax = fig.add_subplot()
+    t, cumulative = zip(*_throughput(corpus.case_times))
+    ax.step(t, cumulative, where="post", color="tab:blue", label="cases checked")
+    colours = dict(zip(FAILURE_KINDS, ("tab:red", "tab:purple", "tab:orange", "tab:brown")))
+    for kind in FAILURE_KINDS:
+        seen = [f["first_seen_t"] for f in corpus.failures if f.get("kind") == kind and f.get("first_seen_t") is not None]
+        for i, first in enumerate(seen):
+            ax.axvline(first, color=colours[kind], linewidth=1, linestyle=":", label=f"{kind} failure first seen" if i == 0 else None)
+    ax.set_xlabel("seconds since the campaign started")
+    ax.set_ylabel("cumulative cases")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return _png(fig, canvas)
+
+
+# ---------------------------------------------------------------------------- HTML
+
+
+class _Html(str):
+    """Markup built here from escaped parts; every other cell is escaped."""
+
+
+def _e(value: Any) -> str:
+    return value if isinstance(value, _Html) else html.escape(str(value))
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    tr = f'<tr class="{_e(cls)}">' if cls else "<tr>"
+    body = "".join(tr + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(src: str, alt: str) -> str:
+    return f'<img src="{src}" alt="{_e(alt)}">'
+
+
+def _empty(text: str) -> str:
+    return f'<p class="empty">{_e(text)}</p>'
+
+
+def _duration_text(seconds: float) -> str:
+    minutes, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
+
+
+def _header(summary: dict[str, Any]) -> str:
+    campaign, totals = summary["campaign"], summary["totals"]
+    started = campaign.get("started")
+    outcomes = ", ".join(f"{k} {v}" for k, v in totals["task_outcomes"].items()) or "none"
+    failures = ", ".join(f"{k} {v}" for k, v in totals["failures_by_kind"].items())
+    rows = [
+        ["backend", campaign.get("backend") or "unknown"],
+        ["jax", campaign.get("jax") or "unknown"],
+        ["started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "unknown"],
+        ["duration", _duration_text(totals["seconds"])],
+        ["targeted", {True: "yes", False: "no", None: "unknown"}.get(campaign.get("targeted"), campaign.get("targeted"))],
+        ["tasks", f"{totals['tasks']} ({outcomes})"],
+        ["cases", totals["cases"]],
+        ["cases / s", _num(totals["cases_per_second"])],
+        ["failures", f"{totals['failures']} distinct ({failures}); seen {totals['failure_occurrences']} times"],
+    ]
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    # No failures/ folder is the normal case, not worth a note.
+    notes = [f"{name} is missing." for name, present in summary["files"].items() if not present and name != FAILURES]
+    notes += [f"{name}: {n} line(s) that do not parse were skipped (a campaign killed mid-write)."
+              for name, n in summary["skipped_lines"].items()]
+    notes += [f"{path} does not parse and is left out." for path in summary["unreadable"]]
+    if not totals["cases"]:
+        notes.append("No cases were recorded.")
+    note_html = "".join(f"<li>{_e(n)}</li>" for n in notes)
+    return (f"<header><h1>pallascheck fuzz report</h1><p>corpus <code>{_e(summary['corpus'])}</code></p>"
+            f'<table class="meta"><tbody>{body}</tbody></table>'
+            + (f'<ul class="notes">{note_html}</ul>' if notes else "") + "</header>")
+
+
+def _failures_section(summary: dict[str, Any]) -> str:
+    failures = summary["failures"]
+    if not failures:
+        return '<section id="failures"><h2>Failures</h2>' + _empty("No failures were recorded.") + "</section>"
+    rows = [
+        [f.get("kind", "?"), f.get("kernel", "?"), f.get("dtype", "?"), f.get("check", "?"), f.get("count", 1),
+         _num(f.get("first_seen_t")), "yes" if f.get("minimised") else "no",
+         str(f.get("message") or "").split("\n", 1)[0],
+         _Html(f"<code>{_e(f.get('replay') or '')}</code>")]
+        for f in failures
+    ]
+    headers = ["kind", "kernel", "dtype", "check", "count", "first seen (s)", "minimised", "message", "replay"]
+    return ('<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first; '
+            "paste the replay command into a shell to re-run the saved case.</p>"
+            + _table(headers, rows, cls="failure") + "</section>")
+
+
+def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    head = ('<section id="budget"><h2>Budget used</h2><p>Per case, the worst check\'s error / bound: '
+            "above 1 is a failure; far below 1 is a loose bound that can hide bugs. Infinite budgets "
+            "(NaN or inf where the oracle is finite, differing bits) are counted apart.</p>")
+    if not corpus.budgets:
+        return head + _empty("No cases were recorded.") + "</section>"
+    rows = [[kernel, dtype, s["count"], s["inf"], _num(s["median"]), _num(s["p90"]), _num(s["max"])]
+            for kernel, dtypes in summary["budget_used"]["by_kernel_dtype"].items() for dtype, s in dtypes.items()]
+    table = _table(["kernel", "dtype", "cases", "inf", "median", "p90", "max"], rows)
+    return head + _img(_budget_figure(corpus, mpl), "budget used per kernel and dtype") + table + "</section>"
+
+
+def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    head = ('<section id="error-bound"><h2>Error vs bound</h2><p>Every check with a numeric error, '
+            "one colour per kernel; the diagonal is error = bound and points above it failed.</p>")
+    if not corpus.error_bound:
+        return head + _empty("No checks with an error and a bound were recorded.") + "</section>"
+    rows = [[k, s["points"], s["above_bound"]] for k, s in summary["error_vs_bound"].items()]
+    return (head + _img(_error_bound_figure(corpus, mpl), "observed error against bound, log-log")
+            + _table(["kernel", "checks", "above the bound"], rows) + "</section>")
+
+
+def _counts_table(title: str, counts: dict[str, int]) -> str:
+    rows: list[list[Any]] = [[value, n] for value, n in list(counts.items())[:COVERAGE_ROWS]]
+    if len(counts) > COVERAGE_ROWS:
+        rows.append([f"… {len(counts) - COVERAGE_ROWS} more (all in report.json)", ""])
+    return _table([title, "cases"], rows)
+
+
+def _coverage_section(summary: dict[str, Any]) -> str:
+    head = '<section id="coverage"><h2>Coverage</h2><p>What each kernel was fuzzed with, most frequent first.</p>'
+    if not summary["coverage"]:
+        return head + _empty("No cases were recorded.") + "</section>"
+    kernels = "".join(
+        f'<h3>{_e(kernel)}</h3><div class="row">' + _counts_table("shapes", c["shapes"])
+        + _counts_table("config", c["configs"]) + _counts_table("input kind", c["kinds"]) + "</div>"
+        for kernel, c in summary["coverage"].items()
+    )
+    return head + kernels + "</section>"
+
+
+def _throughput_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    head = '<section id="throughput"><h2>Throughput</h2>'
+    figure = (_img(_throughput_figure(corpus, mpl), "cumulative cases over the campaign")
+              if corpus.case_times else _empty("No cases were recorded."))
+    arms = summary["arms"]
+    if arms:
+        rows = [[a.get("kernel"), a.get("dtype"), a.get("level"), a.get("option"), a.get("pulls"),
+                 _num(a.get("best_budget")), _num(a.get("mean_reward")), "yes" if a.get("retired") else "no"]
+                for a in sorted(arms, key=lambda a: -(a.get("pulls") or 0))]
+        table = "<h3>Bandit arms (input kind and config slot within each kernel x dtype), most pulled first</h3>" + \
+            _table(["kernel", "dtype", "level", "option", "pulls", "best budget", "mean reward", "retired"], rows)
+    else:
+        table = _empty("No arms recorded (campaign.json is missing or has none).")
+    return head + figure + table + "</section>"
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;margin-top:1.6em}h3{font-size:1.05em;margin:1em 0 .3em}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}
+th,td{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
+thead th{background:#f3f3f3}
+table.meta th{background:#f3f3f3;width:8em}
+code{font:12px ui-monospace,monospace;overflow-wrap:anywhere;background:#f6f6f6}
+tr.failure td:first-child{font-weight:bold;color:#b00}
+.row{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}
+.empty{color:#666;font-style:italic}.notes{color:#8a5a00}
+img{max-width:100%;display:block}
+"""
+
+
+def _page(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    title = f"pallascheck fuzz report: {os.path.basename(corpus.path)}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + _header(summary) + _failures_section(summary) + _budget_section(summary, corpus, mpl)
+        + _error_bound_section(summary, corpus, mpl) + _coverage_section(summary)
+        + _throughput_section(summary, corpus, mpl)
+        + "</body></html>\n"
+    )
+
+
+def _replace(path: str, text: str) -> None:
+    # Written beside and renamed over: a page refreshed while a running campaign's
+    # report is regenerated is never half a file.
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def write(corpus: str, out: str | None = None) -> tuple[str, str]:
+    """Write ``report.html`` and ``report.json`` for the corpus directory ``corpus``
+    into ``out`` (default: the corpus itself); return (html path, json path)."""
+    mpl = _matplotlib()  # before anything is written
+    loaded = _load(corpus)
+    summary = _summary(loaded)
+    out = corpus if out is None else out
+    os.makedirs(out, exist_ok=True)
+    html_path, json_path = os.path.join(out, "report.html"), os.path.join(out, "report.json")
+    _replace(json_path, json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    _replace(html_path, _page(summary, loaded, mpl))
+    return html_path, json_path
+
+
+# ---------------------------------------------------------------------------- command
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.corpus):
+        raise SystemExit(f"pallascheck report: CORPUS {args.corpus!r} is not a directory")
+    for path in write(args.corpus, args.out):
+        print(path)
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``pallascheck report CORPUS [--out DIR]`` on the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "report", help="write an HTML page and JSON summarising a fuzz campaign's corpus",
+        description="Read a fuzz corpus (campaign.json, events.jsonl, cases.jsonl, failures/) and write "
+        "report.html (self-contained: failures with replay commands, budget used per kernel and dtype, "
+        "error vs bound, coverage, throughput) and report.json (the same numbers). Safe on a corpus that "
+        "is empty or still being written.",
+    )
+    parser.add_argument("corpus", metavar="CORPUS", help="the campaign's corpus directory (pallascheck fuzz --corpus)")
+    parser.add_argument("--out", metavar="DIR", default=None, help="where report.html and report.json go (default: CORPUS)")
+    parser.set_defaults(func=_cmd_report)

@@ -1,0 +1,226 @@
+"""Worker processes for fuzz campaigns: a kernel that hangs, crashes the process or
+eats memory costs a worker, not the campaign.
+
+Each worker is a fresh interpreter (multiprocessing "spawn": no inherited JAX
+state) that runs tasks, one Hypothesis run of one arm each, and reports over a pipe:
+
+    ("ready", None)                    imports done, waiting for a task
+    ("case", None)                     a case was saved to the worker's in-flight
+                                       file and is about to run
+    ("checked", record)                that case's shapes, config and budgets
+    ("done", result)                   the task finished (passed or a check failed)
+
+The parent (``Pool``) watches each worker: no message for ``case_timeout`` seconds
+while a case runs is a hang; a resident set above ``memory_bytes`` is out of memory;
+a process that dies is a crash. In each of those the worker is killed, its in-flight
+case becomes the reproducer, and a new worker takes its place.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pallascheck.properties.checks import Worst
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One worker run: ``examples`` Hypothesis examples of ``target`` in ``dtype``,
+    aimed at input ``kind`` ("any": unpinned) and config ``slot`` (None: drawn)."""
+
+    target: str
+    dtype: str
+    kind: str
+    slot: int | None
+    seed: int
+    examples: int
+    checks: tuple[str, ...]
+    targeted: bool
+
+
+@dataclasses.dataclass
+class Death:
+    """How a worker was lost: "hang", "oom" or "crash", with what is known."""
+
+    kind: str
+    message: str
+    inflight: str | None  # the case it was running, saved as a replayable .npz
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0
+
+
+class Worker:
+    """One worker process and the task it runs."""
+
+    def __init__(self, index: int, directory: str, setup: dict[str, Any]):
+        self.index = index
+        self.inflight = os.path.join(directory, "inflight.npz")
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_main, args=(child, self.inflight, setup), daemon=True)
+        self.process.start()
+        child.close()
+        self.task: Task | None = None
+        self.last_message = time.monotonic()
+        self.ready = False
+        self.in_case = False
+
+    def start(self, task: Task) -> None:
+        if os.path.exists(self.inflight):
+            os.remove(self.inflight)
+        self.task = task
+        self.last_message = time.monotonic()
+        self.in_case = False
+        self.conn.send(task)
+
+    def poll(self, case_timeout: float, memory_bytes: int) -> tuple[list[tuple[str, Any]], Death | None]:
+        """Messages received since the last poll, and a Death if the worker was lost
+        (it is killed by then)."""
+        messages: list[tuple[str, Any]] = []
+        try:
+            while self.conn.poll():
+                kind, payload = self.conn.recv()
+                self.last_message = time.monotonic()
+                self.ready |= kind == "ready"
+                self.in_case = kind == "case"
+                if kind == "done":
+                    self.task = None
+                messages.append((kind, payload))
+        except (EOFError, OSError):
+            pass
+        death = self._death(case_timeout, memory_bytes)
+        if death is not None:
+            self.kill()
+        return messages, death
+
+    def _death(self, case_timeout: float, memory_bytes: int) -> Death | None:
+        inflight = self.inflight if self.in_case and os.path.exists(self.inflight) else None
+        if not self.process.is_alive():
+            code = self.process.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+            return Death("crash", f"worker process {how} while running {self.task}", inflight)
+        rss = _rss_bytes(self.process.pid)
+        if rss > memory_bytes:
+            return Death("oom", f"worker resident memory {rss / 2**30:.2f} GiB passed the limit of "
+                                f"{memory_bytes / 2**30:.2f} GiB while running {self.task}", inflight)
+        # Before the first case of a task (imports, first draw) the worker gets the same time.
+        silent = time.monotonic() - self.last_message
+        if (self.task is not None or not self.ready) and silent > case_timeout:
+            where = "a case" if self.in_case else "a task's start (drawing, compiling)"
+            return Death("hang", f"no progress for {silent:.0f} s (timeout {case_timeout:g} s) on {where} of {self.task}",
+                         inflight)
+        return None
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit; kill it if it does not."""
+        try:
+            self.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=5)
+        self.kill()
+
+
+def _main(conn: Connection, inflight: str, setup: dict[str, Any]) -> None:
+    """The worker: import once, then run tasks until told to stop (None)."""
+    import signal
+
+    from pallascheck.properties import compilation
+
+    # Ctrl-C reaches the whole process group: the campaign stops its workers itself,
+    # after it has booked what they found.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    from . import targets
+
+    targets.add_paths(setup["paths"])
+    compilation.configure(setup["backend"])
+    conn.send(("ready", None))
+    while (task := conn.recv()) is not None:
+        conn.send(("done", _run(task, conn, inflight, setup)))
+
+
+def _worst_json(worst: Worst | None) -> dict[str, Any] | None:
+    return None if worst is None else dataclasses.asdict(worst)
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
+
+
+def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
+    from pallascheck.kernels.backends import get_backend
+    from pallascheck.properties import runner, strategies
+    from pallascheck.properties.spec import Case
+
+    from . import targets
+
+    spec = targets.resolve(task.target)
+    backend = get_backend(setup["backend"])
+    config_counts = [0]
+    failure_dir = os.path.join(os.path.dirname(inflight), "failed")
+
+    def before(case: Case, config: Any) -> None:
+        config_counts[0] = max(config_counts[0], len(list(spec.configs(case, backend))))
+        meta = {"kernel": task.target, "dtype": task.dtype, "backend": str(backend), "check": "in flight",
+                "config": runner.config_to_json(config), "message": "", "seed": task.seed}
+        Case(case.arrays, {**case.params, "__failure__": meta}).save(inflight)
+        conn.send(("case", None))
+
+    def after(case: Case, config: Any, tally: runner.Tally) -> None:
+        conn.send(("checked", {
+            "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
+            "config": runner.config_to_json(config),
+            "shapes": {k: list(v.shape) for k, v in case.arrays.items()},
+            "checks": {
+                name: {"budget": _finite_or_none(o.budget_used),
+                       "error": _finite_or_none(o.worst.error) if o.worst else None,
+                       "bound": _finite_or_none(o.worst.bound) if o.worst else None}
+                for name, o in tally.outcomes.items()
+            },
+        }))
+
+    search = runner.Search(
+        targeted=task.targeted, config_slot=task.slot, database=setup["database"],
+        database_key=f"{task.kind}/{task.slot}", before_case=before, after_case=after,
+    )
+    if os.path.isdir(failure_dir):
+        for name in os.listdir(failure_dir):
+            os.remove(os.path.join(failure_dir, name))
+    with strategies.recording_element_kinds() as kinds, \
+            strategies.pinned_element_kind(None if task.kind == "any" else task.kind):
+        tally = runner.run_property(
+            spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
+            shrink=True, failure_dir=failure_dir, search=search,
+        )
+    # Shrinking saves each failing attempt; the last one written is the minimal case.
+    saved = sorted((os.path.join(failure_dir, n) for n in os.listdir(failure_dir)), key=os.path.getmtime) \
+        if os.path.isdir(failure_dir) else []
+    failed = tally.failed_outcome
+    check = next((name for name, o in tally.outcomes.items() if not o.passed), None)
+    return {
+        "failure": tally.failure,
+        "check": check,
+        "worst": _worst_json(failed.worst) if failed else None,
+        "case": saved[-1] if saved else None,
+        "budgets": {name: _finite_or_none(o.budget_used) for name, o in tally.outcomes.items()},
+        "cases": tally.outcomes["values"].examples if "values" in tally.outcomes else 0,
+        "kinds": sorted(kinds),
+        "configs": config_counts[0],
+    }

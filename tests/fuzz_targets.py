@@ -1,0 +1,52 @@
+"""Kernels that misbehave the ways a fuzz campaign must survive, for tests/test_fuzz_campaign.py.
+
+Each is a plain jnp relu checked with the elementwise spec builder (no Pallas, so
+the ``interpret`` keyword the builder passes is unused: these test the campaign,
+not a kernel), broken one way: it hangs, aborts the
+process, allocates without bound, or is wrong at the first element (a value
+failure whose worst element is the same at every shape: one signature).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallascheck.specs import elementwise_like
+
+
+def _relu(x, interpret=None):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+def _hangs(x, interpret=None):
+    time.sleep(3600)
+    return _relu(x)
+
+
+def _aborts(x, interpret=None):
+    os.abort()
+
+
+def _hoards(x, interpret=None):
+    hoard = []
+    while True:  # 64 MiB at a time, written so that it is resident
+        hoard.append(np.ones(2**26, np.uint8))
+
+
+def _wrong_first_element(x, interpret=None):
+    return _relu(x).at[(0,) * x.ndim].add(jnp.asarray(1.0, x.dtype))
+
+
+def _spec(fn, name):
+    return elementwise_like(fn, name=name, activation="relu", dtypes=("float32",), differentiable=False,
+                            interpret="interpret")
+
+
+SOUND = _spec(_relu, "relu")
+HANGS = _spec(_hangs, "relu_that_hangs")
+ABORTS = _spec(_aborts, "relu_that_aborts")
+HOARDS = _spec(_hoards, "relu_that_hoards_memory")
+WRONG_FIRST_ELEMENT = _spec(_wrong_first_element, "relu_wrong_at_first_element")

@@ -1,0 +1,239 @@
+"""`pallascheck report`: the corpus summary is right and the HTML page is a valid,
+self-contained document (checked by a strict parser and, where installed, by a real
+browser) — also for a corpus that is empty or was cut short mid-line."""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from pallascheck.fuzz import report
+
+CHROMIUM = "/usr/bin/chromium"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+REPLAY_VALUE = "pallascheck replay failures/matmul-bf16-values/case.npz --backend interpret"
+REPLAY_HANG = "pallascheck replay failures/softmax-f32-hang/case.npz --timeout 60"
+
+# (kernel, dtype, kind, config, shapes, {check: (budget, error, bound)}) per written case.
+CASES = [
+    ("matmul", "bfloat16", "random", {"block_m": 64}, {"a": [8, 16], "b": [16, 8]},
+     {"values": (0.25, 0.5, 2.0), "deterministic": (0.0, None, None)}),
+    ("matmul", "bfloat16", "large", {"block_m": 64}, {"a": [8, 16], "b": [16, 8]}, {"values": (0.5, 1.0, 2.0)}),
+    ("matmul", "bfloat16", "random", {"block_m": 32}, {"a": [4, 4], "b": [4, 4]}, {"values": (3.0, 6.0, 2.0)}),
+    ("matmul", "float32", "random", None, {"a": [8, 16], "b": [16, 8]}, {"values": (None, None, None)}),
+    ("softmax", "float32", "masked", "default", {"x": [2, 128]}, {"values": (0.125, 1e-7, 8e-7)}),
+    ("softmax", "float32", "random", "default", {"x": [2, 128]}, {"values": (0.0, 0.0, 8e-7)}),
+]
+
+
+def _write_corpus(root) -> None:
+    campaign = {
+        "version": 1, "backend": "interpret", "jax": "0.12.0", "started": 1.7e9, "seconds": 12.0, "targeted": False,
+        "arms": [
+            {"kernel": "matmul", "dtype": "bfloat16", "level": "kind", "option": "random", "pulls": 3,
+             "best_budget": 3.0, "mean_reward": 0.4, "retired": True},
+            {"kernel": "softmax", "dtype": "float32", "level": "slot", "option": 1, "pulls": 1,
+             "best_budget": 0.125, "mean_reward": 0.1, "retired": True},
+        ],
+        "next_seed": 7,
+    }
+    (root / "campaign.json").write_text(json.dumps(campaign))
+    events = [
+        {"t": 2.0, "kernel": "matmul", "dtype": "bfloat16", "kind": "random", "config_slot": 0, "seed": 1, "cases": 3,
+         "seconds": 1.5, "best_budget": {"values": 3.0}, "outcome": "value", "signature": "matmul-bf16-values"},
+        {"t": 9.0, "kernel": "softmax", "dtype": "float32", "kind": "masked", "config_slot": 1, "seed": 2, "cases": 2,
+         "seconds": 6.0, "best_budget": {"values": None}, "outcome": "hang", "signature": "softmax-f32-hang"},
+    ]
+    # The campaign was killed while appending a third event.
+    (root / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"t": 11.5, "kern')
+    lines = []
+    for t, (kernel, dtype, kind, config, shapes, checks) in enumerate(CASES):
+        lines.append(json.dumps({
+            "t": float(t + 1), "kernel": kernel, "dtype": dtype, "kind": kind, "config": config, "shapes": shapes,
+            "checks": {name: {"budget": b, "error": e, "bound": bd} for name, (b, e, bd) in checks.items()},
+        }))
+    (root / "cases.jsonl").write_text("\n".join(lines) + "\n")
+    failures = [
+        {"signature": "softmax-f32-hang", "kernel": "softmax", "dtype": "float32", "check": "values", "kind": "hang",
+         "message": "no result in 60 s\n(worker killed)", "replay": REPLAY_HANG, "first_seen_t": 9.0, "count": 1,
+         "minimised": False, "shapes": {"x": [2, 128]}, "config": "default", "backend": "interpret"},
+        {"signature": "matmul-bf16-values", "kernel": "matmul", "dtype": "bfloat16", "check": "values", "kind": "value",
+         "message": "matmul <bfloat16>: error 6 > bound 2 at (1, 3)\nconfig ...", "replay": REPLAY_VALUE,
+         "first_seen_t": 2.0, "count": 3, "minimised": True, "shapes": {"a": [4, 4], "b": [4, 4]},
+         "config": {"block_m": 32}, "backend": "interpret"},
+    ]
+    for failure in failures:
+        directory = root / "failures" / failure["signature"]
+        directory.mkdir(parents=True)
+        (directory / "failure.json").write_text(json.dumps(failure))
+
+
+class _StrictPage(HTMLParser):
+    """Fails on any non-void tag closed out of order or left open; collects images,
+    table rows and every attribute value."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.open: list[str] = []
+        self.starts: list[str] = []
+        self.images: list[str] = []
+        self.rows: list[list[str]] = []
+        self.attributes: list[str] = []
+        self._cells: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.starts.append(tag)
+        self.attributes += [value or "" for _, value in attrs]
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        if tag == "tr":
+            self._cells = []
+        if tag in ("td", "th") and self._cells is not None:
+            self._cells.append("")
+        if tag not in VOID:
+            self.open.append(tag)
+
+    def handle_startendtag(self, tag, attrs) -> None:
+        assert tag in VOID, f"<{tag}/> is not a void element"
+        self.handle_starttag(tag, attrs)
+
+    def handle_endtag(self, tag) -> None:
+        assert tag not in VOID, f"</{tag}> closes a void element"
+        assert self.open and self.open[-1] == tag, f"</{tag}> closes <{self.open[-1] if self.open else None}>"
+        self.open.pop()
+        if tag == "tr":
+            self.rows.append(self._cells or [])
+            self._cells = None
+
+    def handle_data(self, data) -> None:
+        if self._cells:
+            self._cells[-1] += data
+
+
+def _parse(path: str) -> tuple[_StrictPage, str]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    page = _StrictPage()
+    page.feed(text)
+    page.close()
+    assert page.open == [], f"left open: {page.open}"
+    assert page.starts.count("html") == 1 and page.starts[0] == "html"
+    assert text.startswith("<!DOCTYPE html>")
+    return page, text
+
+
+@pytest.fixture
+def corpus(tmp_path) -> str:
+    _write_corpus(tmp_path)
+    return str(tmp_path)
+
+
+def test_summary_counts_what_the_corpus_holds(corpus) -> None:
+    summary = report.summarise(corpus)
+    totals = summary["totals"]
+    assert totals["cases"] == len(CASES) and totals["tasks"] == 2
+    assert summary["skipped_lines"] == {"events.jsonl": 1}
+    assert totals["task_outcomes"] == {"hang": 1, "value": 1}
+    assert totals["failures_by_kind"] == {"value": 1, "crash": 0, "hang": 1, "oom": 0}
+    assert totals["failure_occurrences"] == 4
+    assert totals["cases_per_second"] == pytest.approx(len(CASES) / 12.0)
+    assert [f["kind"] for f in summary["failures"]] == ["value", "hang"]  # oldest first
+
+    matmul_bf16 = summary["budget_used"]["by_kernel_dtype"]["matmul"]["bfloat16"]
+    assert matmul_bf16 == {"count": 3, "inf": 0, "median": 0.5, "p90": 3.0, "max": 3.0}
+    # A null budget is infinite: counted, and the maximum of its kernel.
+    assert summary["budget_used"]["by_kernel_dtype"]["matmul"]["float32"]["inf"] == 1
+    assert summary["budget_used"]["by_kernel"]["matmul"] == {"count": 4, "inf": 1, "median": 0.5, "p90": "inf", "max": "inf"}
+    assert summary["budget_used"]["by_kernel"]["softmax"]["max"] == 0.125
+
+    # Checks without an error (bit comparisons, the NaN case) are not points.
+    assert summary["error_vs_bound"] == {"matmul": {"points": 3, "above_bound": 1}, "softmax": {"points": 2, "above_bound": 0}}
+    coverage = summary["coverage"]["matmul"]
+    assert coverage["shapes"] == {"a=8x16, b=16x8": 3, "a=4x4, b=4x4": 1}
+    assert coverage["configs"] == {"block_m=64": 2, "block_m=32": 1, "default": 1}
+    assert coverage["kinds"] == {"random": 3, "large": 1}
+    assert summary["throughput"][-1] == [6.0, len(CASES)]
+
+
+def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
+    out = str(tmp_path / "out")
+    html_path, json_path = report.write(corpus, out)
+    assert (html_path, json_path) == (os.path.join(out, "report.html"), os.path.join(out, "report.json"))
+    with open(json_path) as f:
+        assert json.load(f)["totals"]["cases"] == len(CASES)
+    page, text = _parse(html_path)
+
+    assert not re.search(r"https?://", text, re.IGNORECASE)
+    assert "<script" not in text.lower()
+    assert len(page.images) == 3  # budget, error vs bound, throughput
+    for src in page.images:
+        prefix = "data:image/png;base64,"
+        assert src.startswith(prefix)
+        assert base64.b64decode(src[len(prefix):], validate=True).startswith(PNG_SIGNATURE)
+    assert os.path.getsize(html_path) < 400_000
+
+    failure_rows = [row for row in page.rows if row and row[0] in ("value", "hang")]
+    assert [row[:5] for row in failure_rows] == [
+        ["value", "matmul", "bfloat16", "values", "3"], ["hang", "softmax", "float32", "values", "1"]]
+    assert [row[-1] for row in failure_rows] == [REPLAY_VALUE, REPLAY_HANG]
+    assert failure_rows[0][-2] == "matmul <bfloat16>: error 6 > bound 2 at (1, 3)"  # first line, unescaped by the parser
+    assert "&lt;bfloat16&gt;" in text
+
+    header = {row[0]: row[1] for row in page.rows if len(row) == 2}
+    assert header["backend"] == "interpret" and header["jax"] == "0.12.0"
+    assert header["cases"] == str(len(CASES)) and header["duration"] == "0m 12s"
+    assert "events.jsonl: 1 line(s) that do not parse were skipped" in text
+    assert ["matmul", "bfloat16", "3", "0", "0.5", "3", "3"] in page.rows  # the budget table
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_page_renders_in_chromium(corpus, tmp_path) -> None:
+    html_path, _ = report.write(corpus)
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", f"file://{os.path.abspath(html_path)}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    assert dom.count('<tr class="failure">') == 2
+    assert REPLAY_VALUE in dom and REPLAY_HANG in dom
+    assert dom.count('<img src="data:image/png;base64,') == 3
+
+
+def test_empty_corpus_still_gets_a_page(tmp_path) -> None:
+    html_path, json_path = report.write(str(tmp_path))
+    page, text = _parse(html_path)
+    assert page.images == []
+    assert "No cases were recorded." in text and "No failures were recorded." in text
+    assert "campaign.json is missing." in text
+    with open(json_path) as f:
+        summary = json.load(f)
+    assert summary["totals"]["cases"] == 0 and summary["totals"]["cases_per_second"] is None
+    assert summary["files"] == {"campaign.json": False, "events.jsonl": False, "cases.jsonl": False, "failures": False}
+
+
+def test_command_prints_both_paths_and_names_a_missing_corpus(corpus, tmp_path, capsys) -> None:
+    parser = argparse.ArgumentParser(prog="pallascheck")
+    report.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["report", corpus, "--out", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "out" / "report.html"), str(tmp_path / "out" / "report.json")]
+    missing = parser.parse_args(["report", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit, match="CORPUS .*nowhere.* is not a directory"):
+        missing.func(missing)
+
+
+def test_missing_matplotlib_names_the_extra(corpus, monkeypatch) -> None:
+    # None in sys.modules makes the import fail, as if matplotlib were not installed.
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'pallascheck[report]'")):
+        report.write(corpus)
+    assert not os.path.exists(os.path.join(corpus, "report.html"))
