@@ -55,15 +55,16 @@ def time_to_find(row: dict[str, Any], mode: str, *, limit: float, jobs: int, tes
     return found if found is not None and found <= limit else None
 
 
-def run(tests_dir: str, *, limit: float, jobs: int, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Both modes for every variant (or those named in ``only``), printing as it goes."""
+def run(tests_dir: str, *, limit: float, jobs: int, only: list[str] | None = None,
+        modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
+    """``modes`` for every variant (or those named in ``only``), printing as it goes."""
     os.environ[CACHE_ENV_VAR] = ""  # every run compiles from nothing, as a first campaign does
     rows = [r for r in variants(tests_dir) if not only or r["variant"] in only]
-    print(f"{'variant':58s} {'targeted':>9s} {'random':>9s}", flush=True)
+    print(f"{'variant':58s} " + " ".join(f"{m:>9s}" for m in modes), flush=True)
     for row in rows:
-        for mode in MODES:
+        for mode in modes:
             row[mode] = time_to_find(row, mode, limit=limit, jobs=jobs, tests_dir=tests_dir)
-        print(f"{row['variant']:58s} {_fmt(row['targeted']):>9s} {_fmt(row['random']):>9s}", flush=True)
+        print(f"{row['variant']:58s} " + " ".join(f"{_fmt(row[m]):>9s}" for m in modes), flush=True)
     return rows
 
 
@@ -75,6 +76,8 @@ def summary(rows: list[dict[str, Any]], limit: float) -> dict[str, Any]:
     """Medians (a variant not found counts as ``limit``: a lower bound on its time),
     the number never found, and the median of the per-variant ratios random / targeted."""
     out: dict[str, Any] = {"variants": len(rows), "limit_s": limit}
+    if not all(mode in row for row in rows for mode in MODES):
+        return out
     for mode in MODES:
         times = [limit if r[mode] is None else r[mode] for r in rows]
         out[f"{mode}_median_s"] = statistics.median(times) if times else None

@@ -34,6 +34,7 @@ from .corpus import Corpus, crash_pattern, signature, worst_pattern
 from .workers import Death, Task, Worker
 
 STATE_VERSION = 1
+EXPLORE_EVERY = 2  # in a targeted campaign, one task in this many draws without climbing
 
 
 @dataclasses.dataclass
@@ -126,14 +127,19 @@ class Campaign:
         pairs = self.open_pairs()
         if not pairs:
             return None
+        # Every EXPLORE_EVERY-th task of a targeted campaign draws plainly (the pair is
+        # still the bandit's): climbing narrows Hypothesis' draws toward what scored
+        # well, and a bug that needs a rare draw (an empty group) rather than a high
+        # budget is found by diversity.
+        climb = self.targeted and self.seed % EXPLORE_EVERY != 0
         if self.targeted:
             pair, kind, slot = self.bandit.choose(pairs)
+            kind, slot = (kind, slot) if climb else ("any", None)
         else:
             pair, kind, slot = self.rng.choice(pairs), "any", None
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        return Task(pair[0], pair[1], kind, slot, self.seed, runner.examples_for(self.examples), checks,
-                    self.targeted)
+        return Task(pair[0], pair[1], kind, slot, self.seed, runner.examples_for(self.examples), checks, climb)
 
     def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
         """Book a finished task; returns the failure record if it found one."""
@@ -234,7 +240,11 @@ def run(
                         paths=paths, first_seed=first_seed, resume=resume)
     result = CampaignResult()
     setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
-    workers = [Worker(i, campaign.corpus.worker_dir(i), setup) for i in range(jobs)]
+    devices = gpu_devices(backend)
+
+    def new_worker(i: int) -> Worker:
+        return Worker(i, campaign.corpus.worker_dir(i), dict(setup, device=str(i % devices) if devices else None))
+    workers = [new_worker(i) for i in range(jobs)]
     deadline = time.monotonic() + seconds
     best = (0.0, "")
     last_progress = 0.0
@@ -262,7 +272,7 @@ def run(
                     if task is not None:
                         result.tasks += 1
                         found = campaign.died(task, death)
-                    workers[i] = worker = Worker(i, campaign.corpus.worker_dir(i), setup)
+                    workers[i] = worker = new_worker(i)
                 if found is not None:
                     if found["new"]:
                         result.new_failures.append(found)
@@ -309,6 +319,20 @@ def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float
     return (f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
             f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
             f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open")
+
+
+def gpu_devices(backend: Backend) -> int:
+    """How many GPUs the campaign spreads its workers over (0 for a CPU backend)."""
+    if backend.platform != "gpu":
+        return 0
+    import jax
+
+    return jax.local_device_count()
+
+
+def default_jobs(backend: Backend) -> int:
+    """Every core on the CPU; one worker per device on a GPU."""
+    return gpu_devices(backend) or len(os.sched_getaffinity(0))
 
 
 def default_memory_bytes(jobs: int) -> int:

@@ -98,14 +98,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
-    memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(args.jobs)
+    jobs = args.jobs or campaign.default_jobs(backend)
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
     print(f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
-          f"({mode}, {args.jobs} jobs); corpus {args.corpus}/", flush=True)
+          f"({mode}, {jobs} jobs); corpus {args.corpus}/", flush=True)
     progress = _progress_printer()
     try:
         result = campaign.run(
-            named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=args.jobs,
+            named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=jobs,
             targeted=not args.random, dtypes=args.dtype, paths=args.path or (), first_seed=args.seed,
             resume=args.resume, limits=campaign.Limits(args.case_timeout, memory), progress=progress,
         )
@@ -177,7 +178,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.time_to_find:
         from pallascheck.bench import time_to_find
 
-        rows = time_to_find.run(args.tests, limit=args.limit, jobs=args.jobs, only=args.variant)
+        rows = time_to_find.run(args.tests, limit=args.limit, jobs=args.jobs, only=args.variant,
+                                modes=tuple(args.mode or time_to_find.MODES))
         result = time_to_find.summary(rows, args.limit)
         print("\n" + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
         if args.json:
@@ -267,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
         "with a replay command; --resume continues a campaign where it stopped.")
     fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
     fuzz.add_argument("--minutes", type=float, default=10.0)
-    fuzz.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: every core)")
+    fuzz.add_argument("--jobs", type=int, default=0,
+                      help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
+                           "worker seeing its own device)")
     fuzz.add_argument("--examples", type=int, default=16, help="cases per task (as verify's --examples counts them)")
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     fuzz.add_argument("--kernel", action="append",
@@ -306,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=float, default=120.0, help="with --time-to-find: seconds per campaign")
     bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="with --time-to-find: workers per campaign")
     bench.add_argument("--variant", action="append", help="with --time-to-find: only this MODULE/NAME (repeatable)")
+    bench.add_argument("--mode", action="append", choices=("targeted", "random"),
+                       help="with --time-to-find: only this search mode (repeatable; default both)")
     bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs; with "
                                                          "--tolerance-rules or --time-to-find: the one holding broken/")
     bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property; with "

@@ -301,7 +301,8 @@ def _matplotlib() -> tuple[Any, Any]:
 
 def _png(fig: Any, canvas: Any) -> str:
     buffer = io.BytesIO()
-    canvas(fig).print_png(buffer)
+    canvas(fig)  # attaches the Agg canvas that savefig draws on
+    fig.savefig(buffer, format="png", bbox_inches="tight")  # tight: long axis labels are not clipped
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

@@ -141,6 +141,9 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any]) -> None:
     """The worker: import once, then run tasks until told to stop (None)."""
     import signal
 
+    if setup.get("device") is not None:  # one GPU per worker, before JAX creates its client
+        os.environ["CUDA_VISIBLE_DEVICES"] = setup["device"]
+
     from pallascheck.properties import compilation
 
     # Ctrl-C reaches the whole process group: the campaign stops its workers itself,

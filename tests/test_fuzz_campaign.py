@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 
 from fuzz_targets import WRONG_FIRST_ELEMENT
-from pallascheck.fuzz import campaign, cli, corpus
+from pallascheck.fuzz import bandit, campaign, cli, corpus
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
 from pallascheck.properties.matmul_spec import SPEC as MATMUL
@@ -109,13 +110,13 @@ def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
 def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> None:
     backend = _generic(backend)
     targets = ["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"]
-    first = _run(targets, backend, tmp_path, seconds=20)
+    first = _run(targets, backend, tmp_path, seconds=12)
     found_checks = {f["check"] for f in first.new_failures}
     assert "values" in found_checks
     before = json.loads((tmp_path / "campaign.json").read_text())
     with pytest.raises(ValueError, match="--resume"):
         _run(targets, backend, tmp_path, seconds=5)
-    second = _run([], backend, tmp_path, seconds=15, resume=True)
+    second = _run([], backend, tmp_path, seconds=8, resume=True)
     assert second.tasks > 0 and second.repeats == 0
     after = json.loads((tmp_path / "campaign.json").read_text())
     assert after["seconds"] > before["seconds"]
@@ -136,3 +137,16 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
     assert event["outcome"] == "pass" and event["cases"] == 2
+
+
+def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
+    pairs = [("matmul", "float32"), ("matmul", "bfloat16")]
+    arms = bandit.Bandit(pairs, random.Random(0))
+    assert {arms.choose(pairs)[1:] for _ in range(5)} == {("any", None)}  # nothing known yet
+    arms.learn(pairs[1], ["large", "normal"], configs=3)
+    assert arms.kinds[pairs[1]] == ["any", "large", "normal"] and arms.slots[pairs[1]] == [None, 0, 1, 2]
+    for _ in range(30):  # one pair's budgets climb toward 1, the other's stay low
+        pair, kind, slot = arms.choose(pairs)
+        arms.update(pair, kind, slot, 0.9 if pair == pairs[1] and kind == "large" else 0.05)
+    picks = [arms.choose(pairs) for _ in range(50)]
+    assert sum(p[0] == pairs[1] for p in picks) > 40 and sum(p[1] == "large" for p in picks) > 25
