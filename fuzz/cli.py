@@ -34,10 +34,13 @@ DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from pallascheck.properties import tokamax_client
     from pallascheck.properties.collectives_checks import PROPERTIES
 
     known = set(registry()) | set(PROPERTIES) | set(bundled_names())
     unknown = sorted(set(args.kernel or ()) - known)
+    if set(unknown) & set(tokamax_client.TOKAMAX):
+        raise SystemExit(f"pallascheck: the tokamax:* kernels check Tokamax, which is not installed: {tokamax_client.PIP}")
     if unknown:
         raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")
     backend = _available_backend(args.backend)

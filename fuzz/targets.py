@@ -1,6 +1,7 @@
 """What a campaign fuzzes, named by a string that a worker process can resolve.
 
-A target is a registered kernel ("matmul", "jax:gpu.softmax") or ``module:NAME``
+A target is a registered kernel ("matmul"), an outside kernel ("jax:gpu.softmax",
+"tokamax:layer_norm:xla") or ``module:NAME``
 for a spec defined elsewhere: ``NAME`` is a ``KernelSpec`` attribute of the module,
 or a key of its ``VARIANTS`` dict (the broken kernels of ``tests/broken``, whose
 values are (spec, dtypes, examples)). Workers are separate processes, so a spec
@@ -27,7 +28,7 @@ def add_paths(paths: Sequence[str]) -> None:
 def resolve(target: str) -> KernelSpec:
     """The spec ``target`` names, renamed to ``target`` so that reports, saved cases
     and replays name it the way the campaign was asked to."""
-    if ":" not in target or target.startswith("jax:"):
+    if ":" not in target or target.startswith(("jax:", "tokamax:")):
         return get_spec(target)
     module_name, _, name = target.partition(":")
     module = importlib.import_module(module_name)

@@ -177,22 +177,25 @@ def registry() -> dict[str, KernelSpec]:
 
 
 def bundled_names() -> list[str]:
-    """The specs of JAX's bundled Pallas kernels ("jax:gpu.attention", ...): built on
-    request, never part of the default registry (they are outside kernels)."""
-    from .jax_bundled import BUNDLED
+    """The specs of kernels that are not ours, built on request, never part of the
+    default registry: JAX's bundled Pallas kernels ("jax:gpu.attention", ...) and,
+    where Tokamax is installed, Tokamax's ops ("tokamax:layer_norm:xla", ...)."""
+    from . import jax_bundled, tokamax_client
 
-    return sorted(BUNDLED)
+    return sorted(jax_bundled.BUNDLED) + tokamax_client.names()
 
 
 def get_spec(name: str) -> KernelSpec:
     specs = registry()
     if name in specs:
         return specs[name]
-    if name in bundled_names():
-        from . import jax_bundled
+    from . import jax_bundled, tokamax_client
 
+    if name in jax_bundled.BUNDLED:
         return jax_bundled.spec(name)
-    raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}; JAX's bundled: {bundled_names()}")
+    if name in tokamax_client.TOKAMAX:
+        return tokamax_client.spec(name)  # without Tokamax: ModuleNotFoundError saying how to install it
+    raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}; outside kernels: {bundled_names()}")
 
 
 def selected(names: Sequence[str] | None) -> dict[str, KernelSpec]:
