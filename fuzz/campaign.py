@@ -26,11 +26,10 @@ from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import runner
-from pallascheck.properties.checks import Worst
 from pallascheck.properties.spec import Case
 
 from . import bandit, targets
-from .corpus import Corpus, crash_pattern, signature, worst_pattern
+from .corpus import Corpus, crash_pattern, signature
 from .workers import Death, Task, Worker
 
 STATE_VERSION = 1
@@ -153,9 +152,7 @@ class Campaign:
                 pattern = crash_pattern(result["failure"].split("\n", 1)[-1])
                 self.retired.add(pair)
             else:
-                pattern = worst_pattern(Worst(**{**result["worst"], "index": tuple(result["worst"]["index"]),
-                                                  "shape": tuple(result["worst"]["shape"])})
-                                        if result["worst"] else None)
+                pattern = result["pattern"] or "-"
                 retired = self.retired_checks.setdefault(pair, [])
                 retired.append(check)
                 if not set(runner.CHECKS) - set(retired):

@@ -24,7 +24,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pallascheck.properties.checks import Worst
+from .corpus import worst_pattern
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,10 +159,6 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any]) -> None:
         conn.send(("done", _run(task, conn, inflight, setup)))
 
 
-def _worst_json(worst: Worst | None) -> dict[str, Any] | None:
-    return None if worst is None else dataclasses.asdict(worst)
-
-
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
 
@@ -220,7 +216,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
     return {
         "failure": tally.failure,
         "check": check,
-        "worst": _worst_json(failed.worst) if failed else None,
+        "pattern": worst_pattern(failed.worst) if failed else None,
         "case": saved[-1] if saved else None,
         "budgets": {name: _finite_or_none(o.budget_used) for name, o in tally.outcomes.items()},
         "cases": tally.outcomes["values"].examples if "values" in tally.outcomes else 0,
