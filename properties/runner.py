@@ -300,6 +300,7 @@ def run_property(
                 except Exception as failure:  # a crash is a finding too: keep its input
                     if failure_dir is not None:
                         save_failure(failure_dir, spec, dtype, backend, case, config, failure)
+                    _merge_into(tally, case_tally)  # the checks this case passed before it failed
                     if search.after_case is not None and isinstance(failure, checks.CheckFailure):
                         case_tally.add(failure.outcome, 0.0)
                         search.after_case(case, config, case_tally)
