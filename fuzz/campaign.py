@@ -18,6 +18,7 @@ skipping what it already found.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import random
@@ -29,7 +30,7 @@ from pallascheck.properties import runner
 from pallascheck.properties.spec import Case
 
 from . import bandit, targets
-from .corpus import Corpus, crash_pattern, signature
+from .corpus import CASES, EVENTS, FAILURES, Corpus, crash_pattern, signature
 from .workers import Death, Task, Worker
 
 STATE_VERSION = 1
@@ -69,13 +70,14 @@ class Campaign:
             raise ValueError(f"corpus {corpus!r} was fuzzed on {saved['backend']}, not {backend}: "
                              f"resume it there, or choose another --corpus")
         self.backend = backend
-        self.paths = list(paths) or (saved or {}).get("paths", [])
+        state = saved or {}  # what a resumed campaign had; the arguments given take precedence
+        self.paths = list(paths) or state.get("paths", [])
         targets.add_paths(self.paths)
-        names = list(targets_) or (saved or {}).get("targets", [])
+        names = list(targets_) or state.get("targets", [])
         if not names:
             raise ValueError("no kernel to fuzz: name one with --kernel")
         self.targets = names
-        wanted = list(dtypes or ()) or (saved or {}).get("dtypes", [])
+        wanted = list(dtypes or ()) or state.get("dtypes", [])
         self.dtypes = wanted
         self.pairs = [(name, d) for name in names for d in targets.resolve(name).dtypes_for(backend)
                       if not wanted or d in wanted]
@@ -97,7 +99,9 @@ class Campaign:
             self.seed = saved["next_seed"]
             self.seconds_before = saved["seconds"]
             self.started = saved["started"]
-        self.cases = (saved or {}).get("cases", 0)
+        self.cases = state.get("cases", 0)
+        # Distinct failures by kind, kept here for the progress line (read once, on resume).
+        self.failure_kinds = collections.Counter(f["kind"] for f in self.corpus.failures().values())
         self.run_start = time.monotonic()
 
     # -- state -------------------------------------------------------------------
@@ -178,7 +182,7 @@ class Campaign:
     def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
                *, minimised: bool) -> dict[str, Any]:
         sig = signature(task.target, task.dtype, check, kind, pattern)
-        case_file = self.corpus.file("failures", sig, "case.npz")
+        case_file = self.corpus.file(FAILURES, sig, "case.npz")
         paths = "".join(f" --path {p}" for p in self.paths)
         record = {
             "signature": sig, "kernel": task.target, "dtype": task.dtype, "check": check, "kind": kind,
@@ -195,10 +199,11 @@ class Campaign:
             record["config"] = case.params["__failure__"]["config"]
         stored, new = self.corpus.record_failure(record, case_path)
         stored["new"] = new
+        self.failure_kinds[kind] += new
         return stored
 
     def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: dict[str, Any] | None) -> None:
-        self.corpus.append("events.jsonl", {
+        self.corpus.append(EVENTS, {
             "t": round(self.elapsed(), 2), "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
             "config_slot": task.slot, "seed": task.seed, "cases": cases, "best_budget": budgets,
             "outcome": found["kind"] if found else "pass", "signature": found["signature"] if found else None,
@@ -256,7 +261,7 @@ def run(
                 found = None
                 for kind, payload in messages:
                     if kind == "checked":
-                        campaign.corpus.append("cases.jsonl", dict(payload, t=round(campaign.elapsed(), 2)))
+                        campaign.corpus.append(CASES, dict(payload, t=round(campaign.elapsed(), 2)))
                         campaign.cases += 1
                         result.cases += 1
                         used = max((c["budget"] if c["budget"] is not None else float("inf")
@@ -308,11 +313,7 @@ def run(
 
 def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float, str]) -> str:
     elapsed = time.monotonic() - campaign.run_start
-    failures = campaign.corpus.failures()
-    kinds = {}
-    for f in failures.values():
-        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
-    found = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"
+    found = ", ".join(f"{k} {n}" for k, n in sorted(campaign.failure_kinds.items()) if n) or "none"
     return (f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
             f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
             f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open")

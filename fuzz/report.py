@@ -38,8 +38,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-CAMPAIGN, EVENTS, CASES, FAILURES = "campaign.json", "events.jsonl", "cases.jsonl", "failures"
-FAILURE_KINDS = ("value", "crash", "hang", "oom")
+from .corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, STATE as CAMPAIGN
+
 # The JSON's throughput curve and the page's tables stay readable (and the page small)
 # for campaigns of a million cases; report.json keeps every distinct coverage value.
 THROUGHPUT_POINTS = 500
