@@ -173,17 +173,16 @@ def _concrete(call: pinning.Call, args: Sequence[Any], seed: int) -> dict[str, n
     return out
 
 
-def gate_cases(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], backend: Backend,
+def gate_cases(spec: KernelSpec, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray], backend: Backend,
                kinds: Sequence[str], seed: int = 0) -> list[Case]:
     """The call's own case, then the spec's adversarial cases at its shapes
     (``KernelSpec.adversarial``), or one per element kind in ``kinds``: the float arrays
     redrawn with that kind and the same shapes (``reduction``: the last axis). No
     ``kinds``: the call's own case only."""
-    params = {k: v for k, v in call.options.items() if k != "axis_name"}
-    base = Case(dict(arrays), params)
+    base = Case(dict(arrays), dict(params))
     out = jax.eval_shape(lambda: spec.kernel(base, spec.default_config_for(backend), backend))
     cotangent = strategies.elements(seed, out.shape, np.dtype(out.dtype).name, "normal")
-    cases = [Case({**arrays, "cotangent": cotangent}, params)]
+    cases = [Case({**arrays, "cotangent": cotangent}, dict(params))]
     if not kinds:
         return cases
     if spec.adversarial is not None:
@@ -192,7 +191,7 @@ def gate_cases(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.nda
         drawn = {name: (strategies.elements(seed + 7 * j + i, a.shape, a.dtype.name, kind, reduction=a.shape[-1])
                         if _is_float(a) and name not in INTEGER_ARRAYS else a)
                  for i, (name, a) in enumerate(arrays.items())}
-        cases.append(Case({**drawn, "cotangent": cotangent}, params))
+        cases.append(Case({**drawn, "cotangent": cotangent}, dict(params)))
     return cases
 
 
@@ -200,7 +199,7 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.name == "bfloat16" or np.issubdtype(a.dtype, np.floating)
 
 
-def _gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend) -> dict[str, Any]:
+def gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend) -> dict[str, Any]:
     """Every case's checks under ``config`` (raises CheckFailure on the first failure):
     the worst budget used, and the output on the call's own inputs."""
     selected = ("values", "gradients") if spec.gradients is not None else ("values",)
@@ -225,7 +224,7 @@ def _gate_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def _reason(err: BaseException) -> str:
+def rejection_reason(err: BaseException) -> str:
     # the failing check and its worst element (CheckFailure: first two lines)
     text = " / ".join(line.strip() for line in str(err).strip().splitlines()[:2])[:400]
     if isinstance(err, checks.CheckFailure):
@@ -235,26 +234,38 @@ def _reason(err: BaseException) -> str:
     return f"crash: {type(err).__name__}: {text}"
 
 
-def _memoised(spec: KernelSpec) -> KernelSpec:
+def memoised(spec: KernelSpec, memo: dict[Any, Any] | None = None) -> KernelSpec:
     """``spec`` with its float64 oracle and oracle gradients computed once per case:
-    the gate checks every config on the same cases."""
-    refs: dict[int, Any] = {}
-    grads: dict[int, Any] = {}
+    the gate checks every config on the same cases. ``memo``: shared with the specs
+    of the same op with other configs pinned (a spec per config, an outside kernel's
+    fixed tiling), which then also share a bound wherever their tilings are equal."""
+    memo = {} if memo is None else memo
+
+    def once(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
 
     def oracle(case: Case) -> Any:
-        if id(case) not in refs:
-            refs[id(case)] = spec.oracle(case)
-        return refs[id(case)]
+        return once(("oracle", id(case)), lambda: spec.oracle(case))
+
+    # a bound is a function of the case (its oracle follows), the config and the
+    # arithmetic: the gate asks for each twice (values, and the probabilistic budget)
+    def bound(case: Case, ref: Any, config: Any, arith: Any) -> Any:
+        return once(("bound", id(case), config, arith), lambda: spec.bound(case, ref, config, arith))
 
     if spec.gradients is None:
-        return dataclasses.replace(spec, oracle=oracle)
+        return dataclasses.replace(spec, oracle=oracle, bound=bound)
+    g = spec.gradients
 
     def oracle_vjp(case: Case, ref: Any) -> Any:
-        if id(case) not in grads:
-            grads[id(case)] = spec.gradients.oracle_vjp(case, ref)
-        return grads[id(case)]
+        return once(("oracle_vjp", id(case)), lambda: g.oracle_vjp(case, ref))
 
-    return dataclasses.replace(spec, oracle=oracle, gradients=dataclasses.replace(spec.gradients, oracle_vjp=oracle_vjp))
+    def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> Any:
+        return once(("gradient_bound", id(case), config, arith), lambda: g.bound(case, ref, grads, config, arith))
+
+    return dataclasses.replace(spec, oracle=oracle, bound=bound,
+                               gradients=dataclasses.replace(g, oracle_vjp=oracle_vjp, bound=gradient_bound))
 
 
 def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], *, repeats: int,
@@ -262,9 +273,10 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
               ) -> dict[str, Any]:
     """One result entry: every candidate gated and timed, the fastest valid one chosen;
     ``progress`` gets a line per candidate."""
-    spec = _memoised(spec)
+    spec = memoised(spec)
     backend = Backend(call.backend)
-    cases = gate_cases(spec, call, arrays, backend, kinds)
+    params = {k: v for k, v in call.options.items() if k != "axis_name"}
+    cases = gate_cases(spec, params, arrays, backend, kinds)
     for case in cases:  # the float64 oracles, once, before the gates share them
         ref = spec.oracle(case)
         if spec.gradients is not None:
@@ -279,7 +291,7 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
 
     # 1. gate every candidate, several at a time; a config that hangs keeps its thread
     gates = concurrent.futures.ThreadPoolExecutor(max_workers=_gate_workers())
-    futures = {config: gates.submit(_gate, spec, cases, config, backend) for config in candidates}
+    futures = {config: gates.submit(gate, spec, cases, config, backend) for config in candidates}
     passed = []
     for config, future in futures.items():
         try:
@@ -288,7 +300,7 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
             reject(config, f"timeout: over {timeout_s:g} s")
             continue
         except Exception as err:  # noqa: BLE001 - every failure of a candidate is a reason to reject it
-            reject(config, _reason(err))
+            reject(config, rejection_reason(err))
             continue
         outputs[config] = got["out"]
         passed.append((config, got["budget"]))

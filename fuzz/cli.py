@@ -9,6 +9,7 @@
     pallascheck bench --harness [--no-pytest]
     pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
     pallascheck bench --time-to-find [--tests DIR] [--limit S] [--jobs N] [--variant V ...] [--json PATH]
+    pallascheck bench --tokamax-autotune [--backend mosaic_gpu] [--op dot_product_attention|ragged_dot] [--json PATH]
     pallascheck probe [--backend B] [--json PATH]
     pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
 
@@ -198,6 +199,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "rows": rows}, f, indent=2)
         return 0 if all(r["exit"] == 0 for r in rows) else 1
+    if args.tokamax_autotune:
+        from pallascheck.bench import tokamax_autotune
+
+        backend = _available_backend(args.backend)
+        results = tokamax_autotune.run(backend, args.op, args.json)
+        return 1 if any(op.get("pick_rejected") for r in results for op in r["ops"]) else 0
     from pallascheck.bench import ops as bench
 
     backend = _available_backend(args.backend)
@@ -310,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--time-to-find", action="store_true",
                        help="seconds a fuzz campaign takes to find each broken variant of tests/broken, targeted "
                             "against random (CPU interpreters)")
+    bench.add_argument("--tokamax-autotune", action="store_true",
+                       help="run tokamax.autotune on attention and ragged_dot (Hopper GPU) and check every config it "
+                            "timed with the numerics gate; --op dot_product_attention|ragged_dot picks one")
     bench.add_argument("--limit", type=float, default=120.0, help="with --time-to-find: seconds per campaign")
     bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="with --time-to-find: workers per campaign")
     bench.add_argument("--variant", action="append", help="with --time-to-find: only this MODULE/NAME (repeatable)")

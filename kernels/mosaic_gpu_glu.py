@@ -49,6 +49,9 @@ class Config(mosaic_gpu_matmul.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.consumers != 1:
+            raise ValueError(f"config.consumers must be 1 (the GLU kernel runs one consumer warpgroup), "
+                             f"got {self.consumers!r}")
         if 2 * self.tile_m * self.tile_n > mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS:
             raise ValueError(
                 f"2 * config.tile_m * config.tile_n must be <= {mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS} "
@@ -70,7 +73,7 @@ def configs(
     accumulators fit the registers and whose slots and residual tiles fit in SMEM."""
     space = []
     for c in mosaic_gpu_matmul.configs(tokens, f, d, itemsize, backend):
-        if 2 * c.tile_m * c.tile_n > mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS:
+        if c.consumers != 1 or 2 * c.tile_m * c.tile_n > mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS:
             continue
         config = Config(**dataclasses.asdict(c))
         if smem_bytes(config, itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES:

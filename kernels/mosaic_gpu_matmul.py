@@ -1,7 +1,18 @@
 """Hopper (Mosaic GPU) tiled matmul ``act(x @ y)``: TMA loads, wgmma, TMA store.
 
-One CTA (one warpgroup) per (tile_m, tile_n) output tile, on a (M/tile_m, N/tile_n)
-grid. The K range is walked in steps of ``tile_k`` through a ring of
+Two forms, chosen by ``Config.consumers``:
+
+- ``consumers=2`` (warp-specialised, the fast one): each CTA computes a tile_m x
+  (2 tile_n) output tile with three warpgroups. A memory warpgroup (40 registers)
+  only issues the TMA copies of the K tiles into a ring of ``max_concurrent_steps``
+  SMEM slots (``plgpu.emit_pipeline_warp_specialized``); two consumer warpgroups each
+  own a tile_m x tile_n f32 accumulator and issue one wgmma per K tile on their half
+  of y's slot, keeping one wgmma in flight (a slot is released one step late). The
+  CTAs walk the output in bands of ``BAND_M`` row tiles, column by column, so that
+  CTAs running together share x and y tiles in L2. The epilogue stores each
+  accumulator in ``EPILOGUE_N``-column slices through a small SMEM buffer.
+- ``consumers=1``: one CTA (one warpgroup) per (tile_m, tile_n) output tile, on a
+  (M/tile_m, N/tile_n) grid. In this form the K range is walked in steps of ``tile_k`` through a ring of
 ``max_concurrent_steps`` SMEM slots: TMA copies GMEM -> SMEM fill a slot and arrive
 on its barrier; the warpgroup waits on that barrier, issues an asynchronous wgmma
 into the f32 accumulator and, once the previous step's wgmma has retired
@@ -10,7 +21,8 @@ ahead. The epilogue applies the activation in f32 to the accumulator, rounds onc
 to ``out_dtype`` into SMEM and TMA-stores the tile (and, for the backward pass, the
 f32 pre-activation).
 
-Arithmetic, for bf16/f16 inputs (the tolerance model's inputs):
+Arithmetic, for bf16/f16 inputs (the tolerance model's inputs), the same in both forms
+(each output element is one consumer's accumulator):
 - every product ``x[i, k] * y[k, j]`` is exact in f32 (8/11-bit significands);
 - per K tile, the wgmma sums its ``tile_k`` products into the f32 accumulator; the
   order inside one wgmma is the tensor core's (not IEEE sequential; on the
@@ -58,18 +70,29 @@ from .backends import Backend, get_backend
 # wgmma's M is 64 per instruction and one warpgroup holds the accumulator in
 # registers: 128 x 128 f32 is 128 registers per thread, the most we allow.
 MAX_ACCUMULATOR_ELEMENTS = 128 * 128
+# Warp-specialised form: output columns per epilogue store (a 128-byte swizzled bf16
+# row; half as many when the f32 pre-activation is stored too, so that both slices
+# and a 3-stage 128 x 256 ring fit in SMEM), and row tiles per band of the CTA order
+# (CTAs of one band share y tiles in L2).
+EPILOGUE_N = 64
+BAND_M = 8
+# Registers the memory warpgroup keeps (it only issues TMA copies): the rest go to
+# the consumers' accumulators.
+MEMORY_REGISTERS = 40
 INPUT_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """tile_m x tile_n output tile per CTA, tile_k the K step (one wgmma), and
-    max_concurrent_steps SMEM slots in the TMA pipeline."""
+    """tile_m x tile_n output tile per consumer warpgroup, tile_k the K step (one
+    wgmma), max_concurrent_steps SMEM slots in the TMA pipeline, and ``consumers``
+    warpgroups per CTA (2: warp-specialised, a CTA tile of tile_m x 2 tile_n)."""
 
     tile_m: int = 128
     tile_n: int = 128
     tile_k: int = 64
     max_concurrent_steps: int = 3
+    consumers: int = 1
 
     def __post_init__(self) -> None:
         if self.tile_m not in (64, 128):
@@ -96,6 +119,11 @@ class Config:
                 f"config.max_concurrent_steps must be an int in [2, 8] (pipeline stages), "
                 f"got {self.max_concurrent_steps!r}"
             )
+        if self.consumers not in (1, 2):
+            raise ValueError(f"config.consumers must be 1 or 2 (consumer warpgroups per CTA), got {self.consumers!r}")
+        if self.consumers == 2 and self.tile_n % EPILOGUE_N:
+            raise ValueError(f"config.tile_n must be a multiple of {EPILOGUE_N} with consumers=2 (the epilogue "
+                             f"stores {EPILOGUE_N}-column slices), got {self.tile_n}")
 
 
     @property
@@ -105,10 +133,18 @@ class Config:
 
 
 def smem_bytes(config: Config, itemsize: int, out_itemsize: int, save_preactivation: bool) -> int:
-    """Shared memory one CTA holds: the pipeline's x and y slots plus the output tile(s)."""
-    pipeline = config.max_concurrent_steps * (config.tile_m + config.tile_n) * config.tile_k * itemsize
-    out = config.tile_m * config.tile_n * (out_itemsize + (4 if save_preactivation else 0))
+    """Shared memory one CTA holds: the pipeline's x and y slots plus the output tile(s)
+    (with two consumers: each consumer's EPILOGUE_N-column output slice)."""
+    c = config.consumers
+    pipeline = config.max_concurrent_steps * (config.tile_m + c * config.tile_n) * config.tile_k * itemsize
+    out_n = config.tile_n if c == 1 else c * epilogue_n(save_preactivation)
+    out = config.tile_m * out_n * (out_itemsize + (4 if save_preactivation else 0))
     return pipeline + out
+
+
+def epilogue_n(save_preactivation: bool) -> int:
+    """Columns per epilogue slice of the warp-specialised form."""
+    return EPILOGUE_N // 2 if save_preactivation else EPILOGUE_N
 
 
 def configs(
@@ -119,18 +155,16 @@ def configs(
     be = get_backend(backend)
     if be.is_interpreted:  # every config costs a compile and an interpreted run
         ms, ns, ks, stages = (64,), (64, 128), (32, 64), (2,)
+        # the warp-specialised form once per K step, at its smallest tiles
+        specialised = [(64, 64, tk, 2) for tk in tiling.blocks_for(k, ks)]
     else:
         ms, ns, ks, stages = (64, 128), (64, 128, 256), (64,), (3, 4)
-    space = []
-    for tm, tn, tk, s in itertools.product(
-        tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages
-    ):
-        if tm * tn > MAX_ACCUMULATOR_ELEMENTS or tn < tk:
-            continue
-        config = Config(tm, tn, tk, s)
-        if smem_bytes(config, itemsize, itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES:
-            space.append(config)
-    return space
+        specialised = [(128, 128, 64, 3), (128, 64, 64, 4), (128, 64, 64, 5), (64, 128, 64, 4), (64, 128, 64, 5)]
+    candidates = [Config(tm, tn, tk, s) for tm, tn, tk, s in itertools.product(
+        tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages)
+        if tm * tn <= MAX_ACCUMULATOR_ELEMENTS and tn >= tk]
+    candidates += [Config(tm, tn, tk, s, consumers=2) for tm, tn, tk, s in specialised if tn >= tk]
+    return [c for c in candidates if smem_bytes(c, itemsize, itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES]
 
 
 def supported_activations() -> tuple[str, ...]:
@@ -218,6 +252,81 @@ def store_tiles(out_gmems, out_smems, values, m_slice, n_slice) -> None:
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
+def _band_order(pid: Any, m_tiles: int, n_tiles: int) -> tuple[Any, Any]:
+    """CTA ``pid`` -> its (row tile, column tile): bands of BAND_M row tiles (the last
+    band may be shorter), each walked column by column."""
+    band_m = min(BAND_M, m_tiles)
+    first = (pid // (band_m * n_tiles)) * band_m
+    rows = jnp.minimum(m_tiles - first, band_m)
+    within = pid % (band_m * n_tiles)
+    return first + within % rows, within // rows
+
+
+def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config,
+                           backend: Backend) -> tuple[jax.Array, ...]:
+    """``consumers=2`` (module docstring) on operands padded to the CTA tiles."""
+    tm, tn, tk, stages = config.tile_m, config.tile_n, config.tile_k, config.max_concurrent_steps
+    (m, k), n = x.shape, y.shape[1]
+    m_tiles, n_tiles = m // tm, n // (2 * tn)
+    epi = epilogue_n(len(out_dtypes) == 2)
+
+    def body(x_gmem, y_gmem, *out_gmems):
+        wg = lax.axis_index("wg")
+        m_idx, n_idx = _band_order(lax.axis_index("tile"), m_tiles, n_tiles)
+        m_slice, cta_cols = pl.ds(m_idx * tm, tm), pl.ds(n_idx * 2 * tn, 2 * tn)
+        my_cols = pl.ds(wg * tn, tn)  # this consumer's half of the CTA tile
+
+        def step(_, x_smem, y_smem, acc_ref):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.at[:, my_cols])
+            plgpu.wgmma_wait(1)  # step-1's wgmma has retired: its slot is released now
+            return acc_ref
+
+        def pipeline(consume: Callable[..., None]) -> Any:
+            return plgpu.emit_pipeline_warp_specialized(
+                step, grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
+                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype),
+                                          delay_release=1),
+                          plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype),
+                                          delay_release=1)],
+                wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages, compute_context=consume)
+
+        x_rows, y_cols = x_gmem.at[m_slice, :], y_gmem.at[:, cta_cols]
+
+        def scope(allocations, *out_smems):
+            def consume(run_pipeline):
+                def with_accumulator(acc_ref):  # allocated as exact zeros
+                    run_pipeline(acc_ref)
+                    plgpu.wgmma_wait(0)
+                    acc = acc_ref[...]
+                    values = (get_activation(activation)(acc), acc)
+                    for c in range(tn // epi):
+                        cols = slice(c * epi, (c + 1) * epi)
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
+                        for smem, value in zip(out_smems, values):
+                            smem[wg] = value[:, cols].astype(smem.dtype)
+                        plgpu.commit_smem()
+                        for gmem, smem in zip(out_gmems, out_smems):
+                            block = gmem.at[m_slice, cta_cols].at[:, my_cols]
+                            plgpu.copy_smem_to_gmem(smem.at[wg], block.at[:, pl.ds(c * epi, epi)])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                pl.run_scoped(with_accumulator, plgpu.ACC((tm, tn), jnp.float32))
+
+            pipeline(consume)(x_rows, y_cols, allocations=allocations)
+
+        # the ring and the output slices are shared by the CTA's warpgroups
+        pl.run_scoped(scope, pipeline(lambda _: None).get_allocations(x_rows, y_cols),
+                      *(plgpu.SMEM((2, tm, epi), dt, transforms=operand_transforms(epi, dt))
+                        for dt in out_dtypes),
+                      collective_axes="wg")
+
+    call = plgpu.kernel(
+        body, out_type=tuple(jax.ShapeDtypeStruct((m, n), dt) for dt in out_dtypes), grid=(m_tiles * n_tiles,),
+        grid_names=("tile",), num_threads=3, thread_name="wg", interpret=backend.interpret_arg(),
+    )
+    return call(x, y)
+
+
 def pad_to(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
     """Zero-pad each dimension up to a multiple (a no-op when already aligned)."""
     pads = [(0, -size % mult) for size, mult in zip(a.shape, multiples)]
@@ -238,16 +347,21 @@ def tiled_call(
     backend: Backend,
     body: KernelBody = _matmul_body,
 ) -> Any:
-    """Run ``body`` over the (M/tile_m, N/tile_n) grid on zero-padded operands;
-    ``body`` is swappable so that test variants reuse the tiling and the wrapper."""
+    """Run ``body`` over the (M/tile_m, N/tile_n) grid on zero-padded operands, or the
+    warp-specialised form where ``config.consumers`` is 2; ``body`` (the one-consumer
+    form's) is swappable so that test variants reuse the tiling and the wrapper."""
     backend.require_available()
     check_input_dtype(x.dtype)
     m, n = x.shape[0], y.shape[1]
-    tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+    tm, tn, tk = config.tile_m, config.consumers * config.tile_n, config.tile_k
     x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
     (mp, kp), np_ = x_p.shape, y_p.shape[1]
     out_dtypes = [jnp.dtype(out_dtype)] + ([jnp.dtype(jnp.float32)] if save_preactivation else [])
     tiling.require_shared_memory(config, smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation))
+    if config.consumers == 2:
+        outs = tuple(o[:m, :n] for o in _warp_specialized_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation,
+                                                                config=config, backend=backend))
+        return outs if save_preactivation else outs[0]
     stages = config.max_concurrent_steps
     scratch = (
         plgpu.SMEM((stages, tm, tk), x.dtype, transforms=operand_transforms(tk, x.dtype)),

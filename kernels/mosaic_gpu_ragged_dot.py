@@ -87,6 +87,9 @@ class Config(mosaic_gpu_matmul.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.consumers != 1:
+            raise ValueError(f"config.consumers must be 1 (the ragged dot runs one consumer warpgroup), "
+                             f"got {self.consumers!r}")
         # drhs masks its boundary tiles in registers, in wgmma's layout: 64-row multiples.
         if self.tile_rows not in (64, 128):
             raise ValueError(f"config.tile_rows must be 64 or 128 (drhs row tiles are masked in wgmma's "

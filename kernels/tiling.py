@@ -5,6 +5,8 @@ from __future__ import annotations
 # Per-block shared memory on H100/H200 (227 KiB). Triton keeps ``num_stages`` copies
 # of each pipelined input tile there.
 GPU_SHARED_MEMORY_BYTES = 227 * 1024
+# an mbarrier (TMA arrivals, warpgroup hand-offs) is one 8-byte word of the same SMEM
+MBARRIER_BYTES = 8
 
 
 def blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:

@@ -44,6 +44,12 @@ tokamax 0.0.17 and jax 0.12.0.1 on the CPU:
   device kind: cpu"; the ``use_abstract_mesh`` route that message suggests lowers
   for a TPU ("Passing lowering_platforms ... is required when only AbstractMesh
   exists"), not for the interpreter.
+
+On an NVIDIA GPU (``--backend mosaic_gpu`` or ``triton``; Hopper for the Mosaic GPU
+ones): the Triton attention forward and backward, the Mosaic GPU attention and ragged
+dot through Tokamax's API (its heuristics' configs, forward and backward), and cuDNN's
+attention (``implementation="cudnn"``, through ``jax.nn``). The Triton-language
+kernels (layer_norm, gated_linear_unit and ragged_dot "triton") need ``jax_triton``.
 """
 from __future__ import annotations
 
@@ -67,6 +73,8 @@ from .cross_entropy_spec import IGNORE_INDEX
 from .spec import BadInput, Case, KernelSpec
 
 XLA = ("interpret",)  # an XLA implementation: the CPU, nothing to interpret
+# a GPU op that is not a Pallas call (cuDNN): either GPU backend name runs it as it is
+GPU = ("triton", "mosaic_gpu")
 PIP = "pip install tokamax (or pip install 'pallascheck[tokamax]')"
 LOW = ("bfloat16", "float16")
 # Tokamax's attention asks XLA for F16_F16_F32 dots, which XLA:CPU refuses ("The
@@ -209,7 +217,7 @@ def _pallas_interpreted() -> Iterator[None]:
         yield
 
 
-def attention_triton(differentiable: bool = False) -> KernelSpec:
+def attention_triton(differentiable: bool = True) -> KernelSpec:
     """``tokamax.dot_product_attention(..., implementation="triton")``: Tokamax's
     Pallas-Triton flash attention (``PallasTritonFlashAttention``) with fixed blocks:
     forward (block_q, block_k) = (16, 32), backward (q, kv) blocks (16, 32) for both
@@ -220,10 +228,11 @@ def attention_triton(differentiable: bool = False) -> KernelSpec:
     for the p.v dot. On the CPU it runs in Pallas' interpreter below Tokamax's device
     check (``bypass_device_check``: it refuses "Not supported on cpu").
 
-    Forward only by default: its backward kernel calls ``pl.program_id`` inside
-    ``pl.when``, which Pallas' interpreter does not substitute ("MLIR translation
-    rule for primitive 'program_id' not found for platform cpu": the module docstring).
-    ``differentiable=True`` checks the gradients too (on a GPU)."""
+    Its gradients run on a GPU only: the backward kernel calls ``pl.program_id``
+    inside ``pl.when``, which Pallas' interpreter does not substitute ("MLIR
+    translation rule for primitive 'program_id' not found for platform cpu": the
+    module docstring), so on the CPU only its forward checks can pass.
+    ``differentiable=False``: the forward-only spec."""
     tokamax = _tokamax()
     fwd = _tokamax("_src.ops.attention.pallas_triton")
     bwd = _tokamax("_src.ops.attention.pallas_triton_vjp")
@@ -257,6 +266,75 @@ def attention_triton(differentiable: bool = False) -> KernelSpec:
             return vjp(case, config, backend)
 
     return dataclasses.replace(spec, gradients=dataclasses.replace(spec.gradients, kernel_vjp=kernel_vjp))
+
+
+def _implementation(module: str, name: str, config: Any = None, vjp_config: Any = None) -> Any:
+    """Tokamax's op ``name`` of ``tokamax._src.ops.<module>.api.IMPLEMENTATIONS``,
+    with ``config`` (forward) and ``vjp_config`` (its VJP op's) pinned where given,
+    else the configs its heuristics pick per call."""
+    op = _tokamax(f"_src.ops.{module}.api").IMPLEMENTATIONS[name]
+    if config is not None:
+        op = op.replace(config=config)
+    if vjp_config is not None:
+        op = op.replace(vjp=op.vjp.replace(config=vjp_config))
+    return op
+
+
+def attention_mosaic_gpu(config: Any = None, vjp_config: Any = None) -> KernelSpec:
+    """``tokamax.dot_product_attention(..., implementation="mosaic")`` on a Hopper GPU:
+    Tokamax's Mosaic GPU flash attention (``pallas_mosaic_gpu_kernel_sm90``; two
+    consumer warpgroups, TMA, wgmma) and its Mosaic GPU VJP, bf16/f16. Conventions as
+    ``attention_xla`` (the same API), masked logits -inf. Arithmetic, from its source:
+    f32 logits from a wgmma (bf16/f16 products exact), multiplied in f32 by the
+    softmax scale times log2(e), exp2, an online softmax in f32 over kv blocks of
+    ``block_kv``, p rounded to v's dtype for the p.v wgmma, one rounding of the output.
+    ``config``/``vjp_config`` pin its configs (the autotuner check); without them its
+    heuristics choose per shape, so the bound takes the kv block as unknown (the
+    whole sequence, which bounds every blocking); with them, the forward's
+    ``block_kv`` and the backward's dk/dv q block and dq kv block. Some drawn case
+    fails to lower ("async_copy requires all GMEM strides except the last one to be a
+    multiple of 16 bytes"; GPU_FINDINGS in tests/test_tokamax.py)."""
+    tokamax = _tokamax()
+    op = _implementation("attention", "mosaic_gpu", config, vjp_config)
+    blocks = attention_spec.Blocks(
+        block_k=None if config is None else config.block_kv,
+        block_q_bwd=None if vjp_config is None else vjp_config.block_q_dkv,
+        block_k_bwd=None if vjp_config is None else vjp_config.block_kv_dq, exp2=True)
+
+    def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, bias: Any = None, mask: Any = None
+             ) -> jax.Array:
+        return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
+                                             is_causal=causal, implementation=(op,))
+
+    spec = attention_spec.attention_like(
+        call, name="tokamax:dot_product_attention:mosaic_gpu", causal=(False, True), causal_alignment="top_left",
+        bias=True, mask=True, seq_q=(17, 64, 128), seq_kv=(17, 64, 129, 256), head_dims=(64, 128), blocks=blocks,
+        dtypes=LOW, backends=("mosaic_gpu",),
+    )
+    return _every_row_visible(spec)
+
+
+def attention_cudnn() -> KernelSpec:
+    """``tokamax.dot_product_attention(..., implementation="cudnn")``: cuDNN's fused
+    flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``,
+    bf16/f16, on any NVIDIA GPU backend (it is not a Pallas call). Conventions as
+    ``attention_xla``. cuDNN's blocking and exp form are not published: the bound
+    takes the kv block as unknown (the whole sequence, which bounds every blocking)
+    and charges the exp2 form's extra rounding of the scaled logits. Forward only:
+    the gradients of q, k and v run, but the bias's raises "vjp not implemented"
+    (tests/test_tokamax.py), and the gradient check differentiates the bias too."""
+    tokamax = _tokamax()
+
+    def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, bias: Any = None, mask: Any = None
+             ) -> jax.Array:
+        return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
+                                             is_causal=causal, implementation="cudnn")
+
+    spec = attention_spec.attention_like(
+        call, name="tokamax:dot_product_attention:cudnn", causal=(False, True), causal_alignment="top_left",
+        bias=True, mask=True, blocks=attention_spec.Blocks(exp2=True), dtypes=LOW, differentiable=False, backends=GPU,
+    )
+    return _every_row_visible(spec)
 
 
 SPLASH_BLOCK = 128
@@ -394,6 +472,29 @@ def ragged_dot_mosaic_gpu(rows_outside_groups: str = "unwritten") -> KernelSpec:
     )
 
 
+def ragged_dot_mosaic_gpu_api(config: Any = None) -> KernelSpec:
+    """``tokamax.ragged_dot(..., implementation="mosaic")`` on a Hopper GPU: the sm90
+    kernel through Tokamax's API, with the config its heuristics pick (or ``config``:
+    the autotuner check), forward and backward (its VJP is more Mosaic GPU ragged
+    dots), bf16/f16. Its configs may split K (``split_k``) and pick any ``block_k``:
+    the bound is the any-order one (every K sum one f32 chain in any order), which
+    bounds every such split as long as the partial sums stay in f32. Rows past
+    sum(group_sizes) are promised nothing (as the kernel called directly), so its
+    cases have groups covering every row. Rows are multiples of 64: with m = 200
+    its backward fails to lower ("dimension 1 must have size smaller or a multiple
+    of its tiling 64, but got 200"; tests/test_tokamax.py shows it on the GPU)."""
+    tokamax = _tokamax()
+    op = _implementation("ragged_dot", "mosaic_gpu", config)
+
+    def call(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        return tokamax.ragged_dot(lhs, rhs, group_sizes, implementation=(op,))
+
+    return ragged_dot_spec.grouped_matmul_like(
+        call, name="tokamax:ragged_dot:mosaic_gpu_api", m=(64, 256), n=(64, 128), k=(64, 128),
+        rows_outside_groups="unwritten", dtypes=LOW, backends=("mosaic_gpu",),
+    )
+
+
 # ------------------------------------------------------------------------ linear softmax cross-entropy
 
 
@@ -457,9 +558,12 @@ TOKAMAX: dict[str, Callable[[], KernelSpec]] = {
     "tokamax:dot_product_attention:xla_chunked": lambda: attention_xla("xla_chunked"),
     "tokamax:dot_product_attention:triton": attention_triton,
     "tokamax:dot_product_attention:mosaic_tpu": attention_mosaic_tpu,
+    "tokamax:dot_product_attention:mosaic_gpu": attention_mosaic_gpu,
+    "tokamax:dot_product_attention:cudnn": attention_cudnn,
     "tokamax:gated_linear_unit:xla": gated_linear_unit,
     "tokamax:ragged_dot:xla": ragged_dot,
     "tokamax:ragged_dot:mosaic_gpu": ragged_dot_mosaic_gpu,
+    "tokamax:ragged_dot:mosaic_gpu_api": ragged_dot_mosaic_gpu_api,
     "tokamax:linear_softmax_cross_entropy_loss:xla": lambda: linear_softmax_cross_entropy("xla"),
     "tokamax:linear_softmax_cross_entropy_loss:chunked_xla": lambda: linear_softmax_cross_entropy("chunked_xla"),
 }

@@ -42,6 +42,7 @@ Findings (tokamax 0.0.17, jax 0.12.0.1; budget = error / our bound):
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -99,31 +100,95 @@ FINDINGS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def _interpreter(spec: KernelSpec) -> Backend:
-    return Backend(next(b for b in spec.backends if Backend(b).is_interpreted))
+# The tests that need a GPU (they skip themselves elsewhere); every other test here
+# checks the CPU interpreters or XLA:CPU and skips under a GPU --backend
+GPU_TESTS = ("test_tokamax_spec_on_the_gpu", "test_cudnn_attention_bias_gradient",
+             "test_mosaic_gpu_ragged_dot_backward_over_200_rows")
 
 
-PROPERTIES = [(name, dtype) for name in sorted(tokamax_client.TOKAMAX)
-              for dtype in get_spec(name).dtypes_for(_interpreter(get_spec(name)))]
+@pytest.fixture(autouse=True)
+def _cpu_tests_on_the_cpu(request: pytest.FixtureRequest, backend: Backend) -> None:
+    if request.node.originalname not in GPU_TESTS and not backend.is_interpreted:
+        pytest.skip(f"a CPU check (interpreters, XLA:CPU): run without --backend, not with {backend}")
 
 
-@pytest.mark.parametrize(("name", "dtype"), PROPERTIES)
-def test_tokamax_spec(name: str, dtype: str, request: pytest.FixtureRequest) -> None:
-    """Every check of the builder-made spec on its interpreter but those a documented
-    finding breaks (``FINDINGS``)."""
-    spec = get_spec(name)
-    backend, examples = _interpreter(spec), request.config.getoption("--examples") or EXAMPLES
+# Checks an interpreter cannot run (test_triton_attention_backward_in_the_interpreter)
+INTERPRETER_LIMITS: dict[str, tuple[str, ...]] = {"tokamax:dot_product_attention:triton": ("gradients",)}
+# Cases per spec x dtype on a GPU, as many as ``--examples`` where given
+GPU_EXAMPLES = 8
+
+
+def _interpreter(spec: KernelSpec) -> Backend | None:
+    """The CPU interpreter the spec runs on (None: it needs a GPU)."""
+    return next((Backend(b) for b in spec.backends if Backend(b).is_interpreted), None)
+
+
+ON_CPU = [name for name in sorted(tokamax_client.TOKAMAX) if _interpreter(get_spec(name))]
+PROPERTIES = [(name, dtype) for name in ON_CPU for dtype in get_spec(name).dtypes_for(_interpreter(get_spec(name)))]
+
+
+def _run_spec(name: str, dtype: str, backend: Backend, examples: int, not_run: tuple[str, ...]) -> None:
+    """Every check of ``name`` but those a documented finding breaks (``FINDINGS``)
+    and ``not_run``."""
     replay = (f"pallascheck verify --kernel {name} --dtype {dtype} --backend {backend} "
               f"--examples {examples * runner.CASES_PER_LAYOUT}")
-    broken = FINDINGS.get((name, dtype), ())
-    tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
+    broken = FINDINGS.get((name, dtype), ()) + not_run
+    tally = runner.run_property(get_spec(name), dtype, backend, examples=examples, seed=0, replay_hint=replay,
                                 selected=[c for c in runner.CHECKS if c not in broken])
     assert not tally.failure, tally.failure
 
 
-@pytest.mark.parametrize("name", sorted(tokamax_client.TOKAMAX))
+@pytest.mark.parametrize(("name", "dtype"), PROPERTIES)
+def test_tokamax_spec(name: str, dtype: str, request: pytest.FixtureRequest) -> None:
+    """The builder-made spec on its CPU interpreter."""
+    _run_spec(name, dtype, _interpreter(get_spec(name)), request.config.getoption("--examples") or EXAMPLES,
+              INTERPRETER_LIMITS.get(name, ()))
+
+
+@pytest.mark.parametrize("name", ON_CPU)
 def test_tokamax_refuses_bad_input(name: str) -> None:
     outcome = runner.run_errors(get_spec(name), context=checks.Context(kernel=name))
+    assert outcome.passed, outcome.detail
+
+
+class GpuFinding(AssertionError):
+    """The documented failure of a Tokamax kernel on the GPU, with its message."""
+
+
+# Specs that fail on the GPU on some drawn case, and how (a strict xfail each)
+GPU_FINDINGS = {
+    # tokamax 0.0.17, jax 0.11.2, H200: on a case drawn after the values check of the
+    # first bf16 case passed (budget 0.69); a bias or mask over 17 keys, 17 queries,
+    # 129 keys and the gradient at 129 keys each ran alone, so the trigger is not
+    # narrowed down further
+    "tokamax:dot_product_attention:mosaic_gpu": "async_copy requires all GMEM strides except the last one",
+    # Tokamax's Pallas-Triton VJP with blocks (16, 32): dv far outside its bound, 17x
+    # the contract in f32 and 83x the implementation bound in bf16 (H200, jax 0.11.2;
+    # replay: pallascheck verify --backend triton --kernel
+    # tokamax:dot_product_attention:triton --dtype float32 --examples 16 --seed 0)
+    "tokamax:dot_product_attention:triton": "dv: worst element",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=GpuFinding, reason=GPU_FINDINGS[name]))
+    if name in GPU_FINDINGS else name for name in sorted(tokamax_client.TOKAMAX)])
+def test_tokamax_spec_on_the_gpu(name: str, backend: Backend, request: pytest.FixtureRequest) -> None:
+    """With ``--backend mosaic_gpu`` or ``triton`` on an NVIDIA GPU: every spec that
+    runs there, each dtype, every check but the documented findings'."""
+    if backend.is_interpreted or backend.name not in tokamax_client.GPU:
+        pytest.skip(f"a GPU check: run with --backend mosaic_gpu or triton on an NVIDIA GPU, not {backend}")
+    spec = get_spec(name)
+    if not spec.runs_on(backend):
+        pytest.skip(f"{name} runs on {tuple(spec.backends)}, not on {backend}")
+    for dtype in spec.dtypes_for(backend):
+        try:
+            _run_spec(name, dtype, backend, request.config.getoption("--examples") or GPU_EXAMPLES, ())
+        except AssertionError as failure:
+            if name in GPU_FINDINGS and GPU_FINDINGS[name] in str(failure):
+                raise GpuFinding(str(failure)) from failure
+            raise
+    outcome = runner.run_errors(spec, context=checks.Context(kernel=name, backend=str(backend)))
     assert outcome.passed, outcome.detail
 
 
@@ -291,7 +356,7 @@ def test_ragged_dot_mosaic_gpu_under_ragged_dot_semantics() -> None:
 
 @pytest.mark.xfail(strict=True, raises=InterpreterLimit, reason="pl.program_id under pl.when in the backward kernel")
 def test_triton_attention_backward_in_the_interpreter() -> None:
-    spec = tokamax_client.attention_triton(differentiable=True)
+    spec = get_spec("tokamax:dot_product_attention:triton")
     tally = runner.run_property(spec, "float32", Backend("interpret"), examples=1, seed=0, selected=("gradients",))
     if tally.failure.startswith("[crash]") and "'program_id' not found for platform cpu" in tally.failure:
         raise InterpreterLimit(tally.failure)
@@ -322,3 +387,53 @@ def test_key_zero_visible() -> None:
     assert (moved.arrays["bias"][..., 0] == 0).all() and np.isneginf(moved.arrays["bias"][..., 1:]).all()
     assert moved.arrays["mask"][..., 0].all() and not moved.arrays["mask"][..., 1:].any()
     assert np.isneginf(bias).all() and not mask.any()
+
+
+# ---- on a Hopper GPU (--backend mosaic_gpu); skipped elsewhere, saying so
+
+
+class LoweringLimit(AssertionError):
+    """The documented limit: Tokamax's Mosaic GPU kernel fails to lower on these shapes."""
+
+
+def _on_hopper(backend: Backend) -> None:
+    if backend.name != "mosaic_gpu":
+        pytest.skip(f"Tokamax's Mosaic GPU kernels run on a Hopper GPU: --backend mosaic_gpu, not {backend}")
+
+
+def _lowering_limit(run: Any, message: str) -> None:
+    """Raise LoweringLimit where ``run()`` fails with the documented message."""
+    try:
+        jax.block_until_ready(run())
+    except ValueError as err:
+        if message in str(err):
+            raise LoweringLimit(str(err)) from err
+        raise
+
+
+@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="no gradient for the bias through cudnn")
+def test_cudnn_attention_bias_gradient(backend: Backend) -> None:
+    """With a bias, the gradient of q runs; the bias's raises "vjp not implemented"."""
+    _on_hopper(backend)
+    q, bias = jnp.ones((1, 64, 2, 64), jnp.bfloat16), jnp.zeros((1, 2, 64, 64), jnp.bfloat16)
+
+    def loss(q: jax.Array, bias: jax.Array) -> jax.Array:
+        return jnp.sum(tokamax.dot_product_attention(q, q, q, bias=bias, implementation="cudnn").astype(jnp.float32))
+
+    jax.block_until_ready(jax.grad(loss)(q, bias))
+    jax.block_until_ready(jax.grad(loss, argnums=1)(q, bias))
+
+
+@pytest.mark.xfail(strict=True, raises=LoweringLimit, reason="the backward needs rows a multiple of 64")
+def test_mosaic_gpu_ragged_dot_backward_over_200_rows(backend: Backend) -> None:
+    """256 rows differentiate; 200 rows run forward and fail to lower backward."""
+    _on_hopper(backend)
+
+    def grads(m: int) -> Any:
+        lhs, rhs = jnp.ones((m, 64), jnp.bfloat16), jnp.ones((1, 64, 64), jnp.bfloat16)
+        sizes = jnp.array([m], jnp.int32)
+        return jax.grad(lambda lhs, rhs: jnp.sum(tokamax.ragged_dot(
+            lhs, rhs, sizes, implementation="mosaic").astype(jnp.float32)), argnums=(0, 1))(lhs, rhs)
+
+    jax.block_until_ready(grads(256))
+    _lowering_limit(lambda: grads(200), "multiple of its tiling 64")
