@@ -218,7 +218,7 @@ def _summary(times: Sequence[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "iqr_s": q3 - q1}
 
 
-def _gate_workers() -> int:
+def gate_workers() -> int:
     """Gates run in threads: their float64 bounds (numpy, which releases the GIL) are
     the cost at large shapes; half the cores, so the kernels' own threads keep some."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
@@ -290,7 +290,7 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
         progress(f"  {config}: rejected, {reason}")
 
     # 1. gate every candidate, several at a time; a config that hangs keeps its thread
-    gates = concurrent.futures.ThreadPoolExecutor(max_workers=_gate_workers())
+    gates = concurrent.futures.ThreadPoolExecutor(max_workers=gate_workers())
     futures = {config: gates.submit(gate, spec, cases, config, backend) for config in candidates}
     passed = []
     for config, future in futures.items():

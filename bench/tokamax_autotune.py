@@ -18,6 +18,7 @@ float64 oracle of the full shape holds 4.3 GB per [b, h, s, s] array.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import time
@@ -31,7 +32,7 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.properties import strategies, tokamax_client
 from pallascheck.properties.spec import KernelSpec
 
-from .autotune import gate, gate_cases, memoised, rejection_reason
+from .autotune import gate, gate_cases, gate_workers, memoised, rejection_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,36 +135,44 @@ def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
     memo: dict[Any, Any] = {}  # oracles and bounds, shared by the specs of every pinned config
     cases = gate_cases(memoised(workload.base(), memo), workload.gate_params, workload.gate_arrays(), backend, kinds)
     out.update(gate_cases=len(cases), gate_shapes={k: list(v.shape) for k, v in cases[0].arrays.items()})
-    for bound_args, data in result.data:
-        kind, rows = _op_kind(bound_args.op), []
-        op: dict[str, Any] = {"op": type(bound_args.op).__name__, "kind": kind,
-                              "shapes": [list(getattr(a, "shape", ())) for a in bound_args.args], "configs": rows}
-        out["ops"].append(op)
-        progress(f"{workload.name}: {type(bound_args.op).__name__} ({kind}), {len(data)} configs timed")
-        for config, timing in data.items():
-            row: dict[str, Any] = {"config": _config_json(config)}
-            if isinstance(timing, Exception):
-                row.update(tokamax_ms=None, tokamax_error=f"{type(timing).__name__}: {str(timing)[:300]}")
-            else:
-                row["tokamax_ms"] = timing.median_evaluation_time_ms
-            pinned = workload.spec_for(bound_args, config)
-            if pinned is None:
-                row["verdict"] = "not gated"
+
+    def gated(bound_args: Any, config: Any, timing: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"config": _config_json(config)}
+        if isinstance(timing, Exception):
+            row.update(tokamax_ms=None, tokamax_error=f"{type(timing).__name__}: {str(timing)[:300]}")
+        else:
+            row["tokamax_ms"] = timing.median_evaluation_time_ms
+        pinned = workload.spec_for(bound_args, config)
+        if pinned is None:
+            row["verdict"] = "not gated"
+            return row
+        try:
+            spec = memoised(pinned, memo)
+            row["budget"] = gate(spec, cases, spec.default_config, backend)["budget"]
+            row["verdict"] = "valid"
+        except Exception as err:  # noqa: BLE001 - every failure of a config is a reason to reject it
+            row["verdict"], row["reason"] = "rejected", rejection_reason(err)
+        return row
+
+    # the gates run several at a time (their float64 bounds, in numpy, are the cost)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=gate_workers()) as pool:
+        for bound_args, data in result.data:
+            rows: list[dict[str, Any]] = []
+            op: dict[str, Any] = {"op": type(bound_args.op).__name__, "kind": _op_kind(bound_args.op),
+                                  "shapes": [list(getattr(a, "shape", ())) for a in bound_args.args],
+                                  "configs": rows, "tokamax_pick": None, "pick_rejected": False}
+            out["ops"].append(op)
+            progress(f"{workload.name}: {op['op']} ({op['kind']}), {len(data)} configs timed")
+            futures = [pool.submit(gated, bound_args, config, timing) for config, timing in data.items()]
+            for future in futures:
+                row = future.result()
                 rows.append(row)
-                continue
-            try:
-                spec = memoised(pinned, memo)
-                row["budget"] = gate(spec, cases, spec.default_config, backend)["budget"]
-                row["verdict"] = "valid"
-            except Exception as err:  # noqa: BLE001 - every failure of a config is a reason to reject it
-                row["verdict"], row["reason"] = "rejected", rejection_reason(err)
-            progress(f"  {row['config']}: {row.get('tokamax_ms')} ms, {row['verdict']} "
-                     f"{row.get('budget', row.get('reason', ''))}")
-            rows.append(row)
-            timed = [r for r in rows if r["tokamax_ms"] is not None]
-            pick = min(timed, key=lambda r: r["tokamax_ms"]) if timed else None
-            op.update(tokamax_pick=pick, pick_rejected=bool(pick and pick["verdict"] == "rejected"))
-            save(out)
+                progress(f"  {row['config']}: {row.get('tokamax_ms')} ms, {row['verdict']} "
+                         f"{row.get('budget', row.get('reason', ''))}")
+                timed = [r for r in rows if r["tokamax_ms"] is not None]
+                pick = min(timed, key=lambda r: r["tokamax_ms"]) if timed else None
+                op.update(tokamax_pick=pick, pick_rejected=bool(pick and pick["verdict"] == "rejected"))
+                save(out)
     return out
 
 
