@@ -67,11 +67,13 @@ def test_broken_variants_are_caught() -> None:
 
 def test_deadlock_is_a_timeout_not_a_hang() -> None:
     """A wait with no matching send comes back as ChildTimeout, within the limit, and
-    the child had reached the deadlocking kernel (its output names the variant)."""
+    the child had reached the deadlocking kernel (its output names the variant). The
+    child gets there in about 3 s (start, imports, the first draw); 8 s leaves room for
+    a loaded machine, and a deadlock waits out the whole limit."""
     with pytest.raises(multidevice.ChildTimeout, match=r"deadlock(.|\n)*running variant deadlock_missing_send"):
         multidevice.run_with_cpu_devices(
             f"{CHECKS}:run_variants", 4,
-            {"variants": VARIANTS, "names": ["deadlock_missing_send"], "examples": 1}, timeout_s=15,
+            {"variants": VARIANTS, "names": ["deadlock_missing_send"], "examples": 1}, timeout_s=8,
             import_path=TESTS_DIR,
         )
 
