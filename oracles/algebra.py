@@ -70,7 +70,11 @@ def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a * b for error terms, with 0 * inf = 0: an exactly-zero factor contributes
     nothing however unbounded the other is."""
     with np.errstate(invalid="ignore"):
-        return np.where((a == 0) | (b == 0), 0.0, a * b)
+        product = np.multiply(a, b, dtype=np.result_type(a, b, np.float64))
+    undefined = np.isnan(product)  # 0 * inf, or a NaN factor (kept: a bug to show)
+    if undefined.any():
+        product = np.where(undefined & ((a == 0) | (b == 0)), 0.0, product)
+    return product
 
 
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:

@@ -49,6 +49,7 @@ Gradient bound (kernel's backward; derivation beside ``gradient_bound``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -61,6 +62,11 @@ from .tolerance import SEQUENTIAL, Arithmetic, blocked, gamma, unit_roundoff
 
 F32 = np.float32
 
+
+
+# numpy's einsum without ``optimize`` loops in C without BLAS: at s = 4096 one
+# [b, h, s, s] contraction took 2 s; with it, a BLAS matmul (float64 either way)
+_einsum = functools.partial(np.einsum, optimize=True)
 
 def _f64(a: Any) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
@@ -89,7 +95,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     xp = np if isinstance(q, np.ndarray) else jnp
     group = q.shape[2] // k.shape[2]
     qh, kh, vh = _bhsd(q, 1, xp), _bhsd(k, group, xp), _bhsd(v, group, xp)
-    s = sm_scale * xp.einsum("bhqd,bhkd->bhqk", qh, kh)
+    s = sm_scale * xp.einsum("bhqd,bhkd->bhqk", qh, kh, optimize=True)
     if bias is not None:
         s = s + bias
     s = xp.where(visible, s, 0.0)
@@ -102,7 +108,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     e = xp.where(visible, xp.exp(xp.where(visible, s - m, 0.0)), 0.0)
     l = xp.sum(e, axis=-1, keepdims=True)
     p = e / xp.where(l == 0, 1.0, l)
-    return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh), (0, 2, 1, 3))
+    return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh, optimize=True), (0, 2, 1, 3))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +148,11 @@ def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: flo
         bias64 = np.where(vis, bias64, 0.0)
     out = reference64(q64, k64, v64, bias64 if bias is not None else None, vis, scale)
     qh, kh, vh = _bhsd(q64, 1, np), _bhsd(k64, group, np), _bhsd(v64, group, np)
-    qk = np.where(vis, np.einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
-    qk_mag = np.where(vis, np.einsum("bhqd,bhkd->bhqk", np.abs(qh), np.abs(kh)), 0.0)
+    qk = np.where(vis, _einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
+    qk_mag = np.where(vis, _einsum("bhqd,bhkd->bhqk", np.abs(qh), np.abs(kh)), 0.0)
     sub = algebra.subnormal_part
-    flushed = np.where(vis, np.einsum("bhqd,bhkd->bhqk", sub(qh, F32), np.abs(kh))
-                       + np.einsum("bhqd,bhkd->bhqk", np.abs(qh), sub(kh, F32)), 0.0)
+    flushed = np.where(vis, _einsum("bhqd,bhkd->bhqk", sub(qh, F32), np.abs(kh))
+                       + _einsum("bhqd,bhkd->bhqk", np.abs(qh), sub(kh, F32)), 0.0)
     s = np.where(vis, scale * qk + bias64, 0.0)
     any_vis = vis.any(-1, keepdims=True)
     m = np.where(any_vis, np.max(np.where(vis, s, -np.inf), -1, keepdims=True), 0.0)
@@ -209,7 +215,7 @@ def _ratio_error(ref: AttentionOracle, d_num: np.ndarray, d_den: np.ndarray, flo
     in [b, h, sq, d]."""
     p = ref.p
     absv = np.abs(ref.v)
-    num = np.einsum("bhqk,bhkd->bhqd", p * d_num + floor, absv)
+    num = _einsum("bhqk,bhkd->bhqd", p * d_num + floor, absv)
     den = np.sum(p * d_den, axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(den < 1.0, (num + np.abs(ref.o) * den) / (1.0 - den), np.inf)
@@ -225,7 +231,7 @@ def _floor_weights(ref: AttentionOracle, e: np.ndarray, e_max: np.ndarray, floor
 def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarray:
     if not arith.flush_subnormals:
         return 0.0
-    return np.einsum("bhqk,bhkd->bhqd", ref.p, algebra.subnormal_part(ref.v, F32))
+    return _einsum("bhqk,bhkd->bhqd", ref.p, algebra.subnormal_part(ref.v, F32))
 
 
 def _to_bshd(x: np.ndarray) -> np.ndarray:
@@ -358,8 +364,8 @@ def gradient_bound(
 
     # dP, delta, dS
     vh = ref.v
-    dp_exact = np.einsum("bhqd,bhkd->bhqk", do, vh)
-    dp = algebra.dot(dp_exact, np.einsum("bhqd,bhkd->bhqk", absdo, np.abs(vh)), d, arith=arith,
+    dp_exact = _einsum("bhqd,bhkd->bhqk", do, vh)
+    dp = algebra.dot(dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, np.abs(vh)), d, arith=arith,
                      operand_dtype=dtype, order=SEQUENTIAL)
     out_err = np.transpose(forward_bound, (0, 2, 1, 3))
     delta_exact = np.sum(do * ref.o, axis=-1, keepdims=True)
@@ -375,9 +381,9 @@ def gradient_bound(
     def accumulate(weights: Bounded, other: np.ndarray, over_q: bool, depth: Any) -> Bounded:
         """sum over q (over_q) or over kv of weights * other, as the kernel's dot."""
         spec = "bhqk,bhqd->bhkd" if over_q else "bhqk,bhkd->bhqd"
-        exact = np.einsum(spec, weights.value, other)
-        propagated = np.einsum(spec, weights.err, np.abs(other))
-        magnitude = np.einsum(spec, weights.magnitude, np.abs(other))
+        exact = _einsum(spec, weights.value, other)
+        propagated = _einsum(spec, weights.err, np.abs(other))
+        magnitude = _einsum(spec, weights.magnitude, np.abs(other))
         chain = arith.gamma(depth, arith.mma_unit()) * np.ones_like(magnitude)
         with np.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
             summed = np.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
