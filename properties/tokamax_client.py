@@ -48,7 +48,9 @@ tokamax 0.0.17 and jax 0.12.0.1 on the CPU:
 On an NVIDIA GPU (``--backend mosaic_gpu`` or ``triton``; Hopper for the Mosaic GPU
 ones): the Triton attention forward and backward, the Mosaic GPU attention and ragged
 dot through Tokamax's API (its heuristics' configs, forward and backward), and cuDNN's
-attention (``implementation="cudnn"``, through ``jax.nn``). The Triton-language
+attention (``implementation="cudnn"``, through ``jax.nn``; forward only, see
+``attention_cudnn``). The findings on the GPU are in tests/test_tokamax.py
+(``GPU_FINDINGS`` and the tests after it) and the README. The Triton-language
 kernels (layer_norm, gated_linear_unit and ragged_dot "triton") need ``jax_triton``.
 """
 from __future__ import annotations
