@@ -10,14 +10,16 @@ Two forms, chosen by ``Config.consumers``:
   of y's slot, keeping one wgmma in flight (a slot is released one step late). The
   CTAs walk the output in bands of ``BAND_M`` row tiles, column by column, so that
   CTAs running together share x and y tiles in L2. The epilogue stores each
-  accumulator in ``EPILOGUE_N``-column slices through a small SMEM buffer.
+  accumulator in ``epilogue_n``-column slices through a small SMEM buffer.
 - ``consumers=1``: one CTA (one warpgroup) per (tile_m, tile_n) output tile, on a
-  (M/tile_m, N/tile_n) grid. In this form the K range is walked in steps of ``tile_k`` through a ring of
-``max_concurrent_steps`` SMEM slots: TMA copies GMEM -> SMEM fill a slot and arrive
-on its barrier; the warpgroup waits on that barrier, issues an asynchronous wgmma
-into the f32 accumulator and, once the previous step's wgmma has retired
-(``wgmma_wait(1)``), refills that step's slot with the tile ``max_concurrent_steps``
-ahead. The epilogue applies the activation in f32 to the accumulator, rounds once
+  (M/tile_m, N/tile_n) grid. The K range is walked in steps of ``tile_k`` through a
+  ring of ``max_concurrent_steps`` SMEM slots: TMA copies GMEM -> SMEM fill a slot
+  and arrive on its barrier; the warpgroup waits on that barrier, issues an
+  asynchronous wgmma into the f32 accumulator and, once the previous step's wgmma
+  has retired (``wgmma_wait(1)``), refills that step's slot with the tile
+  ``max_concurrent_steps`` ahead.
+
+In both, the epilogue applies the activation in f32 to the accumulator, rounds once
 to ``out_dtype`` into SMEM and TMA-stores the tile (and, for the backward pass, the
 f32 pre-activation).
 
