@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import strategies, tokamax_client
+from pallascheck.properties import runner, strategies, tokamax_client
 from pallascheck.properties.spec import KernelSpec
 
 from .autotune import gate, gate_cases, gate_workers, memoised, rejection_reason
@@ -49,7 +49,6 @@ class Workload:
     base: Callable[[], KernelSpec]
     gate_arrays: Callable[[], dict[str, np.ndarray]]
     gate_params: dict[str, Any]
-    dtype: str = "bfloat16"
 
 
 def _normal(seed: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -66,7 +65,7 @@ def _attention() -> Workload:
         return jnp.sum(out.astype(jnp.float32))
 
     def spec_for(bound_args: Any, config: Any) -> KernelSpec:
-        if "Vjp" in type(bound_args.op).__name__:
+        if _op_kind(bound_args.op) == "vjp":
             return tokamax_client.attention_mosaic_gpu(vjp_config=config)
         return tokamax_client.attention_mosaic_gpu(config=config)
 
@@ -116,10 +115,6 @@ def _op_kind(op: Any) -> str:
     return "vjp" if "Vjp" in type(op).__name__ else "forward"
 
 
-def _config_json(config: Any) -> Any:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else repr(config)
-
-
 def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
                    progress: Callable[[str], None] = print,
                    save: Callable[[dict[str, Any]], None] = lambda partial: None) -> dict[str, Any]:
@@ -137,7 +132,7 @@ def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
     out.update(gate_cases=len(cases), gate_shapes={k: list(v.shape) for k, v in cases[0].arrays.items()})
 
     def gated(bound_args: Any, config: Any, timing: Any) -> dict[str, Any]:
-        row: dict[str, Any] = {"config": _config_json(config)}
+        row: dict[str, Any] = {"config": runner.config_to_json(config)}
         if isinstance(timing, Exception):
             row.update(tokamax_ms=None, tokamax_error=f"{type(timing).__name__}: {str(timing)[:300]}")
         else:
@@ -181,14 +176,15 @@ def run(backend: Backend, only: Sequence[str] | None = None, json_path: str | No
     """Every workload (or ``only``); the JSON file is rewritten after each config is
     gated, so that a run stopped part-way keeps what it checked. ``kinds=()``: the gate
     on the workload's own inputs only."""
+    import tokamax
+
     results: list[dict[str, Any]] = []
+    header = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "tokamax": tokamax.__version__}
 
     def save(partial: dict[str, Any]) -> None:
         if json_path:
             with open(json_path, "w") as f:
-                json.dump({"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-                           "tokamax": __import__("tokamax").__version__, "results": [*results, partial]}, f,
-                          indent=1, default=str)
+                json.dump({**header, "results": [*results, partial]}, f, indent=1, default=str)
 
     for name, make in WORKLOADS.items():
         if not only or name in only:

@@ -349,22 +349,32 @@ def tiled_call(
     backend: Backend,
     body: KernelBody = _matmul_body,
 ) -> Any:
-    """Run ``body`` over the (M/tile_m, N/tile_n) grid on zero-padded operands, or the
-    warp-specialised form where ``config.consumers`` is 2; ``body`` (the one-consumer
-    form's) is swappable so that test variants reuse the tiling and the wrapper."""
+    """The matmul on operands zero-padded to whole tiles, in the form ``config.consumers``
+    names; ``body`` (the one-consumer form's) is swappable so that test variants reuse
+    the tiling and the wrapper."""
     backend.require_available()
     check_input_dtype(x.dtype)
     m, n = x.shape[0], y.shape[1]
     tm, tn, tk = config.tile_m, config.consumers * config.tile_n, config.tile_k
     x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
-    (mp, kp), np_ = x_p.shape, y_p.shape[1]
     out_dtypes = [jnp.dtype(out_dtype)] + ([jnp.dtype(jnp.float32)] if save_preactivation else [])
     tiling.require_shared_memory(config, smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation))
     if config.consumers == 2:
-        outs = tuple(o[:m, :n] for o in _warp_specialized_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation,
-                                                                config=config, backend=backend))
-        return outs if save_preactivation else outs[0]
-    stages = config.max_concurrent_steps
+        padded = _warp_specialized_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config,
+                                        backend=backend)
+    else:
+        padded = _one_consumer_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config,
+                                    backend=backend, body=body)
+    outs = tuple(o[:m, :n] for o in padded)
+    return outs if save_preactivation else outs[0]
+
+
+def _one_consumer_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config,
+                       backend: Backend, body: KernelBody) -> tuple[jax.Array, ...]:
+    """``consumers=1`` (module docstring) on operands padded to the tiles: ``body``
+    over the (M/tile_m, N/tile_n) grid."""
+    tm, tn, tk, stages = config.tile_m, config.tile_n, config.tile_k, config.max_concurrent_steps
+    (mp, kp), np_ = x.shape, y.shape[1]
     scratch = (
         plgpu.SMEM((stages, tm, tk), x.dtype, transforms=operand_transforms(tk, x.dtype)),
         plgpu.SMEM((stages, tk, tn), y.dtype, transforms=operand_transforms(tk, y.dtype)),
@@ -379,5 +389,4 @@ def tiled_call(
         grid_names=("m", "n"),
         interpret=backend.interpret_arg(),
     )
-    outs = tuple(o[:m, :n] for o in call(x_p, y_p))
-    return outs if save_preactivation else outs[0]
+    return call(x, y)

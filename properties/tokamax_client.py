@@ -110,6 +110,18 @@ def _xla(call: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
     return dropping
 
 
+def _implementation(module: str, name: str, config: Any = None, vjp_config: Any = None) -> Any:
+    """Tokamax's op ``name`` of ``tokamax._src.ops.<module>.api.IMPLEMENTATIONS``,
+    with ``config`` (forward) and ``vjp_config`` (its VJP op's) pinned where given,
+    else the configs its heuristics pick per call."""
+    op = _tokamax(f"_src.ops.{module}.api").IMPLEMENTATIONS[name]
+    if config is not None:
+        op = op.replace(config=config)
+    if vjp_config is not None:
+        op = op.replace(vjp=op.vjp.replace(config=vjp_config))
+    return op
+
+
 # ------------------------------------------------------------------------ layer_norm
 
 
@@ -180,28 +192,33 @@ def attention_xla(implementation: str) -> KernelSpec:
     an f32 accumulator, divided at the end. Its gradients are autodiff through the
     chunk loop (it has no VJP of its own), which sums dk and dv over the query chunks
     in their own dtype; those of ``xla`` are autodiff of the softmax."""
-    tokamax = _tokamax()
     if implementation == "xla_chunked":
-        api = _tokamax("_src.ops.attention.api")
-        chunked = api.IMPLEMENTATIONS["xla_chunked"].replace(chunk_size=(16, 32))
+        chunked = _implementation("attention", "xla_chunked").replace(chunk_size=(16, 32))
         impl, blocks = (chunked,), attention_spec.Blocks(block_k=32, qk_precision="default")
     else:
         impl, blocks = "xla", attention_spec.Blocks(qk_precision="default")
+    return _api_spec(_xla(_api_call(impl)), f"tokamax:dot_product_attention:{implementation}", blocks=blocks,
+                     dtypes=ON_CPU, backends=XLA, interpret="interpret")
+
+
+def _api_call(implementation: Any) -> Callable[..., jax.Array]:
+    """``tokamax.dot_product_attention`` with ``implementation``, taking our options:
+    ``causal``, ``bias`` and ``mask`` (made at least 3-D)."""
+    tokamax = _tokamax()
 
     def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, bias: Any = None, mask: Any = None
              ) -> jax.Array:
         return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
-                                             is_causal=causal, implementation=impl)
+                                             is_causal=causal, implementation=implementation)
 
-    spec = attention_spec.attention_like(
-        _xla(call), name=f"tokamax:dot_product_attention:{implementation}", causal=(False, True),
-        causal_alignment="top_left", bias=True, mask=True, blocks=blocks, dtypes=ON_CPU, backends=XLA,
-        interpret="interpret",
-    )
-    return _every_row_visible(spec)
+    return call
 
 
-def _every_row_visible(spec: KernelSpec) -> KernelSpec:
+def _api_spec(call: Callable[..., jax.Array], name: str, **options: Any) -> KernelSpec:
+    """``attention_like`` with the API's conventions (causal or not, aligned top-left;
+    a bias and a mask), its cases with key 0 visible to every query (``_key_zero_visible``)."""
+    spec = attention_spec.attention_like(call, name=name, causal=(False, True), causal_alignment="top_left",
+                                         bias=True, mask=True, **options)
     return dataclasses.replace(spec, cases=lambda dtype, backend: spec.cases(dtype, backend).map(_key_zero_visible))
 
 
@@ -235,7 +252,6 @@ def attention_triton(differentiable: bool = True) -> KernelSpec:
     translation rule for primitive 'program_id' not found for platform cpu": the
     module docstring), so on the CPU only its forward checks can pass.
     ``differentiable=False``: the forward-only spec."""
-    tokamax = _tokamax()
     fwd = _tokamax("_src.ops.attention.pallas_triton")
     bwd = _tokamax("_src.ops.attention.pallas_triton_vjp")
     fwd_config = fwd.Config(block_q=TRITON_BLOCK_Q, block_k=TRITON_BLOCK_K, num_warps=4, num_stages=2)
@@ -248,16 +264,13 @@ def attention_triton(differentiable: bool = True) -> KernelSpec:
             config=fwd_config, bypass_device_check=interpret,
             vjp=bwd.PallasTritonFlashAttentionVjp(config=bwd_config, bypass_device_check=interpret))
         with _pallas_interpreted() if interpret else contextlib.nullcontext():
-            return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
-                                                 is_causal=causal, implementation=(op,))
+            return _api_call((op,))(q, k, v, causal=causal, bias=bias, mask=mask)
 
-    spec = attention_spec.attention_like(
-        call, name="tokamax:dot_product_attention:triton", causal=(False, True), causal_alignment="top_left",
-        bias=True, mask=True, blocks=attention_spec.Blocks(TRITON_BLOCK_K, TRITON_BLOCK_Q, TRITON_BLOCK_K,
-                                                           qk_precision="default"),
+    spec = _api_spec(
+        call, "tokamax:dot_product_attention:triton",
+        blocks=attention_spec.Blocks(TRITON_BLOCK_K, TRITON_BLOCK_Q, TRITON_BLOCK_K, qk_precision="default"),
         dtypes=ON_CPU, differentiable=differentiable, backends=("interpret", "triton"), interpret="interpret",
     )
-    spec = _every_row_visible(spec)
     if not differentiable:
         return spec
     vjp = spec.gradients.kernel_vjp
@@ -268,18 +281,6 @@ def attention_triton(differentiable: bool = True) -> KernelSpec:
             return vjp(case, config, backend)
 
     return dataclasses.replace(spec, gradients=dataclasses.replace(spec.gradients, kernel_vjp=kernel_vjp))
-
-
-def _implementation(module: str, name: str, config: Any = None, vjp_config: Any = None) -> Any:
-    """Tokamax's op ``name`` of ``tokamax._src.ops.<module>.api.IMPLEMENTATIONS``,
-    with ``config`` (forward) and ``vjp_config`` (its VJP op's) pinned where given,
-    else the configs its heuristics pick per call."""
-    op = _tokamax(f"_src.ops.{module}.api").IMPLEMENTATIONS[name]
-    if config is not None:
-        op = op.replace(config=config)
-    if vjp_config is not None:
-        op = op.replace(vjp=op.vjp.replace(config=vjp_config))
-    return op
 
 
 def attention_mosaic_gpu(config: Any = None, vjp_config: Any = None) -> KernelSpec:
@@ -296,24 +297,14 @@ def attention_mosaic_gpu(config: Any = None, vjp_config: Any = None) -> KernelSp
     ``block_kv`` and the backward's dk/dv q block and dq kv block. Some drawn case
     fails to lower ("async_copy requires all GMEM strides except the last one to be a
     multiple of 16 bytes"; GPU_FINDINGS in tests/test_tokamax.py)."""
-    tokamax = _tokamax()
     op = _implementation("attention", "mosaic_gpu", config, vjp_config)
     blocks = attention_spec.Blocks(
         block_k=None if config is None else config.block_kv,
         block_q_bwd=None if vjp_config is None else vjp_config.block_q_dkv,
         block_k_bwd=None if vjp_config is None else vjp_config.block_kv_dq, exp2=True)
-
-    def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, bias: Any = None, mask: Any = None
-             ) -> jax.Array:
-        return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
-                                             is_causal=causal, implementation=(op,))
-
-    spec = attention_spec.attention_like(
-        call, name="tokamax:dot_product_attention:mosaic_gpu", causal=(False, True), causal_alignment="top_left",
-        bias=True, mask=True, seq_q=(17, 64, 128), seq_kv=(17, 64, 129, 256), head_dims=(64, 128), blocks=blocks,
-        dtypes=LOW, backends=("mosaic_gpu",),
-    )
-    return _every_row_visible(spec)
+    return _api_spec(_api_call((op,)), "tokamax:dot_product_attention:mosaic_gpu", seq_q=(17, 64, 128),
+                     seq_kv=(17, 64, 129, 256), head_dims=(64, 128), blocks=blocks, dtypes=LOW,
+                     backends=("mosaic_gpu",))
 
 
 def attention_cudnn() -> KernelSpec:
@@ -325,18 +316,8 @@ def attention_cudnn() -> KernelSpec:
     and charges the exp2 form's extra rounding of the scaled logits. Forward only:
     the gradients of q, k and v run, but the bias's raises "vjp not implemented"
     (tests/test_tokamax.py), and the gradient check differentiates the bias too."""
-    tokamax = _tokamax()
-
-    def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, bias: Any = None, mask: Any = None
-             ) -> jax.Array:
-        return tokamax.dot_product_attention(q, k, v, bias=_with_heads_axis(bias), mask=_with_heads_axis(mask),
-                                             is_causal=causal, implementation="cudnn")
-
-    spec = attention_spec.attention_like(
-        call, name="tokamax:dot_product_attention:cudnn", causal=(False, True), causal_alignment="top_left",
-        bias=True, mask=True, blocks=attention_spec.Blocks(exp2=True), dtypes=LOW, differentiable=False, backends=GPU,
-    )
-    return _every_row_visible(spec)
+    return _api_spec(_api_call("cudnn"), "tokamax:dot_product_attention:cudnn", blocks=attention_spec.Blocks(exp2=True),
+                     dtypes=LOW, differentiable=False, backends=GPU)
 
 
 SPLASH_BLOCK = 128
@@ -362,8 +343,7 @@ def attention_mosaic_tpu() -> KernelSpec:
     ("safe_zip() argument 1 has length 2 but argument 0 has length 3", in
     ``_get_randomized_grid_coordinates``), whatever Tokamax does."""
     tokamax = _tokamax()
-    api = _tokamax("_src.ops.attention.api")
-    op = api.IMPLEMENTATIONS["mosaic_tpu"].replace(bypass_device_check=True)
+    op = _implementation("attention", "mosaic_tpu").replace(bypass_device_check=True)
     op = op.replace(vjp=op.vjp.replace(bypass_device_check=True))
 
     def call(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool) -> jax.Array:

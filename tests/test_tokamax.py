@@ -127,22 +127,23 @@ ON_CPU = [name for name in sorted(tokamax_client.TOKAMAX) if _interpreter(get_sp
 PROPERTIES = [(name, dtype) for name in ON_CPU for dtype in get_spec(name).dtypes_for(_interpreter(get_spec(name)))]
 
 
-def _run_spec(name: str, dtype: str, backend: Backend, examples: int, not_run: tuple[str, ...]) -> None:
+def _run_spec(name: str, dtype: str, backend: Backend, examples: int, not_run: tuple[str, ...]) -> str:
     """Every check of ``name`` but those a documented finding breaks (``FINDINGS``)
-    and ``not_run``."""
+    and ``not_run``: the failure message ("" if they pass)."""
     replay = (f"pallascheck verify --kernel {name} --dtype {dtype} --backend {backend} "
               f"--examples {examples * runner.CASES_PER_LAYOUT}")
     broken = FINDINGS.get((name, dtype), ()) + not_run
     tally = runner.run_property(get_spec(name), dtype, backend, examples=examples, seed=0, replay_hint=replay,
                                 selected=[c for c in runner.CHECKS if c not in broken])
-    assert not tally.failure, tally.failure
+    return tally.failure
 
 
 @pytest.mark.parametrize(("name", "dtype"), PROPERTIES)
 def test_tokamax_spec(name: str, dtype: str, request: pytest.FixtureRequest) -> None:
     """The builder-made spec on its CPU interpreter."""
-    _run_spec(name, dtype, _interpreter(get_spec(name)), request.config.getoption("--examples") or EXAMPLES,
-              INTERPRETER_LIMITS.get(name, ()))
+    failure = _run_spec(name, dtype, _interpreter(get_spec(name)),
+                        request.config.getoption("--examples") or EXAMPLES, INTERPRETER_LIMITS.get(name, ()))
+    assert not failure, failure
 
 
 @pytest.mark.parametrize("name", ON_CPU)
@@ -182,12 +183,10 @@ def test_tokamax_spec_on_the_gpu(name: str, backend: Backend, request: pytest.Fi
     if not spec.runs_on(backend):
         pytest.skip(f"{name} runs on {tuple(spec.backends)}, not on {backend}")
     for dtype in spec.dtypes_for(backend):
-        try:
-            _run_spec(name, dtype, backend, request.config.getoption("--examples") or GPU_EXAMPLES, ())
-        except AssertionError as failure:
-            if name in GPU_FINDINGS and GPU_FINDINGS[name] in str(failure):
-                raise GpuFinding(str(failure)) from failure
-            raise
+        failure = _run_spec(name, dtype, backend, request.config.getoption("--examples") or GPU_EXAMPLES, ())
+        if name in GPU_FINDINGS:
+            _found(failure, GpuFinding, "", GPU_FINDINGS[name])
+        assert not failure, failure
     outcome = runner.run_errors(spec, context=checks.Context(kernel=name, backend=str(backend)))
     assert outcome.passed, outcome.detail
 

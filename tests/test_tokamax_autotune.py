@@ -30,7 +30,7 @@ def _workload(spec_for: Any) -> tokamax_autotune.Workload:
         lambda: [jnp.asarray(tokamax_autotune._normal(i, SHAPE, "float32")) for i in range(3)],
         spec_for, lambda: tokamax_client.attention_xla("xla"),
         lambda: {n: tokamax_autotune._normal(10 + i, SHAPE, "float32") for i, n in enumerate("qkv")},
-        {"causal": False, "sm_scale": None}, "float32")
+        {"causal": False, "sm_scale": None})
 
 
 def _configs(result: dict[str, Any]) -> list[dict[str, Any]]:
