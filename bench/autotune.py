@@ -37,6 +37,7 @@ import itertools
 import json
 import os
 import statistics
+import threading
 import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -209,8 +210,9 @@ def gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend)
     for case in cases:
         tally = runner.check_case(spec, case, config, backend, context=ctx, selected=selected)
         budget = max([budget] + [o.budget_used for o in tally.outcomes.values()])
-    return {"budget": budget,
-            "out": np.asarray(jax.device_get(spec.kernel(cases[0], config, backend))).astype(np.float64)}
+    with backend.placement():
+        out = np.asarray(jax.device_get(spec.kernel(cases[0], config, backend))).astype(np.float64)
+    return {"budget": budget, "out": out}
 
 
 def _summary(times: Sequence[float]) -> dict[str, float]:
@@ -234,6 +236,9 @@ def rejection_reason(err: BaseException) -> str:
     return f"crash: {type(err).__name__}: {text}"
 
 
+_MEMO_GUARD = threading.Lock()
+
+
 def memoised(spec: KernelSpec, memo: dict[Any, Any] | None = None) -> KernelSpec:
     """``spec`` with its float64 oracle and oracle gradients computed once per case:
     the gate checks every config on the same cases. ``memo``: shared with the specs
@@ -242,8 +247,12 @@ def memoised(spec: KernelSpec, memo: dict[Any, Any] | None = None) -> KernelSpec
     memo = {} if memo is None else memo
 
     def once(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
-        if key not in memo:
-            memo[key] = compute()
+        # gates run in threads: a key's first caller computes it, the others wait for it
+        with _MEMO_GUARD:
+            lock = memo.setdefault(("lock", key), threading.Lock())
+        with lock:
+            if key not in memo:
+                memo[key] = compute()
         return memo[key]
 
     def oracle(case: Case) -> Any:

@@ -22,7 +22,7 @@ import concurrent.futures
 import dataclasses
 import json
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -117,9 +117,13 @@ def _op_kind(op: Any) -> str:
 
 def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
                    progress: Callable[[str], None] = print,
-                   save: Callable[[dict[str, Any]], None] = lambda partial: None) -> dict[str, Any]:
+                   save: Callable[[dict[str, Any]], None] = lambda partial: None,
+                   gated_before: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Tune ``workload`` with ``tokamax.autotune``, then gate every config it timed;
-    ``save`` gets the result so far after each config."""
+    ``save`` gets the result so far after each config. ``gated_before``: (op, config
+    JSON) -> a row of an earlier run on the same gate cases, whose verdict is kept
+    (with this run's timing) instead of gating that config again."""
+    gated_before = gated_before or {}
     import tokamax
 
     start = time.perf_counter()
@@ -137,6 +141,9 @@ def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
             row.update(tokamax_ms=None, tokamax_error=f"{type(timing).__name__}: {str(timing)[:300]}")
         else:
             row["tokamax_ms"] = timing.median_evaluation_time_ms
+        earlier = gated_before.get((type(bound_args.op).__name__, _config_key(row["config"])))
+        if earlier is not None:
+            return {**earlier, **row, "from_earlier_run": True}
         pinned = workload.spec_for(bound_args, config)
         if pinned is None:
             row["verdict"] = "not gated"
@@ -171,13 +178,33 @@ def check_workload(workload: Workload, backend: Backend, kinds: Sequence[str],
     return out
 
 
+def _config_key(config: Any) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def earlier_verdicts(path: str, workload: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """(op, config JSON) -> gated row of ``workload`` in the JSON file of an earlier run
+    (a run stopped part-way keeps every row it gated); empty when there is no file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    return {(op["op"], _config_key(row["config"])): {k: v for k, v in row.items() if not k.startswith("tokamax_")}
+            for result in data["results"] if result["workload"] == workload
+            for op in result["ops"] for row in op["configs"] if "verdict" in row}
+
+
 def run(backend: Backend, only: Sequence[str] | None = None, json_path: str | None = None,
-        kinds: Sequence[str] = strategies.ELEMENT_KINDS) -> list[dict[str, Any]]:
+        kinds: Sequence[str] = strategies.ELEMENT_KINDS, resume: bool = False) -> list[dict[str, Any]]:
     """Every workload (or ``only``); the JSON file is rewritten after each config is
-    gated, so that a run stopped part-way keeps what it checked. ``kinds=()``: the gate
-    on the workload's own inputs only."""
+    gated, so that a run stopped part-way keeps what it checked, and ``resume`` reads
+    it first and does not gate again the configs it already holds. ``kinds=()``: the
+    gate on the workload's own inputs only."""
     import tokamax
 
+    if resume and not json_path:
+        raise ValueError("resume needs json_path: the file of the run to resume")
     results: list[dict[str, Any]] = []
     header = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "tokamax": tokamax.__version__}
 
@@ -188,5 +215,7 @@ def run(backend: Backend, only: Sequence[str] | None = None, json_path: str | No
 
     for name, make in WORKLOADS.items():
         if not only or name in only:
-            results.append(check_workload(make(), backend, kinds, save=save))
+            workload = make()
+            before = earlier_verdicts(json_path, workload.name) if resume else {}
+            results.append(check_workload(workload, backend, kinds, save=save, gated_before=before))
     return results

@@ -9,7 +9,7 @@
     pallascheck bench --harness [--no-pytest]
     pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
     pallascheck bench --time-to-find [--tests DIR] [--limit S] [--jobs N] [--variant V ...] [--json PATH]
-    pallascheck bench --tokamax-autotune [--backend mosaic_gpu] [--op dot_product_attention|ragged_dot] [--json PATH]
+    pallascheck bench --tokamax-autotune [--backend mosaic_gpu] [--op dot_product_attention|ragged_dot] [--json PATH [--resume]]
     pallascheck probe [--backend B] [--json PATH]
     pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
 
@@ -203,7 +203,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pallascheck.bench import tokamax_autotune
 
         backend = _available_backend(args.backend)
-        results = tokamax_autotune.run(backend, args.op, args.json)
+        results = tokamax_autotune.run(backend, args.op, args.json, resume=args.resume)
         return 1 if any(op.get("pick_rejected") for r in results for op in r["ops"]) else 0
     from pallascheck.bench import ops as bench
 
@@ -320,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tokamax-autotune", action="store_true",
                        help="run tokamax.autotune on attention and ragged_dot (Hopper GPU) and check every config it "
                             "timed with the numerics gate; --op dot_product_attention|ragged_dot picks one")
+    bench.add_argument("--resume", action="store_true",
+                       help="with --tokamax-autotune: keep the verdicts already in --json's file, gate only the rest")
     bench.add_argument("--limit", type=float, default=120.0, help="with --time-to-find: seconds per campaign")
     bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="with --time-to-find: workers per campaign")
     bench.add_argument("--variant", action="append", help="with --time-to-find: only this MODULE/NAME (repeatable)")

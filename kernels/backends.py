@@ -19,10 +19,12 @@ back to another lowering.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
 from jax.experimental import pallas as pl
 
 from . import compat, pinning
@@ -71,6 +73,15 @@ class Backend:
     def platform(self) -> str:
         """The JAX platform the kernel's arrays live on."""
         return {"triton": "gpu", "mosaic_gpu": "gpu", "tpu": "tpu"}.get(self.name, "cpu")
+
+    def placement(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a check puts its arrays: the interpreters run on the CPU device even on a
+        GPU host. There the GPU would run an interpreted kernel's f32 dots in TF32 and
+        its exp in the GPU's math library, not the IEEE CPU arithmetic the interpreted
+        backends' bounds model (an H200 run put our f32 matmul 211x over its bound)."""
+        if self.platform == "cpu" and jax.default_backend() != "cpu":
+            return jax.default_device(jax.devices("cpu")[0])
+        return contextlib.nullcontext()
 
     def require_available(self) -> None:
         """Fail at once, saying what is missing, where this backend cannot run."""

@@ -2,15 +2,20 @@
 
 Two forms, chosen by ``Config.consumers``:
 
-- ``consumers=2`` (warp-specialised, the fast one): each CTA computes a tile_m x
-  (2 tile_n) output tile with three warpgroups. A memory warpgroup (40 registers)
-  only issues the TMA copies of the K tiles into a ring of ``max_concurrent_steps``
-  SMEM slots (``plgpu.emit_pipeline_warp_specialized``); two consumer warpgroups each
-  own a tile_m x tile_n f32 accumulator and issue one wgmma per K tile on their half
-  of y's slot, keeping one wgmma in flight (a slot is released one step late). The
-  CTAs walk the output in bands of ``BAND_M`` row tiles, column by column, so that
-  CTAs running together share x and y tiles in L2. The epilogue stores each
-  accumulator in ``epilogue_n``-column slices through a small SMEM buffer.
+- ``consumers=2`` (warp-specialised and persistent, the fast one): one CTA per SM,
+  each walking output tiles of tile_m x (2 tile_n) (``plgpu.nd_loop``) with three
+  warpgroups. A memory warpgroup (40 registers) only issues the TMA copies of the K
+  tiles into a ring of ``max_concurrent_steps`` SMEM slots
+  (``plgpu.emit_pipeline_warp_specialized``), and starts the next tile's copies
+  while the consumers finish this one; two consumer warpgroups each own a tile_m x
+  tile_n f32 accumulator and issue one wgmma per K tile on their half of y's slot,
+  releasing the slot when it retires (the other consumer's wgmma keeps the tensor
+  core busy meanwhile; releasing one step late, as the one-consumer form does,
+  races across tiles: the pipeline's next run refills a slot whose release it never
+  waited for, which the Mosaic GPU interpreter's race detector reports). Tiles are
+  visited in bands of ``BAND_M`` row tiles, column by column, so that CTAs running
+  together share x and y tiles in L2. The epilogue stores each accumulator in
+  ``epilogue_n``-column slices through a small SMEM buffer.
 - ``consumers=1``: one CTA (one warpgroup) per (tile_m, tile_n) output tile, on a
   (M/tile_m, N/tile_n) grid. The K range is walked in steps of ``tile_k`` through a
   ring of ``max_concurrent_steps`` SMEM slots: TMA copies GMEM -> SMEM fill a slot
@@ -264,6 +269,15 @@ def _band_order(pid: Any, m_tiles: int, n_tiles: int) -> tuple[Any, Any]:
     return first + within % rows, within // rows
 
 
+def persistent_ctas(num_tiles: int, backend: Backend) -> int:
+    """CTAs of the warp-specialised form: one per SM on the GPU (each walks several
+    output tiles); in the interpreter 2, so that each CTA's tile loop also runs more
+    than once there."""
+    if backend.is_interpreted:
+        return min(num_tiles, 2)
+    return min(num_tiles, jax.devices()[0].core_count)
+
+
 def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config,
                            backend: Backend) -> tuple[jax.Array, ...]:
     """``consumers=2`` (module docstring) on operands padded to the CTA tiles."""
@@ -271,51 +285,55 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
     (m, k), n = x.shape, y.shape[1]
     m_tiles, n_tiles = m // tm, n // (2 * tn)
     epi = epilogue_n(len(out_dtypes) == 2)
+    ctas = persistent_ctas(m_tiles * n_tiles, backend)
 
     def body(x_gmem, y_gmem, *out_gmems):
         wg = lax.axis_index("wg")
-        m_idx, n_idx = _band_order(lax.axis_index("tile"), m_tiles, n_tiles)
-        m_slice, cta_cols = pl.ds(m_idx * tm, tm), pl.ds(n_idx * 2 * tn, 2 * tn)
-        my_cols = pl.ds(wg * tn, tn)  # this consumer's half of the CTA tile
 
-        def step(_, x_smem, y_smem, acc_ref):
+        def step(_, x_smem, y_smem, acc_ref, my_cols):
             plgpu.wgmma(acc_ref, x_smem, y_smem.at[:, my_cols])
-            plgpu.wgmma_wait(1)  # step-1's wgmma has retired: its slot is released now
+            plgpu.wgmma_wait(0)  # the slot is released on return
             return acc_ref
 
-        def pipeline(consume: Callable[..., None]) -> Any:
+        def pipeline(consume: Callable[..., None], my_cols: Any = None) -> Any:
             return plgpu.emit_pipeline_warp_specialized(
-                step, grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
-                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype),
-                                          delay_release=1),
-                          plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype),
-                                          delay_release=1)],
+                functools.partial(step, my_cols=my_cols), grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
+                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype)),
+                          plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype))],
                 wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages, compute_context=consume)
 
-        x_rows, y_cols = x_gmem.at[m_slice, :], y_gmem.at[:, cta_cols]
-
         def scope(allocations, *out_smems):
-            def consume(run_pipeline):
-                def with_accumulator(acc_ref):  # allocated as exact zeros
-                    run_pipeline(acc_ref)
-                    plgpu.wgmma_wait(0)
-                    acc = acc_ref[...]
-                    values = (get_activation(activation)(acc), acc)
-                    for c in range(tn // epi):
-                        cols = slice(c * epi, (c + 1) * epi)
-                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
-                        for smem, value in zip(out_smems, values):
-                            smem[wg] = value[:, cols].astype(smem.dtype)
-                        plgpu.commit_smem()
-                        for gmem, smem in zip(out_gmems, out_smems):
-                            block = gmem.at[m_slice, cta_cols].at[:, my_cols]
-                            plgpu.copy_smem_to_gmem(smem.at[wg], block.at[:, pl.ds(c * epi, epi)])
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            # Persistent: each CTA walks output tiles ctas apart. The memory warpgroup
+            # starts the next tile's loads while the consumers run this one's epilogue.
+            @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="tile")
+            def _tile(info):
+                m_idx, n_idx = _band_order(info.index[0], m_tiles, n_tiles)
+                m_slice, cta_cols = pl.ds(m_idx * tm, tm), pl.ds(n_idx * 2 * tn, 2 * tn)
+                my_cols = pl.ds(wg * tn, tn)  # this consumer's half of the CTA tile
 
-                pl.run_scoped(with_accumulator, plgpu.ACC((tm, tn), jnp.float32))
+                def consume(run_pipeline):
+                    def with_accumulator(acc_ref):  # allocated as exact zeros
+                        run_pipeline(acc_ref)
+                        plgpu.wgmma_wait(0)
+                        acc = acc_ref[...]
+                        values = (get_activation(activation)(acc), acc)
+                        for c in range(tn // epi):
+                            cols = slice(c * epi, (c + 1) * epi)
+                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
+                            for smem, value in zip(out_smems, values):
+                                smem[wg] = value[:, cols].astype(smem.dtype)
+                            plgpu.commit_smem()
+                            for gmem, smem in zip(out_gmems, out_smems):
+                                block = gmem.at[m_slice, cta_cols].at[:, my_cols]
+                                plgpu.copy_smem_to_gmem(smem.at[wg], block.at[:, pl.ds(c * epi, epi)])
 
-            pipeline(consume)(x_rows, y_cols, allocations=allocations)
+                    pl.run_scoped(with_accumulator, plgpu.ACC((tm, tn), jnp.float32))
 
+                pipeline(consume, my_cols)(x_gmem.at[m_slice, :], y_gmem.at[:, cta_cols], allocations=allocations)
+
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's slices are read out
+
+        x_rows, y_cols = x_gmem.at[pl.ds(0, tm), :], y_gmem.at[:, pl.ds(0, 2 * tn)]
         # the ring and the output slices are shared by the CTA's warpgroups
         pl.run_scoped(scope, pipeline(lambda _: None).get_allocations(x_rows, y_cols),
                       *(plgpu.SMEM((2, tm, epi), dt, transforms=operand_transforms(epi, dt))
@@ -323,7 +341,7 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
                       collective_axes="wg")
 
     call = plgpu.kernel(
-        body, out_type=tuple(jax.ShapeDtypeStruct((m, n), dt) for dt in out_dtypes), grid=(m_tiles * n_tiles,),
+        body, out_type=tuple(jax.ShapeDtypeStruct((m, n), dt) for dt in out_dtypes), grid=(ctas,),
         grid_names=("tile",), num_threads=3, thread_name="wg", interpret=backend.interpret_arg(),
     )
     return call(x, y)

@@ -74,8 +74,15 @@ def check_case(
     selected: Sequence[str] = CHECKS,
     tally: Tally | None = None,
 ) -> Tally:
-    """Run the selected checks on one case; raises CheckFailure on the first failure."""
-    tally = tally if tally is not None else Tally()
+    """Run the selected checks on one case (on the backend's device: ``Backend.placement``);
+    raises CheckFailure on the first failure."""
+    with backend.placement():
+        return _check_case(spec, case, config, backend, context=context, selected=selected,
+                           tally=tally if tally is not None else Tally())
+
+
+def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, context: checks.Context,
+                selected: Sequence[str], tally: Tally) -> Tally:
     arith = arithmetic_for(backend.name)
     ctx = context.with_config(config)
     start = time.perf_counter()

@@ -313,9 +313,9 @@ def attention_cudnn() -> KernelSpec:
     bf16/f16, on any NVIDIA GPU backend (it is not a Pallas call). Conventions as
     ``attention_xla``. cuDNN's blocking and exp form are not published: the bound
     takes the kv block as unknown (the whole sequence, which bounds every blocking)
-    and charges the exp2 form's extra rounding of the scaled logits. Forward only:
-    the gradients of q, k and v run, but the bias's raises "vjp not implemented"
-    (tests/test_tokamax.py), and the gradient check differentiates the bias too."""
+    and charges the exp2 form's extra rounding of the scaled logits. Forward only: its
+    gradients raise "vjp not implemented" at lengths that are not a multiple of 64
+    (17 and 129, which the spec draws; tests/test_tokamax.py), with or without a bias."""
     return _api_spec(_api_call("cudnn"), "tokamax:dot_product_attention:cudnn", blocks=attention_spec.Blocks(exp2=True),
                      dtypes=LOW, differentiable=False, backends=GPU)
 

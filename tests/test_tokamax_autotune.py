@@ -5,6 +5,7 @@ attention and ragged dot (README, "Tokamax as a client")."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -19,6 +20,15 @@ tokamax = pytest.importorskip("tokamax", reason=f"Tokamax is not installed: {tok
 from pallascheck.bench import tokamax_autotune  # noqa: E402 - imports Tokamax's ops
 
 SHAPE = (1, 64, 2, 32)
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(backend: Backend) -> None:
+    # Seen on an H200: Tokamax's XLA attention takes its dot precision from JAX's default
+    # backend, TF32 on a GPU host, which XLA:CPU refuses ("The precision
+    # 'TF32_TF32_F32' is not supported by dot_general on CPU").
+    if not backend.is_interpreted:
+        pytest.skip(f"a CPU check (Tokamax's XLA attention on XLA:CPU): run without --backend, not with {backend}")
 
 
 def _workload(spec_for: Any) -> tokamax_autotune.Workload:
@@ -59,3 +69,22 @@ def test_a_config_outside_the_bound_is_rejected_and_named() -> None:
                         for row in rows), rows
     timed = [op for op in result["ops"] if op["tokamax_pick"] is not None]
     assert timed and all(op["pick_rejected"] for op in timed)
+
+
+def test_resumed_run_keeps_earlier_verdicts(tmp_path: Any) -> None:
+    """A run resumed from the JSON of an earlier one takes the verdicts it holds and
+    gates nothing again (its spec is never built)."""
+    first = tokamax_autotune.check_workload(_workload(lambda ba, config: tokamax_client.attention_xla("xla")),
+                                            Backend("interpret"), (), progress=lambda line: None)
+    path = tmp_path / "autotune.json"
+    path.write_text(json.dumps({"results": [first]}, default=str))
+
+    def must_not_gate(bound_args: Any, config: Any) -> KernelSpec:
+        raise AssertionError("a config of the earlier run was gated again")
+
+    resumed = tokamax_autotune.check_workload(
+        _workload(must_not_gate), Backend("interpret"), (), progress=lambda line: None,
+        gated_before=tokamax_autotune.earlier_verdicts(str(path), first["workload"]))
+    rows = _configs(resumed)
+    assert rows and all(row["from_earlier_run"] for row in rows)
+    assert [(r["verdict"], r["budget"]) for r in rows] == [(r["verdict"], r["budget"]) for r in _configs(first)]
