@@ -289,15 +289,16 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
 
     def body(x_gmem, y_gmem, *out_gmems):
         wg = lax.axis_index("wg")
+        my_cols = pl.ds(wg * tn, tn)  # this consumer's half of a CTA tile
 
-        def step(_, x_smem, y_smem, acc_ref, my_cols):
+        def step(_, x_smem, y_smem, acc_ref):
             plgpu.wgmma(acc_ref, x_smem, y_smem.at[:, my_cols])
             plgpu.wgmma_wait(0)  # the slot is released on return
             return acc_ref
 
-        def pipeline(consume: Callable[..., None], my_cols: Any = None) -> Any:
+        def pipeline(consume: Callable[..., None]) -> Any:
             return plgpu.emit_pipeline_warp_specialized(
-                functools.partial(step, my_cols=my_cols), grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
+                step, grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
                 in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype)),
                           plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype))],
                 wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages, compute_context=consume)
@@ -309,7 +310,6 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
             def _tile(info):
                 m_idx, n_idx = _band_order(info.index[0], m_tiles, n_tiles)
                 m_slice, cta_cols = pl.ds(m_idx * tm, tm), pl.ds(n_idx * 2 * tn, 2 * tn)
-                my_cols = pl.ds(wg * tn, tn)  # this consumer's half of the CTA tile
 
                 def consume(run_pipeline):
                     def with_accumulator(acc_ref):  # allocated as exact zeros
@@ -329,7 +329,7 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
 
                     pl.run_scoped(with_accumulator, plgpu.ACC((tm, tn), jnp.float32))
 
-                pipeline(consume, my_cols)(x_gmem.at[m_slice, :], y_gmem.at[:, cta_cols], allocations=allocations)
+                pipeline(consume)(x_gmem.at[m_slice, :], y_gmem.at[:, cta_cols], allocations=allocations)
 
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's slices are read out
 
