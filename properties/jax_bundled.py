@@ -20,6 +20,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.extend import backend as jax_backend
 import numpy as np
 
 from pallascheck.kernels.backends import MOSAIC_GPU
@@ -128,8 +129,9 @@ def gpu_hopper_matmul_mgpu() -> KernelSpec:
 
     def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
         # Its persistent grid is one program per SM, counted on the default device; the
-        # CPU has none.
-        on_gpu = jax.default_backend() == "gpu"
+        # CPU has none. That device is the CPU for the interpreter even on a GPU host
+        # (Backend.placement), so ask the device, not the host's default backend.
+        on_gpu = jax_backend.get_default_device().platform == "gpu"
         with contextlib.nullcontext() if on_gpu else mock.patch.object(mod, "get_num_sms", return_value=INTERPRETER_SMS):
             return mod.matmul(x, y, None, config)
 
