@@ -42,7 +42,7 @@ properties/tokamax_client.py, on ``interpret``, which on the CPU is compiled XLA
 neither broken nor ours, one row per spec x dtype, each judged twice with
 ``examples`` cases: on the spec's drawn cases ("drawn") and on the same shapes with
 the floating inputs redrawn as Tokamax's tests draw them ("tokamax": N(0, 1); norm
-scale and offset U(0, 1); ragged-dot operands N(0, 0.01); masks, labels, group
+scale and offset U(0, 1); ragged-dot operands normal with std 0.1; masks, labels, group
 sizes and cotangents as drawn: ``tokamax_tolerances.tokamax_inputs``). Each row
 records the worst error / allowed error of every rule over its cases, so it shows
 where our bounds find a weakness that Tokamax's tolerance passes, and where
