@@ -127,10 +127,11 @@ LINEAR_CE = {("float32", "out"): Tolerance(1e-4, 1e-4, "actual"), ("float32", "g
              ("float16", "out"): Tolerance(1e-3, 1e-3), ("float16", "grad"): Tolerance(3e-3, 3e-3)}
 LINEAR_CE_NONE = Tolerance(0.3, 0.3)
 
-# (op -> dtypes with a tolerance for some compared array)
+# (op -> dtypes with a tolerance for some compared array), read off the tables above
 DTYPES = {"normalization": tuple(NORM_ATOL), "attention": tuple(ATTENTION_ATOL),
-          "gated_linear_unit": ("bfloat16",), "ragged_dot": ("float32", "bfloat16"),
-          "linear_softmax_cross_entropy_loss": ("float32", "float16")}
+          "gated_linear_unit": ("bfloat16",),
+          "ragged_dot": tuple(dict.fromkeys(dtype for dtype, _ in RAGGED_DOT)),
+          "linear_softmax_cross_entropy_loss": tuple(dict.fromkeys(dtype for dtype, _ in LINEAR_CE))}
 
 
 def applies(op: str | None, dtype: str) -> bool:

@@ -143,29 +143,31 @@ class _AllCaught(Exception):
     cannot change the result."""
 
 
+GROUPS = ("broken", "shipped", "tokamax")  # a variant of tests/broken, our kernel, Tokamax's implementation
+
+
 @dataclasses.dataclass
 class Result:
     name: str
-    broken: bool
+    group: str  # one of GROUPS
     caught: dict[str, bool]  # rule -> some case failed it
+    applies: dict[str, bool]  # rule -> it judged some case
     crashed: str = ""
-    group: str = ""  # "broken", "shipped" or "tokamax" (Tokamax's implementations); default from ``broken``
-    applies: dict[str, bool] = dataclasses.field(default_factory=dict)  # rule -> it judged some case
     worst: dict[str, float | None] = dataclasses.field(default_factory=dict)  # rule -> worst error / allowed
     op: str | None = None  # the Tokamax op whose tolerances the tokamax rule used (None: none)
     dtype: str = ""  # Tokamax group: the row's dtype
     inputs: str = "drawn"  # "drawn" (the spec's strategies) or "tokamax" (Tokamax's distributions)
 
-    def __post_init__(self) -> None:
-        self.group = self.group or ("broken" if self.broken else "shipped")
-        self.applies = self.applies or dict.fromkeys(RULES, True)
-
 
 def judge(name: str, spec: KernelSpec, dtypes: tuple[str, ...], backend: Backend, examples: int, seed: int,
-          broken: bool, *, group: str = "", inputs: str = "drawn", stop_early: bool = True) -> Result:
+          group: str, *, inputs: str = "drawn") -> Result:
     """Draw ``examples`` cases per dtype and record which rules any case fails (and
-    the worst error / allowed error of each rule over the cases judged). With
-    ``stop_early``, a dtype stops drawing once every rule that applies has failed."""
+    the worst error / allowed error of each rule over the cases judged). A broken or
+    shipped row stops drawing a dtype once every rule that applies has failed; a
+    Tokamax row draws every case, as its worst errors are what it reports."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    stop_early = group != "tokamax"
     op = tokamax_tolerances.op_of(spec.name)
     caught, applies = dict.fromkeys(RULES, False), dict.fromkeys(RULES, False)
     worst: dict[str, float | None] = dict.fromkeys(RULES, None)
@@ -198,10 +200,9 @@ def judge(name: str, spec: KernelSpec, dtypes: tuple[str, ...], backend: Backend
                 break
         except KernelCrashed as crash:
             hit = {r: any(_applies(r, op, d) for d in dtypes) for r in RULES}
-            return Result(name, broken, hit, str(crash), group=group, applies=hit, worst=worst, op=op,
-                          dtype=",".join(dtypes), inputs=inputs)
-    return Result(name, broken, caught, group=group, applies=applies, worst=worst, op=op, dtype=",".join(dtypes),
-                  inputs=inputs)
+            return Result(name, group, hit, hit, str(crash), worst=worst, op=op, dtype=",".join(dtypes),
+                          inputs=inputs)
+    return Result(name, group, caught, applies, worst=worst, op=op, dtype=",".join(dtypes), inputs=inputs)
 
 
 def _variants(tests_dir: str) -> list[tuple[str, KernelSpec, tuple[str, ...], int, Backend]]:
@@ -236,20 +237,19 @@ def tokamax_specs() -> list[tuple[str, KernelSpec]]:
 def run(tests_dir: str, examples: int, seed: int = 0, tokamax: bool = True) -> list[Result]:
     results = []
     for name, spec, dtypes, count, backend in _variants(tests_dir):
-        results.append(judge(name, spec, dtypes, backend, count, seed, broken=True))
+        results.append(judge(name, spec, dtypes, backend, count, seed, "broken"))
         print(f"  {name}: {results[-1].caught}", file=sys.stderr, flush=True)
     for name, spec in registry().items():
         for backend in (Backend("interpret"), Backend("mosaic_gpu_interpret")):
             if spec.runs_on(backend):
                 dtypes = tuple(spec.dtypes_for(backend))
-                results.append(judge(f"{name} ({backend})", spec, dtypes, backend, examples, seed, broken=False))
+                results.append(judge(f"{name} ({backend})", spec, dtypes, backend, examples, seed, "shipped"))
                 print(f"  {results[-1].name}: {results[-1].caught}", file=sys.stderr, flush=True)
     for name, spec in tokamax_specs() if tokamax else ():
         backend = Backend("interpret")
         for dtype in spec.dtypes_for(backend):
             for inputs in INPUTS:
-                results.append(judge(name, spec, (dtype,), backend, examples, seed, broken=False, group="tokamax",
-                                     inputs=inputs, stop_early=False))
+                results.append(judge(name, spec, (dtype,), backend, examples, seed, "tokamax", inputs=inputs))
                 print(f"  {name} {dtype} ({inputs} inputs): {results[-1].worst}", file=sys.stderr, flush=True)
     return results
 

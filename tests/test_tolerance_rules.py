@@ -20,7 +20,7 @@ INTERPRET = Backend("interpret")
 def test_rules_tell_a_contract_only_variant_apart() -> None:
     spec, _, examples = loss_variants.VARIANTS["lse_minus_target"]
     result = tolerance_rules.judge("lse_minus_target", spec, ("float32",), INTERPRET, examples, 0,
-                                   broken=True)
+                                   "broken")
     assert result.caught["contract"] and not result.caught["implementation"], result
     # Tokamax's tests have no cross-entropy tolerance: not applicable, neither a kill nor a miss
     assert not result.applies["tokamax"] and result.worst["tokamax"] is None, result
@@ -105,12 +105,12 @@ def test_summary_counts_the_tokamax_rule_where_it_applies() -> None:
     rules = tolerance_rules.RULES
     yes, no = dict.fromkeys(rules, True), dict.fromkeys(rules, False)
     results = [
-        tolerance_rules.Result("a", True, yes, applies=yes, op="normalization"),
-        tolerance_rules.Result("b", True, {**yes, "tokamax": False}, applies=yes, op="ragged_dot"),
-        tolerance_rules.Result("c", True, {**yes, "tokamax": False}, applies={**yes, "tokamax": False}),
-        tolerance_rules.Result("d", False, {**no, "tokamax": True}, applies=yes, op="attention"),
-        tolerance_rules.Result("e", False, no, applies={**yes, "tokamax": False}),
-        tolerance_rules.Result("f", False, {**no, "tokamax": True}, group="tokamax", applies=yes, op="attention"),
+        tolerance_rules.Result("a", "broken", yes, yes, op="normalization"),
+        tolerance_rules.Result("b", "broken", {**yes, "tokamax": False}, yes, op="ragged_dot"),
+        tolerance_rules.Result("c", "broken", {**yes, "tokamax": False}, {**yes, "tokamax": False}),
+        tolerance_rules.Result("d", "shipped", {**no, "tokamax": True}, yes, op="attention"),
+        tolerance_rules.Result("e", "shipped", no, {**yes, "tokamax": False}),
+        tolerance_rules.Result("f", "tokamax", {**no, "tokamax": True}, yes, op="attention"),
     ]
     tk = tolerance_rules.summary(results)["tokamax"]
     assert (tk["kills"], tk["misses"], tk["variants_applied"], tk["variants"]) == (1, 1, 2, 3)
