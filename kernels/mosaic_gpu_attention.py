@@ -88,14 +88,18 @@ UNACCOUNTED_SMEM = 3072
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Blocks of the forward (``block_q`` queries x ``block_kv`` keys per step) and of
-    both backward kernels, and the number of SMEM slots the streamed operands cycle
-    through (TMA copies in flight ahead of the step that reads them)."""
+    both backward kernels, the number of SMEM slots the streamed operands cycle
+    through (TMA copies in flight ahead of the step that reads them), and the forward's
+    compute warpgroups: ``consumers = 2`` is the warp-specialised forward (two
+    warpgroups of ``block_q`` queries each share the k/v stream that a third
+    warpgroup issues)."""
 
     block_q: int = 64
     block_kv: int = 64
     max_concurrent_steps: int = 2
     block_q_bwd: int = 64
     block_kv_bwd: int = 64
+    consumers: int = 1
 
     def __post_init__(self) -> None:
         for field in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
@@ -105,6 +109,11 @@ class Config:
         steps = self.max_concurrent_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= 4:
             raise ValueError(f"config.max_concurrent_steps must be an int in [2, 4] (pipeline stages), got {steps!r}")
+        if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
+            raise ValueError(f"config.consumers must be 1 or 2 (forward compute warpgroups), got {self.consumers!r}")
+        if self.consumers == 2 and self.block_q != 64:
+            raise ValueError(f"config.consumers = 2 needs block_q = 64 (each warpgroup's rows; 128 spills "
+                             f"registers), got block_q {self.block_q}")
 
     # The names the tolerance model reads (shared with attention.Config).
     @property
@@ -121,19 +130,21 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
-    """SMEM a config needs at ``width`` columns, the bias tiles counted when asked."""
+    """SMEM a config needs on the GPU at ``width`` columns, the bias tiles counted when
+    asked (p and ds reach wgmma from registers there: no SMEM tile for them)."""
     s = c.max_concurrent_steps
-    fwd = (c.block_q + 2 * s * c.block_kv) * width * itemsize + c.block_q * (c.block_kv * itemsize + 4)
-    bwd_lhs = c.block_q_bwd * c.block_kv_bwd * itemsize  # the staged p / ds tile
-    dq = (2 * c.block_q_bwd + 2 * s * c.block_kv_bwd) * width * itemsize + 2 * c.block_q_bwd * 4 + bwd_lhs
-    dkdv = (2 * c.block_kv_bwd * width * itemsize + 2 * c.block_kv_bwd * width * 4 + bwd_lhs
+    rows = c.block_q * c.consumers  # the forward's queries per CTA
+    fwd = (rows + 2 * s * c.block_kv) * width * itemsize + rows * 4
+    dq = (2 * c.block_q_bwd + 2 * s * c.block_kv_bwd) * width * itemsize + 2 * c.block_q_bwd * 4
+    dkdv = (2 * c.block_kv_bwd * width * itemsize + 2 * c.block_kv_bwd * width * 4
             + s * (2 * c.block_q_bwd * width * itemsize + 2 * c.block_q_bwd * 4))
     if with_bias:
-        fwd += s * c.block_q * c.block_kv * 4
+        fwd += s * rows * c.block_kv * 4
         dq += s * c.block_q_bwd * c.block_kv_bwd * 4
         dkdv += (s + 1) * c.block_q_bwd * c.block_kv_bwd * 4
     # Not in the tiles above: the barriers, one per slot of each streamed operand (at
-    # most six: q, do, lse, delta, bias and k/v) and the resident block's, and
+    # most six: q, do, lse, delta, bias and k/v; the warp-specialised forward's k, v,
+    # hand-back and two bias barriers are five) and the resident blocks' (two), and
     # UNACCOUNTED_SMEM. Measured on an H200 (jax 0.11.2), each refused at 232504 bytes:
     # the dk/dv kernel of Config(64, 64, 2, 128, 64) at head_dim 64 with a bias (tiles
     # 231424 bytes: 7 barriers and 1024 bytes more), and, with the barriers counted and
@@ -141,7 +152,7 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
     # the limit was Config(64, 128, 2, 64, 64) at head_dim 128 with a bias (tiles 229632
     # bytes: 7 barriers and 2816 bytes more; small f32 vectors padded to the 1 KiB
     # alignment of swizzled tiles would explain part of it).
-    barriers = (6 * s + 1) * tiling.MBARRIER_BYTES
+    barriers = (6 * s + 2) * tiling.MBARRIER_BYTES
     return max(fwd, dq, dkdv) + barriers + UNACCOUNTED_SMEM
 
 
@@ -156,13 +167,16 @@ def configs(
     if be.is_interpreted:
         kv = tiling.blocks_for(seq_kv, (64, 128))
         out = [Config(64, b, 2, 64, b) for b in kv]
-        return out + [Config(64, 64, 3, 64, 128)] if len(out) == 1 else out
+        out += [Config(64, 64, 3, 64, 128)] if len(out) == 1 else []
+        return out + [Config(64, kv[-1], 2, 64, 64, consumers=2)]
     out = []
-    for bq, bkv, steps, (bqb, bkvb) in itertools.product(
+    for bq, bkv, steps, (bqb, bkvb), consumers in itertools.product(
         tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
-        ((64, 64), (64, 128), (128, 64)),
+        ((64, 64), (64, 128), (128, 64)), (1, 2),
     ):
-        c = Config(bq, bkv, steps, bqb, bkvb)
+        if consumers == 2 and bq != 64:
+            continue
+        c = Config(bq, bkv, steps, bqb, bkvb, consumers)
         if _smem_bytes(c, width, itemsize, with_bias=True) <= _SMEM_BYTES:
             out.append(c)
     return out
@@ -195,6 +209,7 @@ class Tile:
     block_kv: int
     stages: int
     dtype: str
+    interpreted: bool  # the Mosaic GPU interpreter: p and ds reach wgmma through SMEM
 
     @property
     def offset(self) -> int:
@@ -257,11 +272,23 @@ def mma(a: Any, b: Any, shape: tuple[int, int]) -> jax.Array:
 
 
 def staged(x: jax.Array, ref: Any) -> Any:
-    """``x`` rounded to ``ref``'s dtype in SMEM and fenced for the next wgmma (the
-    left operand of a product computed in registers: p, ds)."""
+    """``x`` rounded to ``ref``'s dtype in SMEM and fenced for the next wgmma."""
     ref[...] = x.astype(ref.dtype)
     plgpu.commit_smem()
     return ref
+
+
+def as_lhs(t: Tile, x: jax.Array, ref: Any) -> Any:
+    """The left operand of a product computed in registers (p, ds), rounded to the
+    input dtype: in registers on the hardware (wgmma reads a register A operand), in
+    the SMEM tile ``ref`` in the interpreter (its wgmma reads SMEM only). The same
+    rounded values either way."""
+    return staged(x, ref) if t.interpreted else x.astype(jnp.dtype(t.dtype))
+
+
+def lhs_tile(t: Tile, shape: tuple[int, int]) -> Any:
+    """The SMEM scratch ``as_lhs`` needs (None when the operand stays in registers)."""
+    return _smem(shape, jnp.dtype(t.dtype)) if t.interpreted else None
 
 
 def rows_of(vector: jax.Array, shape: tuple[int, int], axis: int) -> jax.Array:
@@ -292,6 +319,9 @@ class Stream:
 
     def wait(self, slot: Any) -> None:
         plgpu.barrier_wait(self.barriers.at[slot])
+
+    def tile(self, slot: Any) -> Any:
+        return self.smem.at[slot]
 
 
 @dataclasses.dataclass
@@ -331,6 +361,62 @@ class Pipeline:
         return lax.fori_loop(0, self.count, step_fn, carry)
 
 
+@dataclasses.dataclass
+class SharedPipeline(Pipeline):
+    """The pipeline of the warp-specialised forward. One warpgroup issues every TMA
+    copy (``produce``); the consumer warpgroups run the steps (``run``), and a step
+    hands its slot back by arriving on the slot's ``consumed`` barrier (one arrival
+    per consumer), which the producer waits on before it refills the slot. The step
+    reads its products back (waiting for the tensor core) before it arrives, so the
+    barrier need not order tensor-core work (``orders_tensor_core`` emits a Blackwell
+    fence that sm_90a refuses)."""
+
+    consumed: Any = None
+
+    def produce(self) -> None:
+        def issue(step, carry):
+            slot = self.slot(step)
+            pl.when(step >= self.stages)(lambda: plgpu.barrier_wait(self.consumed.at[slot]))
+            self._fetch(step, slot)
+            return carry
+
+        lax.fori_loop(0, self.count, issue, jnp.int32(0))
+        # Observe the last steps' hand-backs too, so that every barrier ends in the
+        # phase all its users saw (the interpreter checks this when it frees them).
+        drain = lambda step, carry: (plgpu.barrier_wait(self.consumed.at[self.slot(step)]), carry)[1]
+        lax.fori_loop(jnp.maximum(self.count - self.stages, 0), self.count, drain, jnp.int32(0))
+
+    def refill(self, step: Any) -> None:
+        plgpu.barrier_arrive(self.consumed.at[self.slot(step)])
+
+    def run(self, step_fn: Callable[[Any, Any], Any], carry: Any) -> Any:
+        return lax.fori_loop(0, self.count, step_fn, carry)
+
+
+@dataclasses.dataclass
+class RowSplitStream:
+    """A stream whose slot holds one tile per consumer warpgroup (the bias rows of its
+    queries), each with its own TMA barrier; ``consumer`` is set in a consumer's view.
+    ``source(block, c)`` is the GMEM window of consumer ``c``."""
+
+    source: Callable[[Any, int], Any]
+    smem: Any  # (stages, consumers, rows, cols)
+    barriers: Any  # stages * consumers
+    consumers: int
+    consumer: Any = None
+
+    def fetch(self, block: Any, slot: Any) -> None:
+        for c in range(self.consumers):
+            plgpu.copy_gmem_to_smem(self.source(block, c), self.smem.at[slot, c],
+                                    self.barriers.at[slot * self.consumers + c])
+
+    def wait(self, slot: Any) -> None:
+        plgpu.barrier_wait(self.barriers.at[slot * self.consumers + self.consumer])
+
+    def tile(self, slot: Any) -> Any:
+        return self.smem.at[slot, self.consumer]
+
+
 # ---------------------------------------------------------------------------------
 # Default kernel steps (swappable through Bodies). Each reads its slot, computes, and
 # hands the slot back to the pipeline with ``refill``.
@@ -348,11 +434,11 @@ def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any)
     slot = pipe.slot(step)
     kv_start = pipe.block(step) * t.block_kv
     pipe["k"].wait(slot)
-    s = mma(r.q, pipe["k"].smem.at[slot].transpose((1, 0)), (t.block_q, t.block_kv))
+    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv))
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
-        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, r.q_start, kv_start, bias)
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = guard_neg_inf(m_new)
@@ -360,7 +446,7 @@ def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any)
     p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
     l = alpha * l + p.sum(axis=1)
     pipe["v"].wait(slot)
-    acc = acc * rows_of(alpha, acc.shape, 0) + mma(staged(p, r.lhs), pipe["v"].smem.at[slot], acc.shape)
+    acc = acc * rows_of(alpha, acc.shape, 0) + mma(as_lhs(t, p, r.lhs), pipe["v"].tile(slot), acc.shape)
     pipe.refill(step)
     return m_new, l, acc
 
@@ -384,20 +470,20 @@ def dkdv_step(t: Tile, pipe: Pipeline, r: DkdvRefs, step: Any, carry: Any) -> An
     shape = (t.block_kv, t.block_q)
     for name in ("q", "do", "lse", "delta"):
         pipe[name].wait(slot)
-    q, do = pipe["q"].smem.at[slot], pipe["do"].smem.at[slot]
+    q, do = pipe["q"].tile(slot), pipe["do"].tile(slot)
     s = mma(r.k, q.transpose((1, 0)), shape)
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
-        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
-    lse = plgpu.load(pipe["lse"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    lse = plgpu.load(pipe["lse"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     p = jnp.exp(s - rows_of(lse, shape, 1))
-    dv = dv + mma(staged(p, r.lhs), do, dv.shape)
+    dv = dv + mma(as_lhs(t, p, r.lhs), do, dv.shape)
     dp = mma(r.v, do.transpose((1, 0)), shape)
-    delta = plgpu.load(pipe["delta"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    delta = plgpu.load(pipe["delta"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     ds = p * (dp - rows_of(delta, shape, 1))
-    dk = dk + mma(staged(ds, r.lhs), q, dk.shape)
+    dk = dk + mma(as_lhs(t, ds, r.lhs), q, dk.shape)
     if r.ds is not None:
         store_ds(t, r, ds, q_start)
     pipe.refill(step)
@@ -428,18 +514,18 @@ def dq_step(t: Tile, pipe: Pipeline, r: DqRefs, step: Any, dq: Any) -> Any:
     kv_start = pipe.block(step) * t.block_kv
     shape = (t.block_q, t.block_kv)
     pipe["k"].wait(slot)
-    k = pipe["k"].smem.at[slot]
+    k = pipe["k"].tile(slot)
     s = mma(r.q, k.transpose((1, 0)), shape)
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
-        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, r.q_start, kv_start, bias)
     p = jnp.exp(s - rows_of(r.lse, shape, 0))
     pipe["v"].wait(slot)
-    dp = mma(r.do, pipe["v"].smem.at[slot].transpose((1, 0)), shape)
+    dp = mma(r.do, pipe["v"].tile(slot).transpose((1, 0)), shape)
     ds = p * (dp - rows_of(r.delta, shape, 0))
-    dq = dq + mma(staged(ds, r.lhs), k, dq.shape)
+    dq = dq + mma(as_lhs(t, ds, r.lhs), k, dq.shape)
     pipe.refill(step)
     return dq
 
@@ -486,41 +572,121 @@ def _kv_streams(t: Tile, k_ref, v_ref, bias_ref, b, h, q_start):
     return _streams(t, named)
 
 
+def _forward_init(t: Tile) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(m, l, acc) before the first kv block: -inf, 0, 0."""
+    return (
+        plgpu.layout_cast(jnp.full((t.block_q,), NEG_INF, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+        zeros((t.block_q,), plgpu.Layout.WGMMA.reduce(1)),
+        zeros((t.block_q, t.width), plgpu.Layout.WGMMA),
+    )
+
+
+def _forward_epilogue(t: Tile, carry: Any, out_smem: Any, lse_smem: Any, out_gmem: Any, lse_gmem: Any) -> None:
+    """out = acc / l (0 where l = 0: a fully masked row), lse = m + log(l) (-inf
+    there), stored through SMEM (``out_smem`` may be the q tile: q is no longer read)."""
+    m, l, acc = carry
+    empty = l == 0.0
+    l_safe = jnp.where(empty, jnp.ones_like(l), l)
+    out_smem[...] = (acc / rows_of(l_safe, acc.shape, 0)).astype(out_smem.dtype)
+    lse_smem[...] = jnp.where(empty, jnp.full_like(l, NEG_INF), guard_neg_inf(m) + jnp.log(l_safe))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem)
+    plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+
 def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     bias_ref = rest[0] if t.bias_dims is not None else None
     o_ref, lse_ref = rest[-2:]
     b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
     q_start = qi * t.block_q
+    rows = pl.ds(q_start, t.block_q)
     dtype = jnp.dtype(t.dtype)
     sources, scratch = _kv_streams(t, k_ref, v_ref, bias_ref, b, h, q_start)
 
     def body(q_smem, lhs_smem, lse_smem, q_barrier, *stream_scratch):
         streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
         pipe = Pipeline(streams, t.stages, 0, bodies.kv_blocks_seen(t, qi), pl.cdiv(t.seq_kv, t.block_kv))
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_start, t.block_q), h], q_smem, q_barrier.at[0])
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barrier.at[0])
         plgpu.barrier_wait(q_barrier.at[0])
         refs = ForwardRefs(q_smem, lhs_smem, q_start)
-        init = (
-            plgpu.layout_cast(jnp.full((t.block_q,), NEG_INF, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-            zeros((t.block_q,), plgpu.Layout.WGMMA.reduce(1)),
-            zeros((t.block_q, t.width), plgpu.Layout.WGMMA),
-        )
-        step = lambda i, carry: bodies.forward_step(t, pipe, refs, i, carry)
-        m, l, acc = pipe.run(step, init)
-        # out = acc / l (0 where l = 0: a fully masked row), lse = m + log(l) (-inf there)
-        empty = l == 0.0
-        l_safe = jnp.where(empty, jnp.ones_like(l), l)
-        q_smem[...] = (acc / rows_of(l_safe, acc.shape, 0)).astype(dtype)  # q is no longer read
-        lse_smem[...] = jnp.where(empty, jnp.full_like(l, NEG_INF), guard_neg_inf(m) + jnp.log(l_safe))
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q_start, t.block_q), h])
-        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_start, t.block_q)])
-        plgpu.wait_smem_to_gmem(0)
+        carry = pipe.run(lambda i, c: bodies.forward_step(t, pipe, refs, i, c), _forward_init(t))
+        _forward_epilogue(t, carry, q_smem, lse_smem, o_ref.at[b, rows, h], lse_ref.at[b, h, rows])
 
     pl.run_scoped(
-        body, _smem((t.block_q, t.width), dtype), _smem((t.block_q, t.block_kv), dtype),
+        body, _smem((t.block_q, t.width), dtype), lhs_tile(t, (t.block_q, t.block_kv)),
         plgpu.SMEM((t.block_q,), jnp.float32),
         plgpu.Barrier(num_barriers=1), *scratch,
+    )
+
+
+FORWARD_CONSUMERS = 2
+# Registers per thread of the warp-specialised forward's warpgroups, set after launch:
+# the TMA-issuing warpgroup holds loop counters only; 2 x 128 x 232 + 128 x 40 = 64512
+# of the SM's 65536 registers.
+CONSUMER_REGISTERS = 232
+MEMORY_REGISTERS = 40
+
+
+def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
+    """``consumers = 2``: a CTA of 2 x ``block_q`` queries; warpgroups 0 and 1 each
+    run the forward steps on their ``block_q`` rows, warpgroup 2 issues the k/v (and
+    bias) TMA copies. Both consumers walk the CTA's kv blocks; a block past one
+    consumer's causal limit is fully masked for it and leaves m, l and acc exactly
+    as they were (p = 0, alpha = 1)."""
+    c = FORWARD_CONSUMERS
+    bias_ref = rest[0] if t.bias_dims is not None else None
+    o_ref, lse_ref = rest[-2:]
+    b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    wg = lax.axis_index("wg")
+    cta = dataclasses.replace(t, block_q=c * t.block_q)
+    count = bodies.kv_blocks_seen(cta, ci)
+    kv_head = lax.div(h, jnp.int32(t.group))
+    dtype = jnp.dtype(t.dtype)
+    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
+    q_rows = lambda w: pl.ds(ci * cta.block_q + w * t.block_q, t.block_q)
+    kv_tiles = _smem((t.block_kv, t.width), dtype, t.stages)
+    scratch = [kv_tiles, plgpu.Barrier(num_barriers=t.stages)] * 2
+    if bias_ref is not None:
+        scratch += [plgpu.SMEM((t.stages, c, t.block_q, t.block_kv), jnp.float32, transforms=_tiled(jnp.float32)),
+                    plgpu.Barrier(num_barriers=t.stages * c)]
+
+    def body(q_smem, lhs_smem, lse_smem, q_barrier, consumed, k_smem, k_bar, v_smem, v_bar, *bias_scratch):
+        streams = {"k": Stream(lambda j: k_ref.at[b, kv_rows(j), kv_head], k_smem, k_bar),
+                   "v": Stream(lambda j: v_ref.at[b, kv_rows(j), kv_head], v_smem, v_bar)}
+        if bias_ref is not None:
+            streams["bias"] = RowSplitStream(lambda j, w: t.bias_window(bias_ref, b, h, q_rows(w), kv_rows(j)),
+                                             *bias_scratch, consumers=c)
+        pipe = SharedPipeline(streams, t.stages, 0, count, pl.cdiv(t.seq_kv, t.block_kv), consumed)
+
+        @pl.when(wg == c)
+        def _produce():
+            if not t.interpreted:
+                plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+            pipe.produce()
+
+        @pl.when(wg < c)
+        def _consume():
+            if not t.interpreted:
+                plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            view = pipe
+            if bias_ref is not None:
+                view = dataclasses.replace(pipe, streams={**streams, "bias": dataclasses.replace(
+                    streams["bias"], consumer=wg)})
+            q_tile = q_smem.at[wg]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, q_rows(wg), h], q_tile, q_barrier.at[wg])
+            plgpu.barrier_wait(q_barrier.at[wg])
+            refs = ForwardRefs(q_tile, None if lhs_smem is None else lhs_smem.at[wg], ci * cta.block_q + wg * t.block_q)
+            carry = view.run(lambda i, cy: bodies.forward_step(t, view, refs, i, cy), _forward_init(t))
+            _forward_epilogue(t, carry, q_tile, lse_smem.at[wg], o_ref.at[b, q_rows(wg), h],
+                              lse_ref.at[b, h, q_rows(wg)])
+
+    pl.run_scoped(
+        body, plgpu.SMEM((c, t.block_q, t.width), dtype, transforms=_tiled(dtype)),
+        plgpu.SMEM((c, t.block_q, t.block_kv), dtype, transforms=_tiled(dtype)) if t.interpreted else None,
+        plgpu.SMEM((c, t.block_q), jnp.float32), plgpu.Barrier(num_barriers=c),
+        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), *scratch,
+        collective_axes="wg",
     )
 
 
@@ -572,7 +738,7 @@ def _dkdv_kernel(
     tile_kv = _smem((t.block_kv, t.width), dtype)
     tile_grad = _smem((t.block_kv, t.width), grad_dtype)
     ds_tile = _smem((t.block_kv, t.block_q), jnp.float32) if with_ds else None
-    lhs = _smem((t.block_kv, t.block_q), dtype)
+    lhs = lhs_tile(t, (t.block_kv, t.block_q))
     pl.run_scoped(body, tile_kv, tile_kv, lhs, tile_grad, tile_grad, ds_tile, plgpu.Barrier(num_barriers=2), *scratch)
 
 
@@ -606,7 +772,7 @@ def _dq_kernel(q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, 
 
     tile_q = _smem((t.block_q, t.width), dtype)
     vec = plgpu.SMEM((t.block_q,), jnp.float32)
-    lhs = _smem((t.block_q, t.block_kv), dtype)
+    lhs = lhs_tile(t, (t.block_q, t.block_kv))
     pl.run_scoped(body, tile_q, tile_q, lhs, vec, vec, plgpu.Barrier(num_barriers=4), *scratch)
 
 
@@ -657,12 +823,12 @@ def _logit_bias(bias: jax.Array | None, mask: jax.Array | None, rows: int, cols:
 
 
 def _tile(q: jax.Array, k: jax.Array, bias: jax.Array | None, *, causal: bool, sm_scale: float,
-          block_q: int, block_kv: int, stages: int) -> Tile:
+          block_q: int, block_kv: int, stages: int, backend: Backend) -> Tile:
     return Tile(
         seq_q=q.shape[1], seq_kv=k.shape[1], width=padded_head_dim(q.shape[3]), causal=causal,
         sm_scale=float(sm_scale), bias_dims=None if bias is None else (bias.shape[0], bias.shape[1]),
         group=q.shape[2] // k.shape[2], block_q=block_q, block_kv=block_kv, stages=stages,
-        dtype=jnp.dtype(q.dtype).name,
+        dtype=jnp.dtype(q.dtype).name, interpreted=backend.is_interpreted,
     )
 
 
@@ -680,19 +846,21 @@ def forward(
     _check(q, backend)
     (batch, seq_q, heads, head_dim), seq_kv = q.shape, k.shape[1]
     c = config
-    rows, cols = _round_up(seq_q, c.block_q), _round_up(seq_kv, c.block_kv)
+    cta_rows = c.block_q * (FORWARD_CONSUMERS if c.consumers == 2 else 1)
+    rows, cols = _round_up(seq_q, cta_rows), _round_up(seq_kv, c.block_kv)
     logit_bias = _logit_bias(bias, mask, rows, cols)
     t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q, block_kv=c.block_kv,
-              stages=c.max_concurrent_steps)
+              stages=c.max_concurrent_steps, backend=backend)
     args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
     args += [logit_bias] if logit_bias is not None else []
+    threads = {} if c.consumers == 1 else {"num_threads": FORWARD_CONSUMERS + 1, "thread_name": "wg"}
     out, lse = plgpu.kernel(
-        functools.partial(_forward_kernel, t=t, bodies=bodies),
+        functools.partial(_forward_kernel if c.consumers == 1 else _forward_ws_kernel, t=t, bodies=bodies),
         out_type=(
             jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, rows), jnp.float32),
         ),
-        grid=(batch, heads, rows // c.block_q), grid_names=("batch", "heads", "blocks"),
-        interpret=backend.interpret_arg(),
+        grid=(batch, heads, rows // cta_rows), grid_names=("batch", "heads", "blocks"),
+        interpret=backend.interpret_arg(), **threads,
     )(*args)
     return out[:, :seq_q, :, :head_dim], lse[:, :, :seq_q]
 
@@ -712,7 +880,7 @@ def backward(
     rows, cols = _round_up(seq_q, c.block_q_bwd), _round_up(seq_kv, c.block_kv_bwd)
     logit_bias = _logit_bias(bias, mask, rows, cols)
     t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q_bwd,
-              block_kv=c.block_kv_bwd, stages=c.max_concurrent_steps)
+              block_kv=c.block_kv_bwd, stages=c.max_concurrent_steps, backend=backend)
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
     vectors = [_pad(guard_neg_inf(lse), 2, rows), _pad(delta, 2, rows)]
     qp, dop = _padded(q, rows, t.width), _padded(do, rows, t.width)

@@ -332,6 +332,7 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
             BadInput("generic config on Mosaic GPU", lambda: fn(q.astype(jnp.bfloat16), kv.astype(jnp.bfloat16), kv.astype(jnp.bfloat16), config=attention.Config(), backend="mosaic_gpu_interpret"),
                      TypeError, r"config must be of type mosaic_gpu_attention.Config on backend mosaic_gpu_interpret"),
             BadInput("Mosaic GPU block", lambda: mosaic_gpu_attention.Config(block_q=32), ValueError, r"config.block_q must be one of"),
+            BadInput("Mosaic GPU consumers", lambda: mosaic_gpu_attention.Config(block_q=128, consumers=2), ValueError, r"config.consumers = 2 needs block_q = 64"),
         ]
 
     return bad

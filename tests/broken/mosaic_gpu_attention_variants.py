@@ -17,7 +17,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallascheck.kernels import attention, mosaic_gpu_attention as mga
 from pallascheck.kernels.backends import MOSAIC_GPU, Backend
-from pallascheck.kernels.mosaic_gpu_attention import Bodies, guard_neg_inf, mma, rows_of, staged
+from pallascheck.kernels.mosaic_gpu_attention import Bodies, as_lhs, guard_neg_inf, mma, rows_of
 from pallascheck.properties.attention_spec import make_spec
 
 
@@ -36,11 +36,11 @@ def _forward_step_missing_rescale(t, pipe, r, step, carry):
     slot = pipe.slot(step)
     kv_start = pipe.block(step) * t.block_kv
     pipe["k"].wait(slot)
-    s = mma(r.q, pipe["k"].smem.at[slot].transpose((1, 0)), (t.block_q, t.block_kv))
+    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv))
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
-        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, r.q_start, kv_start, bias)
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = guard_neg_inf(m_new)
@@ -48,7 +48,7 @@ def _forward_step_missing_rescale(t, pipe, r, step, carry):
     p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
     l = alpha * l + p.sum(axis=1)
     pipe["v"].wait(slot)
-    acc = acc + mma(staged(p, r.lhs), pipe["v"].smem.at[slot], acc.shape)  # BUG: acc keeps its old scale
+    acc = acc + mma(as_lhs(t, p, r.lhs), pipe["v"].tile(slot), acc.shape)  # BUG: acc keeps its old scale
     pipe.refill(step)
     return m_new, l, acc
 
@@ -60,22 +60,22 @@ def _dkdv_step_late_wait(t, pipe, r, step, carry):
     slot = pipe.slot(step)
     q_start = pipe.block(step) * t.block_q
     shape = (t.block_kv, t.block_q)
-    q, do = pipe["q"].smem.at[slot], pipe["do"].smem.at[slot]
-    lse = plgpu.load(pipe["lse"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    q, do = pipe["q"].tile(slot), pipe["do"].tile(slot)
+    lse = plgpu.load(pipe["lse"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     for name in ("q", "do", "lse", "delta"):  # BUG: after the lse was read
         pipe[name].wait(slot)
     s = mma(r.k, q.transpose((1, 0)), shape)
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
-        bias = plgpu.load(pipe["bias"].smem.at[slot], layout=plgpu.Layout.WGMMA)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
     p = jnp.exp(s - rows_of(lse, shape, 1))
-    dv = dv + mma(staged(p, r.lhs), do, dv.shape)
+    dv = dv + mma(as_lhs(t, p, r.lhs), do, dv.shape)
     dp = mma(r.v, do.transpose((1, 0)), shape)
-    delta = plgpu.load(pipe["delta"].smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0))
+    delta = plgpu.load(pipe["delta"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     ds = p * (dp - rows_of(delta, shape, 1))
-    dk = dk + mma(staged(ds, r.lhs), q, dk.shape)
+    dk = dk + mma(as_lhs(t, ds, r.lhs), q, dk.shape)
     if r.ds is not None:
         mga.store_ds(t, r, ds, q_start)
     pipe.refill(step)
