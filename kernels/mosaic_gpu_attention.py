@@ -1,15 +1,23 @@
 """Flash attention on Hopper through Pallas' Mosaic GPU lowering (``plgpu``): forward
 and FlashAttention-2 backward, with the semantics of ``kernels/attention.py``.
 
-One warpgroup per program. Each kernel TMA-loads its resident operands once and
-streams the other side through ``max_concurrent_steps`` SMEM slots (one TMA barrier
-per operand and slot; the copy for step ``i + stages`` is issued into the slot of
-step ``i`` as soon as step ``i`` has finished reading it). Every product is a
-``wgmma`` of two SMEM operands into a fresh f32 accumulator; 16-bit tiles sit in SMEM
-with the (8, 64) tiling and the 128-byte swizzle wgmma reads, f32 tiles (bias, ds,
-GQA partials) with (8, 32) and the same swizzle. A left operand computed in
-registers (p, ds) is rounded to the input dtype into an SMEM tile first (the Mosaic
-GPU interpreter's wgmma reads SMEM only). Results leave through SMEM and a TMA store.
+One warpgroup per program (``Config.consumers = 1``). Each kernel TMA-loads its
+resident operands once and streams the other side through ``max_concurrent_steps``
+SMEM slots (one TMA barrier per operand and slot; the copy for step ``i + stages`` is
+issued into the slot of step ``i`` as soon as step ``i`` has finished reading it).
+Every product is a ``wgmma``; 16-bit tiles sit in SMEM with the (8, 64) tiling and
+the 128-byte swizzle wgmma reads, f32 tiles (bias, ds, GQA partials) with (8, 32) and
+the same swizzle. A left operand computed in registers (p, ds) is rounded to the
+input dtype and handed to wgmma from registers (in the Mosaic GPU interpreter, whose
+wgmma reads SMEM only, through an SMEM tile: the same values). Results leave through
+SMEM and a TMA store.
+
+The warp-specialised forward (``consumers = 2``): a CTA of 2 x ``block_q`` queries,
+two compute warpgroups of ``block_q`` rows each and a third that only issues the k/v
+(and bias) TMA copies; each compute warpgroup hands a slot back through a barrier
+the producer waits on, and the two take turns on the tensor core (one's softmax runs
+while the other's products do; ``SharedPipeline``). Its arithmetic is the forward's
+below, row for row.
 
 Forward (grid batch x q heads x q blocks of ``block_q``; kv blocks of ``block_kv``):
     s     = wgmma(q, k^T) * sm_scale (+ b)         f32: bf16/f16 products are exact,
@@ -19,13 +27,18 @@ Forward (grid batch x q heads x q blocks of ``block_q``; kv blocks of ``block_kv
     m_new = max(m, rowmax(s));  m_safe = 0 where m_new = -inf
     alpha = exp(m - m_safe);    p = exp(s - m_safe)
     l     = alpha * l + rowsum(p)                  p in f32
-    acc   = alpha * acc + wgmma(p.astype(dtype), v)
-then ``out = acc / l`` (0 where l = 0), rounded once to the input dtype, and
-``lse = m_safe + log(l)`` (-inf where l = 0), f32. So per kv block of ``block_kv``
-the tensor core sums that block's ``block_kv`` exact products of rounded p and v in
-its f32 accumulator (order inside the block is the hardware's), and the block sums
-are added sequentially in f32 registers: the Pallas kernel's ``block_k`` loop with
-``block_k = block_kv``. ``b`` is the f32 sum of ``bias`` with ``-inf`` where ``mask``
+    acc   = wgmma(p.astype(dtype), v) onto alpha * acc
+then ``out = acc / l`` (0 where l = 0), rounded once to the input dtype; the kernel
+returns m_safe and l, and XLA forms ``lse = m_safe + log(l)`` (-inf where l = 0), f32.
+The forward is compiled with approximate math (``approx_math``): exp is PTX's
+``ex2.approx.ftz`` of the argument times log2(e) (within 2 ulp; subnormal results
+flushed) and the division ``div.approx`` (within 2 ulp): the tolerance model charges
+the log2(e) scaling (``Config.exp2``), the 2 ulp and the flush, and the log stays
+XLA's. On the hardware the tensor core adds each block's ``block_kv`` exact products
+of rounded p and v onto the running f32 accumulator (the interpreter adds the block's
+f32 product in registers); either way one f32 accumulation chain over the keys, which
+the GPU model takes as sequential with the tensor core's unit. ``b`` is the f32 sum
+of ``bias`` with ``-inf`` where ``mask``
 hides the key (one XLA array, exact). With causal, kv blocks past the last one a
 query of the block sees are never loaded nor computed (that loop bound is dynamic;
 blocks at or below the diagonal all go through the same masked step).
@@ -116,6 +129,12 @@ class Config:
                              f"registers), got block_q {self.block_q}")
 
     # The names the tolerance model reads (shared with attention.Config).
+    @property
+    def exp2(self) -> bool:
+        """The forward's exp is PTX's ex2.approx of the log2(e)-scaled argument
+        (``approx_math``; module docstring), which the model charges."""
+        return True
+
     @property
     def block_k(self) -> int:
         return self.block_kv
@@ -260,15 +279,26 @@ def first_q_block_seeing(t: Tile, kv_block: Any) -> Any:
     return jnp.minimum(lax.div(first_row, t.block_q), pl.cdiv(t.seq_q, t.block_q))
 
 
-def mma(a: Any, b: Any, shape: tuple[int, int]) -> jax.Array:
-    """wgmma(a, b) of two SMEM operands into a fresh f32 accumulator, read back into
-    registers (which waits for the tensor core)."""
+def mma(a: Any, b: Any, shape: tuple[int, int], issued: Callable[[], None] = lambda: None) -> jax.Array:
+    """wgmma(a, b) into a fresh f32 accumulator, read back into registers (which waits
+    for the tensor core); ``issued`` runs between issuing the product and the wait."""
 
     def run(acc_ref):
         plgpu.wgmma(acc_ref, a, b)
+        issued()
         return acc_ref[...]
 
     return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def mma_onto(t: Tile, acc: jax.Array, a: Any, b: Any) -> jax.Array:
+    """acc + wgmma(a, b): on the hardware the product is accumulated onto ``acc`` in
+    the tensor core's f32 accumulator; the interpreter cannot run an initialised
+    accumulator (``ACC.init``), so there the f32 product is added in registers. Both are
+    one f32 accumulation chain over the keys, as the tolerance model has it on a GPU."""
+    if t.interpreted:
+        return acc + mma(a, b, acc.shape)
+    return pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, a, b))(plgpu.ACC.init(acc))
 
 
 def staged(x: jax.Array, ref: Any) -> Any:
@@ -356,6 +386,13 @@ class Pipeline:
         """Issue step + stages into this step's slot; call once the step read its slot."""
         pl.when(step + self.stages < self.count)(lambda: self._fetch(step + self.stages, self.slot(step)))
 
+    def qk_issued(self) -> None:
+        """The forward step's q.k product is issued, not yet read back."""
+
+    def pv_ready(self, slot: Any) -> None:
+        """The forward step's p is ready: wait for the slot's v tile."""
+        self["v"].wait(slot)
+
     def run(self, step_fn: Callable[[Any, Any], Any], carry: Any) -> Any:
         self.prologue()
         return lax.fori_loop(0, self.count, step_fn, carry)
@@ -369,9 +406,28 @@ class SharedPipeline(Pipeline):
     per consumer), which the producer waits on before it refills the slot. The step
     reads its products back (waiting for the tensor core) before it arrives, so the
     barrier need not order tensor-core work (``orders_tensor_core`` emits a Blackwell
-    fence that sm_90a refuses)."""
+    fence that sm_90a refuses).
+
+    The consumers take turns on the tensor core through ``schedule`` (one arrival
+    each): a consumer passes it once after issuing its q.k product and once when its
+    softmax is done, and consumer 1 passes it once before its first step (consumer 0
+    once after its last), so one consumer's softmax runs while the other's products
+    do."""
 
     consumed: Any = None
+    schedule: Any = None
+
+    def turn(self) -> None:
+        plgpu.barrier_arrive(self.schedule)
+        plgpu.barrier_wait(self.schedule)
+
+    def qk_issued(self) -> None:
+        self.turn()
+
+    def pv_ready(self, slot: Any) -> None:
+        plgpu.barrier_arrive(self.schedule)
+        self["v"].wait(slot)
+        plgpu.barrier_wait(self.schedule)
 
     def produce(self) -> None:
         def issue(step, carry):
@@ -434,7 +490,7 @@ def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any)
     slot = pipe.slot(step)
     kv_start = pipe.block(step) * t.block_kv
     pipe["k"].wait(slot)
-    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv))
+    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv), pipe.qk_issued)
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
@@ -445,8 +501,10 @@ def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any)
     alpha = jnp.exp(m - m_safe)
     p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
     l = alpha * l + p.sum(axis=1)
-    pipe["v"].wait(slot)
-    acc = acc * rows_of(alpha, acc.shape, 0) + mma(as_lhs(t, p, r.lhs), pipe["v"].tile(slot), acc.shape)
+    acc = acc * rows_of(alpha, acc.shape, 0)
+    lhs = as_lhs(t, p, r.lhs)
+    pipe.pv_ready(slot)
+    acc = mma_onto(t, acc, lhs, pipe["v"].tile(slot))
     pipe.refill(step)
     return m_new, l, acc
 
@@ -581,41 +639,42 @@ def _forward_init(t: Tile) -> tuple[jax.Array, jax.Array, jax.Array]:
     )
 
 
-def _forward_epilogue(t: Tile, carry: Any, out_smem: Any, lse_smem: Any, out_gmem: Any, lse_gmem: Any) -> None:
-    """out = acc / l (0 where l = 0: a fully masked row), lse = m + log(l) (-inf
-    there), stored through SMEM (``out_smem`` may be the q tile: q is no longer read)."""
+def _forward_epilogue(t: Tile, carry: Any, out_smem: Any, stats_smem: Any, out_gmem: Any, stats_gmem: Any) -> None:
+    """out = acc / l (0 where l = 0: a fully masked row), and the row statistics m
+    (0 where -inf) and l for the wrapper's lse, stored through SMEM (``out_smem`` may
+    be the q tile: q is no longer read; ``stats_smem`` is (2, rows) f32)."""
     m, l, acc = carry
-    empty = l == 0.0
-    l_safe = jnp.where(empty, jnp.ones_like(l), l)
+    l_safe = jnp.where(l == 0.0, jnp.ones_like(l), l)
     out_smem[...] = (acc / rows_of(l_safe, acc.shape, 0)).astype(out_smem.dtype)
-    lse_smem[...] = jnp.where(empty, jnp.full_like(l, NEG_INF), guard_neg_inf(m) + jnp.log(l_safe))
+    stats_smem.at[0][...] = guard_neg_inf(m)
+    stats_smem.at[1][...] = l
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_smem, out_gmem)
-    plgpu.copy_smem_to_gmem(lse_smem, lse_gmem)
+    plgpu.copy_smem_to_gmem(stats_smem, stats_gmem)
     plgpu.wait_smem_to_gmem(0)
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     bias_ref = rest[0] if t.bias_dims is not None else None
-    o_ref, lse_ref = rest[-2:]
+    o_ref, stats_ref = rest[-2:]
     b, h, qi = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
     q_start = qi * t.block_q
     rows = pl.ds(q_start, t.block_q)
     dtype = jnp.dtype(t.dtype)
     sources, scratch = _kv_streams(t, k_ref, v_ref, bias_ref, b, h, q_start)
 
-    def body(q_smem, lhs_smem, lse_smem, q_barrier, *stream_scratch):
+    def body(q_smem, lhs_smem, stats_smem, q_barrier, *stream_scratch):
         streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
         pipe = Pipeline(streams, t.stages, 0, bodies.kv_blocks_seen(t, qi), pl.cdiv(t.seq_kv, t.block_kv))
         plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem, q_barrier.at[0])
         plgpu.barrier_wait(q_barrier.at[0])
         refs = ForwardRefs(q_smem, lhs_smem, q_start)
         carry = pipe.run(lambda i, c: bodies.forward_step(t, pipe, refs, i, c), _forward_init(t))
-        _forward_epilogue(t, carry, q_smem, lse_smem, o_ref.at[b, rows, h], lse_ref.at[b, h, rows])
+        _forward_epilogue(t, carry, q_smem, stats_smem, o_ref.at[b, rows, h], stats_ref.at[b, h, :, rows])
 
     pl.run_scoped(
         body, _smem((t.block_q, t.width), dtype), lhs_tile(t, (t.block_q, t.block_kv)),
-        plgpu.SMEM((t.block_q,), jnp.float32),
+        plgpu.SMEM((2, t.block_q), jnp.float32),
         plgpu.Barrier(num_barriers=1), *scratch,
     )
 
@@ -636,7 +695,7 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     as they were (p = 0, alpha = 1)."""
     c = FORWARD_CONSUMERS
     bias_ref = rest[0] if t.bias_dims is not None else None
-    o_ref, lse_ref = rest[-2:]
+    o_ref, stats_ref = rest[-2:]
     b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
     wg = lax.axis_index("wg")
     cta = dataclasses.replace(t, block_q=c * t.block_q)
@@ -651,13 +710,13 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
         scratch += [plgpu.SMEM((t.stages, c, t.block_q, t.block_kv), jnp.float32, transforms=_tiled(jnp.float32)),
                     plgpu.Barrier(num_barriers=t.stages * c)]
 
-    def body(q_smem, lhs_smem, lse_smem, q_barrier, consumed, k_smem, k_bar, v_smem, v_bar, *bias_scratch):
+    def body(q_smem, lhs_smem, stats_smem, q_barrier, consumed, schedule, k_smem, k_bar, v_smem, v_bar, *bias_scratch):
         streams = {"k": Stream(lambda j: k_ref.at[b, kv_rows(j), kv_head], k_smem, k_bar),
                    "v": Stream(lambda j: v_ref.at[b, kv_rows(j), kv_head], v_smem, v_bar)}
         if bias_ref is not None:
             streams["bias"] = RowSplitStream(lambda j, w: t.bias_window(bias_ref, b, h, q_rows(w), kv_rows(j)),
                                              *bias_scratch, consumers=c)
-        pipe = SharedPipeline(streams, t.stages, 0, count, pl.cdiv(t.seq_kv, t.block_kv), consumed)
+        pipe = SharedPipeline(streams, t.stages, 0, count, pl.cdiv(t.seq_kv, t.block_kv), consumed, schedule)
 
         @pl.when(wg == c)
         def _produce():
@@ -677,15 +736,17 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
             plgpu.copy_gmem_to_smem(q_ref.at[b, q_rows(wg), h], q_tile, q_barrier.at[wg])
             plgpu.barrier_wait(q_barrier.at[wg])
             refs = ForwardRefs(q_tile, None if lhs_smem is None else lhs_smem.at[wg], ci * cta.block_q + wg * t.block_q)
+            pl.when(wg == 1)(view.turn)
             carry = view.run(lambda i, cy: bodies.forward_step(t, view, refs, i, cy), _forward_init(t))
-            _forward_epilogue(t, carry, q_tile, lse_smem.at[wg], o_ref.at[b, q_rows(wg), h],
-                              lse_ref.at[b, h, q_rows(wg)])
+            pl.when(wg == 0)(view.turn)
+            _forward_epilogue(t, carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h],
+                              stats_ref.at[b, h, :, q_rows(wg)])
 
     pl.run_scoped(
         body, plgpu.SMEM((c, t.block_q, t.width), dtype, transforms=_tiled(dtype)),
         plgpu.SMEM((c, t.block_q, t.block_kv), dtype, transforms=_tiled(dtype)) if t.interpreted else None,
-        plgpu.SMEM((c, t.block_q), jnp.float32), plgpu.Barrier(num_barriers=c),
-        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), *scratch,
+        plgpu.SMEM((c, 2, t.block_q), jnp.float32), plgpu.Barrier(num_barriers=c),
+        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), plgpu.Barrier(num_arrivals=c), *scratch,
         collective_axes="wg",
     )
 
@@ -854,15 +915,18 @@ def forward(
     args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
     args += [logit_bias] if logit_bias is not None else []
     threads = {} if c.consumers == 1 else {"num_threads": FORWARD_CONSUMERS + 1, "thread_name": "wg"}
-    out, lse = plgpu.kernel(
+    out, stats = plgpu.kernel(
         functools.partial(_forward_kernel if c.consumers == 1 else _forward_ws_kernel, t=t, bodies=bodies),
         out_type=(
-            jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, rows), jnp.float32),
+            jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, 2, rows), jnp.float32),
         ),
         grid=(batch, heads, rows // cta_rows), grid_names=("batch", "heads", "blocks"),
-        interpret=backend.interpret_arg(), **threads,
+        interpret=backend.interpret_arg(), compiler_params=plgpu.CompilerParams(approx_math=True), **threads,
     )(*args)
-    return out[:, :seq_q, :, :head_dim], lse[:, :, :seq_q]
+    m, l = stats[:, :, 0, :seq_q], stats[:, :, 1, :seq_q]
+    empty = l == 0.0
+    lse = jnp.where(empty, NEG_INF, m + jnp.log(jnp.where(empty, 1.0, l)))  # XLA's log: accurate
+    return out[:, :seq_q, :, :head_dim], lse
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "config", "backend", "bodies"))

@@ -17,7 +17,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallascheck.kernels import attention, mosaic_gpu_attention as mga
 from pallascheck.kernels.backends import MOSAIC_GPU, Backend
-from pallascheck.kernels.mosaic_gpu_attention import Bodies, as_lhs, guard_neg_inf, mma, rows_of
+from pallascheck.kernels.mosaic_gpu_attention import Bodies, as_lhs, guard_neg_inf, mma, mma_onto, rows_of
 from pallascheck.properties.attention_spec import make_spec
 
 
@@ -36,7 +36,7 @@ def _forward_step_missing_rescale(t, pipe, r, step, carry):
     slot = pipe.slot(step)
     kv_start = pipe.block(step) * t.block_kv
     pipe["k"].wait(slot)
-    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv))
+    s = mma(r.q, pipe["k"].tile(slot).transpose((1, 0)), (t.block_q, t.block_kv), pipe.qk_issued)
     bias = None
     if t.bias_dims is not None:
         pipe["bias"].wait(slot)
@@ -47,8 +47,9 @@ def _forward_step_missing_rescale(t, pipe, r, step, carry):
     alpha = jnp.exp(m - m_safe)
     p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
     l = alpha * l + p.sum(axis=1)
-    pipe["v"].wait(slot)
-    acc = acc + mma(as_lhs(t, p, r.lhs), pipe["v"].tile(slot), acc.shape)  # BUG: acc keeps its old scale
+    lhs = as_lhs(t, p, r.lhs)  # BUG: no acc = acc * alpha: acc keeps its old scale
+    pipe.pv_ready(slot)
+    acc = mma_onto(t, acc, lhs, pipe["v"].tile(slot))
     pipe.refill(step)
     return m_new, l, acc
 
