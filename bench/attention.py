@@ -80,7 +80,7 @@ def _fastest(candidates: list[Any], thunk_of: Callable[[Any], Callable[[], Any]]
 
 def _search_spaces(space: list[Any], backend: Backend) -> tuple[list[Any], Callable[[Any], list[Any]]]:
     """The forward search space, and the backward one around the best forward config.
-    Mosaic GPU spaces are small (3 configs at head_dim 128): all of them, both times."""
+    Mosaic GPU spaces are small (tens of configs at head_dim 128): all of them, both times."""
     if backend.is_mosaic_gpu:
         return space, lambda best: space
     default_bwd = (attention.Config().block_q_bwd, attention.Config().block_k_bwd)
@@ -104,7 +104,7 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
     def ours(config: Any):
         return lambda q, k, v: attention.attention(q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend)
 
-    space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize)
+    space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize, bias=False)
     fwd_space, bwd_space_around = _search_spaces(space, backend)
     best_fwd = _fastest(fwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[0])
     if best_fwd is None:

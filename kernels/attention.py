@@ -109,13 +109,15 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def configs(
-    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2
+    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2,
+    bias: bool = True,
 ) -> list[Config] | list[mosaic_gpu_attention.Config]:
     """The autotuning space for the given lengths and head_dim of ``itemsize``-byte inputs
-    (``mosaic_gpu_attention.Config`` on the Mosaic GPU backends)."""
+    (``mosaic_gpu_attention.Config`` on the Mosaic GPU backends, where ``bias=False``
+    adds the configs whose tiles fit shared memory only without a bias or mask)."""
     be = get_backend(backend)
     if be.is_mosaic_gpu:
-        return mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, be, itemsize)
+        return mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, be, itemsize, bias)
     width = padded_head_dim(head_dim)
     if not be.is_triton:  # interpreters: keep the space small, every config costs a compile
         qs, ks = tiling.blocks_for(seq_q, (16, 32)), tiling.blocks_for(seq_kv, (16, 32))

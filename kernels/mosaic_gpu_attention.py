@@ -176,11 +176,13 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
 
 
 def configs(
-    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2
+    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2,
+    bias: bool = True,
 ) -> list[Config]:
     """Valid configs for these lengths and head_dim (the autotuning space). The
-    interpreter gets two or three (each costs a compile); the GPU the blocks whose
-    SMEM, bias tiles included, fits one block's 227 KiB."""
+    interpreter gets three (each costs a compile); the GPU the blocks whose SMEM fits
+    one block's 227 KiB, bias tiles included unless ``bias`` is False (a call without
+    bias or mask)."""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
     if be.is_interpreted:
@@ -196,7 +198,7 @@ def configs(
         if consumers == 2 and bq != 64:
             continue
         c = Config(bq, bkv, steps, bqb, bkvb, consumers)
-        if _smem_bytes(c, width, itemsize, with_bias=True) <= _SMEM_BYTES:
+        if _smem_bytes(c, width, itemsize, with_bias=bias) <= _SMEM_BYTES:
             out.append(c)
     return out
 
