@@ -47,12 +47,14 @@ Backward (``delta = rowsum(dO * out)`` in XLA, f32, from the rounded out):
     dk/dv kernel (grid batch x q heads x kv blocks of ``block_kv_bwd``; q blocks of
     ``block_q_bwd`` streamed from the first one that sees the kv block):
       s^T = wgmma(k, q^T) * sm_scale (+ b^T);  p^T = exp(s^T - lse)   (lse -inf -> 0)
-      dv += wgmma(p^T.astype(dtype), dO);  dp^T = wgmma(v, dO^T)      (f32 adds)
+      dv += wgmma(p^T.astype(dtype), dO);  dp^T = wgmma(v, dO^T)
       ds^T = p^T * (dp^T - delta);         dk += wgmma(ds^T.astype(dtype), q)
       dk *= sm_scale at the end; ds^T (f32) is TMA-stored when there is a bias
     dq kernel (grid batch x q heads x q blocks of ``block_q_bwd``; kv blocks of
     ``block_kv_bwd`` streamed up to the causal limit):
       the same p, dp, ds;  dq += wgmma(ds.astype(dtype), k);  dq *= sm_scale
+The ``+=`` products accumulate onto the running f32 sums as in the forward
+(``mma_onto``), and both kernels take exp with approximate math like the forward.
 With GQA the dk/dv kernel writes f32 partials per q head and XLA sums each group in
 f32 before rounding; ``dbias`` is XLA's f32 sum of ds (done by kernels/attention.py).
 The logits of the backward are the forward's bit for bit (same products, same
@@ -131,7 +133,7 @@ class Config:
     # The names the tolerance model reads (shared with attention.Config).
     @property
     def exp2(self) -> bool:
-        """The forward's exp is PTX's ex2.approx of the log2(e)-scaled argument
+        """Every kernel's exp is PTX's ex2.approx of the log2(e)-scaled argument
         (``approx_math``; module docstring), which the model charges."""
         return True
 
@@ -539,11 +541,11 @@ def dkdv_step(t: Tile, pipe: Pipeline, r: DkdvRefs, step: Any, carry: Any) -> An
     s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
     lse = plgpu.load(pipe["lse"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     p = jnp.exp(s - rows_of(lse, shape, 1))
-    dv = dv + mma(as_lhs(t, p, r.lhs), do, dv.shape)
+    dv = mma_onto(t, dv, as_lhs(t, p, r.lhs), do)
     dp = mma(r.v, do.transpose((1, 0)), shape)
     delta = plgpu.load(pipe["delta"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     ds = p * (dp - rows_of(delta, shape, 1))
-    dk = dk + mma(as_lhs(t, ds, r.lhs), q, dk.shape)
+    dk = mma_onto(t, dk, as_lhs(t, ds, r.lhs), q)
     if r.ds is not None:
         store_ds(t, r, ds, q_start)
     pipe.refill(step)
@@ -585,7 +587,7 @@ def dq_step(t: Tile, pipe: Pipeline, r: DqRefs, step: Any, dq: Any) -> Any:
     pipe["v"].wait(slot)
     dp = mma(r.do, pipe["v"].tile(slot).transpose((1, 0)), shape)
     ds = p * (dp - rows_of(r.delta, shape, 0))
-    dq = dq + mma(as_lhs(t, ds, r.lhs), k, dq.shape)
+    dq = mma_onto(t, dq, as_lhs(t, ds, r.lhs), k)
     pipe.refill(step)
     return dq
 
@@ -953,6 +955,7 @@ def backward(
     kp, vp = _padded(k, cols, t.width), _padded(v, cols, t.width)
     has_bias = bias is not None
     interpret = backend.interpret_arg()
+    approx = plgpu.CompilerParams(approx_math=True)  # exp as ex2.approx: see Config.exp2
     grid_names = ("batch", "heads", "blocks")
 
     grad_dtype = k.dtype if group == 1 else jnp.float32
@@ -966,6 +969,7 @@ def backward(
     outs = plgpu.kernel(
         functools.partial(_dkdv_kernel, t=t, bodies=bodies, with_ds=has_bias), out_type=tuple(out_type),
         grid=(batch, heads, cols // c.block_kv_bwd), grid_names=grid_names, interpret=interpret,
+        compiler_params=approx,
     )(qp, dop, kp, vp, *vectors, *extra)
     dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
     if group > 1:  # f32 partials per q head -> one sum per kv head
@@ -981,7 +985,7 @@ def backward(
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, t=t, bodies=bodies),
         out_type=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(batch, heads, rows // c.block_q_bwd),
-        grid_names=grid_names, interpret=interpret,
+        grid_names=grid_names, interpret=interpret, compiler_params=approx,
     )(qp, dop, kp, vp, *vectors, *([logit_bias] if logit_bias is not None else []))
     return dq[:, :seq_q, :, :head_dim], dk, dv, ds
 

@@ -317,7 +317,8 @@ def gradient_bound(
       relative errors of steps 2, 3, 5 weighted by P, as in the forward's ratio) + the
       log's evaluation t |log l| + one f32 rounding of the sum;
     - P_hat = exp(s_hat - lse_hat): argument error e_ij + err(lse_i) + u32 |s_ij - lse_i|
-      (the subtraction), relative error expm1(.) and t for exp, plus the f32 floor;
+      (the subtraction; 3 u32 |s_ij - lse_i| for a kernel that takes exp2 of the shift
+      times log2(e)), relative error expm1(.) and t for exp, plus the f32 floor;
     - dP: the dO.v dot over head_dim (``algebra.dot``); delta: XLA's f32 rowsum of
       dO * out_hat over head_dim: sum_d |dO| err(out) + gamma_D(u32) sum_d |dO|(|o| + err(out));
     - dS = P_hat (dP_hat - delta_hat): one subtraction and one product in f32;
@@ -357,7 +358,10 @@ def gradient_bound(
         log_l_err = np.where(weighted < 1.0, -np.log1p(-weighted), np.inf)
     lse_err = e_max + log_l_err + t * (np.log(ref.row_sum) + log_l_err)
     lse_err = lse_err + u32 * (np.abs(lse) + lse_err) + floor32
-    arg = _masked(ref, e + lse_err + u32 * np.abs(ref.s - lse))
+    # exp2 of the log2(e)-scaled shift: the constant's representation and the product's
+    # rounding add 2 u32 |s - lse| more (in natural units) to the subtraction's one
+    shift_roundings = 3.0 if log2e else 1.0
+    arg = _masked(ref, e + lse_err + shift_roundings * u32 * np.abs(ref.s - lse))
     with np.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
         p_err = _masked(ref, np.where(ref.p == 0, 0.0, ref.p * _compose(np.expm1(arg), t)) + floor32)
     p_hat = Bounded(ref.p, p_err)

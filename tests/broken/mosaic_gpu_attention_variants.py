@@ -72,11 +72,11 @@ def _dkdv_step_late_wait(t, pipe, r, step, carry):
         bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
     s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
     p = jnp.exp(s - rows_of(lse, shape, 1))
-    dv = dv + mma(as_lhs(t, p, r.lhs), do, dv.shape)
+    dv = mma_onto(t, dv, as_lhs(t, p, r.lhs), do)
     dp = mma(r.v, do.transpose((1, 0)), shape)
     delta = plgpu.load(pipe["delta"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
     ds = p * (dp - rows_of(delta, shape, 1))
-    dk = dk + mma(as_lhs(t, ds, r.lhs), q, dk.shape)
+    dk = mma_onto(t, dk, as_lhs(t, ds, r.lhs), q)
     if r.ds is not None:
         mga.store_ds(t, r, ds, q_start)
     pipe.refill(step)
