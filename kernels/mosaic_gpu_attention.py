@@ -182,16 +182,17 @@ def configs(
     bias: bool = True,
 ) -> list[Config]:
     """Valid configs for these lengths and head_dim (the autotuning space). The
-    interpreter gets three (each costs a compile); the GPU the blocks whose SMEM fits
-    one block's 227 KiB, bias tiles included unless ``bias`` is False (a call without
-    bias or mask)."""
+    interpreter gets two (each costs a compile): the default one-warpgroup config and a
+    warp-specialised one with the other blocks (kv 128, or 3 stages and a backward kv
+    block of 128), so both forward forms and every backward block size are checked;
+    the GPU gets the blocks whose SMEM fits one block's 227 KiB, bias tiles included
+    unless ``bias`` is False (a call without bias or mask)."""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
     if be.is_interpreted:
-        kv = tiling.blocks_for(seq_kv, (64, 128))
-        out = [Config(64, b, 2, 64, b) for b in kv]
-        out += [Config(64, 64, 3, 64, 128)] if len(out) == 1 else []
-        return out + [Config(64, kv[-1], 2, 64, 64, consumers=2)]
+        if 128 in tiling.blocks_for(seq_kv, (64, 128)):
+            return [Config(), Config(64, 128, 2, 64, 128, consumers=2)]
+        return [Config(), Config(64, 64, 3, 64, 128, consumers=2)]
     out = []
     for bq, bkv, steps, (bqb, bkvb), consumers in itertools.product(
         tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
