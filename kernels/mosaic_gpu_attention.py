@@ -98,6 +98,8 @@ _SMEM_BYTES = tiling.GPU_SHARED_MEMORY_BYTES
 # SMEM Mosaic GPU allocated beyond our tiles and barriers, measured (see _smem_bytes):
 # the larger of the two measurements, 2816 bytes, rounded up to a KiB.
 UNACCOUNTED_SMEM = 3072
+# Every kernel takes exp as PTX's ex2.approx and divides with div.approx (Config.exp2)
+APPROX_MATH = plgpu.CompilerParams(approx_math=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,19 +308,16 @@ def mma_onto(t: Tile, acc: jax.Array, a: Any, b: Any) -> jax.Array:
     return pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, a, b))(plgpu.ACC.init(acc))
 
 
-def staged(x: jax.Array, ref: Any) -> Any:
-    """``x`` rounded to ``ref``'s dtype in SMEM and fenced for the next wgmma."""
-    ref[...] = x.astype(ref.dtype)
-    plgpu.commit_smem()
-    return ref
-
-
 def as_lhs(t: Tile, x: jax.Array, ref: Any) -> Any:
     """The left operand of a product computed in registers (p, ds), rounded to the
     input dtype: in registers on the hardware (wgmma reads a register A operand), in
-    the SMEM tile ``ref`` in the interpreter (its wgmma reads SMEM only). The same
-    rounded values either way."""
-    return staged(x, ref) if t.interpreted else x.astype(jnp.dtype(t.dtype))
+    the SMEM tile ``ref``, fenced for the wgmma, in the interpreter (its wgmma reads
+    SMEM only). The same rounded values either way."""
+    if not t.interpreted:
+        return x.astype(jnp.dtype(t.dtype))
+    ref[...] = x.astype(ref.dtype)
+    plgpu.commit_smem()
+    return ref
 
 
 def lhs_tile(t: Tile, shape: tuple[int, int]) -> Any:
@@ -441,10 +440,14 @@ class SharedPipeline(Pipeline):
             self._fetch(step, slot)
             return carry
 
+        # After the last copy, observe the last steps' hand-backs too, so that every
+        # barrier ends in the phase all its users saw (the interpreter checks this when
+        # it frees them).
+        def drain(step, carry):
+            plgpu.barrier_wait(self.consumed.at[self.slot(step)])
+            return carry
+
         lax.fori_loop(0, self.count, issue, jnp.int32(0))
-        # Observe the last steps' hand-backs too, so that every barrier ends in the
-        # phase all its users saw (the interpreter checks this when it frees them).
-        drain = lambda step, carry: (plgpu.barrier_wait(self.consumed.at[self.slot(step)]), carry)[1]
         lax.fori_loop(jnp.maximum(self.count - self.stages, 0), self.count, drain, jnp.int32(0))
 
     def refill(self, step: Any) -> None:
@@ -644,7 +647,7 @@ def _forward_init(t: Tile) -> tuple[jax.Array, jax.Array, jax.Array]:
     )
 
 
-def _forward_epilogue(t: Tile, carry: Any, out_smem: Any, stats_smem: Any, out_gmem: Any, stats_gmem: Any) -> None:
+def _forward_epilogue(carry: Any, out_smem: Any, stats_smem: Any, out_gmem: Any, stats_gmem: Any) -> None:
     """out = acc / l (0 where l = 0: a fully masked row), and the row statistics m
     (0 where -inf) and l for the wrapper's lse, stored through SMEM (``out_smem`` may
     be the q tile: q is no longer read; ``stats_smem`` is (2, rows) f32)."""
@@ -675,7 +678,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
         plgpu.barrier_wait(q_barrier.at[0])
         refs = ForwardRefs(q_smem, lhs_smem, q_start)
         carry = pipe.run(lambda i, c: bodies.forward_step(t, pipe, refs, i, c), _forward_init(t))
-        _forward_epilogue(t, carry, q_smem, stats_smem, o_ref.at[b, rows, h], stats_ref.at[b, h, :, rows])
+        _forward_epilogue(carry, q_smem, stats_smem, o_ref.at[b, rows, h], stats_ref.at[b, h, :, rows])
 
     pl.run_scoped(
         body, _smem((t.block_q, t.width), dtype), lhs_tile(t, (t.block_q, t.block_kv)),
@@ -685,11 +688,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
 
 
 FORWARD_CONSUMERS = 2
-# Registers per thread of the warp-specialised forward's warpgroups, set after launch:
-# the TMA-issuing warpgroup holds loop counters only; 2 x 128 x 232 + 128 x 40 = 64512
-# of the SM's 65536 registers.
+# Registers per thread of the warp-specialised forward's compute warpgroups, set after
+# launch: 2 x 128 x 232 + 128 x 40 (tiling.MEMORY_WARPGROUP_REGISTERS) = 64512 of the
+# SM's 65536 registers.
 CONSUMER_REGISTERS = 232
-MEMORY_REGISTERS = 40
 
 
 def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
@@ -725,14 +727,12 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
 
         @pl.when(wg == c)
         def _produce():
-            if not t.interpreted:
-                plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
+            plgpu.set_max_registers(tiling.MEMORY_WARPGROUP_REGISTERS, action="decrease")
             pipe.produce()
 
         @pl.when(wg < c)
         def _consume():
-            if not t.interpreted:
-                plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
             view = pipe
             if bias_ref is not None:
                 view = dataclasses.replace(pipe, streams={**streams, "bias": dataclasses.replace(
@@ -744,7 +744,7 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
             pl.when(wg == 1)(view.turn)
             carry = view.run(lambda i, cy: bodies.forward_step(t, view, refs, i, cy), _forward_init(t))
             pl.when(wg == 0)(view.turn)
-            _forward_epilogue(t, carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h],
+            _forward_epilogue(carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h],
                               stats_ref.at[b, h, :, q_rows(wg)])
 
     pl.run_scoped(
@@ -912,21 +912,21 @@ def forward(
     _check(q, backend)
     (batch, seq_q, heads, head_dim), seq_kv = q.shape, k.shape[1]
     c = config
-    cta_rows = c.block_q * (FORWARD_CONSUMERS if c.consumers == 2 else 1)
+    cta_rows = c.block_q * c.consumers
     rows, cols = _round_up(seq_q, cta_rows), _round_up(seq_kv, c.block_kv)
     logit_bias = _logit_bias(bias, mask, rows, cols)
     t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q, block_kv=c.block_kv,
               stages=c.max_concurrent_steps, backend=backend)
     args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
     args += [logit_bias] if logit_bias is not None else []
-    threads = {} if c.consumers == 1 else {"num_threads": FORWARD_CONSUMERS + 1, "thread_name": "wg"}
+    threads = {} if c.consumers == 1 else {"num_threads": c.consumers + 1, "thread_name": "wg"}
     out, stats = plgpu.kernel(
         functools.partial(_forward_kernel if c.consumers == 1 else _forward_ws_kernel, t=t, bodies=bodies),
         out_type=(
             jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, 2, rows), jnp.float32),
         ),
         grid=(batch, heads, rows // cta_rows), grid_names=("batch", "heads", "blocks"),
-        interpret=backend.interpret_arg(), compiler_params=plgpu.CompilerParams(approx_math=True), **threads,
+        interpret=backend.interpret_arg(), compiler_params=APPROX_MATH, **threads,
     )(*args)
     m, l = stats[:, :, 0, :seq_q], stats[:, :, 1, :seq_q]
     empty = l == 0.0
@@ -956,7 +956,6 @@ def backward(
     kp, vp = _padded(k, cols, t.width), _padded(v, cols, t.width)
     has_bias = bias is not None
     interpret = backend.interpret_arg()
-    approx = plgpu.CompilerParams(approx_math=True)  # exp as ex2.approx: see Config.exp2
     grid_names = ("batch", "heads", "blocks")
 
     grad_dtype = k.dtype if group == 1 else jnp.float32
@@ -970,7 +969,7 @@ def backward(
     outs = plgpu.kernel(
         functools.partial(_dkdv_kernel, t=t, bodies=bodies, with_ds=has_bias), out_type=tuple(out_type),
         grid=(batch, heads, cols // c.block_kv_bwd), grid_names=grid_names, interpret=interpret,
-        compiler_params=approx,
+        compiler_params=APPROX_MATH,
     )(qp, dop, kp, vp, *vectors, *extra)
     dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
     if group > 1:  # f32 partials per q head -> one sum per kv head
@@ -986,7 +985,7 @@ def backward(
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, t=t, bodies=bodies),
         out_type=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(batch, heads, rows // c.block_q_bwd),
-        grid_names=grid_names, interpret=interpret, compiler_params=approx,
+        grid_names=grid_names, interpret=interpret, compiler_params=APPROX_MATH,
     )(qp, dop, kp, vp, *vectors, *([logit_bias] if logit_bias is not None else []))
     return dq[:, :seq_q, :, :head_dim], dk, dv, ds
 

@@ -83,9 +83,6 @@ MAX_ACCUMULATOR_ELEMENTS = 128 * 128
 # (CTAs of one band share y tiles in L2).
 EPILOGUE_N = 64
 BAND_M = 8
-# Registers the memory warpgroup keeps (it only issues TMA copies): the rest go to
-# the consumers' accumulators.
-MEMORY_REGISTERS = 40
 INPUT_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
@@ -298,7 +295,7 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
 
         def pipeline(consume: Callable[..., None]) -> Any:
             return plgpu.emit_pipeline_warp_specialized(
-                step, grid=(k // tk,), memory_registers=MEMORY_REGISTERS,
+                step, grid=(k // tk,), memory_registers=tiling.MEMORY_WARPGROUP_REGISTERS,
                 in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype)),
                           plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype))],
                 wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages, compute_context=consume)

@@ -1,5 +1,6 @@
 """Facts every config space uses: which block sizes are worth trying for a length,
-and how much shared memory one Triton program may hold."""
+how much shared memory one GPU block may hold, and the registers a
+warp-specialised kernel leaves its memory warpgroup."""
 from __future__ import annotations
 
 # Per-block shared memory on H100/H200 (227 KiB). Triton keeps ``num_stages`` copies
@@ -7,6 +8,9 @@ from __future__ import annotations
 GPU_SHARED_MEMORY_BYTES = 227 * 1024
 # an mbarrier (TMA arrivals, warpgroup hand-offs) is one 8-byte word of the same SMEM
 MBARRIER_BYTES = 8
+# Registers per thread a warp-specialised kernel's memory warpgroup keeps (it only
+# issues TMA copies and counts steps): the rest go to the compute warpgroups.
+MEMORY_WARPGROUP_REGISTERS = 40
 
 
 def blocks_for(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
