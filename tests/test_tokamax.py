@@ -42,7 +42,7 @@ Findings (tokamax 0.0.17, jax 0.12.0.1; budget = error / our bound):
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -100,10 +100,15 @@ FINDINGS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-# The tests that need a GPU (they skip themselves elsewhere); every other test here
-# checks the CPU interpreters or XLA:CPU and skips under a GPU --backend
-GPU_TESTS = ("test_tokamax_spec_on_the_gpu", "test_cudnn_attention_gradient_at_unaligned_lengths",
-             "test_mosaic_gpu_ragged_dot_backward_over_200_rows", "test_mosaic_gpu_ragged_dot_drhs_at_1024_rows_per_group")
+# The tests that need a GPU, each marked where it is defined (they skip themselves
+# elsewhere); every other test here checks the CPU interpreters or XLA:CPU and skips
+# under a GPU --backend
+GPU_TESTS: set[str] = set()
+
+
+def gpu_test(fn: Callable[..., None]) -> Callable[..., None]:
+    GPU_TESTS.add(fn.__name__)
+    return fn
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +179,7 @@ GPU_FINDINGS = {
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=GpuFinding, reason=GPU_FINDINGS[name]))
     if name in GPU_FINDINGS else name for name in sorted(tokamax_client.TOKAMAX)])
+@gpu_test
 def test_tokamax_spec_on_the_gpu(name: str, backend: Backend, request: pytest.FixtureRequest) -> None:
     """With ``--backend mosaic_gpu`` or ``triton`` on an NVIDIA GPU: every spec that
     runs there, each dtype, every check but the documented findings'."""
@@ -412,6 +418,7 @@ def _lowering_limit(run: Any, message: str) -> None:
 
 
 @pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="cuDNN has no gradient at 17 keys")
+@gpu_test
 def test_cudnn_attention_gradient_at_unaligned_lengths(backend: Backend) -> None:
     """At 64 queries and keys the gradient runs; at 17 (and 129: an H200, bias or none,
     head_dim 64 or 128) it raises "vjp not implemented", while the forward runs."""
@@ -440,6 +447,7 @@ def _ragged_dot_case(m: int, k: int, n: int, groups: int) -> Case:
 
 
 @pytest.mark.xfail(strict=True, raises=DrhsFinding, reason="drhs wrong at 1024 rows per group")
+@gpu_test
 def test_mosaic_gpu_ragged_dot_drhs_at_1024_rows_per_group(backend: Backend) -> None:
     """Its VJP, heuristic configs: at 256 rows per group (m 2048, k = n = 256, 8 groups)
     drhs is within its bound; at 1024 (m 8192, k = n = 512) it is not: on an H200, 170241
@@ -454,6 +462,7 @@ def test_mosaic_gpu_ragged_dot_drhs_at_1024_rows_per_group(backend: Backend) -> 
 
 
 @pytest.mark.xfail(strict=True, raises=LoweringLimit, reason="the backward needs rows a multiple of 64")
+@gpu_test
 def test_mosaic_gpu_ragged_dot_backward_over_200_rows(backend: Backend) -> None:
     """256 rows differentiate; 200 rows run forward and fail to lower backward."""
     _on_hopper(backend)
