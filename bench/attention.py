@@ -9,11 +9,11 @@ head_dim (half of it when causal), and 2.5 times that for the backward (five mat
 against two), as FlashAttention reports them. Each competitor is guarded: one that
 fails to compile or run leaves its error string in the row instead of a time. Our
 kernel is timed with its default config and with the fastest of its config space
-(forward fields first, then the backward block sizes with the best forward ones).
+(forward fields first, then the backward block sizes with the best forward ones); the
+best configs and the competitors are then timed together in shuffled rounds.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable
 
@@ -22,7 +22,7 @@ import jax
 from pallascheck.kernels import attention
 from pallascheck.kernels.backends import Backend
 
-from .timing import median_seconds, peak_bytes
+from .timing import interleaved_medians, median_seconds, peak_bytes
 
 
 HEADS = 16
@@ -30,6 +30,7 @@ HEADS = 16
 SHAPES = ((4, 2048, 64), (4, 2048, 128), (4, 4096, 64), (4, 4096, 128))
 MOSAIC_GPU_SHAPES = ((2, 4096, 128),)  # the shape of the Mosaic GPU target (vs cuDNN)
 DTYPE = "bfloat16"
+INTERLEAVED_ROUNDS = 20
 
 
 def _competitors(causal: bool, scale: float, backend: Backend) -> dict[str, Callable[..., Any]]:
@@ -79,16 +80,22 @@ def _fastest(candidates: list[Any], thunk_of: Callable[[Any], Callable[[], Any]]
 
 
 def _search_spaces(space: list[Any], backend: Backend) -> tuple[list[Any], Callable[[Any], list[Any]]]:
-    """The forward search space, and the backward one around the best forward config.
-    Mosaic GPU spaces are small (tens of configs at head_dim 128): all of them, both times."""
+    """The forward search space (the configs with the default backward blocks), and the
+    backward one: the configs that share the best forward config's forward fields and
+    vary the backward blocks (and, on Mosaic GPU, the stages both passes share). Each
+    forward+backward candidate costs a compile of three kernels: searching every
+    config twice did not fit a 330 s call on a fresh H200."""
+    default = type(space[0])()
+    backward = lambda c: (c.block_q_bwd, c.block_k_bwd)
     if backend.is_mosaic_gpu:
-        return space, lambda best: space
-    default_bwd = (attention.Config().block_q_bwd, attention.Config().block_k_bwd)
-    # forward fields: one warp count per block_q (4 for 64 rows, 8 for 128) keeps the search short
-    fwd_space = [c for c in space if (c.block_q_bwd, c.block_k_bwd) == default_bwd
-                 and c.num_warps == (4 if c.block_q <= 64 else 8)] or space[:1]
-    return fwd_space, lambda best: [dataclasses.replace(best, block_q_bwd=bq, block_k_bwd=bk)
-                                    for bq, bk in sorted({(c.block_q_bwd, c.block_k_bwd) for c in space})]
+        forward = lambda c: (c.block_q, c.block_k, c.consumers)
+        fwd_space = [c for c in space if backward(c) == backward(default)] or space[:1]
+    else:
+        forward = lambda c: (c.block_q, c.block_k, c.num_warps, c.num_stages)
+        # one warp count per block_q (4 for 64 rows, 8 for 128) keeps the search short
+        fwd_space = [c for c in space if backward(c) == backward(default)
+                     and c.num_warps == (4 if c.block_q <= 64 else 8)] or space[:1]
+    return fwd_space, lambda best: [c for c in space if forward(c) == forward(best)]
 
 
 def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: bool) -> dict:
@@ -110,16 +117,13 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
     if best_fwd is None:
         row["error"] = "no config of the space ran"
         return row
-    t_fwd, cfg = best_fwd
+    cfg = best_fwd[1]
     best_all = _fastest(bwd_space_around(cfg), lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1])
     t_default = _time(_fwd_and_fwd_bwd(ours(None), q, k, v, do)[0])
-    row.update({"kernel_fwd_ms": t_fwd * 1e3, "kernel_fwd_tflops": fwd_flops / t_fwd / 1e12,
-                "kernel_default_fwd_ms": t_default * 1e3 if isinstance(t_default, float) else t_default,
+    row.update({"kernel_default_fwd_ms": t_default * 1e3 if isinstance(t_default, float) else t_default,
                 "best_config": str(cfg)})
     if best_all is not None:
-        t_all, cfg_all = best_all
-        row.update({"kernel_fwd_bwd_ms": t_all * 1e3, "kernel_fwd_bwd_tflops": total_flops / t_all / 1e12,
-                    "best_config_fwd_bwd": str(cfg_all)})
+        row["best_config_fwd_bwd"] = str(best_all[1])
     # Compiled peak memory of forward+backward: O(seq) for the kernel, O(seq^2) for XLA's.
     reference = _competitors(causal, scale, backend)["xla_reference"]
     for name, fn in (("kernel", ours(None)), ("xla_reference", reference)):
@@ -127,18 +131,22 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
             row[f"{name}_fwd_bwd_peak_MiB"] = peak_bytes(lambda q, k, v, fn=fn: jax.vjp(fn, q, k, v)[1](do), q, k, v) / 2**20
         except Exception as err:  # noqa: BLE001 - recorded like a competitor that does not run
             row[f"{name}_fwd_bwd_peak_error"] = f"{type(err).__name__}: {str(err)[:120]}"
-    for name, fn in _competitors(causal, scale, backend).items():
-        fwd, fwd_bwd = _fwd_and_fwd_bwd(fn, q, k, v, do)
-        for label, thunk, ours_t, flops in (("fwd", fwd, t_fwd, fwd_flops),
-                                            ("fwd_bwd", fwd_bwd, best_all[0] if best_all else None, total_flops)):
-            t = _time(thunk)
-            if isinstance(t, str):
-                row[f"{name}_{label}_error"] = t
-                continue
+    # Our best configs and every competitor timed in shuffled rounds
+    # (timing.interleaved_medians), so that clock drift between them decides no ratio.
+    for label, config, flops in (("fwd", cfg, fwd_flops), ("fwd_bwd", best_all and best_all[1], total_flops)):
+        if config is None:
+            continue
+        pick = int(label == "fwd_bwd")
+        thunks = {"kernel": _fwd_and_fwd_bwd(ours(config), q, k, v, do)[pick]}
+        thunks.update({name: _fwd_and_fwd_bwd(fn, q, k, v, do)[pick]
+                       for name, fn in _competitors(causal, scale, backend).items()})
+        medians, errors = interleaved_medians(thunks, INTERLEAVED_ROUNDS)
+        row.update({f"{name}_{label}_error": err for name, err in errors.items()})
+        for name, t in medians.items():
             row[f"{name}_{label}_ms"] = t * 1e3
             row[f"{name}_{label}_tflops"] = flops / t / 1e12
-            if ours_t is not None:
-                row[f"{label}_speed_vs_{name}"] = t / ours_t
+            if name != "kernel" and "kernel" in medians:
+                row[f"{label}_speed_vs_{name}"] = t / medians["kernel"]
     return row
 
 

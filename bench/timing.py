@@ -21,18 +21,39 @@ def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
     return times
 
 
-def interleaved_seconds(fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0) -> list[list[float]]:
-    """Wall times of ``repeats`` calls of each of ``fns`` (already warmed up), taken in
-    rounds: each round calls every function once, in a shuffled order, so that drift
-    (clocks ramping up, a neighbour's load) falls on all of them alike."""
+def interleaved_seconds(fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0,
+                        burst: int = 1) -> list[list[float]]:
+    """Seconds per call of each of ``fns`` (already warmed up), ``repeats`` samples
+    each, taken in rounds: each round times every function once, in a shuffled order,
+    so that drift (clocks ramping up, a neighbour's load) falls on all of them alike.
+    A sample is ``burst`` calls issued back to back and waited for once, divided by
+    ``burst``: above 1 it measures the device's time per call rather than one call's
+    dispatch and synchronisation latency."""
     order = np.random.default_rng(seed)
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i in order.permutation(len(fns)):
             start = time.perf_counter()
-            jax.block_until_ready(fns[i]())
-            times[i].append(time.perf_counter() - start)
+            results = [fns[i]() for _ in range(burst)]
+            jax.block_until_ready(results)
+            times[i].append((time.perf_counter() - start) / burst)
     return times
+
+
+def interleaved_medians(thunks: dict[str, Callable[[], Any]], repeats: int,
+                        burst: int = 1) -> tuple[dict[str, float], dict[str, str]]:
+    """Median seconds per call of each named thunk, timed together in shuffled rounds
+    (``interleaved_seconds``), and the error of each thunk whose warm-up call failed:
+    a competitor that does not compile or run is recorded, not fatal."""
+    runnable, errors = {}, {}
+    for name, thunk in thunks.items():
+        try:
+            jax.block_until_ready(thunk())
+            runnable[name] = thunk
+        except Exception as err:  # noqa: BLE001 - recorded by the caller in its row
+            errors[name] = f"{type(err).__name__}: {str(err)[:200]}"
+    samples = interleaved_seconds(list(runnable.values()), repeats, burst=burst)
+    return {name: statistics.median(times) for name, times in zip(runnable, samples)}, errors
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
