@@ -49,7 +49,11 @@ Backward (``delta = rowsum(dO * out)`` in XLA, f32, from the rounded out):
       s^T = wgmma(k, q^T) * sm_scale (+ b^T);  p^T = exp(s^T - lse)   (lse -inf -> 0)
       dv += wgmma(p^T.astype(dtype), dO);  dp^T = wgmma(v, dO^T)
       ds^T = p^T * (dp^T - delta);         dk += wgmma(ds^T.astype(dtype), q)
-      dk *= sm_scale at the end; ds^T (f32) is TMA-stored when there is a bias
+      dk *= sm_scale at the end; ds^T (f32) is TMA-stored when there is a bias.
+      With ``consumers_bwd = 2`` a CTA holds two kv blocks, one per compute
+      warpgroup, and a third warpgroup streams the q blocks both read (the
+      warp-specialised forward's pipeline); each warpgroup's sums are the one-
+      warpgroup kernel's bit for bit.
     dq kernel (grid batch x q heads x q blocks of ``block_q_bwd``; kv blocks of
     ``block_kv_bwd`` streamed up to the causal limit):
       the same p, dp, ds;  dq += wgmma(ds.astype(dtype), k);  dq *= sm_scale
@@ -109,7 +113,8 @@ class Config:
     through (TMA copies in flight ahead of the step that reads them), and the forward's
     compute warpgroups: ``consumers = 2`` is the warp-specialised forward (two
     warpgroups of ``block_q`` queries each share the k/v stream that a third
-    warpgroup issues)."""
+    warpgroup issues), and ``consumers_bwd = 2`` the warp-specialised dk/dv kernel (two
+    warpgroups of ``block_kv_bwd`` keys each share the q/dO stream)."""
 
     block_q: int = 64
     block_kv: int = 64
@@ -117,6 +122,7 @@ class Config:
     block_q_bwd: int = 64
     block_kv_bwd: int = 64
     consumers: int = 1
+    consumers_bwd: int = 1
 
     def __post_init__(self) -> None:
         for field in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
@@ -131,6 +137,12 @@ class Config:
         if self.consumers == 2 and self.block_q != 64:
             raise ValueError(f"config.consumers = 2 needs block_q = 64 (each warpgroup's rows; 128 spills "
                              f"registers), got block_q {self.block_q}")
+        if self.consumers_bwd not in (1, 2) or isinstance(self.consumers_bwd, bool):
+            raise ValueError(f"config.consumers_bwd must be 1 or 2 (dk/dv compute warpgroups), got "
+                             f"{self.consumers_bwd!r}")
+        if self.consumers_bwd == 2 and self.block_kv_bwd != 64:
+            raise ValueError(f"config.consumers_bwd = 2 needs block_kv_bwd = 64 (each warpgroup's dk and dv "
+                             f"rows; 128 spills registers), got block_kv_bwd {self.block_kv_bwd}")
 
     # The names the tolerance model reads (shared with attention.Config).
     @property
@@ -159,12 +171,15 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
     rows = c.block_q * c.consumers  # the forward's queries per CTA
     fwd = (rows + 2 * s * c.block_kv) * width * itemsize + rows * 4
     dq = (2 * c.block_q_bwd + 2 * s * c.block_kv_bwd) * width * itemsize + 2 * c.block_q_bwd * 4
-    dkdv = (2 * c.block_kv_bwd * width * itemsize + 2 * c.block_kv_bwd * width * 4
+    keys = c.block_kv_bwd * c.consumers_bwd  # the dk/dv kernel's keys per CTA
+    # f32 gradient tiles (GQA's partials): dk and dv with one warpgroup, one tile per
+    # consumer warpgroup (dk, then dv) in the warp-specialised form
+    dkdv = (2 * keys * width * itemsize + 2 * c.block_kv_bwd * width * 4
             + s * (2 * c.block_q_bwd * width * itemsize + 2 * c.block_q_bwd * 4))
     if with_bias:
         fwd += s * rows * c.block_kv * 4
         dq += s * c.block_q_bwd * c.block_kv_bwd * 4
-        dkdv += (s + 1) * c.block_q_bwd * c.block_kv_bwd * 4
+        dkdv += (s + 1) * c.block_q_bwd * keys * 4
     # Not in the tiles above: the barriers, one per slot of each streamed operand (at
     # most six: q, do, lse, delta, bias and k/v; the warp-specialised forward's k, v,
     # hand-back and two bias barriers are five) and the resident blocks' (two), and
@@ -175,7 +190,8 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
     # the limit was Config(64, 128, 2, 64, 64) at head_dim 128 with a bias (tiles 229632
     # bytes: 7 barriers and 2816 bytes more; small f32 vectors padded to the 1 KiB
     # alignment of swizzled tiles would explain part of it).
-    barriers = (6 * s + 2) * tiling.MBARRIER_BYTES
+    # (the warp-specialised dk/dv kernel: s more for the hand-backs, 2 more resident)
+    barriers = (6 * s + 2 + (s + 2) * (c.consumers_bwd - 1)) * tiling.MBARRIER_BYTES
     return max(fwd, dq, dkdv) + barriers + UNACCOUNTED_SMEM
 
 
@@ -184,25 +200,25 @@ def configs(
     bias: bool = True,
 ) -> list[Config]:
     """Valid configs for these lengths and head_dim (the autotuning space). The
-    interpreter gets two (each costs a compile): the default one-warpgroup config and a
-    warp-specialised one with the other blocks (kv 128, or 3 stages and a backward kv
-    block of 128), so both forward forms and every backward block size are checked;
-    the GPU gets the blocks whose SMEM fits one block's 227 KiB, bias tiles included
+    interpreter gets two (each costs a compile): the default one-warpgroup config and
+    one warp-specialised in both passes with the other blocks (a forward kv block of
+    128, or 3 stages; backward q blocks of 128), so both forms of the forward and of
+    the dk/dv kernel are checked, and a backward of 128 keys per CTA; the GPU gets the blocks whose SMEM fits one block's 227 KiB, bias tiles included
     unless ``bias`` is False (a call without bias or mask)."""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
     if be.is_interpreted:
         if 128 in tiling.blocks_for(seq_kv, (64, 128)):
-            return [Config(), Config(64, 128, 2, 64, 128, consumers=2)]
-        return [Config(), Config(64, 64, 3, 64, 128, consumers=2)]
+            return [Config(), Config(64, 128, 2, 128, 64, consumers=2, consumers_bwd=2)]
+        return [Config(), Config(64, 64, 3, 128, 64, consumers=2, consumers_bwd=2)]
     out = []
-    for bq, bkv, steps, (bqb, bkvb), consumers in itertools.product(
+    for bq, bkv, steps, (bqb, bkvb), consumers, consumers_bwd in itertools.product(
         tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
-        ((64, 64), (64, 128), (128, 64)), (1, 2),
+        ((64, 64), (64, 128), (128, 64)), (1, 2), (1, 2),
     ):
-        if consumers == 2 and bq != 64:
+        if (consumers == 2 and bq != 64) or (consumers_bwd == 2 and bkvb != 64):
             continue
-        c = Config(bq, bkv, steps, bqb, bkvb, consumers)
+        c = Config(bq, bkv, steps, bqb, bkvb, consumers, consumers_bwd)
         if _smem_bytes(c, width, itemsize, with_bias=bias) <= _SMEM_BYTES:
             out.append(c)
     return out
@@ -756,6 +772,21 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     )
 
 
+def q_block_rows(t: Tile, i: Any) -> Any:
+    return pl.ds(i * t.block_q, t.block_q)
+
+
+def _q_streams(t: Tile, q_ref, do_ref, lse_ref, delta_ref, b, h) -> list:
+    """The q, dO, lse and delta blocks the dk/dv kernels stream: (name, source, SMEM)."""
+    dtype = jnp.dtype(t.dtype)
+    return [
+        ("q", lambda i: q_ref.at[b, q_block_rows(t, i), h], _smem((t.block_q, t.width), dtype, t.stages)),
+        ("do", lambda i: do_ref.at[b, q_block_rows(t, i), h], _smem((t.block_q, t.width), dtype, t.stages)),
+        ("lse", lambda i: lse_ref.at[b, h, q_block_rows(t, i)], _smem((t.block_q,), jnp.float32, t.stages)),
+        ("delta", lambda i: delta_ref.at[b, h, q_block_rows(t, i)], _smem((t.block_q,), jnp.float32, t.stages)),
+    ]
+
+
 def _dkdv_kernel(
     q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
 ):
@@ -768,15 +799,9 @@ def _dkdv_kernel(
     kv_start = kj * t.block_kv
     dtype = jnp.dtype(t.dtype)
     grad_dtype = dk_ref.dtype
-    q_rows = lambda i: pl.ds(i * t.block_q, t.block_q)
-    named = [
-        ("q", lambda i: q_ref.at[b, q_rows(i), h], _smem((t.block_q, t.width), dtype, t.stages)),
-        ("do", lambda i: do_ref.at[b, q_rows(i), h], _smem((t.block_q, t.width), dtype, t.stages)),
-        ("lse", lambda i: lse_ref.at[b, h, q_rows(i)], _smem((t.block_q,), jnp.float32, t.stages)),
-        ("delta", lambda i: delta_ref.at[b, h, q_rows(i)], _smem((t.block_q,), jnp.float32, t.stages)),
-    ]
+    named = _q_streams(t, q_ref, do_ref, lse_ref, delta_ref, b, h)
     if has_bias:  # the transposed bias [b, h, seq_kv, seq_q]
-        named.append(("bias", lambda i: t.bias_window(bias_ref, b, h, pl.ds(kv_start, t.block_kv), q_rows(i)),
+        named.append(("bias", lambda i: t.bias_window(bias_ref, b, h, pl.ds(kv_start, t.block_kv), q_block_rows(t, i)),
                       _smem((t.block_kv, t.block_q), jnp.float32, t.stages)))
     sources, scratch = _streams(t, named)
 
@@ -806,6 +831,85 @@ def _dkdv_kernel(
     ds_tile = _smem((t.block_kv, t.block_q), jnp.float32) if with_ds else None
     lhs = lhs_tile(t, (t.block_kv, t.block_q))
     pl.run_scoped(body, tile_kv, tile_kv, lhs, tile_grad, tile_grad, ds_tile, plgpu.Barrier(num_barriers=2), *scratch)
+
+
+BACKWARD_CONSUMERS = 2
+
+
+def _dkdv_ws_kernel(
+    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
+):
+    """``consumers_bwd = 2``: a CTA of 2 x ``block_kv`` keys; warpgroups 0 and 1 each
+    accumulate dk and dv of their ``block_kv`` keys, warpgroup 2 issues the q, dO, lse
+    and delta (and bias) TMA copies both consumers read. Both walk the q blocks from the
+    first one that sees the CTA's first key; a block before one consumer's first is
+    fully masked for it (p = 0, so ds = 0) and adds exactly 0 to its dk and dv."""
+    c = BACKWARD_CONSUMERS
+    has_bias = t.bias_dims is not None
+    bias_ref = rest[0] if has_bias else None
+    dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
+    ds_ref = rest[-1] if with_ds else None
+    b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
+    wg = lax.axis_index("wg")
+    cta = dataclasses.replace(t, block_kv=c * t.block_kv)
+    kv_head = lax.div(h, jnp.int32(t.group))
+    dtype = jnp.dtype(t.dtype)
+    grad_dtype = dk_ref.dtype
+    kv_rows = lambda w: pl.ds(ci * cta.block_kv + w * t.block_kv, t.block_kv)
+    sources, scratch = _streams(t, _q_streams(t, q_ref, do_ref, lse_ref, delta_ref, b, h))
+    if has_bias:
+        scratch.append((plgpu.SMEM((t.stages, c, t.block_kv, t.block_q), jnp.float32, transforms=_tiled(jnp.float32)),
+                        plgpu.Barrier(num_barriers=t.stages * c)))
+
+    def body(k_smem, v_smem, lhs_smem, grad_smem, ds_smem, kv_barrier, consumed, *stream_scratch):
+        streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
+        if has_bias:
+            streams["bias"] = RowSplitStream(lambda i, w: t.bias_window(bias_ref, b, h, kv_rows(w), q_block_rows(t, i)),
+                                             *stream_scratch[-1], consumers=c)
+        first = first_q_block_seeing(cta, ci)
+        blocks = pl.cdiv(t.seq_q, t.block_q)
+        pipe = SharedPipeline(streams, t.stages, first, blocks - first, blocks, consumed)
+
+        @pl.when(wg == c)
+        def _produce():
+            plgpu.set_max_registers(tiling.MEMORY_WARPGROUP_REGISTERS, action="decrease")
+            pipe.produce()
+
+        @pl.when(wg < c)
+        def _consume():
+            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            view = pipe
+            if has_bias:
+                view = dataclasses.replace(pipe, streams={**streams, "bias": dataclasses.replace(
+                    streams["bias"], consumer=wg)})
+            k_tile, v_tile, grad_tile = k_smem.at[wg], v_smem.at[wg], grad_smem.at[wg]
+            plgpu.copy_gmem_to_smem(k_ref.at[b, kv_rows(wg), kv_head], k_tile, kv_barrier.at[2 * wg])
+            plgpu.copy_gmem_to_smem(v_ref.at[b, kv_rows(wg), kv_head], v_tile, kv_barrier.at[2 * wg + 1])
+            plgpu.barrier_wait(kv_barrier.at[2 * wg])
+            plgpu.barrier_wait(kv_barrier.at[2 * wg + 1])
+            refs = DkdvRefs(k_tile, v_tile, None if lhs_smem is None else lhs_smem.at[wg],
+                            ds_smem.at[wg] if with_ds else None, ds_ref, b, h, ci * cta.block_kv + wg * t.block_kv)
+            init = (zeros((t.block_kv, t.width), plgpu.Layout.WGMMA),) * 2
+            dk, dv = view.run(lambda i, carry: bodies.dkdv_step(t, view, refs, i, carry), init)
+            if with_ds:
+                plgpu.wait_smem_to_gmem(0)
+            # dk, then dv, through the consumer's one gradient tile (SMEM for a second
+            # f32 tile per consumer is what the GQA case would lack)
+            for grad, out_ref in ((dk * jnp.float32(t.sm_scale), dk_ref), (dv, dv_ref)):
+                grad_tile[...] = grad.astype(grad_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(grad_tile, out_ref.at[b, kv_rows(wg), h])
+                plgpu.wait_smem_to_gmem(0)
+
+    tiles_kv = _smem((c, t.block_kv, t.width), dtype)
+    pl.run_scoped(
+        body, tiles_kv, tiles_kv,
+        _smem((c, t.block_kv, t.block_q), dtype) if t.interpreted else None,
+        _smem((c, t.block_kv, t.width), grad_dtype),
+        _smem((c, t.block_kv, t.block_q), jnp.float32) if with_ds else None,
+        plgpu.Barrier(num_barriers=2 * c), plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), *scratch,
+        collective_axes="wg",
+    )
 
 
 def _dq_kernel(q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies):
@@ -946,7 +1050,8 @@ def backward(
     (batch, seq_q, heads, head_dim), (seq_kv, heads_kv) = q.shape, k.shape[1:3]
     group = heads // heads_kv
     c = config
-    rows, cols = _round_up(seq_q, c.block_q_bwd), _round_up(seq_kv, c.block_kv_bwd)
+    cta_cols = c.block_kv_bwd * c.consumers_bwd  # the dk/dv kernel's keys per CTA
+    rows, cols = _round_up(seq_q, c.block_q_bwd), _round_up(seq_kv, cta_cols)
     logit_bias = _logit_bias(bias, mask, rows, cols)
     t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q_bwd,
               block_kv=c.block_kv_bwd, stages=c.max_concurrent_steps, backend=backend)
@@ -966,10 +1071,12 @@ def backward(
         extra = [logit_bias.transpose(0, 1, 3, 2)]
     if has_bias:
         out_type.append(jax.ShapeDtypeStruct((batch, heads, cols, rows), jnp.float32))
+    threads = {} if c.consumers_bwd == 1 else {"num_threads": c.consumers_bwd + 1, "thread_name": "wg"}
     outs = plgpu.kernel(
-        functools.partial(_dkdv_kernel, t=t, bodies=bodies, with_ds=has_bias), out_type=tuple(out_type),
-        grid=(batch, heads, cols // c.block_kv_bwd), grid_names=grid_names, interpret=interpret,
-        compiler_params=APPROX_MATH,
+        functools.partial(_dkdv_kernel if c.consumers_bwd == 1 else _dkdv_ws_kernel, t=t, bodies=bodies,
+                          with_ds=has_bias),
+        out_type=tuple(out_type), grid=(batch, heads, cols // cta_cols), grid_names=grid_names,
+        interpret=interpret, compiler_params=APPROX_MATH, **threads,
     )(qp, dop, kp, vp, *vectors, *extra)
     dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
     if group > 1:  # f32 partials per q head -> one sum per kv head

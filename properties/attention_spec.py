@@ -333,6 +333,7 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
                      TypeError, r"config must be of type mosaic_gpu_attention.Config on backend mosaic_gpu_interpret"),
             BadInput("Mosaic GPU block", lambda: mosaic_gpu_attention.Config(block_q=32), ValueError, r"config.block_q must be one of"),
             BadInput("Mosaic GPU consumers", lambda: mosaic_gpu_attention.Config(block_q=128, consumers=2), ValueError, r"config.consumers = 2 needs block_q = 64"),
+            BadInput("Mosaic GPU backward consumers", lambda: mosaic_gpu_attention.Config(block_kv_bwd=128, consumers_bwd=2), ValueError, r"config.consumers_bwd = 2 needs block_kv_bwd = 64"),
         ]
 
     return bad
