@@ -113,8 +113,8 @@ def configs(
     bias: bool = True,
 ) -> list[Config] | list[mosaic_gpu_attention.Config]:
     """The autotuning space for the given lengths and head_dim of ``itemsize``-byte inputs
-    (``mosaic_gpu_attention.Config`` on the Mosaic GPU backends, where ``bias=False``
-    adds the configs whose tiles fit shared memory only without a bias or mask)."""
+    (``mosaic_gpu_attention.Config`` on the Mosaic GPU backends); ``bias=False`` adds the
+    GPU configs whose tiles fit shared memory only without a bias or mask."""
     be = get_backend(backend)
     if be.is_mosaic_gpu:
         return mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, be, itemsize, bias)
@@ -129,9 +129,14 @@ def configs(
         tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (32, 64, 128)),
         ((64, 64), (32, 64), (64, 128)), (4, 8), (2, 3),
     ):
-        # pipelined k and v tiles plus the resident q tile (and dO in the backward)
-        fwd_bytes = (stages * 2 * bk + bq) * width * itemsize
-        bwd_bytes = (stages * 2 * bqb + 2 * bkb) * width * itemsize
+        # Fitted to what Triton requested when it refused f32 configs on an H200 (jax
+        # 0.11.2; 245760, 262144, 278528, 393216 bytes): the forward pipelines k and v
+        # (q stays in registers) plus the f32 bias tile per stage, or without a bias
+        # one tile for p; the backward pipelines q and dO, holds k and v, plus the
+        # bias tile per stage. Exact for four of those refusals, above the other two.
+        tile = bq * bk
+        fwd_bytes = stages * 2 * bk * width * itemsize + (stages * tile * 4 if bias else tile * itemsize)
+        bwd_bytes = (stages * 2 * bqb + 2 * bkb) * width * itemsize + (stages * bqb * bkb * 4 if bias else 0)
         if max(fwd_bytes, bwd_bytes) <= tiling.GPU_SHARED_MEMORY_BYTES:
             out.append(Config(bq, bk, bqb, bkb, warps, stages))
     return out

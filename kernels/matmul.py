@@ -65,13 +65,15 @@ class Config:
 
 
 def configs(
-    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4
+    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4,
+    out_itemsize: int | None = None,
 ) -> "list[Config] | list[mosaic_gpu_matmul.Config]":
     """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs
-    (``mosaic_gpu_matmul.Config``s on the Mosaic GPU backends)."""
+    and ``out_itemsize``-byte outputs, default the inputs' (``mosaic_gpu_matmul.Config``s
+    on the Mosaic GPU backends, whose SMEM holds an output tile)."""
     be = get_backend(backend)
     if be.is_mosaic_gpu:
-        return mosaic_gpu_matmul.configs(m, n, k, itemsize, be)
+        return mosaic_gpu_matmul.configs(m, n, k, itemsize, be, out_itemsize)
     if be.is_triton:
         mn, kk, warps, stages = (64, 128), (32, 64), (4, 8), (3, 4)
     else:  # interpreters: keep the space small, every config costs a compile

@@ -152,10 +152,12 @@ def epilogue_n(save_preactivation: bool) -> int:
 
 
 def configs(
-    m: int, n: int, k: int, itemsize: int = 2, backend: "str | Backend | None" = None
+    m: int, n: int, k: int, itemsize: int = 2, backend: "str | Backend | None" = None,
+    out_itemsize: int | None = None,
 ) -> list[Config]:
-    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte
-    inputs; configs whose SMEM (with an f32 pre-activation tile) does not fit are left out."""
+    """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs
+    and ``out_itemsize``-byte outputs (default: the inputs'); configs whose SMEM (with
+    an f32 pre-activation tile) does not fit are left out."""
     be = get_backend(backend)
     if be.is_interpreted:  # every config costs a compile and an interpreted run
         ms, ns, ks, stages = (64,), (64, 128), (32, 64), (2,)
@@ -168,7 +170,8 @@ def configs(
         tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages)
         if tm * tn <= MAX_ACCUMULATOR_ELEMENTS and tn >= tk]
     candidates += [Config(tm, tn, tk, s, consumers=2) for tm, tn, tk, s in specialised if tn >= tk]
-    return [c for c in candidates if smem_bytes(c, itemsize, itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES]
+    out_itemsize = itemsize if out_itemsize is None else out_itemsize
+    return [c for c in candidates if smem_bytes(c, itemsize, out_itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES]
 
 
 def supported_activations() -> tuple[str, ...]:

@@ -167,7 +167,8 @@ def make_spec(
     checks ours over its config space)."""
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
         x, y = case.arrays["x"], case.arrays["y"]
-        return matmul.configs(x.shape[0], y.shape[1], x.shape[1], backend, itemsize=x.dtype.itemsize)
+        return matmul.configs(x.shape[0], y.shape[1], x.shape[1], backend, itemsize=x.dtype.itemsize,
+                              out_itemsize=jnp.dtype(case.params["out_dtype"]).itemsize)
 
     gradients = GradientSpec(
         functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp,

@@ -117,3 +117,21 @@ def test_unaligned_length_1000_within_bound(each_backend: Backend) -> None:
     q, k, v, g = _inputs(1000, b, s, s, h, h, d, dtype)
     out, grads = _grads(q, k, v, g, backend, config=config, causal=True)
     _check_against_oracle(out, grads, oracle.oracle(q, k, v, causal=True), q, k, v, g, backend, config, dtype)
+
+
+# Configs Triton refused on an H200 for shared memory (jax 0.11.2, f32, 3 stages,
+# sequence 256), with the bytes it asked for: (head_dim, bias, block_q, block_k,
+# block_q_bwd, block_k_bwd, bytes). `verify --backend triton --examples 15` drew the
+# first; the rest came from compiling the largest configs of the space.
+TRITON_REFUSED = [
+    (128, True, 64, 64, 32, 64, 245760), (64, True, 128, 128, 64, 64, 393216),
+    (64, True, 64, 128, 64, 64, 278528), (64, True, 64, 32, 64, 128, 262144),
+    (64, True, 64, 64, 64, 128, 262144), (64, False, 128, 128, 64, 64, 262144),
+]
+
+
+@pytest.mark.parametrize("head_dim, bias, bq, bk, bqb, bkb, requested", TRITON_REFUSED)
+def test_triton_space_leaves_out_configs_triton_refused(head_dim, bias, bq, bk, bqb, bkb, requested):
+    space = attention.configs(256, 256, head_dim, "triton", itemsize=4, bias=bias)
+    blocks = {(c.block_q, c.block_k, c.block_q_bwd, c.block_k_bwd, c.num_stages) for c in space}
+    assert space and (bq, bk, bqb, bkb, 3) not in blocks, f"Triton asked {requested} bytes for it"

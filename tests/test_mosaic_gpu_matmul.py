@@ -5,10 +5,11 @@ directions, with a partial band and padding: values and gradients within the bou
 property tests draw these configs too, among the others."""
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallascheck.kernels import mosaic_gpu_matmul
+from pallascheck.kernels import mosaic_gpu_matmul, tiling
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner, strategies
 from pallascheck.properties.spec import Case, get_spec
@@ -45,3 +46,17 @@ def test_band_order_visits_every_tile_once() -> None:
     seen = [tuple(int(v) for v in mosaic_gpu_matmul._band_order(np.int32(pid), m_tiles, n_tiles))
             for pid in range(m_tiles * n_tiles)]
     assert sorted(seen) == [(i, j) for i in range(m_tiles) for j in range(n_tiles)]
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_hardware_config_space_fits_shared_memory_for_the_drawn_output_dtype(out_dtype: str) -> None:
+    """Every config the spec offers the H200 for a bf16 product with this output dtype
+    passes the kernel's own shared-memory check (an f32 output tile is twice a bf16
+    one: `verify --examples 15` on the H200 once drew a 5-stage config whose f32 output
+    did not fit, 237568 bytes against 232448). Nothing runs: the check is on the CPU."""
+    case = Case({"x": np.zeros((1024, 1024), jnp.bfloat16), "y": np.zeros((1024, 1024), jnp.bfloat16)},
+                {"activation": "none", "out_dtype": out_dtype})
+    space = get_spec("matmul").configs(case, Backend("mosaic_gpu"))
+    assert any(c.consumers == 2 for c in space)
+    for config in space:
+        tiling.require_shared_memory(config, mosaic_gpu_matmul.smem_bytes(config, 2, jnp.dtype(out_dtype).itemsize, True))
