@@ -497,6 +497,25 @@ class RowSplitStream:
         return self.smem.at[slot, self.consumer]
 
 
+def specialise(pipe: SharedPipeline, consumers: int, consume: Callable[[Any, SharedPipeline], None]) -> None:
+    """Warpgroup ``consumers`` issues the pipeline's copies (with few registers);
+    each warpgroup below it runs ``consume(wg, view)`` with the registers left, ``view``
+    being the pipeline as that consumer reads it (its rows of a row-split stream)."""
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == consumers)
+    def _produce():
+        plgpu.set_max_registers(tiling.MEMORY_WARPGROUP_REGISTERS, action="decrease")
+        pipe.produce()
+
+    @pl.when(wg < consumers)
+    def _consume():
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+        streams = {name: dataclasses.replace(stream, consumer=wg) if isinstance(stream, RowSplitStream) else stream
+                   for name, stream in pipe.streams.items()}
+        consume(wg, dataclasses.replace(pipe, streams=streams))
+
+
 # ---------------------------------------------------------------------------------
 # Default kernel steps (swappable through Bodies). Each reads its slot, computes, and
 # hands the slot back to the pipeline with ``refill``.
@@ -704,9 +723,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
 
 
 FORWARD_CONSUMERS = 2
-# Registers per thread of the warp-specialised forward's compute warpgroups, set after
-# launch: 2 x 128 x 232 + 128 x 40 (tiling.MEMORY_WARPGROUP_REGISTERS) = 64512 of the
-# SM's 65536 registers.
+# Registers per thread of the warp-specialised kernels' compute warpgroups (forward and
+# dk/dv), set after launch: 2 x 128 x 232 + 128 x 40 (tiling.MEMORY_WARPGROUP_REGISTERS)
+# = 64512 of the SM's 65536 registers.
 CONSUMER_REGISTERS = 232
 
 
@@ -720,7 +739,6 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     bias_ref = rest[0] if t.bias_dims is not None else None
     o_ref, stats_ref = rest[-2:]
     b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
-    wg = lax.axis_index("wg")
     cta = dataclasses.replace(t, block_q=c * t.block_q)
     count = bodies.kv_blocks_seen(cta, ci)
     kv_head = lax.div(h, jnp.int32(t.group))
@@ -741,18 +759,7 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
                                              *bias_scratch, consumers=c)
         pipe = SharedPipeline(streams, t.stages, 0, count, pl.cdiv(t.seq_kv, t.block_kv), consumed, schedule)
 
-        @pl.when(wg == c)
-        def _produce():
-            plgpu.set_max_registers(tiling.MEMORY_WARPGROUP_REGISTERS, action="decrease")
-            pipe.produce()
-
-        @pl.when(wg < c)
-        def _consume():
-            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-            view = pipe
-            if bias_ref is not None:
-                view = dataclasses.replace(pipe, streams={**streams, "bias": dataclasses.replace(
-                    streams["bias"], consumer=wg)})
+        def consume(wg, view):
             q_tile = q_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[b, q_rows(wg), h], q_tile, q_barrier.at[wg])
             plgpu.barrier_wait(q_barrier.at[wg])
@@ -762,6 +769,8 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
             pl.when(wg == 0)(view.turn)
             _forward_epilogue(carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h],
                               stats_ref.at[b, h, :, q_rows(wg)])
+
+        specialise(pipe, c, consume)
 
     pl.run_scoped(
         body, plgpu.SMEM((c, t.block_q, t.width), dtype, transforms=_tiled(dtype)),
@@ -850,7 +859,6 @@ def _dkdv_ws_kernel(
     dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
     ds_ref = rest[-1] if with_ds else None
     b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
-    wg = lax.axis_index("wg")
     cta = dataclasses.replace(t, block_kv=c * t.block_kv)
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
@@ -870,18 +878,7 @@ def _dkdv_ws_kernel(
         blocks = pl.cdiv(t.seq_q, t.block_q)
         pipe = SharedPipeline(streams, t.stages, first, blocks - first, blocks, consumed)
 
-        @pl.when(wg == c)
-        def _produce():
-            plgpu.set_max_registers(tiling.MEMORY_WARPGROUP_REGISTERS, action="decrease")
-            pipe.produce()
-
-        @pl.when(wg < c)
-        def _consume():
-            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-            view = pipe
-            if has_bias:
-                view = dataclasses.replace(pipe, streams={**streams, "bias": dataclasses.replace(
-                    streams["bias"], consumer=wg)})
+        def consume(wg, view):
             k_tile, v_tile, grad_tile = k_smem.at[wg], v_smem.at[wg], grad_smem.at[wg]
             plgpu.copy_gmem_to_smem(k_ref.at[b, kv_rows(wg), kv_head], k_tile, kv_barrier.at[2 * wg])
             plgpu.copy_gmem_to_smem(v_ref.at[b, kv_rows(wg), kv_head], v_tile, kv_barrier.at[2 * wg + 1])
@@ -900,6 +897,8 @@ def _dkdv_ws_kernel(
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(grad_tile, out_ref.at[b, kv_rows(wg), h])
                 plgpu.wait_smem_to_gmem(0)
+
+        specialise(pipe, c, consume)
 
     tiles_kv = _smem((c, t.block_kv, t.width), dtype)
     pl.run_scoped(
