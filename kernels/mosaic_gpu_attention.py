@@ -52,7 +52,7 @@ Backward (``delta = rowsum(dO * out)`` in XLA, f32, from the rounded out):
       dk *= sm_scale at the end; ds^T (f32) is TMA-stored when there is a bias.
       With ``consumers_bwd = 2`` a CTA holds two kv blocks, one per compute
       warpgroup, and a third warpgroup streams the q blocks both read (the
-      warp-specialised forward's pipeline); each warpgroup's sums are the one-
+      pipeline of the warp-specialised forward); each warpgroup's sums are the one-
       warpgroup kernel's bit for bit.
     dq kernel (grid batch x q heads x q blocks of ``block_q_bwd``; kv blocks of
     ``block_kv_bwd`` streamed up to the causal limit):
@@ -203,8 +203,9 @@ def configs(
     interpreter gets two (each costs a compile): the default one-warpgroup config and
     one warp-specialised in both passes with the other blocks (a forward kv block of
     128, or 3 stages; backward q blocks of 128), so both forms of the forward and of
-    the dk/dv kernel are checked, and a backward of 128 keys per CTA; the GPU gets the blocks whose SMEM fits one block's 227 KiB, bias tiles included
-    unless ``bias`` is False (a call without bias or mask)."""
+    the dk/dv kernel are checked, and a backward of 128 keys per CTA; the GPU gets the
+    blocks whose SMEM fits one block's 227 KiB, bias tiles included unless ``bias`` is
+    False (a call without bias or mask)."""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
     if be.is_interpreted:
@@ -420,16 +421,17 @@ class Pipeline:
 
 @dataclasses.dataclass
 class SharedPipeline(Pipeline):
-    """The pipeline of the warp-specialised forward. One warpgroup issues every TMA
-    copy (``produce``); the consumer warpgroups run the steps (``run``), and a step
+    """The pipeline of the warp-specialised kernels (forward, dk/dv). One warpgroup
+    issues every TMA copy (``produce``); the consumer warpgroups run the steps
+    (``run``), and a step
     hands its slot back by arriving on the slot's ``consumed`` barrier (one arrival
     per consumer), which the producer waits on before it refills the slot. The step
     reads its products back (waiting for the tensor core) before it arrives, so the
     barrier need not order tensor-core work (``orders_tensor_core`` emits a Blackwell
     fence that sm_90a refuses).
 
-    The consumers take turns on the tensor core through ``schedule`` (one arrival
-    each): a consumer passes it once after issuing its q.k product and once when its
+    In the forward the consumers take turns on the tensor core through ``schedule``
+    (one arrival each; the dk/dv kernel has none): a consumer passes it once after issuing its q.k product and once when its
     softmax is done, and consumer 1 passes it once before its first step (consumer 0
     once after its last), so one consumer's softmax runs while the other's products
     do."""
@@ -476,7 +478,7 @@ class SharedPipeline(Pipeline):
 @dataclasses.dataclass
 class RowSplitStream:
     """A stream whose slot holds one tile per consumer warpgroup (the bias rows of its
-    queries), each with its own TMA barrier; ``consumer`` is set in a consumer's view.
+    queries, or of its keys in the dk/dv kernel), each with its own TMA barrier; ``consumer`` is set in a consumer's view.
     ``source(block, c)`` is the GMEM window of consumer ``c``."""
 
     source: Callable[[Any, int], Any]
@@ -495,6 +497,12 @@ class RowSplitStream:
 
     def tile(self, slot: Any) -> Any:
         return self.smem.at[slot, self.consumer]
+
+
+def _warpgroups(consumers: int) -> dict[str, Any]:
+    """plgpu.kernel's arguments for a kernel of ``consumers`` compute warpgroups: none
+    for one, one producer warpgroup more (axis "wg") for a warp-specialised kernel."""
+    return {} if consumers == 1 else {"num_threads": consumers + 1, "thread_name": "wg"}
 
 
 def specialise(pipe: SharedPipeline, consumers: int, consume: Callable[[Any, SharedPipeline], None]) -> None:
@@ -722,7 +730,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     )
 
 
-FORWARD_CONSUMERS = 2
+# Compute warpgroups of the warp-specialised kernels (Config.consumers = 2,
+# Config.consumers_bwd = 2); one more warpgroup issues their TMA copies.
+CONSUMERS = 2
 # Registers per thread of the warp-specialised kernels' compute warpgroups (forward and
 # dk/dv), set after launch: 2 x 128 x 232 + 128 x 40 (tiling.MEMORY_WARPGROUP_REGISTERS)
 # = 64512 of the SM's 65536 registers.
@@ -735,7 +745,7 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     bias) TMA copies. Both consumers walk the CTA's kv blocks; a block past one
     consumer's causal limit is fully masked for it and leaves m, l and acc exactly
     as they were (p = 0, alpha = 1)."""
-    c = FORWARD_CONSUMERS
+    c = CONSUMERS
     bias_ref = rest[0] if t.bias_dims is not None else None
     o_ref, stats_ref = rest[-2:]
     b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
@@ -842,9 +852,6 @@ def _dkdv_kernel(
     pl.run_scoped(body, tile_kv, tile_kv, lhs, tile_grad, tile_grad, ds_tile, plgpu.Barrier(num_barriers=2), *scratch)
 
 
-BACKWARD_CONSUMERS = 2
-
-
 def _dkdv_ws_kernel(
     q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
 ):
@@ -853,7 +860,7 @@ def _dkdv_ws_kernel(
     and delta (and bias) TMA copies both consumers read. Both walk the q blocks from the
     first one that sees the CTA's first key; a block before one consumer's first is
     fully masked for it (p = 0, so ds = 0) and adds exactly 0 to its dk and dv."""
-    c = BACKWARD_CONSUMERS
+    c = CONSUMERS
     has_bias = t.bias_dims is not None
     bias_ref = rest[0] if has_bias else None
     dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
@@ -1022,14 +1029,13 @@ def forward(
               stages=c.max_concurrent_steps, backend=backend)
     args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
     args += [logit_bias] if logit_bias is not None else []
-    threads = {} if c.consumers == 1 else {"num_threads": c.consumers + 1, "thread_name": "wg"}
     out, stats = plgpu.kernel(
         functools.partial(_forward_kernel if c.consumers == 1 else _forward_ws_kernel, t=t, bodies=bodies),
         out_type=(
             jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, 2, rows), jnp.float32),
         ),
         grid=(batch, heads, rows // cta_rows), grid_names=("batch", "heads", "blocks"),
-        interpret=backend.interpret_arg(), compiler_params=APPROX_MATH, **threads,
+        interpret=backend.interpret_arg(), compiler_params=APPROX_MATH, **_warpgroups(c.consumers),
     )(*args)
     m, l = stats[:, :, 0, :seq_q], stats[:, :, 1, :seq_q]
     empty = l == 0.0
@@ -1070,12 +1076,11 @@ def backward(
         extra = [logit_bias.transpose(0, 1, 3, 2)]
     if has_bias:
         out_type.append(jax.ShapeDtypeStruct((batch, heads, cols, rows), jnp.float32))
-    threads = {} if c.consumers_bwd == 1 else {"num_threads": c.consumers_bwd + 1, "thread_name": "wg"}
     outs = plgpu.kernel(
         functools.partial(_dkdv_kernel if c.consumers_bwd == 1 else _dkdv_ws_kernel, t=t, bodies=bodies,
                           with_ds=has_bias),
         out_type=tuple(out_type), grid=(batch, heads, cols // cta_cols), grid_names=grid_names,
-        interpret=interpret, compiler_params=APPROX_MATH, **threads,
+        interpret=interpret, compiler_params=APPROX_MATH, **_warpgroups(c.consumers_bwd),
     )(qp, dop, kp, vp, *vectors, *extra)
     dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
     if group > 1:  # f32 partials per q head -> one sum per kv head
