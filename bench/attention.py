@@ -22,7 +22,7 @@ import jax
 from pallascheck.kernels import attention
 from pallascheck.kernels.backends import Backend
 
-from .timing import interleaved_medians, peak_bytes
+from .timing import fastest, interleaved_medians, peak_bytes
 
 
 HEADS = 16
@@ -63,17 +63,6 @@ def _fwd_and_fwd_bwd(fn: Callable[..., Any], q, k, v, do) -> tuple[Callable[[], 
     return (lambda: fwd(q, k, v)), (lambda: fwd_bwd(q, k, v))
 
 
-def _fastest(candidates: list[Any], thunk_of: Callable[[Any], Callable[[], Any]]) -> tuple[float, Any] | None:
-    """(median seconds, config) of the fastest candidate that runs, all timed together
-    in shuffled rounds: timing each config's calls in a row let clock drift pick a
-    config slower than the default on the H200."""
-    medians, _ = interleaved_medians({i: thunk_of(c) for i, c in enumerate(candidates)}, SEARCH_ROUNDS)
-    if not medians:
-        return None
-    best = min(medians, key=medians.get)
-    return medians[best], candidates[best]
-
-
 def _search_spaces(space: list[Any], backend: Backend) -> tuple[list[Any], Callable[[Any], list[Any]]]:
     """The forward search space (the configs with the default backward blocks), and the
     backward one: the configs that share the best forward config's forward fields and
@@ -108,12 +97,12 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
 
     space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize, bias=False)
     fwd_space, bwd_space_around = _search_spaces(space, backend)
-    best_fwd = _fastest(fwd_space, lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[0])
+    best_fwd = fastest(lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[0], fwd_space, SEARCH_ROUNDS)
     if best_fwd is None:
         row["error"] = "no config of the space ran"
         return row
     cfg = best_fwd[1]
-    best_all = _fastest(bwd_space_around(cfg), lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1])
+    best_all = fastest(lambda c: _fwd_and_fwd_bwd(ours(c), q, k, v, do)[1], bwd_space_around(cfg), SEARCH_ROUNDS)
     row["best_config"] = str(cfg)
     if best_all is not None:
         row["best_config_fwd_bwd"] = str(best_all[1])

@@ -20,7 +20,7 @@ from .collectives import bench_collectives
 from .losses import bench as bench_losses
 from .moe import run as bench_moe
 from .top_k import bench_top_k
-from .timing import best_config, interleaved_medians, median_seconds
+from .timing import best_config, fastest, interleaved_medians, median_seconds
 
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192), (2048, 8192, 2048), (8192, 8192, 8192))
 NORM_SHAPES = ((8192, 1024), (8192, 4096), (32768, 2048))
@@ -49,17 +49,22 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         # the search times like the comparison (bursts, shuffled rounds): single calls
         # picked configs 5% slower at 4096^3 on the H200
         space = matmul.configs(m, n, k, backend, itemsize=x.dtype.itemsize)
-        search, search_errors = interleaved_medians(dict(enumerate(map(jitted, space))), MATMUL_ROUNDS // 2,
-                                                    burst=MATMUL_BURST)
-        for i, err in search_errors.items():
-            print(f"    config {space[i]} failed: {err[:120]}")
-        cfg = space[min(search, key=search.get)]
+        best = fastest(jitted, space, MATMUL_ROUNDS // 2, burst=MATMUL_BURST)
+        row = {"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype}
+        if best is None:
+            rows.append({**row, "error": "no config of the space ran"})
+            continue
+        cfg = best[1]
+        row["best_config"] = str(cfg)
         thunks = {"kernel_best": jitted(cfg), "kernel_default": jitted(), "xla": lambda: ref(x, y)}
         if backend.is_mosaic_gpu:
-            thunks["bundled_mgpu"] = _bundled_hopper_matmul(x, y)
+            bundled = _bundled_hopper_matmul(x, y)
+            if bundled is None:
+                row["bundled_mgpu_error"] = "no config of the bundled hopper_matmul_mgpu ran"
+            else:
+                thunks["bundled_mgpu"] = bundled
         t, errors = interleaved_medians(thunks, MATMUL_ROUNDS, burst=MATMUL_BURST)
         flops = 2.0 * m * n * k
-        row = {"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype, "best_config": str(cfg)}
         row.update({f"{name}_ms": seconds * 1e3 for name, seconds in t.items()})
         row.update({f"{name}_tflops": flops / seconds / 1e12 for name, seconds in t.items()})
         row.update({f"{name}_error": err for name, err in errors.items()})
@@ -70,9 +75,10 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
     return rows
 
 
-def _bundled_hopper_matmul(x: jax.Array, y: jax.Array) -> Callable[[], jax.Array]:
+def _bundled_hopper_matmul(x: jax.Array, y: jax.Array) -> Callable[[], jax.Array] | None:
     """JAX's bundled Mosaic GPU matmul (ops/gpu/hopper_matmul_mgpu) with the fastest of
-    a few of its tile configs; a config that does not fit or compile is skipped."""
+    a few of its tile configs (searched as ours is); a config that does not fit or
+    compile is skipped; None when none ran."""
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as bundled
 
     @functools.cache
@@ -82,14 +88,8 @@ def _bundled_hopper_matmul(x: jax.Array, y: jax.Array) -> Callable[[], jax.Array
         fn = jax.jit(lambda a, b: bundled.matmul(a, b, None, config=config))
         return lambda: fn(x, y)
 
-    try:
-        _, tiles = best_config(jitted, [(128, 128, 4), (128, 256, 4), (256, 128, 4)])
-    except ValueError:  # best_config's min() of nothing: no config ran
-
-        def none_ran() -> jax.Array:
-            raise RuntimeError("no config of the bundled hopper_matmul_mgpu ran")
-        return none_ran
-    return jitted(tiles)
+    best = fastest(jitted, [(128, 128, 4), (128, 256, 4), (256, 128, 4)], MATMUL_ROUNDS // 2, burst=MATMUL_BURST)
+    return None if best is None else jitted(best[1])
 
 
 def bench_norms(backend: Backend, dtype: str) -> list[dict]:

@@ -56,6 +56,21 @@ def interleaved_medians(thunks: dict[str, Callable[[], Any]], repeats: int,
     return {name: statistics.median(times) for name, times in zip(runnable, samples)}, errors
 
 
+def fastest(make: Callable[[Any], Callable[[], Any]], candidates: Sequence[Any], repeats: int,
+            burst: int = 1) -> tuple[float, Any] | None:
+    """(median seconds per call, candidate) of the fastest candidate whose thunk
+    ``make(candidate)`` runs, all timed together (``interleaved_medians``): timing each
+    candidate's calls in a row let clock drift pick a slower config on the H200. A
+    candidate that fails is said and skipped; None when none ran."""
+    medians, errors = interleaved_medians({i: make(c) for i, c in enumerate(candidates)}, repeats, burst=burst)
+    for i, err in errors.items():
+        print(f"    config {candidates[i]} failed: {err[:120]}")
+    if not medians:
+        return None
+    best = min(medians, key=medians.get)
+    return medians[best], candidates[best]
+
+
 def median_seconds(fn: Callable[[], Any], repeats: int = 20) -> float:
     return statistics.median(sample_seconds(fn, repeats))
 
