@@ -9,6 +9,8 @@ convention, options, blocks along the reductions) and returns a ``KernelSpec`` w
 our float64 oracle, derived bounds, adversarial strategies, gradients, relations and
 bad inputs. Override one piece with ``dataclasses.replace(spec, oracle=...)``.
 """
+from typing import Any
+
 from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
 from pallascheck.properties.attention_spec import attention_like
 from pallascheck.properties.cross_entropy_spec import Blocks as CrossEntropyBlocks
@@ -19,13 +21,24 @@ from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
 from pallascheck.properties.matmul_spec import matmul_like
 from pallascheck.properties.norms_spec import Blocks as NormBlocks
 from pallascheck.properties.norms_spec import norm_like
-from pallascheck.properties.pytest_plugin import spec_tests
 from pallascheck.properties.ragged_dot_spec import Blocks as GroupedMatmulBlocks
 from pallascheck.properties.ragged_dot_spec import grouped_matmul_like
 from pallascheck.properties.softmax_spec import Blocks as SoftmaxBlocks
 from pallascheck.properties.softmax_spec import softmax_like
 from pallascheck.properties.spec import KernelSpec, register
 from pallascheck.properties.top_k_spec import top_k_like
+
+
+
+def __getattr__(name: str) -> Any:
+    # spec_tests is pytest glue: imported on first use, so that building and checking
+    # specs (verify, fuzz, notebooks) needs no pytest.
+    if name == "spec_tests":
+        from pallascheck.properties.pytest_plugin import spec_tests
+
+        return spec_tests
+    raise AttributeError(f"module 'pallascheck.specs' has no attribute {name!r}")
+
 
 __all__ = [
     "AttentionBlocks", "CrossEntropyBlocks", "ElementwiseCompute", "GroupedMatmulBlocks", "KernelSpec",

@@ -9,11 +9,20 @@ specs into tests, one per spec x dtype x backend of the session:
 
     test_my_kernel = spec_tests(MY_SPEC)
 
-Profiles (select with --hypothesis-profile or $PALLASCHECK_PROFILE):
+The generated tests draw under pallascheck's own Hypothesis settings (``PROFILES``,
+chosen with $PALLASCHECK_PROFILE or --hypothesis-profile, or --examples):
 - ci (default): derandomized, few examples, no database: never flaky, fast on 2 cores;
 - dev: more examples, random seeds;
 - fuzz: many examples, database on (keeps failing examples between runs);
 - hardware: for the GPU backends, where examples are cheap.
+
+A good citizen: installing pallascheck changes nothing in a session that does not ask
+for it. Hypothesis' default settings, XLA's flags, JAX's compilation cache and the
+environment stay the user's; the settings above reach only the tests pallascheck
+generates (``spec_tests``) and the ``examples`` fixture. ``--pallascheck-session``
+opts a whole session in (pallascheck's own suite does, in pyproject.toml): the chosen
+profile becomes Hypothesis' default, the on-disk compilation cache is on, and XLA:CPU
+compiles quickly (``properties/compilation.py``).
 """
 from __future__ import annotations
 
@@ -26,12 +35,26 @@ from pallascheck.kernels.backends import ALIASES, ENV_VAR, NAMES, Backend, NotOn
 from pallascheck.properties import compilation, runner
 from pallascheck.properties.spec import KernelSpec
 
+PROFILE_ENV_VAR = "PALLASCHECK_PROFILE"
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))
-settings.register_profile("ci", max_examples=4, derandomize=True, database=None, print_blob=True, **_COMMON)
-settings.register_profile("dev", max_examples=20, **_COMMON)
-settings.register_profile("fuzz", max_examples=200, **_COMMON)
-settings.register_profile("hardware", max_examples=25, derandomize=True, database=None, print_blob=True, **_COMMON)
-settings.load_profile(os.environ.get("PALLASCHECK_PROFILE", "ci"))
+# Settings objects, not registered profiles: registering would take over a user's own
+# profile of the same name (``--hypothesis-profile ci``) in sessions that never use us.
+PROFILES = {
+    "ci": settings(max_examples=4, derandomize=True, database=None, print_blob=True, **_COMMON),
+    "dev": settings(max_examples=20, **_COMMON),
+    "fuzz": settings(max_examples=200, **_COMMON),
+    "hardware": settings(max_examples=25, derandomize=True, database=None, print_blob=True, **_COMMON),
+}
+
+
+def profile_name(config: pytest.Config) -> str:
+    """The pallascheck profile of a session: --hypothesis-profile where it names one of
+    ours, else $PALLASCHECK_PROFILE, else ci."""
+    chosen = config.getoption("hypothesis_profile", None)
+    name = chosen if chosen in PROFILES else os.environ.get(PROFILE_ENV_VAR, "ci")
+    if name not in PROFILES:
+        raise pytest.UsageError(f"${PROFILE_ENV_VAR} must be one of {sorted(PROFILES)}, got {name!r}")
+    return name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,17 +67,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--examples", type=int, default=None,
         help="Hypothesis examples per kernel x dtype property (each checks "
-        f"{runner.CASES_PER_LAYOUT} cases); default: the active Hypothesis profile's",
+        f"{runner.CASES_PER_LAYOUT} cases); default: the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
+    )
+    group.addoption(
+        "--pallascheck-session", action="store_true", default=False,
+        help="apply pallascheck's settings to the whole session, not only to its own tests: its "
+        "Hypothesis profile as the default, the on-disk compilation cache (.pallascheck/jax-cache) "
+        "and quick XLA:CPU compiles (XLA_FLAGS)",
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' plugin loads --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pallascheck_specs(specs): the kernel specs a spec_tests test checks")
     examples = config.getoption("--examples")
     if examples is not None and examples < 1:
         raise pytest.UsageError(f"--examples must be >= 1, got {examples}")
-    # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
-    compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
+    if config.getoption("--pallascheck-session"):
+        for name, chosen in PROFILES.items():
+            settings.register_profile(name, chosen)
+        settings.load_profile(profile_name(config))
+        # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
+        compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
     # A backend that cannot run here stops the session at once, saying what is missing.
     for chosen in backends_under_test(config):
         try:
@@ -124,7 +158,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 @pytest.fixture(scope="session")
 def examples(request: pytest.FixtureRequest) -> int:
-    """Hypothesis examples per kernel x dtype property: --examples, else the active
-    Hypothesis profile's."""
+    """Hypothesis examples per kernel x dtype property: --examples, else the
+    pallascheck profile's (``profile_name``)."""
     chosen = request.config.getoption("--examples")
-    return settings.default.max_examples if chosen is None else chosen
+    return PROFILES[profile_name(request.config)].max_examples if chosen is None else chosen

@@ -1,5 +1,8 @@
-"""The pytest plugin reaches any project that installs pallascheck: a test module in a
-fresh directory, with no conftest, gets --backend, --examples and ``spec_tests``."""
+"""The pytest plugin reaches any project that installs pallascheck, and changes nothing
+there that the project did not ask for: a test module in a fresh directory, with no
+conftest, gets --backend, --examples and ``spec_tests``, while an unrelated Hypothesis
+test in the same session keeps Hypothesis' defaults, XLA's flags, JAX's compilation
+cache and the environment."""
 from __future__ import annotations
 
 import os
@@ -10,20 +13,55 @@ from pathlib import Path
 
 USER_TEST = textwrap.dedent('''
     from pallascheck.properties.norms_spec import RMS_NORM
-    from pallascheck.properties.pytest_plugin import spec_tests
+    from pallascheck.specs import spec_tests
 
     test_rms_norm = spec_tests(RMS_NORM)
 ''')
 
+# Runs after the generated test in the same process (pytest orders modules by name).
+UNRELATED_TEST = textwrap.dedent('''
+    import os
 
-def test_a_project_without_conftest_gets_the_plugin(tmp_path: Path) -> None:
-    (tmp_path / "test_user.py").write_text(USER_TEST)
-    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    import jax
+    from hypothesis import given, settings, strategies as st
+
+    RUNS = []
+
+
+    @given(st.integers())
+    def test_draws_under_hypothesis_defaults(n):
+        RUNS.append(n)
+
+
+    def test_session_kept_its_settings():
+        assert len(RUNS) == 100, len(RUNS)  # Hypothesis' default max_examples
+        default = settings.default
+        assert (default.max_examples, default.derandomize, default.database is not None) == (100, False, True)
+        assert default.suppress_health_check == (), default.suppress_health_check
+        assert os.environ.get("XLA_FLAGS") == "--xla_cpu_enable_fast_math=false"
+        assert not [k for k in os.environ if k.startswith(("JAX_", "PALLASCHECK_"))], sorted(os.environ)
+        assert jax.config.jax_compilation_cache_dir is None
+        assert not os.path.exists(".pallascheck")
+''')
+
+
+def test_a_project_without_conftest_gets_the_plugin_and_keeps_its_settings(tmp_path: Path) -> None:
+    (tmp_path / "test_a_kernel.py").write_text(USER_TEST)
+    (tmp_path / "test_b_unrelated.py").write_text(UNRELATED_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "PALLASCHECK_"))}
+    env["XLA_FLAGS"] = "--xla_cpu_enable_fast_math=false"  # the user's own flags
     # -v: the run's own output names the test it generated (one child process, not a
     # second one to --collect-only the same ids)
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--backend", "interpret",
-               "--examples", "1", "-k", "float32", str(tmp_path)]
+               "--examples", "1", "-k", "float32 or unrelated", str(tmp_path)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "1 passed" in done.stdout, done.stdout[-3000:]
-    assert "test_user.py::test_rms_norm[rms_norm-float32-interpret] PASSED" in done.stdout, done.stdout[-3000:]
+    assert "3 passed" in done.stdout, done.stdout[-3000:]
+    assert "test_a_kernel.py::test_rms_norm[rms_norm-float32-interpret] PASSED" in done.stdout, done.stdout[-3000:]
+
+
+def test_specs_import_without_pytest() -> None:
+    """Set-up command 1 installs no pytest: building specs must not need it."""
+    script = "import sys; sys.modules['pytest'] = None; import pallascheck.specs; pallascheck.specs.matmul_like"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
