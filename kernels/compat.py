@@ -57,12 +57,13 @@ def reset_tpu_interpreter() -> None:
 
 
 @contextlib.contextmanager
-def float64_enabled() -> Iterator[None]:
-    """Enable float64 in JAX inside the block only (oracle gradients)."""
+def float64_enabled(enabled: bool = True) -> Iterator[None]:
+    """Enable float64 in JAX inside the block only (oracles); ``enabled=False``
+    disables it again inside such a block (kernels run from an oracle scope)."""
     enable = getattr(jax, "enable_x64", None)
     if enable is None:  # pragma: no cover
         from jax.experimental import enable_x64 as enable
-    with enable(True):
+    with enable(enabled):
         yield
 
 

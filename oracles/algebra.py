@@ -10,6 +10,9 @@ so a kernel's bound reads like the kernel's arithmetic:
 
 First-order propagation is made rigorous where it is cheap (exp, rsqrt and division
 use the worst point of the error interval, not the derivative at the centre).
+
+Every operation computes in its operands' namespace: numpy on the host, jax.numpy
+for device arrays (oracles/numeric.py).
 """
 from __future__ import annotations
 
@@ -18,7 +21,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .numeric import namespace
 from .tolerance import Accumulation, Arithmetic, largest_finite, smallest_normal, unit_roundoff
+
+
+def _f64(value: Any) -> Any:
+    """``value`` as float64 in its own namespace (a device array stays on its device)."""
+    return namespace(value).asarray(value, dtype=np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,27 +37,28 @@ class Bounded:
 
     @staticmethod
     def exact(value: Any) -> "Bounded":
-        value = np.asarray(value, dtype=np.float64)
-        return Bounded(value, np.zeros_like(value))
+        value = _f64(value)
+        return Bounded(value, namespace(value).zeros_like(value))
 
     @property
     def magnitude(self) -> np.ndarray:
         """Largest possible |computed value|."""
-        return np.abs(self.value) + self.err
+        return namespace(self.value).abs(self.value) + self.err
 
 
 def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """An input as the hardware reads it: exact, except that with
     denormals-are-zero a subnormal operand may be read as 0 (error |x|)."""
-    value = np.asarray(value, dtype=np.float64)
-    err = subnormal_part(value, dtype) if arith.flush_subnormals else np.zeros_like(value)
+    value = _f64(value)
+    err = subnormal_part(value, dtype) if arith.flush_subnormals else namespace(value).zeros_like(value)
     return Bounded(value, err)
 
 
 def subnormal_part(value: Any, dtype: Any = np.float32) -> np.ndarray:
     """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0."""
-    value = np.abs(np.asarray(value, dtype=np.float64))
-    return np.where(value < smallest_normal(dtype), value, 0.0)
+    xp = namespace(value)
+    value = xp.abs(xp.asarray(value, dtype=np.float64))
+    return xp.where(value < smallest_normal(dtype), value, 0.0)
 
 
 def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
@@ -63,18 +73,18 @@ def _rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarra
     """Error of one rounding of a result of at most ``magnitude``; unbounded where
     the result may overflow to infinity."""
     err = unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
-    return np.where(magnitude <= largest_finite(dtype), err, np.inf)
+    return namespace(magnitude).where(magnitude <= largest_finite(dtype), err, np.inf)
 
 
 def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a * b for error terms, with 0 * inf = 0: an exactly-zero factor contributes
     nothing however unbounded the other is."""
+    xp = namespace(a, b)
+    a, b = xp.asarray(a, dtype=np.float64), xp.asarray(b, dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        product = np.multiply(a, b, dtype=np.result_type(a, b, np.float64))
-    undefined = np.isnan(product)  # 0 * inf, or a NaN factor (kept: a bug to show)
-    if undefined.any():
-        product = np.where(undefined & ((a == 0) | (b == 0)), 0.0, product)
-    return product
+        product = a * b
+    # 0 * inf, or a NaN factor (kept: a bug to show)
+    return xp.where(xp.isnan(product) & ((a == 0) | (b == 0)), 0.0, product)
 
 
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
@@ -103,15 +113,15 @@ def dot(
     of n terms then errs by gamma_k(u_acc) times the sum of the (perturbed)
     magnitudes, and each of n products and n - 1 additions may underflow.
     """
-    magnitude = np.asarray(magnitude, dtype=np.float64)
+    magnitude = _f64(magnitude)
     u_op = arith.operand_unit(operand_dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
     acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
     floor = 2 * n * underflow_floor(acc_dtype, arith)
     err = operand_rel * magnitude + _times(acc, (1.0 + operand_rel) * magnitude) + floor
     if arith.flush_subnormals:
-        err = err + np.asarray(flushed_magnitude, dtype=np.float64)
-    return Bounded(np.asarray(value, dtype=np.float64), err)
+        err = err + _f64(flushed_magnitude)
+    return Bounded(_f64(value), err)
 
 
 def reduce_sum(
@@ -131,43 +141,47 @@ def reduce_sum(
 def add(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     value = a.value + b.value
     err = a.err + b.err
-    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+    return Bounded(value, err + _rounding(namespace(value).abs(value) + err, dtype, arith))
 
 
 def multiply(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
+    xp = namespace(a.value, b.value, a.err, b.err)
     value = a.value * b.value
-    err = _times(np.abs(a.value), b.err) + _times(np.abs(b.value), a.err) + _times(a.err, b.err)
-    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+    err = _times(xp.abs(a.value), b.err) + _times(xp.abs(b.value), a.err) + _times(a.err, b.err)
+    return Bounded(value, err + _rounding(xp.abs(value) + err, dtype, arith))
 
 
 def divide(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unbounded if b^ may be 0."""
+    xp = namespace(a.value, b.value, a.err, b.err)
     with np.errstate(divide="ignore", invalid="ignore"):
         value = a.value / b.value
-        room = np.abs(b.value) - b.err
-        err = np.where(room > 0, (a.err + np.abs(value) * b.err) / room, np.inf)
-    return Bounded(value, err + _rounding(np.abs(value) + err, dtype, arith))
+        room = xp.abs(b.value) - b.err
+        err = xp.where(room > 0, (a.err + xp.abs(value) * b.err) / room, np.inf)
+    return Bounded(value, err + _rounding(xp.abs(value) + err, dtype, arith))
 
 
 def exp(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """exp(x + d) - exp(x) = exp(x) expm1(d): an absolute error d in the argument is
     a relative error expm1(|d|) ~ d in the result; the exp itself adds its ulps."""
-    value = np.exp(x.value)
+    xp = namespace(x.value, x.err)
+    value = xp.exp(x.value)
     with np.errstate(over="ignore", invalid="ignore"):
-        propagated = value * np.expm1(x.err)
+        propagated = value * xp.expm1(x.err)
         # exp(x) underflowed to 0 while expm1(e) overflowed: the gap itself, exp(x + e) - exp(x)
-        propagated = np.where(np.isnan(propagated), np.exp(x.value + x.err) - value, propagated)
+        propagated = xp.where(xp.isnan(propagated), xp.exp(x.value + x.err) - value, propagated)
     err = propagated + arith.transcendental_rel(dtype) * (value + propagated)
     return Bounded(value, err + underflow_floor(dtype, arith))
 
 
 def rsqrt(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """rsqrt is decreasing, so over [x - e, x + e] it errs most at x - e."""
+    xp = namespace(x.value, x.err)
     with np.errstate(divide="ignore", invalid="ignore"):
-        value = 1.0 / np.sqrt(x.value)
+        value = 1.0 / xp.sqrt(x.value)
         low = x.value - x.err
-        worst = np.where(low > 0, 1.0 / np.sqrt(np.where(low > 0, low, 1.0)), np.inf)
+        worst = xp.where(low > 0, 1.0 / xp.sqrt(xp.where(low > 0, low, 1.0)), np.inf)
         propagated = worst - value
     err = propagated + arith.transcendental_rel(dtype) * worst
     return Bounded(value, err)

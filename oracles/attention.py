@@ -49,36 +49,35 @@ Gradient bound (kernel's backward; derivation beside ``gradient_bound``).
 from __future__ import annotations
 
 import dataclasses
-import functools
+import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from . import algebra
+from .numeric import f64, xp
 from .algebra import Bounded
 from .gradients import vjp64
 from .tolerance import SEQUENTIAL, Arithmetic, blocked, gamma, unit_roundoff
 
-F32 = np.float32
+F32 = xp.float32
 
 
 
-# numpy's einsum without ``optimize`` loops in C without BLAS: at s = 4096 one
-# [b, h, s, s] contraction took 2 s; with it, a BLAS matmul (float64 either way)
-_einsum = functools.partial(np.einsum, optimize=True)
-
-def _f64(a: Any) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
+def _einsum(spec: str, *operands: Any) -> Any:
+    # numpy's einsum without ``optimize`` loops in C without BLAS: at s = 4096 one
+    # [b, h, s, s] contraction took 2 s; with it, a BLAS matmul (float64 either way)
+    return xp.einsum(spec, *operands, optimize=True)
 
 
 def visibility(batch: int, heads: int, seq_q: int, seq_kv: int, *, causal: bool, mask: Any) -> np.ndarray:
     """[batch, heads, seq_q, seq_kv] bool: causal (bottom-right) and the mask."""
-    vis = np.ones((batch, heads, seq_q, seq_kv), bool)
+    vis = xp.ones((batch, heads, seq_q, seq_kv), bool)
     if causal:
-        vis &= (np.arange(seq_kv)[None, :] <= np.arange(seq_q)[:, None] + (seq_kv - seq_q))
+        vis &= (xp.arange(seq_kv)[None, :] <= xp.arange(seq_q)[:, None] + (seq_kv - seq_q))
     if mask is not None:
-        vis &= np.broadcast_to(np.asarray(mask, bool).reshape((1,) * (4 - np.ndim(mask)) + np.shape(mask)), vis.shape)
+        vis &= xp.broadcast_to(xp.asarray(mask, bool).reshape((1,) * (4 - xp.ndim(mask)) + xp.shape(mask)), vis.shape)
     return vis
 
 
@@ -100,7 +99,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
         s = s + bias
     s = xp.where(visible, s, 0.0)
     any_visible = visible.any(axis=-1, keepdims=True)
-    m = xp.where(any_visible, xp.max(xp.where(visible, s, -np.inf), axis=-1, keepdims=True), 0.0)
+    m = xp.where(any_visible, xp.max(xp.where(visible, s, -xp.inf), axis=-1, keepdims=True), 0.0)
     if xp is jnp:
         import jax
 
@@ -134,49 +133,49 @@ class AttentionOracle:
 
 
 def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: float | None = None) -> AttentionOracle:
-    q64, k64, v64 = _f64(q), _f64(k), _f64(v)
+    q64, k64, v64 = f64(q), f64(k), f64(v)
     b, sq, h, d = q64.shape
     skv = k64.shape[1]
     group = h // k64.shape[2]
-    scale = 1.0 / np.sqrt(d) if sm_scale is None else float(sm_scale)
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     vis = visibility(b, h, sq, skv, causal=causal, mask=mask)
-    bias64 = np.zeros((b, h, sq, skv))
+    bias64 = xp.zeros((b, h, sq, skv))
     if bias is not None:
-        raw = _f64(bias)
-        bias64 = np.broadcast_to(raw.reshape((1,) * (4 - raw.ndim) + raw.shape), vis.shape).copy()
-        vis &= np.isfinite(bias64) | (bias64 > 0)  # -inf bias masks the key
-        bias64 = np.where(vis, bias64, 0.0)
+        raw = f64(bias)
+        bias64 = xp.broadcast_to(raw.reshape((1,) * (4 - raw.ndim) + raw.shape), vis.shape).copy()
+        vis &= xp.isfinite(bias64) | (bias64 > 0)  # -inf bias masks the key
+        bias64 = xp.where(vis, bias64, 0.0)
     out = reference64(q64, k64, v64, bias64 if bias is not None else None, vis, scale)
-    qh, kh, vh = _bhsd(q64, 1, np), _bhsd(k64, group, np), _bhsd(v64, group, np)
-    qk = np.where(vis, _einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
-    qk_mag = np.where(vis, _einsum("bhqd,bhkd->bhqk", np.abs(qh), np.abs(kh)), 0.0)
+    qh, kh, vh = _bhsd(q64, 1, xp), _bhsd(k64, group, xp), _bhsd(v64, group, xp)
+    qk = xp.where(vis, _einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
+    qk_mag = xp.where(vis, _einsum("bhqd,bhkd->bhqk", xp.abs(qh), xp.abs(kh)), 0.0)
     sub = algebra.subnormal_part
-    flushed = np.where(vis, _einsum("bhqd,bhkd->bhqk", sub(qh, F32), np.abs(kh))
-                       + _einsum("bhqd,bhkd->bhqk", np.abs(qh), sub(kh, F32)), 0.0)
-    s = np.where(vis, scale * qk + bias64, 0.0)
+    flushed = xp.where(vis, _einsum("bhqd,bhkd->bhqk", sub(qh, F32), xp.abs(kh))
+                       + _einsum("bhqd,bhkd->bhqk", xp.abs(qh), sub(kh, F32)), 0.0)
+    s = xp.where(vis, scale * qk + bias64, 0.0)
     any_vis = vis.any(-1, keepdims=True)
-    m = np.where(any_vis, np.max(np.where(vis, s, -np.inf), -1, keepdims=True), 0.0)
-    e = np.where(vis, np.exp(np.where(vis, s - m, 0.0)), 0.0)
+    m = xp.where(any_vis, xp.max(xp.where(vis, s, -xp.inf), -1, keepdims=True), 0.0)
+    e = xp.where(vis, xp.exp(xp.where(vis, s - m, 0.0)), 0.0)
     l_sum = e.sum(-1, keepdims=True)
-    p = e / np.where(l_sum == 0, 1.0, l_sum)
+    p = e / xp.where(l_sum == 0, 1.0, l_sum)
     return AttentionOracle(
         out=out, visible=vis, qk=qk, qk_magnitude=qk_mag, qk_flushed=flushed, bias=bias64, s=s, p=p,
-        row_max=m, row_sum=np.where(l_sum == 0, 1.0, l_sum), q=qh, k=kh, v=vh,
-        o=np.transpose(out, (0, 2, 1, 3)), sm_scale=scale, group=group, has_bias=bias is not None,
-        bias_shape=None if bias is None else tuple(np.shape(bias)),
+        row_max=m, row_sum=xp.where(l_sum == 0, 1.0, l_sum), q=qh, k=kh, v=vh,
+        o=xp.transpose(out, (0, 2, 1, 3)), sm_scale=scale, group=group, has_bias=bias is not None,
+        bias_shape=None if bias is None else tuple(xp.shape(bias)),
     )
 
 
 def _compose(*rels: Any) -> np.ndarray:
     """(1 + a)(1 + b)... - 1 for nonnegative relative error bounds."""
-    total = np.ones_like(np.asarray(rels[0], dtype=np.float64))
+    total = xp.ones_like(xp.asarray(rels[0], dtype=xp.float64))
     for r in rels:
-        total = total * (1.0 + np.asarray(r, dtype=np.float64))
+        total = total * (1.0 + xp.asarray(r, dtype=xp.float64))
     return total - 1.0
 
 
 def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
-    return np.where(ref.visible, x, 0.0)
+    return xp.where(ref.visible, x, 0.0)
 
 
 def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool,
@@ -193,39 +192,39 @@ def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype
         arith = dataclasses.replace(arith, matmul_input_f32="float32")
     qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
                      order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
-    if np.dtype(compute_dtype) != np.float32:
+    if xp.dtype(compute_dtype) != xp.float32:
         qk = algebra.round_to(qk, compute_dtype, arith)
     scale_rep = float(np.asarray(ref.sm_scale, dtype=compute_dtype).astype(np.float64))
-    scale = Bounded(np.full_like(ref.qk, ref.sm_scale), np.full_like(ref.qk, abs(scale_rep - ref.sm_scale)))
+    scale = Bounded(xp.full_like(ref.qk, ref.sm_scale), xp.full_like(ref.qk, abs(scale_rep - ref.sm_scale)))
     s = algebra.multiply(qk, scale, arith=arith, dtype=compute_dtype)
     if ref.has_bias:
         s = algebra.add(s, Bounded.exact(ref.bias), arith=arith, dtype=compute_dtype)
     err = s.err
     if log2e:
-        err = err + 2.0 * unit_roundoff(F32) * (np.abs(ref.s) + np.abs(ref.row_max - ref.s))
+        err = err + 2.0 * unit_roundoff(F32) * (xp.abs(ref.s) + xp.abs(ref.row_max - ref.s))
     return Bounded(ref.s, _masked(ref, err))
 
 
 def _row_max(x: np.ndarray, visible: np.ndarray) -> np.ndarray:
-    return np.max(np.where(visible, x, 0.0), axis=-1, keepdims=True)
+    return xp.max(xp.where(visible, x, 0.0), axis=-1, keepdims=True)
 
 
 def _ratio_error(ref: AttentionOracle, d_num: np.ndarray, d_den: np.ndarray, floor: np.ndarray) -> np.ndarray:
     """[sum_j p_j dN_j |v_j| + floor_j |v_j| + |o| sum_j p_j dD_j] / (1 - sum_j p_j dD_j),
     in [b, h, sq, d]."""
     p = ref.p
-    absv = np.abs(ref.v)
+    absv = xp.abs(ref.v)
     num = _einsum("bhqk,bhkd->bhqd", p * d_num + floor, absv)
-    den = np.sum(p * d_den, axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den < 1.0, (num + np.abs(ref.o) * den) / (1.0 - den), np.inf)
+    den = xp.sum(p * d_den, axis=-1, keepdims=True)
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        return xp.where(den < 1.0, (num + xp.abs(ref.o) * den) / (1.0 - den), xp.inf)
 
 
 def _floor_weights(ref: AttentionOracle, e: np.ndarray, e_max: np.ndarray, floor: float) -> np.ndarray:
     """Step 6: per-key absolute underflow loss in units of the final normalisation."""
-    with np.errstate(over="ignore"):
-        p_up = np.exp(np.minimum(ref.s - ref.row_max + e + e_max, 0.0))
-        return _masked(ref, np.minimum(p_up, floor) * np.exp(e_max) / ref.row_sum)
+    with xp.errstate(over="ignore"):
+        p_up = xp.exp(xp.minimum(ref.s - ref.row_max + e + e_max, 0.0))
+        return _masked(ref, xp.minimum(p_up, floor) * xp.exp(e_max) / ref.row_sum)
 
 
 def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarray:
@@ -235,7 +234,7 @@ def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarra
 
 
 def _to_bshd(x: np.ndarray) -> np.ndarray:
-    return np.transpose(x, (0, 2, 1, 3))
+    return xp.transpose(x, (0, 2, 1, 3))
 
 
 def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int | None,
@@ -243,7 +242,7 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     """|out - oracle| for [b, sq, h, d]: the kernel with ``block_k`` (steps 1-7 of the
     module docstring), or xla_reference in ``dtype`` when ``block_k`` is None;
     ``qk_highest``, ``log2e``: see ``logits``."""
-    dtype = np.dtype(dtype)
+    dtype = xp.dtype(dtype)
     skv = ref.v.shape[2]
     u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
     kernel = block_k is not None
@@ -257,10 +256,10 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     operand_rel = 2.0 * u_op + u_op * u_op
     if kernel:
         arg = e + 2.0 * u32 * gap
-        d_exp = _compose(np.expm1(arg), t)
+        d_exp = _compose(xp.expm1(arg), t)
         rescales = max(-(-skv // block_k) - 1, 0)
         d_res = ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0
-        p_round = u_in if dtype != np.float32 else 0.0
+        p_round = u_in if dtype != xp.float32 else 0.0
         acc_gamma = arith.gamma(arith.dot_order(block_k).depth(skv), arith.mma_unit())
         l_gamma = arith.gamma(blocked(block_k).depth(skv), u32)
         d_num = _compose(d_exp, d_res, p_round, operand_rel, acc_gamma)
@@ -269,7 +268,7 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
                                + algebra.underflow_floor(F32, arith))
     else:
         arg = e + u_in * gap
-        d_exp = _compose(np.expm1(arg), t, u_in)
+        d_exp = _compose(xp.expm1(arg), t, u_in)
         dot_gamma = arith.gamma(SEQUENTIAL.depth(skv), arith.mma_unit())
         d_num = _compose(d_exp, u_in, operand_rel, dot_gamma)
         d_den = _compose(d_exp, arith.gamma(SEQUENTIAL.depth(skv), u32), u_in)
@@ -277,14 +276,14 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     err = _ratio_error(ref, _masked(ref, d_num), _masked(ref, d_den), floor) + _flushed_v(ref, arith, dtype)
     out = Bounded(ref.o, err)
     if kernel:  # acc / l in f32, at the accuracy of an approximate division (see step 7)
-        out = Bounded(ref.o, err + t * (np.abs(ref.o) + err))
+        out = Bounded(ref.o, err + t * (xp.abs(ref.o) + err))
     return _unbounded_not_nan(_to_bshd(algebra.round_to(out, dtype, arith).err))
 
 
 def _unbounded_not_nan(err: np.ndarray) -> np.ndarray:
     """Where an unbounded intermediate met an exact zero (inf * 0), the bound is NaN;
     it means "no bound", so it is reported as inf (never a silent NaN comparison)."""
-    return np.where(np.isnan(err), np.inf, err)
+    return xp.where(xp.isnan(err), xp.inf, err)
 
 
 def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.ndarray]:
@@ -294,7 +293,7 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.n
     if bias is None:
         dq, dk, dv = vjp64(lambda a, b_, c: reference64(a, b_, c, None, vis, scale), (q, k, v), cotangent)
         return {"dq": dq, "dk": dk, "dv": dv}
-    raw = np.where(np.isfinite(_f64(bias)), _f64(bias), 0.0)  # -inf entries are masked: no gradient
+    raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
 
     def fn(a, b_, c, bb):
         full = jnp.broadcast_to(bb.reshape((1,) * (4 - bb.ndim) + bb.shape), vis.shape)
@@ -333,15 +332,15 @@ def gradient_bound(
     - dbias: XLA's f32 sum of the unrounded dS over the dimensions the bias broadcasts
       along (n terms, sequential), rounded once to the bias dtype.
     """
-    dtype = np.dtype(dtype)
+    dtype = xp.dtype(dtype)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
     vis = ref.visible
     sq, skv, d = ref.q.shape[2], ref.k.shape[2], ref.q.shape[3]
-    do = _f64(cotangent).transpose(0, 2, 1, 3)  # [b, h, sq, d]
-    absdo = np.abs(do)
+    do = f64(cotangent).transpose(0, 2, 1, 3)  # [b, h, sq, d]
+    absdo = xp.abs(do)
     u_op = arith.operand_unit(dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
-    rounds = dtype != np.float32
+    rounds = dtype != xp.float32
     floor32 = algebra.underflow_floor(F32, arith)
 
     # lse and P
@@ -350,31 +349,31 @@ def gradient_bound(
     e_max = _row_max(e, vis)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)
     rescales = max(-(-skv // block_k_forward) - 1, 0)
-    d_den = _masked(ref, _compose(np.expm1(2.0 * u32 * gap), t, ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
+    d_den = _masked(ref, _compose(xp.expm1(2.0 * u32 * gap), t, ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
                                   arith.gamma(blocked(block_k_forward).depth(skv), u32)))
-    weighted = np.sum(ref.p * d_den, axis=-1, keepdims=True)
-    lse = ref.row_max + np.log(ref.row_sum)
-    with np.errstate(divide="ignore"):
-        log_l_err = np.where(weighted < 1.0, -np.log1p(-weighted), np.inf)
-    lse_err = e_max + log_l_err + t * (np.log(ref.row_sum) + log_l_err)
-    lse_err = lse_err + u32 * (np.abs(lse) + lse_err) + floor32
+    weighted = xp.sum(ref.p * d_den, axis=-1, keepdims=True)
+    lse = ref.row_max + xp.log(ref.row_sum)
+    with xp.errstate(divide="ignore"):
+        log_l_err = xp.where(weighted < 1.0, -xp.log1p(-weighted), xp.inf)
+    lse_err = e_max + log_l_err + t * (xp.log(ref.row_sum) + log_l_err)
+    lse_err = lse_err + u32 * (xp.abs(lse) + lse_err) + floor32
     # exp2 of the log2(e)-scaled shift: the constant's representation and the product's
     # rounding add 2 u32 |s - lse| more (in natural units) to the subtraction's one
     shift_roundings = 3.0 if log2e else 1.0
-    arg = _masked(ref, e + lse_err + shift_roundings * u32 * np.abs(ref.s - lse))
-    with np.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
-        p_err = _masked(ref, np.where(ref.p == 0, 0.0, ref.p * _compose(np.expm1(arg), t)) + floor32)
+    arg = _masked(ref, e + lse_err + shift_roundings * u32 * xp.abs(ref.s - lse))
+    with xp.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
+        p_err = _masked(ref, xp.where(ref.p == 0, 0.0, ref.p * _compose(xp.expm1(arg), t)) + floor32)
     p_hat = Bounded(ref.p, p_err)
 
     # dP, delta, dS
     vh = ref.v
     dp_exact = _einsum("bhqd,bhkd->bhqk", do, vh)
-    dp = algebra.dot(dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, np.abs(vh)), d, arith=arith,
+    dp = algebra.dot(dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, xp.abs(vh)), d, arith=arith,
                      operand_dtype=dtype, order=SEQUENTIAL)
-    out_err = np.transpose(forward_bound, (0, 2, 1, 3))
-    delta_exact = np.sum(do * ref.o, axis=-1, keepdims=True)
-    delta_err = np.sum(absdo * out_err, -1, keepdims=True) + gamma(d, u32) * np.sum(
-        absdo * (np.abs(ref.o) + out_err), -1, keepdims=True)
+    out_err = xp.transpose(forward_bound, (0, 2, 1, 3))
+    delta_exact = xp.sum(do * ref.o, axis=-1, keepdims=True)
+    delta_err = xp.sum(absdo * out_err, -1, keepdims=True) + gamma(d, u32) * xp.sum(
+        absdo * (xp.abs(ref.o) + out_err), -1, keepdims=True)
     centered = algebra.add(dp, Bounded(-delta_exact, delta_err), arith=arith, dtype=F32)
     ds = algebra.multiply(p_hat, centered, arith=arith, dtype=F32)
     ds = Bounded(_masked(ref, ds.value), _masked(ref, ds.err))
@@ -386,11 +385,11 @@ def gradient_bound(
         """sum over q (over_q) or over kv of weights * other, as the kernel's dot."""
         spec = "bhqk,bhqd->bhkd" if over_q else "bhqk,bhkd->bhqd"
         exact = _einsum(spec, weights.value, other)
-        propagated = _einsum(spec, weights.err, np.abs(other))
-        magnitude = _einsum(spec, weights.magnitude, np.abs(other))
-        chain = arith.gamma(depth, arith.mma_unit()) * np.ones_like(magnitude)
-        with np.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
-            summed = np.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
+        propagated = _einsum(spec, weights.err, xp.abs(other))
+        magnitude = _einsum(spec, weights.magnitude, xp.abs(other))
+        chain = arith.gamma(depth, arith.mma_unit()) * xp.ones_like(magnitude)
+        with xp.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
+            summed = xp.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
         err = propagated + operand_rel * magnitude + summed + 2 * (sq if over_q else skv) * floor32
         return Bounded(exact, err)
 
@@ -400,11 +399,11 @@ def gradient_bound(
         shape = (b, h // g, g) + x.value.shape[2:]
         return Bounded(x.value.reshape(shape).sum(2), x.err.reshape(shape).sum(2))
 
-    scale32 = float(np.float32(ref.sm_scale))
+    scale32 = float(xp.float32(ref.sm_scale))
     kw = dict(arith=arith, dtype=F32)
 
     def scaled(x: Bounded) -> Bounded:
-        sc = Bounded(np.full_like(x.value, ref.sm_scale), np.full_like(x.value, abs(scale32 - ref.sm_scale)))
+        sc = Bounded(xp.full_like(x.value, ref.sm_scale), xp.full_like(x.value, abs(scale32 - ref.sm_scale)))
         return algebra.multiply(x, sc, **kw)
 
     q_depth = arith.dot_order(block_q).depth(sq) + (ref.group - 1)
@@ -422,7 +421,7 @@ def gradient_bound(
     if ref.has_bias:
         shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
         axes = tuple(a for a in range(4) if shape[a] == 1 and ds.value.shape[a] != 1)
-        n = int(np.prod([ds.value.shape[a] for a in axes])) if axes else 1
+        n = math.prod(ds.value.shape[a] for a in axes)
         total = Bounded(ds.value.sum(axes, keepdims=True) if axes else ds.value,
                         (ds.err.sum(axes, keepdims=True) + gamma(max(n - 1, 0), u32) * ds.magnitude.sum(axes, keepdims=True)
                          + max(n - 1, 0) * floor32) if axes else ds.err)

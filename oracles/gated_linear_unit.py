@@ -8,20 +8,19 @@ activation's conditioning, one product and the output rounding.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
 from . import algebra
+from .numeric import f64, xp
 from .activations import activation_model
 from .gradients import vjp64
 from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
-F32 = np.float32
+F32 = xp.float32
 
-
-def _f64(a: Any) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +36,7 @@ class GluOracle:
 
 
 def oracle(x: Any, weights: Any, *, activation: str) -> GluOracle:
-    x64, w = _f64(x), _f64(weights)
+    x64, w = f64(x), f64(weights)
     x2 = x64.reshape(-1, x64.shape[-1])
     sub = algebra.subnormal_part
     gate, up = x2 @ w[:, 0], x2 @ w[:, 1]
@@ -46,10 +45,10 @@ def oracle(x: Any, weights: Any, *, activation: str) -> GluOracle:
         out=out.reshape(x64.shape[:-1] + (w.shape[2],)),
         gate=gate,
         up=up,
-        gate_magnitude=np.abs(x2) @ np.abs(w[:, 0]),
-        up_magnitude=np.abs(x2) @ np.abs(w[:, 1]),
-        gate_flushed=sub(x2) @ np.abs(w[:, 0]) + np.abs(x2) @ sub(w[:, 0]),
-        up_flushed=sub(x2) @ np.abs(w[:, 1]) + np.abs(x2) @ sub(w[:, 1]),
+        gate_magnitude=xp.abs(x2) @ xp.abs(w[:, 0]),
+        up_magnitude=xp.abs(x2) @ xp.abs(w[:, 1]),
+        gate_flushed=sub(x2) @ xp.abs(w[:, 0]) + xp.abs(x2) @ sub(w[:, 0]),
+        up_flushed=sub(x2) @ xp.abs(w[:, 1]) + xp.abs(x2) @ sub(w[:, 1]),
         d=x2.shape[1],
     )
 
@@ -97,8 +96,8 @@ def oracle_vjp(x: Any, weights: Any, cotangent: Any, *, activation: str) -> dict
     """dx and dweights of sum(out * cotangent); also dgate and dup (the cotangents of
     the two projections) that the gradient bound needs."""
     act = activation_model(activation).fn
-    x64, w = _f64(x), _f64(weights)
-    x2, g = x64.reshape(-1, x64.shape[-1]), _f64(cotangent).reshape(-1, w.shape[2])
+    x64, w = f64(x), f64(weights)
+    x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
     dx, dw = vjp64(lambda a, b: act(a @ b[:, 0]) * (a @ b[:, 1]), (x2, w), g)
     dgate, dup = vjp64(lambda zg, zu: act(zg) * zu, (x2 @ w[:, 0], x2 @ w[:, 1]), g)
     return {"dx": dx.reshape(x64.shape), "dweights": dw, "dgate": dgate, "dup": dup}
@@ -131,23 +130,23 @@ def gradient_bound(
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    x64, w = _f64(x), _f64(weights)
-    x2, g = x64.reshape(-1, x64.shape[-1]), _f64(cotangent).reshape(-1, w.shape[2])
+    x64, w = f64(x), f64(weights)
+    x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
     (t_rows, d), f = x2.shape, w.shape[2]
     gate, up = _projections(ref, operand_dtype, arith, block_k)
     exact_g = algebra.Bounded.exact(g)
     c = algebra.multiply(exact_g, up, arith=arith, dtype=F32)
-    if np.isinf(act.curvature):  # act' jumps at 0
-        slope_err = np.where(np.abs(ref.gate) <= gate.err, 1.0, 0.0)
+    if math.isinf(act.curvature):  # act' jumps at 0
+        slope_err = xp.where(xp.abs(ref.gate) <= gate.err, 1.0, 0.0)
     else:
         slope_err = act.curvature * gate.err + act.derivative_error(u32, t)
     dgate = algebra.Bounded(grads["dgate"], c.magnitude * slope_err + act.lipschitz * c.err)
     dgate = algebra.round_to(algebra.round_to(dgate, F32, arith), operand_dtype, arith)
     dup = algebra.round_to(algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32),
                            operand_dtype, arith)
-    dz_value = np.stack([dgate.value, dup.value], axis=1).reshape(t_rows, 2 * f)
-    dz_err = np.stack([dgate.err, dup.err], axis=1).reshape(t_rows, 2 * f)
-    dz_mag = np.abs(dz_value) + dz_err
+    dz_value = xp.stack([dgate.value, dup.value], axis=1).reshape(t_rows, 2 * f)
+    dz_err = xp.stack([dgate.err, dup.err], axis=1).reshape(t_rows, 2 * f)
+    dz_mag = xp.abs(dz_value) + dz_err
     w2 = w.reshape(d, 2 * f)
     sub = algebra.subnormal_part
     order = _order(arith, block_k)
@@ -157,8 +156,8 @@ def gradient_bound(
                           flushed_magnitude=flushed)
         return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
 
-    dx = product(grads["dx"].reshape(t_rows, d), dz_err @ np.abs(w2).T, dz_mag @ np.abs(w2).T,
-                 sub(dz_value) @ np.abs(w2).T + dz_mag @ sub(w2).T, 2 * f)
-    dw = product(grads["dweights"].reshape(d, 2 * f), np.abs(x2).T @ dz_err, np.abs(x2).T @ dz_mag,
-                 sub(x2).T @ dz_mag + np.abs(x2).T @ sub(dz_value), t_rows)
+    dx = product(grads["dx"].reshape(t_rows, d), dz_err @ xp.abs(w2).T, dz_mag @ xp.abs(w2).T,
+                 sub(dz_value) @ xp.abs(w2).T + dz_mag @ sub(w2).T, 2 * f)
+    dw = product(grads["dweights"].reshape(d, 2 * f), xp.abs(x2).T @ dz_err, xp.abs(x2).T @ dz_mag,
+                 sub(x2).T @ dz_mag + xp.abs(x2).T @ sub(dz_value), t_rows)
     return {"dx": dx.reshape(x64.shape), "dweights": dw.reshape(w.shape)}

@@ -1,6 +1,7 @@
 """Oracle gradients: reverse-mode autodiff of a float64 jax.numpy function.
 
-The function is run with float64 enabled, on the CPU, so its VJP is exact up to
+The function is run with float64 enabled, on the device the oracles compute on (the
+CPU, or the kernel's GPU inside ``numeric.on_device``), so its VJP is exact up to
 float64 rounding; inputs are the kernel's own input values upcast exactly. The
 forward and backward pass are compiled as one program: run op by op, every
 primitive of the oracle compiles on its own for each new shape, which cost more
@@ -15,6 +16,8 @@ import numpy as np
 
 from pallascheck.kernels.compat import float64_enabled
 
+from .numeric import active_device
+
 
 def vjp64(
     fn: Callable[..., Any], primals: Sequence[Any], cotangent: Any
@@ -25,8 +28,9 @@ def vjp64(
         _, pullback = jax.vjp(fn, *args)
         return pullback(ct)
 
-    cpu = jax.devices("cpu")[0]
-    with float64_enabled(), jax.default_device(cpu):
-        args = [np.asarray(p, dtype=np.float64) for p in primals]
-        grads = jax.jit(gradients)(args, np.asarray(cotangent, dtype=np.float64))
-        return tuple(np.asarray(g, dtype=np.float64) for g in grads)
+    device = active_device()
+    with float64_enabled(), jax.default_device(device or jax.devices("cpu")[0]):
+        args = [jax.numpy.asarray(p, dtype=np.float64) for p in primals]
+        grads = jax.jit(gradients)(args, jax.numpy.asarray(cotangent, dtype=np.float64))
+        # on the host the bounds compute in numpy; on a device the arrays stay there
+        return tuple(g if device is not None else np.asarray(g, dtype=np.float64) for g in grads)

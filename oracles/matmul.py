@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
 from . import algebra
+from .numeric import f64, xp
 from .activations import activation_model
 from .gradients import vjp64
 from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
-F32 = np.float32
+F32 = xp.float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,18 +25,15 @@ class MatmulOracle:
     k: int
 
 
-def _f64(a: Any) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
-
 
 def oracle(x: Any, y: Any, *, activation: str = "none") -> MatmulOracle:
-    x64, y64 = _f64(x), _f64(y)
+    x64, y64 = f64(x), f64(y)
     z = x64 @ y64
     return MatmulOracle(
         out=activation_model(activation).fn(z),
         preactivation=z,
-        magnitude=np.abs(x64) @ np.abs(y64),
-        flushed_magnitude=algebra.subnormal_part(x64) @ np.abs(y64) + np.abs(x64) @ algebra.subnormal_part(y64),
+        magnitude=xp.abs(x64) @ xp.abs(y64),
+        flushed_magnitude=algebra.subnormal_part(x64) @ xp.abs(y64) + xp.abs(x64) @ algebra.subnormal_part(y64),
         k=x64.shape[1],
     )
 
@@ -80,7 +79,7 @@ def oracle_vjp(x: Any, y: Any, cotangent: Any, *, activation: str = "none") -> d
     """dx, dy of sum(act(x @ y) * cotangent), and dz = cotangent * act'(x @ y)."""
     act = activation_model(activation).fn
     dx, dy = vjp64(lambda a, b: act(a @ b), (x, y), cotangent)
-    (dz,) = vjp64(act, (_f64(x) @ _f64(y),), cotangent)
+    (dz,) = vjp64(act, (f64(x) @ f64(y),), cotangent)
     return {"dx": dx, "dy": dy, "dz": dz}
 
 
@@ -107,23 +106,23 @@ def gradient_bound(
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    g = _f64(cotangent)
+    g = f64(cotangent)
     if activation == "none":
-        dz_err = np.zeros_like(g)
+        dz_err = xp.zeros_like(g)
     else:
         z_err = _preactivation(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k).err
-        if np.isinf(act.curvature):  # derivative jumps at 0
-            slope_err = np.where(np.abs(ref.preactivation) <= z_err, 1.0, 0.0)
+        if math.isinf(act.curvature):  # derivative jumps at 0
+            slope_err = xp.where(xp.abs(ref.preactivation) <= z_err, 1.0, 0.0)
         else:
             slope_err = act.curvature * z_err + act.derivative_error(u32, t)
-        dz_err = np.abs(g) * slope_err
+        dz_err = xp.abs(g) * slope_err
     dz = algebra.round_to(algebra.Bounded(grads["dz"], dz_err), F32, arith)
     dz = algebra.round_to(dz, operand_dtype, arith)
-    x64, y64 = _f64(x), _f64(y)
+    x64, y64 = f64(x), f64(y)
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
 
     def product(a: algebra.Bounded, b: np.ndarray, exact: np.ndarray, n: int, a_on_left: bool):
-        a_abs, a_sub, b_abs, b_sub = a.magnitude, algebra.subnormal_part(a.value), np.abs(b), algebra.subnormal_part(b)
+        a_abs, a_sub, b_abs, b_sub = a.magnitude, algebra.subnormal_part(a.value), xp.abs(b), algebra.subnormal_part(b)
         if a_on_left:
             propagated, magnitude, flushed = a.err @ b_abs, a_abs @ b_abs, a_sub @ b_abs + a_abs @ b_sub
         else:

@@ -9,16 +9,14 @@ kernel's order, rounded once to the input dtype.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import algebra
+from .numeric import f64, xp
 from .tolerance import SEQUENTIAL, Arithmetic
 
-
-def _f64(a: Any) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
 
 
 def group_ranges(group_sizes: Any, m: int) -> list[tuple[int, int]]:
@@ -40,15 +38,22 @@ class RaggedDotOracle:
 
 
 def oracle(lhs: Any, rhs: Any, group_sizes: Any) -> RaggedDotOracle:
-    x, w = _f64(lhs), _f64(rhs)
-    m, n = x.shape[0], w.shape[2]
-    out, magnitude, flushed = np.zeros((m, n)), np.zeros((m, n)), np.zeros((m, n))
-    ranges = group_ranges(group_sizes, m)
-    for i, (s, e) in enumerate(ranges):
-        out[s:e] = x[s:e] @ w[i]
-        magnitude[s:e] = np.abs(x[s:e]) @ np.abs(w[i])
-        flushed[s:e] = algebra.subnormal_part(x[s:e]) @ np.abs(w[i]) + np.abs(x[s:e]) @ algebra.subnormal_part(w[i])
+    x, w = f64(lhs), f64(rhs)
+    ranges = group_ranges(group_sizes, x.shape[0])
+    sub = algebra.subnormal_part
+    out = _by_group(ranges, x.shape[0], lambda i, r: x[r] @ w[i])
+    magnitude = _by_group(ranges, x.shape[0], lambda i, r: xp.abs(x[r]) @ xp.abs(w[i]))
+    flushed = _by_group(ranges, x.shape[0], lambda i, r: sub(x[r]) @ xp.abs(w[i]) + xp.abs(x[r]) @ sub(w[i]))
     return RaggedDotOracle(out, magnitude, flushed, tuple(ranges), x.shape[1])
+
+
+def _by_group(ranges: Sequence[tuple[int, int]], m: int, rows: Callable[[int, slice], Any]) -> Any:
+    """The rows of each group, ``rows(group, row_slice)``, stacked in order; rows past the
+    last group are 0. Built by concatenation, which numpy and JAX arrays both do."""
+    parts = [rows(i, slice(s, e)) for i, (s, e) in enumerate(ranges) if e > s]
+    width = parts[0].shape[1] if parts else rows(0, slice(0, 0)).shape[1]
+    end = ranges[-1][1] if ranges else 0
+    return xp.concatenate(parts + [xp.zeros((m - end, width))], axis=0)
 
 
 def _order(arith: Arithmetic, block_k: int | None):
@@ -73,11 +78,10 @@ def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_
 def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str, np.ndarray]:
     """The op is linear in lhs and in rhs, so its VJP is two grouped products:
     dlhs[rows_i] = g[rows_i] @ rhs[i]^T and drhs[i] = lhs[rows_i]^T @ g[rows_i]."""
-    x, w, g = _f64(lhs), _f64(rhs), _f64(cotangent)
-    dlhs, drhs = np.zeros_like(x), np.zeros_like(w)
-    for i, (s, e) in enumerate(group_ranges(group_sizes, x.shape[0])):
-        dlhs[s:e] = g[s:e] @ w[i].T
-        drhs[i] = x[s:e].T @ g[s:e]
+    x, w, g = f64(lhs), f64(rhs), f64(cotangent)
+    ranges = group_ranges(group_sizes, x.shape[0])
+    dlhs = _by_group(ranges, x.shape[0], lambda i, r: g[r] @ w[i].T)
+    drhs = xp.stack([x[s:e].T @ g[s:e] for s, e in ranges])
     return {"dlhs": dlhs, "drhs": drhs}
 
 
@@ -103,21 +107,22 @@ def gradient_bound(
     zeros from masked rows cost nothing). XLA's order is unknown: sequential over
     n_i. Both round once to the input dtype.
     """
-    x, w, g = _f64(lhs), _f64(rhs), _f64(cotangent)
+    x, w, g = f64(lhs), f64(rhs), f64(cotangent)
     order = _order(arith, block_k)
     block_rows = block_k if block_rows is None else block_rows
     row_order = _order(arith, block_rows)
     sub = algebra.subnormal_part
-    dlhs_mag, dlhs_flush = np.zeros_like(x), np.zeros_like(x)
-    drhs_err = np.zeros_like(w)
-    for i, (s, e) in enumerate(ref.ranges):
-        dlhs_mag[s:e] = np.abs(g[s:e]) @ np.abs(w[i]).T
-        dlhs_flush[s:e] = sub(g[s:e]) @ np.abs(w[i]).T + np.abs(g[s:e]) @ sub(w[i]).T
+    m = x.shape[0]
+    dlhs_mag = _by_group(ref.ranges, m, lambda i, r: xp.abs(g[r]) @ xp.abs(w[i]).T)
+    dlhs_flush = _by_group(ref.ranges, m, lambda i, r: sub(g[r]) @ xp.abs(w[i]).T + xp.abs(g[r]) @ sub(w[i]).T)
+
+    def drhs_err(i: int, s: int, e: int) -> Any:
         terms = (e - s) + (s % block_rows if block_rows else 0)
-        d = algebra.dot(grads["drhs"][i], np.abs(x[s:e]).T @ np.abs(g[s:e]), terms, arith=arith,
+        d = algebra.dot(grads["drhs"][i], xp.abs(x[s:e]).T @ xp.abs(g[s:e]), terms, arith=arith,
                         operand_dtype=operand_dtype, order=row_order,
-                        flushed_magnitude=sub(x[s:e]).T @ np.abs(g[s:e]) + np.abs(x[s:e]).T @ sub(g[s:e]))
-        drhs_err[i] = algebra.round_to(d, operand_dtype, arith).err
+                        flushed_magnitude=sub(x[s:e]).T @ xp.abs(g[s:e]) + xp.abs(x[s:e]).T @ sub(g[s:e]))
+        return algebra.round_to(d, operand_dtype, arith).err
     dlhs = algebra.dot(grads["dlhs"], dlhs_mag, w.shape[2], arith=arith, operand_dtype=operand_dtype,
                        order=order, flushed_magnitude=dlhs_flush)
-    return {"dlhs": algebra.round_to(dlhs, operand_dtype, arith).err, "drhs": drhs_err}
+    return {"dlhs": algebra.round_to(dlhs, operand_dtype, arith).err,
+            "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)])}

@@ -6,6 +6,7 @@ it with Hypothesis and aggregates outcomes per check. Both are used by
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -22,6 +23,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
+from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
 
 from . import checks
@@ -76,9 +78,35 @@ def check_case(
 ) -> Tally:
     """Run the selected checks on one case (on the backend's device: ``Backend.placement``);
     raises CheckFailure on the first failure."""
-    with backend.placement():
+    device = oracle_device(backend)
+    with backend.placement(), (numeric.on_device(device) if device is not None else contextlib.nullcontext()):
         return _check_case(spec, case, config, backend, context=context, selected=selected,
                            tally=tally if tally is not None else Tally())
+
+
+ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"
+
+
+def oracle_device(backend: Backend) -> Any:
+    """Where a check's oracles and bounds compute (oracles/numeric.py): JAX float64 on
+    the kernel's GPU for the GPU backends, numpy on the host for the CPU ones (faster
+    there at the small shapes the CPU checks). $PALLASCHECK_ORACLES=device or host
+    overrides it (``device`` on a CPU backend: JAX float64 on the CPU)."""
+    choice = os.environ.get(ORACLES_ENV_VAR, "")
+    if choice not in ("", "device", "host"):
+        raise ValueError(f"${ORACLES_ENV_VAR} must be 'device' or 'host', got {choice!r}")
+    if choice == "host" or (not choice and backend.platform == "cpu"):
+        return None
+    return jax.devices(backend.platform)[0]
+
+
+def _kernel_side(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run outside the oracles' float64 scope (numeric.kernel_side)."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with numeric.kernel_side():
+            return fn(*args, **kwargs)
+    return run
 
 
 def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, context: checks.Context,
@@ -97,11 +125,12 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     # Computed once, shared by the checks: the kernel's output (values, configs_agree,
     # run 0 of deterministic, the untransformed side of the relations) and the float64
     # gradients, the most expensive oracle ("reference" and "gradients").
-    kernel_out = functools.cache(lambda: _np(spec.kernel(case, config, backend)))
+    kernel = _kernel_side(spec.kernel)
+    kernel_out = functools.cache(lambda: _np(kernel(case, config, backend)))
     exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
-    kernel_gradients = functools.cache(
+    kernel_gradients = functools.cache(_kernel_side(
         lambda: {k: _np(v) for k, v in spec.gradients.kernel_vjp(case, config, backend).items()}
-    )
+    ))
     contract_bound = functools.cache(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
@@ -118,7 +147,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     if "reference" in selected:
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
-            reference_out = _np(spec.reference(case))
+            reference_out = _np(_kernel_side(spec.reference)(case))
             o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
             if spec.contract is not None:
                 contract_used = checks.compare(reference_out, expected, contract_bound()).budget_used
@@ -126,7 +155,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
             if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
                 exact = exact_gradients()
-                got = {k: _np(v) for k, v in g.reference_vjp(case).items()}
+                got = {k: _np(v) for k, v in _kernel_side(g.reference_vjp)(case).items()}
                 o = o.merge(checks.check_gradients(got, exact, g.bound(case, ref, exact, None, arith), context=ref_ctx))
                 o.examples = 1
             return o
@@ -134,7 +163,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     default = spec.default_config_for(backend)
     if "configs_agree" in selected and config != default:
         def agree() -> checks.Outcome:
-            other = _np(spec.kernel(case, default, backend))
+            other = _np(kernel(case, default, backend))
             other_bound = spec.bound(case, ref, default, arith)
             return checks.check_configs_agree({config: (out, bound), default: (other, other_bound)}, context=ctx)
         timed("configs_agree", agree)
@@ -166,16 +195,17 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         timed("contract", contract)
     if "deterministic" in selected:
         def deterministic() -> checks.Outcome:
-            runs = [kernel_out, lambda: spec.kernel(case, config, backend)]
+            runs = [kernel_out, lambda: kernel(case, config, backend)]
             if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
-                runs.append(lambda: spec.kernel(case, config, shuffled))
+                runs.append(lambda: kernel(case, config, shuffled))
             return checks.check_same_bits(runs, context=ctx)
         timed("deterministic", deterministic)
     if "metamorphic" in selected:
         for relation in spec.relations:
             def metamorphic(relation=relation) -> checks.Outcome:
-                lhs, rhs, rel_bound = relation.run(case, config, backend, kernel_out())
+                # a relation runs kernels and oracles both: on the host side, in numpy
+                lhs, rhs, rel_bound = _kernel_side(relation.run)(case, config, backend, kernel_out())
                 return checks.check_relation(_np(lhs), _np(rhs), rel_bound, relation=relation.name, context=ctx)
             timed("metamorphic", metamorphic)
     return tally

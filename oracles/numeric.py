@@ -1,0 +1,106 @@
+"""Where the float64 oracles and bounds compute: numpy on the host, or JAX float64 on
+the kernel's device.
+
+The oracle modules are written once against ``xp``, a namespace that is numpy by
+default and ``jax.numpy`` inside :func:`on_device`. On a GPU the oracle of a
+production-size case (an attention of 4096 keys holds a dozen [b, h, s, s] float64
+intermediates) is a few device seconds instead of minutes of numpy on the host; on
+the CPU numpy is kept because it is faster there for the small shapes the CPU checks
+(no per-operation dispatch).
+
+``on_device`` enables float64 for its block only, never for the user's process;
+kernels called from inside it must run under :func:`kernel_side`, which restores
+32-bit JAX and the numpy namespace, so that a kernel is compiled as its user
+compiles it. Outputs of the oracles are numpy arrays or device arrays; the checks
+read them with ``numpy.asarray``.
+
+The oracle's own error. On the device, float64 is IEEE, but XLA may contract a
+multiply and an add into one fused operation and sum a reduction in another order
+than numpy. Each such difference is an error of at most gamma_n(2^-53) relative to
+the magnitude of the sum, against bounds of at least gamma(2^-24) of the same
+magnitude: some 2^29 times smaller. tests/test_device_oracles.py measures it.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallascheck.kernels.compat import float64_enabled
+
+_DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("pallascheck_oracle_device", default=None)
+
+# numpy names that are types, constants or dtype helpers: the same object in both
+# modes (jax.numpy's float32 is a scalar constructor, not a numpy dtype).
+_SHARED = frozenset({
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "bool_",
+    "dtype", "finfo", "iinfo", "inf", "nan", "pi", "e", "ndarray", "integer", "floating", "generic",
+})
+
+
+class _Namespace:
+    """numpy, or jax.numpy on the device inside ``on_device``."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _SHARED or _DEVICE.get() is None:
+            return getattr(np, name)
+        if name == "errstate":  # JAX computes IEEE specials without warnings
+            return lambda **_: contextlib.nullcontext()
+        return getattr(jnp, name)
+
+
+xp = _Namespace()
+
+
+def active_device() -> Any:
+    """The device the oracles compute on, or None for numpy on the host."""
+    return _DEVICE.get()
+
+
+def is_array(a: Any) -> bool:
+    return isinstance(a, (np.ndarray, jax.Array))
+
+
+def namespace(*arrays: Any) -> Any:
+    """jax.numpy if any of ``arrays`` is a JAX array, else numpy: for helpers that
+    serve both the host and the device oracles (oracles/algebra.py)."""
+    return jnp if any(isinstance(a, jax.Array) for a in arrays) else np
+
+
+def f64(a: Any) -> Any:
+    """``a`` upcast exactly to float64 where the oracles compute."""
+    return xp.asarray(a, dtype=np.float64)
+
+
+def to_host(a: Any) -> np.ndarray:
+    return np.asarray(a)
+
+
+@contextlib.contextmanager
+def on_device(device: Any) -> Iterator[None]:
+    """Oracles and bounds inside the block compute in JAX float64 on ``device``."""
+    token = _DEVICE.set(device)
+    try:
+        with float64_enabled(), jax.default_device(device):
+            yield
+    finally:
+        _DEVICE.reset(token)
+
+
+@contextlib.contextmanager
+def kernel_side() -> Iterator[None]:
+    """Leave ``on_device`` for the block: 32-bit JAX and numpy oracles, for running
+    kernels (and the relations, which run kernels) inside a device-oracle check."""
+    if _DEVICE.get() is None:
+        yield
+        return
+    token = _DEVICE.set(None)
+    try:
+        with float64_enabled(False):
+            yield
+    finally:
+        _DEVICE.reset(token)

@@ -1,0 +1,61 @@
+"""The oracles and bounds computed in JAX float64 on a device (oracles/numeric.py)
+are the host's numpy ones: the same code path, checked here on the CPU device, which
+is what runs on a GPU backend. The oracle's own error (XLA may fuse a multiply-add
+or sum in another order than numpy) must stay far below the smallest bound it is
+compared with: here below 1e-6 of it, elementwise."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import numeric
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties.spec import get_spec
+
+# the families with a Mosaic GPU kernel: their oracles are written against numeric.xp
+DEVICE_SPECS = ("attention", "matmul", "ragged_dot", "gated_linear_unit")
+ORACLE_OWN_ERROR = 1e-6  # of the bound: float64 reorderings are ~2^-53 n, bounds >= 2^-24 n
+
+
+def _evaluate(spec, case, config, arith):
+    ref = spec.oracle(case)
+    out = {"out": spec.expected(ref)}
+    bounds = {"out": spec.bound(case, ref, config, arith)}
+    if spec.gradients is not None:
+        exact = spec.gradients.oracle_vjp(case, ref)
+        grad_bounds = spec.gradients.bound(case, ref, exact, config, arith)
+        out.update({k: exact[k] for k in grad_bounds})
+        bounds.update(grad_bounds)
+    return ({k: np.asarray(v, dtype=np.float64) for k, v in out.items()},
+            {k: np.asarray(np.broadcast_to(v, np.shape(out[k])), dtype=np.float64) for k, v in bounds.items()})
+
+
+@pytest.mark.parametrize("name", DEVICE_SPECS)
+def test_device_oracles_match_the_host(name: str) -> None:
+    spec = get_spec(name)
+    backend = Backend("interpret")
+    arith = arithmetic_for(backend.name)
+    cpu = jax.devices("cpu")[0]
+    seen = []
+
+    @settings(max_examples=3, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(spec.cases("bfloat16" if "bfloat16" in spec.dtypes else spec.dtypes[0], backend))
+    def compare(case):
+        config = spec.default_config_for(backend)
+        host_out, host_bound = _evaluate(spec, case, config, arith)
+        with numeric.on_device(cpu):
+            device_out, device_bound = _evaluate(spec, case, config, arith)
+        assert not jax.config.jax_enable_x64  # float64 was enabled for the block only
+        for key in host_out:
+            finite = np.isfinite(host_out[key])
+            np.testing.assert_array_equal(finite, np.isfinite(device_out[key]), err_msg=key)
+            gap = np.abs(np.where(finite, host_out[key] - device_out[key], 0.0))
+            assert np.all(gap <= ORACLE_OWN_ERROR * host_bound[key]), (key, float(np.max(gap)))
+            np.testing.assert_allclose(device_bound[key], host_bound[key], rtol=1e-9, err_msg=key)
+        seen.append(case)
+
+    compare()
+    assert len(seen) == 3
