@@ -59,7 +59,7 @@ class Limits:
 class Campaign:
     def __init__(
         self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
-        dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool,
+        dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool, shapes: str = "small",
     ):
         self.corpus = Corpus(corpus)
         saved = self.corpus.load_state()
@@ -84,6 +84,7 @@ class Campaign:
         if not self.pairs:
             raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
         self.examples = examples
+        self.shapes = state.get("shapes", shapes)
         self.targeted = targeted
         self.rng = random.Random(first_seed)
         self.bandit = bandit.Bandit(self.pairs, self.rng)
@@ -117,6 +118,7 @@ class Campaign:
             "version": STATE_VERSION, "backend": str(self.backend), "jax": jax.__version__,
             "started": self.started, "seconds": self.elapsed(), "targeted": self.targeted,
             "targets": self.targets, "dtypes": self.dtypes, "paths": self.paths, "examples": self.examples,
+            "shapes": self.shapes,
             "next_seed": self.seed, "cases": self.cases, "arms": arms, "bandit": self.bandit.state(),
             "retired": [list(p) for p in sorted(self.retired)],
             "retired_checks": [[list(p), c] for p, c in sorted(self.retired_checks.items())],
@@ -142,7 +144,8 @@ class Campaign:
             pair, kind, slot = self.rng.choice(pairs), "any", None
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        return Task(pair[0], pair[1], kind, slot, self.seed, runner.examples_for(self.examples), checks, climb)
+        examples = runner.examples_for(self.examples, self.backend, self.shapes)
+        return Task(pair[0], pair[1], kind, slot, self.seed, examples, checks, climb, self.shapes)
 
     def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
         """Book a finished task; returns the failure record if it found one."""
@@ -228,10 +231,12 @@ def run(
     limits: Limits = Limits(),
     stop_on_first: bool = False,
     progress: Callable[[str], None] | None = None,
+    shapes: str = "small",
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
-    ``jobs`` worker processes; ``examples`` cases per task. ``stop_on_first``: stop at
-    the first failure (time-to-first-failure measurements)."""
+    ``jobs`` worker processes; ``examples`` cases per task, drawn from the ``shapes``
+    tier. ``stop_on_first``: stop at the first failure (time-to-first-failure
+    measurements)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if examples < 1:
@@ -239,7 +244,7 @@ def run(
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
     campaign = Campaign(targets_, backend, corpus, examples=examples, targeted=targeted, dtypes=dtypes,
-                        paths=paths, first_seed=first_seed, resume=resume)
+                        paths=paths, first_seed=first_seed, resume=resume, shapes=shapes)
     result = CampaignResult()
     setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
     devices = gpu_devices(backend)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
-from pallascheck.properties.spec import Case, bundled_names, registry
+from pallascheck.properties.spec import Case, bundled_names, registry, selected
 
 from . import report, verify
 
@@ -47,11 +47,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
     backend = _available_backend(args.backend)
     jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
-    options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()))
+    options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()),
+                             args.shapes)
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
         print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
-    rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype), options, jobs)
+    if args.shapes == "production":
+        from pallascheck.properties import production
+
+        if backend.is_interpreted:
+            raise SystemExit(f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
+                             "kernel: hours per case at these sizes); use --backend mosaic_gpu or triton")
+        print(f"no production shape tier: {', '.join(verify.without_production(args.kernel)) or 'none'}")
+        for line in production.describe([n for n in selected(args.kernel) if n in production.FAMILIES
+                                         and n not in missing], backend):
+            print(line)
+    rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype, args.shapes), options, jobs)
     verify.print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
@@ -113,6 +124,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=jobs,
             targeted=not args.random, dtypes=args.dtype, paths=args.path or (), first_seed=args.seed,
             resume=args.resume, limits=campaign.Limits(args.case_timeout, memory), progress=progress,
+            shapes=args.shapes,
         )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
@@ -191,6 +203,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "jobs": args.jobs, "summary": result,
                            "rows": rows}, f, indent=1)
         return 0
+    if args.check_time:
+        from pallascheck.bench import check_time
+
+        backend = _available_backend(args.backend)
+        result = check_time.run(args.check_time, backend, dtype=args.dtype, layout=args.layout, cases=args.cases)
+        print(f"{args.check_time} {args.dtype} on {result['device']} (jax {result['jax']}): first case "
+              f"{result['first_seconds']:.2f} s, then median {result['median_seconds_after_first'] or 0:.2f} s; "
+              f"peak device memory {(result['peak_device_bytes'] or 0) / 2**30:.1f} GiB")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     if args.harness:
         from pallascheck.bench import harness
 
@@ -262,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
     verify.add_argument("--examples", type=int, default=6, help=f"cases checked per kernel, dtype and check (drawn {runner.CASES_PER_LAYOUT} per Hypothesis example, sharing one compiled kernel)")
     verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
+                        help="shape tier: small (fast, reaches every code path) or production (real model sizes, "
+                             "GPU backends; layouts that do not fit the device are skipped, saying so)")
     verify.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     verify.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
     verify.add_argument("--json", help="also write the table as JSON to this path")
@@ -284,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "worker seeing its own device)")
     fuzz.add_argument("--examples", type=int, default=16, help="cases per task (as verify's --examples counts them)")
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
+    fuzz.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
+                      help="shape tier: small, or production (real model sizes; GPU backends)")
     fuzz.add_argument("--kernel", action="append",
                       help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec "
                            "(or a VARIANTS entry) of an importable module (see --path)")
@@ -310,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
+    bench.add_argument("--check-time", metavar="KERNEL",
+                       help="time checking production cases of KERNEL (every check, as verify runs them; GPU)")
+    bench.add_argument("--layout", help="with --check-time: the production layout whose name contains this")
+    bench.add_argument("--dtype", default="bfloat16", help="with --check-time: the dtype")
+    bench.add_argument("--cases", type=int, default=4, help="with --check-time: cases of the one layout")
     bench.add_argument("--no-pytest", action="store_true", help="with --harness: time verify only")
     bench.add_argument("--tolerance-rules", action="store_true",
                        help="kills, misses and false alarms of the contract, the implementation bound and torch's and "

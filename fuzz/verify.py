@@ -63,6 +63,7 @@ class Options:
     seed: int
     failures: str | None
     dtypes: tuple[str, ...]
+    shapes: str = "small"  # the shape tier (runner.SHAPE_TIERS)
 
 
 def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
@@ -71,19 +72,30 @@ def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
     return [n for n, s in selected(kernels).items() if not s.runs_on(chosen)]
 
 
-def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None) -> list[Unit]:
-    """The units for the selected kernels and dtypes that run on ``backend``, longest first."""
+def without_production(kernels: Sequence[str] | None) -> list[str]:
+    """The selected kernels with no production shape tier."""
+    return [n for n, s in selected(kernels).items() if s.production is None]
+
+
+def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None,
+         shapes: str = "small") -> list[Unit]:
+    """The units for the selected kernels and dtypes that run on ``backend``, longest
+    first. The production tier has no bad-input or distributed units: those do not
+    depend on sizes, and the small tier runs them."""
     from pallascheck.properties.collectives_checks import PROPERTIES
 
     specs = selected(kernels)
     missing = set(not_on(backend, kernels))
+    if shapes == "production":
+        missing |= set(without_production(kernels))
     units: list[Unit] = []
     for name in [n for n in (kernels or specs) if n in specs and n not in missing]:
-        units.append(Unit("errors", name))
+        if shapes == "small":
+            units.append(Unit("errors", name))
         units += [Unit("property", name, d) for d in specs[name].dtypes_for(get_backend(backend))
                   if not dtypes or d in dtypes]
     # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there.
-    distributed = [n for n in PROPERTIES if not kernels or n in kernels]
+    distributed = [n for n in PROPERTIES if (not kernels or n in kernels) and shapes == "small"]
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
     previous = _load_durations()
@@ -113,10 +125,11 @@ def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
 def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[str]]:
     backend = get_backend(options.backend)
     replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
-              f"--examples {options.examples} --seed {options.seed}")
+              f"--examples {options.examples} --seed {options.seed}"
+              + (f" --shapes {options.shapes}" if options.shapes != "small" else ""))
     tally = runner.run_property(
-        get_spec(name), dtype, backend, examples=runner.examples_for(options.examples), seed=options.seed,
-        failure_dir=options.failures, replay_hint=replay,
+        get_spec(name), dtype, backend, examples=runner.examples_for(options.examples, backend, options.shapes),
+        seed=options.seed, failure_dir=options.failures, replay_hint=replay, shapes=options.shapes,
     )
     rows = []
     for check in runner.REPORTED:

@@ -40,6 +40,7 @@ class Task:
     examples: int
     checks: tuple[str, ...]
     targeted: bool
+    shapes: str = "small"  # the shape tier (runner.SHAPE_TIERS)
 
 
 @dataclasses.dataclass
@@ -206,7 +207,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
             strategies.pinned_element_kind(None if task.kind == "any" else task.kind):
         tally = runner.run_property(
             spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
-            shrink=True, failure_dir=failure_dir, search=search,
+            shrink=True, failure_dir=failure_dir, search=search, shapes=task.shapes,
         )
     # Shrinking saves each failing attempt; the last one written is the minimal case.
     saved = sorted((os.path.join(failure_dir, n) for n in os.listdir(failure_dir)), key=os.path.getmtime) \

@@ -23,7 +23,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import builders, relations, strategies
+from . import attention_slices, builders, production, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation, config_fields
 
 HEADS = ((1, 1, 1), (2, 2, 1), (1, 4, 2), (2, 2, 2))  # (batch, heads_q, heads_kv): MHA, MQA, GQA
@@ -360,18 +360,21 @@ def make_spec(
         return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize)
 
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
+    sliced_oracle, expected, per_slice = attention_slices.sliced(_oracle, lambda ref: ref.out)
     return KernelSpec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
+        production=production.production_cases("attention", cases, domain),
         kernel=run,
         reference=lambda case: attention.xla_reference(*_qkv(case), **_inputs(case)),
-        oracle=_oracle,
-        expected=lambda ref: ref.out,
-        bound=_bound,
-        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
-                               contract=_gradient_contract) if differentiable else None,
-        contract=_contract,
+        oracle=sliced_oracle,
+        expected=expected,
+        bound=per_slice(_bound),
+        gradients=GradientSpec(functools.partial(_kernel_vjp, kernel), per_slice(_oracle_vjp),
+                               per_slice(_gradient_bound), contract=per_slice(_gradient_contract))
+        if differentiable else None,
+        contract=per_slice(_contract),
         relations=(permutations(run, run_bound),) + (shift if domain.bias else ()),
         adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),

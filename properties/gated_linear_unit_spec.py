@@ -1,6 +1,8 @@
 """KernelSpec for kernels/gated_linear_unit.py (SwiGLU, GeGLU, bilinear, ...)."""
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from typing import Any, Callable
 
@@ -16,7 +18,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import strategies
+from . import production, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
@@ -34,12 +36,24 @@ def _reduction(kind: str, d: int, dtype: str) -> float:
     return d * float(np.sqrt(float(ml_dtypes.finfo(strategies.np_dtype(dtype)).max)))
 
 
-def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The inputs cases are drawn from: token shapes, model and hidden widths."""
+
+    leading: tuple[tuple[int, ...], ...] = LEADING_SHAPES
+    d: tuple[int, ...] = D_DIMS
+    f: tuple[int, ...] = F_DIMS
+
+
+DOMAIN = Domain()
+
+
+def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        lead = draw_(strategies.layout("gated_linear_unit.leading", st.sampled_from(LEADING_SHAPES)))
+        lead = draw_(strategies.layout("gated_linear_unit.leading", st.sampled_from(domain.leading)))
         d, f = (draw_(strategies.layout(f"gated_linear_unit.{a}", strategies.dims(bucket)))
-                for a, bucket in (("d", D_DIMS), ("f", F_DIMS)))
+                for a, bucket in (("d", domain.d), ("f", domain.f)))
         activation = draw_(strategies.layout("gated_linear_unit.activation", st.sampled_from(matmul.supported_activations(backend))))
         # gelu_tanh promises accuracy only for |x @ W| <= matmul.GELU_TANH_RANGE.
         kinds = ("normal", "large", "subnormal", "few_distinct", "positive")
@@ -129,6 +143,7 @@ def make_spec(
         name=name,
         dtypes=DTYPES,
         cases=cases,
+        production=production.production_cases("gated_linear_unit", cases, DOMAIN),
         kernel=functools.partial(_run, kernel),
         reference=lambda case: glu.xla_reference(jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]),
                                                  activation=case.params["activation"]),

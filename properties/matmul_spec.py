@@ -15,7 +15,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import builders, relations, strategies
+from . import builders, production, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (1, 17, 64)
@@ -178,6 +178,7 @@ def make_spec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
+        production=production.production_cases("matmul", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=_reference,
         oracle=_oracle,

@@ -67,7 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--examples", type=int, default=None,
         help="Hypothesis examples per kernel x dtype property (each checks "
-        f"{runner.CASES_PER_LAYOUT} cases); default: the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
+        f"{runner.CASES_PER_LAYOUT} cases in the interpreters, more on hardware: runner.layout_cases); default: "
+        "the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
+    )
+    group.addoption(
+        "--shapes", choices=runner.SHAPE_TIERS, default="small",
+        help="shape tier of the generated tests: small, or production (real model sizes; GPU backends)",
     )
     group.addoption(
         "--pallascheck-session", action="store_true", default=False,
@@ -126,13 +131,18 @@ def spec_tests(*specs: KernelSpec):
     @pytest.mark.pallascheck_specs(specs)
     def test(pallascheck_spec_case: tuple[KernelSpec, str, Backend], examples: int, request: pytest.FixtureRequest):
         spec, dtype, backend = pallascheck_spec_case
-        replay = f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
-        tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay)
+        shapes = request.config.getoption("--shapes")
+        if shapes == "production" and spec.production is None:
+            pytest.skip(f"{spec.name} has no production shape tier")
+        replay = (f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
+                  f" --shapes {shapes}")
+        tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
+                                    shapes=shapes)
         assert not tally.failure, tally.failure
-        # every check ran on every case (a relation once per case; configs_agree only
-        # where the drawn config is not the default)
-        cases = examples * runner.CASES_PER_LAYOUT
-        per_case = {"metamorphic": len(spec.relations)}
+        # every check ran on every case (a relation once per case, none at the production
+        # tier; configs_agree only where the drawn config is not the default)
+        cases = examples * runner.layout_cases(backend, shapes)
+        per_case = {"metamorphic": len(spec.relations) if shapes == "small" else 0}
         short = {k: o.examples for k, o in tally.outcomes.items()
                  if k != "configs_agree" and o.examples != cases * per_case.get(k, 1)}
         assert not short, f"checks that did not run on every case: {short}"

@@ -15,7 +15,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import builders, strategies
+from . import builders, production, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
@@ -197,6 +197,7 @@ def make_spec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
+        production=production.production_cases("ragged_dot", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
         oracle=_oracle,

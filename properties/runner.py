@@ -264,16 +264,40 @@ def _report_targets(budgets: dict[str, float]) -> None:
 
 
 CASES_PER_LAYOUT = 2
-"""Cases checked per Hypothesis example. They share a layout (shapes, static
-parameters, config: see ``strategies.layout``) and so one compiled kernel, and differ
-in their values. Compilation is most of a check's cost in interpret mode; a second
-case of the same layout costs a run, not a compile."""
+"""Cases checked per Hypothesis example in the interpreters. They share a layout
+(shapes, static parameters, config: see ``strategies.layout``) and so one compiled
+kernel, and differ in their values. Compilation is most of a check's cost in
+interpret mode; a second case of the same layout costs a run, not a compile."""
+
+SHAPE_TIERS = ("small", "production")
+# On hardware a compile costs seconds and a small case milliseconds: one compiled
+# layout checks many value draws. A production case costs its oracle (about a second).
+HARDWARE_CASES_PER_LAYOUT = {"small": 16, "production": 4}
 
 
-def examples_for(cases: int) -> int:
+def layout_cases(backend: Backend, shapes: str = "small") -> int:
+    """Cases per Hypothesis example (per compiled layout) on ``backend``."""
+    return CASES_PER_LAYOUT if backend.is_interpreted else HARDWARE_CASES_PER_LAYOUT[shapes]
+
+
+def examples_for(cases: int, backend: Backend | None = None, shapes: str = "small") -> int:
     """Hypothesis examples that check at least ``cases`` cases: what ``verify`` and
     ``fuzz`` take ``--examples`` to mean."""
-    return math.ceil(cases / CASES_PER_LAYOUT)
+    per_layout = CASES_PER_LAYOUT if backend is None else layout_cases(backend, shapes)
+    return math.ceil(cases / per_layout)
+
+
+def tier_cases(spec: KernelSpec, shapes: str) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
+    """The spec's case strategy for a shape tier; a ValueError saying so where the
+    spec has no production tier."""
+    if shapes not in SHAPE_TIERS:
+        raise ValueError(f"shapes must be one of {SHAPE_TIERS}, got {shapes!r}")
+    if shapes == "small":
+        return spec.cases
+    if spec.production is None:
+        raise ValueError(f"{spec.name} has no production shape tier (properties/production.py lists the "
+                         f"families that have one)")
+    return spec.production
 
 
 def _fingerprint(case: Case) -> tuple[str, ...]:
@@ -291,8 +315,9 @@ def run_property(
     shrink: bool = False,
     failure_dir: str | None = None,
     replay_hint: str = "",
-    cases_per_layout: int = CASES_PER_LAYOUT,
+    cases_per_layout: int | None = None,
     search: Search = Search(),
+    shapes: str = "small",
 ) -> Tally:
     """Draw ``examples`` Hypothesis examples, each a config and ``cases_per_layout``
     distinct cases of one layout, and run the checks on every case.
@@ -301,12 +326,19 @@ def run_property(
     space; a spec whose cases do not share their layout still gets a valid config for
     each case. On failure the tally records the message; with ``failure_dir`` the
     failing case is saved as .npz for ``pallascheck replay``. ``search`` steers the
-    draws for a fuzz campaign.
+    draws for a fuzz campaign. ``shapes``: the shape tier (``SHAPE_TIERS``);
+    ``cases_per_layout``: default ``layout_cases(backend, shapes)``. The production
+    tier leaves out the metamorphic relations: they run kernels and oracles on
+    transformed copies of the case on the host, minutes at these sizes; the small
+    tier checks them.
     """
+    if shapes == "production":
+        selected = [c for c in selected if c != "metamorphic"]
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
+    per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
     drawn = st.lists(
-        spec.cases(dtype, backend), min_size=cases_per_layout, max_size=cases_per_layout, unique_by=_fingerprint
+        tier_cases(spec, shapes)(dtype, backend), min_size=per_layout, max_size=per_layout, unique_by=_fingerprint
     ).flatmap(
         lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )

@@ -113,6 +113,9 @@ class KernelSpec:
     # Config type): dtypes and default config per backend name
     dtypes_on: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     default_config_on: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # (dtype, backend) -> the production shape tier's cases (properties/production.py):
+    # layouts of real models; None: the spec has no production tier
+    production: Callable[[str, Backend], st.SearchStrategy[Case]] | None = None
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec

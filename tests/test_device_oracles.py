@@ -59,3 +59,37 @@ def test_device_oracles_match_the_host(name: str) -> None:
 
     compare()
     assert len(seen) == 3
+
+
+# no bias: sliced by batch and kv head; a per-key bias: by batch only; a bias shared by
+# the batch: by kv head only
+@pytest.mark.parametrize("bias_shape", [None, (2, 1, 1, 40), (1, 4, 33, 40)])
+def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large attention case is computed on the device one (batch, kv head) slice at a
+    time (properties/attention_slices.py): the same values and bounds as the whole."""
+    import ml_dtypes
+
+    from pallascheck.properties import attention_slices
+    from pallascheck.properties.spec import Case
+
+    spec, arith = get_spec("attention"), arithmetic_for("interpret")
+    rng = np.random.default_rng(0)
+    bf16 = ml_dtypes.bfloat16
+    arrays = {"q": rng.standard_normal((2, 33, 4, 16)), "k": rng.standard_normal((2, 40, 2, 16)),
+              "v": rng.standard_normal((2, 40, 2, 16)), "cotangent": rng.standard_normal((2, 33, 4, 16))}
+    arrays = {k: v.astype(bf16) for k, v in arrays.items()} | {"mask": rng.random((2, 4, 33, 40)) < 0.7}
+    if bias_shape:
+        arrays["bias"] = rng.standard_normal(bias_shape).astype(bf16)
+    case = Case(arrays, {"causal": True, "sm_scale": None})
+    results, kinds = [], []
+    for threshold in (2**62, 1):  # never sliced, always sliced
+        monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
+        with numeric.on_device(jax.devices("cpu")[0]):
+            kinds.append(type(spec.oracle(case)).__name__)
+            results.append(_evaluate(spec, case, spec.default_config, arith))
+    assert kinds == ["AttentionOracle", "Sliced"]
+    (whole_out, whole_bound), (sliced_out, sliced_bound) = results
+    for key in whole_out:
+        np.testing.assert_allclose(sliced_bound[key], whole_bound[key], rtol=1e-9, err_msg=key)
+        gap = np.abs(np.where(np.isfinite(whole_out[key]), whole_out[key] - sliced_out[key], 0.0))
+        assert np.all(gap <= ORACLE_OWN_ERROR * whole_bound[key]), (key, float(np.max(gap)))

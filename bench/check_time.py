@@ -1,0 +1,55 @@
+"""``pallascheck bench --check-time KERNEL``: how long checking one case takes.
+
+Draws ``cases`` cases of one production layout (``--layout``, a part of its name;
+properties/production.py) and runs every check on each, as ``verify`` does: the
+first case pays the compilations (kernel, VJP, reference, oracle programs), the rest
+show the steady rate. Prints per case the wall time and where it went (per check:
+the "values" check includes the kernel's run, the oracle and the bound), and the peak
+device memory where the device reports it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import jax
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties import checks, runner
+from pallascheck.properties.spec import get_spec
+
+
+def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases: int, seed: int = 0) -> dict[str, Any]:
+    spec = get_spec(kernel)
+    if spec.production is None:
+        raise ValueError(f"{kernel} has no production shape tier")
+    strategy = spec.production(dtype, backend, layout=layout)
+    rows: list[dict[str, Any]] = []
+
+    @settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate], derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def one(data: st.DataObject) -> None:
+        case = data.draw(strategy)
+        config = spec.default_config_for(backend)
+        context = checks.Context(kernel=kernel, dtype=dtype, backend=str(backend))
+        start = time.perf_counter()
+        tally = runner.check_case(spec, case, config, backend, context=context)
+        seconds = time.perf_counter() - start
+        row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
+               "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
+               "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
+        rows.append(row)
+        print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
+              + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
+
+    one()
+    stats = jax.devices(backend.platform)[0].memory_stats() or {}
+    later = [r["seconds"] for r in rows[1:]]
+    return {"kernel": kernel, "dtype": dtype, "backend": str(backend), "device": jax.devices(backend.platform)[0].device_kind,
+            "jax": jax.__version__, "first_seconds": rows[0]["seconds"] if rows else None,
+            "median_seconds_after_first": statistics.median(later) if later else None,
+            "peak_device_bytes": stats.get("peak_bytes_in_use"), "rows": rows}

@@ -1,0 +1,181 @@
+"""The production shape tier: the sizes models run at, per kernel family.
+
+The small tier (each spec's ``cases``) is fast and reaches every code path of a
+kernel, but some bugs only show at scale: a pipeline slot reused after thousands of
+steps, a group of 1024 rows, a reduction of 16384 terms. ``--shapes production``
+draws the named layouts below instead, each taken from a real model (the values
+drawn in them, adversarial kinds included, are the family's own, as in the small
+tier). A layout whose float64 oracle would not fit the device is skipped by rule and
+said so (``plan``): its footprint is ``ORACLE_ARRAYS`` float64 arrays the size of
+the oracle's largest intermediate (the number each family's oracle and bounds hold
+at once, read off the peak device memory of a production check on an H100: see
+docs/results.md), against what JAX may allocate on the device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+from hypothesis import strategies as st
+
+from pallascheck.kernels.backends import Backend
+
+from . import strategies
+from .spec import Case
+
+F64 = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One production layout: its name (model and shape), the fields of the family's
+    Domain it sets (the spec's own domain keeps the rest: a narrowed domain of a
+    user's kernel stays narrowed), and the elements of the oracle's largest float64
+    intermediate."""
+
+    name: str
+    fields: dict[str, Any]
+    largest: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A family's production layouts and how many of its largest intermediate its
+    oracle and bounds hold at once (``ORACLE_ARRAYS``)."""
+
+    layouts: tuple[Layout, ...]
+    oracle_arrays: int
+
+
+def _attention() -> Family:
+    def layout(name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...]) -> Layout:
+        domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal,
+                      sm_scales=(None,))
+        # sliced per (batch, kv head) on the device (attention_slices.py): [group, s, s]
+        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, (h // hkv) * s * s)
+
+    both = (False, True)
+    return Family((
+        layout("llama-3 8B", 1, 4096, 32, 8, 128, (True,)),
+        layout("llama-3 8B 8k", 1, 8192, 32, 8, 128, (True,)),
+        layout("llama-3 70B", 1, 4096, 64, 8, 128, (True,)),
+        layout("gemma-2 9B", 1, 8192, 16, 8, 256, (True,)),
+        layout("mistral 7B 32k", 1, 32768, 32, 8, 128, (True,)),
+        layout("MHA b2 4k", 2, 4096, 16, 16, 128, both),
+        layout("BERT-large 2k", 4, 2048, 16, 16, 64, (False,)),
+        layout("unaligned 4000", 2, 4000, 16, 16, 64, both),
+        layout("MQA 16k", 1, 16384, 16, 1, 128, (True,)),
+    ), oracle_arrays=16)
+
+
+def _matmul() -> Family:
+    def layout(name: str, m: int, k: int, n: int) -> Layout:
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), max(m * n, m * k, k * n))
+
+    return Family((
+        layout("square 8192", 8192, 8192, 8192),
+        layout("llama-3 8B MLP up, 8k tokens", 8192, 4096, 14336),
+        layout("llama-2 7B MLP up, unaligned tokens", 4000, 4096, 11008),
+        layout("llama-3 70B MLP down, decode", 1, 28672, 8192),
+        layout("llama-3 8B MLP up, decode batch 16", 16, 4096, 14336),
+        layout("llama-3 8B MLP up, decode batch 64", 64, 4096, 14336),
+    ), oracle_arrays=12)
+
+
+def _ragged_dot() -> Family:
+    def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
+        return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
+                      max(m * n, m * k, groups * k * n))
+
+    return Family((
+        layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
+        layout("1024 rows per group", 8192, 2048, 1024, 8),
+        layout("Qwen1.5-MoE 60 experts", 32768, 2048, 1408, 64),
+        layout("DeepSeek-V3 256 experts", 16384, 7168, 256, 256),
+        layout("64k tokens, 32 experts", 65536, 1024, 1024, 32),
+    ), oracle_arrays=12)
+
+
+def _gated_linear_unit() -> Family:
+    def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
+        t = 1
+        for n in tokens:
+            t *= n
+        return Layout(f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,)),
+                      max(t * 2 * f, t * d, d * 2 * f))
+
+    return Family((
+        layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
+        layout("llama-2 13B, batch 2 x 2000", (2, 2000), 5120, 13824),
+        layout("llama-3 8B, decode batch 16", (16,), 4096, 14336),
+    ), oracle_arrays=16)
+
+
+FAMILIES: dict[str, Callable[[], Family]] = {
+    "attention": _attention,
+    "matmul": _matmul,
+    "ragged_dot": _ragged_dot,
+    "gated_linear_unit": _gated_linear_unit,
+}
+
+
+def memory_limit(backend: Backend) -> int:
+    """Bytes JAX may allocate where the backend's oracles run (the device's allocator
+    limit on a GPU; the host's physical memory on the CPU)."""
+    if backend.platform != "cpu":
+        stats = jax.devices(backend.platform)[0].memory_stats() or {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    fitting: tuple[Layout, ...]
+    skipped: tuple[str, ...]  # one line per layout that does not fit, saying why
+
+
+def plan(family: str, backend: Backend) -> Plan:
+    """The family's production layouts that fit ``backend``'s memory, and the rest."""
+    fam = FAMILIES[family]()
+    limit = memory_limit(backend)
+    fitting, skipped = [], []
+    for layout in fam.layouts:
+        needs = fam.oracle_arrays * F64 * layout.largest
+        if needs <= limit:
+            fitting.append(layout)
+        else:
+            skipped.append(f"{layout.name}: its oracle needs ~{needs / 2**30:.0f} GiB, the device allows "
+                           f"{limit / 2**30:.0f} GiB")
+    return Plan(tuple(fitting), tuple(skipped))
+
+
+def production_cases(family: str, family_cases: Callable[..., st.SearchStrategy[Case]], domain: Any
+                     ) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
+    """A spec's ``production`` strategy: one of the family's fitting layouts per
+    Hypothesis example (shared by its cases), set in the spec's ``domain``, values
+    drawn by ``family_cases(dtype, backend, domain=...)``."""
+
+    def production(dtype: str, backend: Backend, layout: str | None = None) -> st.SearchStrategy[Case]:
+        """``layout``: only the layouts whose name contains it."""
+        fitting = [l for l in plan(family, backend).fitting if layout is None or layout in l.name]
+        if not fitting:
+            raise ValueError(f"no production layout of {family}{f' named {layout!r}' if layout else ''} fits "
+                             f"{backend}'s memory; skipped: " + "; ".join(plan(family, backend).skipped))
+        chosen = strategies.layout(f"{family}.production", st.sampled_from(fitting))
+        return chosen.flatmap(
+            lambda layout: family_cases(dtype, backend, domain=dataclasses.replace(domain, **layout.fields)))
+
+    return production
+
+
+def describe(families: Sequence[str], backend: Backend) -> list[str]:
+    """Lines for the output: per family, the layouts drawn and those skipped by rule."""
+    lines = []
+    for family in families:
+        p = plan(family, backend)
+        lines.append(f"{family}: {len(p.fitting)} production layouts: " + ", ".join(l.name for l in p.fitting))
+        lines += [f"  skipped by the memory rule: {line}" for line in p.skipped]
+    return lines

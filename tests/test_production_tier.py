@@ -1,0 +1,46 @@
+"""The production shape tier (properties/production.py): named layouts of real
+models, drawn in the spec's own domain, and a memory rule that skips, saying so, the
+layouts whose oracle would not fit the device."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties import production, runner
+from pallascheck.properties.spec import get_spec
+
+
+def test_production_cases_have_the_layouts_shapes() -> None:
+    spec = get_spec("attention")
+    strategy = spec.production("bfloat16", Backend("interpret"), layout="BERT-large")
+    seen = []
+
+    @settings(max_examples=1, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        case = data.draw(strategy)
+        seen.append((case.arrays["q"].shape, case.arrays["k"].shape, case.params["causal"]))
+
+    draw()
+    assert seen == [((4, 2048, 16, 64), (4, 2048, 16, 64), False)]
+
+
+def test_layouts_that_do_not_fit_are_skipped_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 40 * 2**30)
+    plan = production.plan("attention", Backend("interpret"))
+    assert any(l.name.startswith("llama-3 8B:") for l in plan.fitting)
+    skipped = [line for line in plan.skipped if line.startswith("mistral 7B 32k")]
+    assert skipped and "GiB" in skipped[0] and "allows 40 GiB" in skipped[0], plan.skipped
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 2**20)
+    with pytest.raises(ValueError, match="no production layout of matmul fits"):
+        get_spec("matmul").production("bfloat16", Backend("interpret"))
+
+
+def test_a_spec_without_a_production_tier_says_so() -> None:
+    with pytest.raises(ValueError, match="top_k has no production shape tier"):
+        runner.tier_cases(get_spec("top_k"), "production")
+    with pytest.raises(ValueError, match="shapes must be one of"):
+        runner.tier_cases(get_spec("top_k"), "huge")
