@@ -1,7 +1,8 @@
 """``pallascheck bench --check-time KERNEL``: how long checking one case takes.
 
 Draws ``cases`` cases of one production layout (``--layout``, a part of its name;
-properties/production.py) and runs every check on each, as ``verify`` does: the
+properties/production.py) and runs every check of the production tier on each, as
+``verify --shapes production`` does: the
 first case pays the compilations (kernel, VJP, reference, oracle programs), the rest
 show the steady rate. Prints per case the wall time and where it went (per check:
 the "values" check includes the kernel's run, the oracle and the bound), and the peak
@@ -37,7 +38,8 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
         config = spec.default_config_for(backend)
         context = checks.Context(kernel=kernel, dtype=dtype, backend=str(backend))
         start = time.perf_counter()
-        tally = runner.check_case(spec, case, config, backend, context=context)
+        tally = runner.check_case(spec, case, config, backend, context=context,
+                                  selected=runner.tier_checks(runner.CHECKS, "production"))
         seconds = time.perf_counter() - start
         row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
                "checks": {k: round(v, 3) for k, v in tally.seconds.items()},

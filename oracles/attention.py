@@ -291,16 +291,20 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.n
     vis = ref.visible
     scale = ref.sm_scale
     if bias is None:
-        dq, dk, dv = vjp64(lambda a, b_, c: reference64(a, b_, c, None, vis, scale), (q, k, v), cotangent)
+        dq, dk, dv = vjp64(_without_bias, (q, k, v), cotangent, constants=(vis,), static=(scale,))
         return {"dq": dq, "dk": dk, "dv": dv}
     raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
-
-    def fn(a, b_, c, bb):
-        full = jnp.broadcast_to(bb.reshape((1,) * (4 - bb.ndim) + bb.shape), vis.shape)
-        return reference64(a, b_, c, full, vis, scale)
-
-    dq, dk, dv, dbias = vjp64(fn, (q, k, v, raw), cotangent)
+    dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
     return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias}
+
+
+def _without_bias(q, k, v, visible, scale: float):
+    return reference64(q, k, v, None, visible, scale)
+
+
+def _with_bias(q, k, v, bias, visible, scale: float):
+    full = jnp.broadcast_to(bias.reshape((1,) * (4 - bias.ndim) + bias.shape), visible.shape)
+    return reference64(q, k, v, full, visible, scale)
 
 
 def gradient_bound(

@@ -9,6 +9,7 @@ than the kernels' own compilation in interpret mode.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -19,18 +20,29 @@ from pallascheck.kernels.compat import float64_enabled
 from .numeric import active_device
 
 
-def vjp64(
-    fn: Callable[..., Any], primals: Sequence[Any], cotangent: Any
-) -> tuple[np.ndarray, ...]:
-    """Gradients of ``sum(fn(*primals) * cotangent)`` w.r.t. each primal, in float64."""
+@functools.lru_cache(maxsize=256)
+def _compiled(fn: Callable[..., Any], static: tuple[Any, ...]) -> Callable[..., Any]:
+    """One jitted VJP per (function, static arguments): a module-level ``fn`` is
+    compiled once per shape, however many cases or slices use it."""
 
-    def gradients(args: Sequence[jax.Array], ct: jax.Array) -> tuple[jax.Array, ...]:
-        _, pullback = jax.vjp(fn, *args)
+    def gradients(args: Sequence[jax.Array], ct: jax.Array, constants: Sequence[Any]) -> tuple[jax.Array, ...]:
+        _, pullback = jax.vjp(lambda *p: fn(*p, *constants, *static), *args)
         return pullback(ct)
 
+    return jax.jit(gradients)
+
+
+def vjp64(
+    fn: Callable[..., Any], primals: Sequence[Any], cotangent: Any, *,
+    constants: Sequence[Any] = (), static: tuple[Any, ...] = (),
+) -> tuple[np.ndarray, ...]:
+    """Gradients of ``sum(fn(*primals, *constants, *static) * cotangent)`` w.r.t.
+    each primal, in float64. ``constants`` (arrays) and ``static`` (hashable Python
+    values) are passed after the primals; pass a module-level ``fn`` with them rather
+    than a closure, so that its compiled VJP is reused."""
     device = active_device()
     with float64_enabled(), jax.default_device(device or jax.devices("cpu")[0]):
         args = [jax.numpy.asarray(p, dtype=np.float64) for p in primals]
-        grads = jax.jit(gradients)(args, jax.numpy.asarray(cotangent, dtype=np.float64))
+        grads = _compiled(fn, tuple(static))(args, jax.numpy.asarray(cotangent, dtype=np.float64), tuple(constants))
         # on the host the bounds compute in numpy; on a device the arrays stay there
         return tuple(g if device is not None else np.asarray(g, dtype=np.float64) for g in grads)

@@ -78,26 +78,33 @@ def check_case(
 ) -> Tally:
     """Run the selected checks on one case (on the backend's device: ``Backend.placement``);
     raises CheckFailure on the first failure."""
-    device = oracle_device(backend)
+    device = oracle_device(backend, case)
     with backend.placement(), (numeric.on_device(device) if device is not None else contextlib.nullcontext()):
         return _check_case(spec, case, config, backend, context=context, selected=selected,
                            tally=tally if tally is not None else Tally())
 
 
 ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"
+# Elements of a case's largest array from which a GPU backend's oracles run on the GPU.
+# Below it numpy on the host is faster: on an H100, `verify --backend mosaic_gpu
+# --examples 15` (small tier, arrays of at most ~1e5 elements) took 28.7 s with host
+# oracles and 76.9 s with device ones (JAX compiles each operation for each new shape);
+# a production attention case (arrays of 1.7e7) is minutes of numpy on the host.
+DEVICE_ORACLE_ELEMENTS = 2**20
 
 
-def oracle_device(backend: Backend) -> Any:
+def oracle_device(backend: Backend, case: Case | None = None) -> Any:
     """Where a check's oracles and bounds compute (oracles/numeric.py): JAX float64 on
-    the kernel's GPU for the GPU backends, numpy on the host for the CPU ones (faster
-    there at the small shapes the CPU checks). $PALLASCHECK_ORACLES=device or host
-    overrides it (``device`` on a CPU backend: JAX float64 on the CPU)."""
+    the kernel's GPU for a GPU backend's large cases (``DEVICE_ORACLE_ELEMENTS``),
+    else numpy on the host. $PALLASCHECK_ORACLES=device or host overrides the choice
+    (``device`` on a CPU backend: JAX float64 on the CPU)."""
     choice = os.environ.get(ORACLES_ENV_VAR, "")
     if choice not in ("", "device", "host"):
         raise ValueError(f"${ORACLES_ENV_VAR} must be 'device' or 'host', got {choice!r}")
-    if choice == "host" or (not choice and backend.platform == "cpu"):
-        return None
-    return jax.devices(backend.platform)[0]
+    if not choice:
+        large = case is None or max((a.size for a in case.arrays.values()), default=0) >= DEVICE_ORACLE_ELEMENTS
+        choice = "device" if backend.platform != "cpu" and large else "host"
+    return None if choice == "host" else jax.devices(backend.platform)[0]
 
 
 def _kernel_side(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -287,6 +294,12 @@ def examples_for(cases: int, backend: Backend | None = None, shapes: str = "smal
     return math.ceil(cases / per_layout)
 
 
+def tier_checks(selected: Sequence[str], shapes: str) -> list[str]:
+    """The checks a shape tier runs: at the production tier not the metamorphic
+    relations (see ``run_property``)."""
+    return [c for c in selected if shapes == "small" or c != "metamorphic"]
+
+
 def tier_cases(spec: KernelSpec, shapes: str) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
     """The spec's case strategy for a shape tier; a ValueError saying so where the
     spec has no production tier."""
@@ -332,8 +345,7 @@ def run_property(
     transformed copies of the case on the host, minutes at these sizes; the small
     tier checks them.
     """
-    if shapes == "production":
-        selected = [c for c in selected if c != "metamorphic"]
+    selected = tier_checks(selected, shapes)
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
     per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
