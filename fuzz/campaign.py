@@ -1,7 +1,8 @@
 """Fuzz campaigns: search for inputs that break kernels, survive the kernels that
 hang or crash, keep every finding once, and resume where the last run stopped.
 
-A campaign runs tasks (one Hypothesis run of ``examples`` cases of one arm) in
+A campaign runs tasks (one Hypothesis run of ``examples`` examples of one arm, each
+checking ``runner.CASES_PER_LAYOUT`` cases) in
 worker processes (``workers``), ``jobs`` at a time. Targeted (the default), each
 task reports every check's budget used (error / bound) to ``hypothesis.target``,
 and a bandit (``bandit``) over (kernel, dtype), input kind and config slot spends
@@ -61,6 +62,8 @@ class Campaign:
         self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
         dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool,
     ):
+        targets.add_paths(paths)
+        targets.check_names(targets_)  # before the corpus directory is created
         self.corpus = Corpus(corpus)
         saved = self.corpus.load_state()
         if saved is not None and not resume:
@@ -142,7 +145,7 @@ class Campaign:
             pair, kind, slot = self.rng.choice(pairs), "any", None
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        return Task(pair[0], pair[1], kind, slot, self.seed, runner.examples_for(self.examples), checks, climb)
+        return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb)
 
     def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
         """Book a finished task; returns the failure record if it found one."""
@@ -218,7 +221,7 @@ def run(
     corpus: str,
     *,
     seconds: float,
-    examples: int = 16,
+    examples: int = 8,
     jobs: int = 1,
     targeted: bool = True,
     dtypes: Sequence[str] | None = None,
@@ -230,7 +233,7 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
-    ``jobs`` worker processes; ``examples`` cases per task. ``stop_on_first``: stop at
+    ``jobs`` worker processes; ``examples`` Hypothesis examples per task. ``stop_on_first``: stop at
     the first failure (time-to-first-failure measurements)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")

@@ -38,12 +38,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from pallascheck.properties import tokamax_client
     from pallascheck.properties.collectives_checks import PROPERTIES
 
+    from . import targets
+
     known = set(registry()) | set(PROPERTIES) | set(bundled_names())
     unknown = sorted(set(args.kernel or ()) - known)
     if set(unknown) & set(tokamax_client.TOKAMAX):
         raise SystemExit(f"pallascheck: the tokamax:* kernels check Tokamax, which is not installed: {tokamax_client.PIP}")
     if unknown:
-        raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")
+        raise SystemExit("pallascheck: " + "; ".join(targets.unknown_name(name, known) for name in unknown))
     backend = _available_backend(args.backend)
     jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
@@ -52,21 +54,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
     rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype), options, jobs)
-    verify.print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
     examples = sum(r.examples for r in rows)
-    print(f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
-          f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} check examples, "
-          f"{examples / elapsed:.2f}/s)")
+    print("\n" + verify.legend(args.full))
+    if failures:
+        print(f"\nFAILURES ({len(failures)}; each case saved under {args.failures}/ for pallascheck replay FILE):"
+              if args.failures else f"\nFAILURES ({len(failures)}):")
+        for message in failures:
+            print("\n" + message)
+    print(f"\n{'Every row' if args.full else 'Per kernel (--full: every kernel x dtype x check row)'}, "
+          "failures first:")
+    (verify.print_table if args.full else verify.print_summary)(rows)
     if args.durations:
         print(f"\nslowest {args.durations} kernel x dtype x check:")
         for r in verify.slowest(rows, args.durations):
             print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
-    for message in failures:
-        print("\n" + message)
-    if failures and args.failures:
-        print(f"\nfailing cases saved under {args.failures}/ (pallascheck replay FILE)")
+    print(f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
+          f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} cases checked, "
+          f"{examples / elapsed:.2f}/s)")
     if args.json:
         import jax
 
@@ -95,8 +101,12 @@ def _available_backend(name: str | None) -> Backend:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from . import campaign, targets
 
-    backend = _available_backend(args.backend)
     targets.add_paths(args.path or ())
+    try:  # a typo creates nothing: no corpus directory, no compilation cache, no workers
+        targets.check_names(args.kernel or ())
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
+    backend = _available_backend(args.backend)
     named = args.kernel or ([] if args.resume else list(registry()))
     missing = verify.not_on(str(backend), [n for n in named if n in registry() or n in bundled_names()])
     if missing:
@@ -253,21 +263,62 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "pallascheck: correctness and numerics checks for Pallas (JAX) kernels. Each kernel's output is compared "
+    "with a float64 oracle under an error bound derived from its dtype, reduction lengths and accumulation "
+    "order; Hypothesis draws the inputs, adversarial ones included. Start with `pallascheck verify`."
+)
+EXAMPLES_HELP = (f"Hypothesis examples per kernel x dtype property, each checking {runner.CASES_PER_LAYOUT} cases "
+                 "that share one compiled kernel (the meaning of pytest's --examples too)")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it is a value; an option whose default is None
+    or off says in its help what happens without it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pallascheck")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pallascheck.bench.autotune_workloads import WORKLOADS
 
-    parser = argparse.ArgumentParser(prog="pallascheck", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    verify = sub.add_parser("verify", help="run every registered kernel's checks")
+    parser = _Parser(prog="pallascheck", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"pallascheck {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    verify = sub.add_parser(
+        "verify", help="run every registered kernel's checks and print a verdict per kernel",
+        description="Check every registered kernel (or those named) on one backend: values, gradients, "
+        "determinism, configs agreeing, metamorphic relations and bad inputs, against the float64 oracle under "
+        "the derived bound. Prints a legend, failures first, and one line per kernel; --full prints every "
+        "kernel x dtype x check row. Exits 1 on any failure and saves each failing case for `pallascheck replay`.")
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
-    verify.add_argument("--examples", type=int, default=6, help=f"cases checked per kernel, dtype and check (drawn {runner.CASES_PER_LAYOUT} per Hypothesis example, sharing one compiled kernel)")
-    verify.add_argument("--seed", type=int, default=0)
-    verify.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    verify.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
-    verify.add_argument("--json", help="also write the table as JSON to this path")
+    verify.add_argument("--examples", type=int, default=3, help=EXAMPLES_HELP)
+    verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
+    verify.add_argument("--kernel", action="append", help="only this kernel (repeatable); default: every registered kernel")
+    verify.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+    verify.add_argument("--full", action="store_true", help="print every kernel x dtype x check row, not a line per kernel")
+    verify.add_argument("--json", help="also write every row as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
     verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
-    verify.add_argument("--durations", type=int, default=10, help="list the N slowest kernel x dtype x check rows (0: none)")
+    verify.add_argument("--durations", type=int, default=0, help="also list the N slowest kernel x dtype x check rows (0: none)")
     verify.set_defaults(func=cmd_verify)
     fuzz = sub.add_parser(
         "fuzz", help="search for inputs that break kernels, keeping every failure once",
@@ -277,18 +328,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(no progress for --case-timeout s), a crash or a worker above --memory-gb becomes a saved reproducer and "
         "the worker is restarted. Failures are shrunk, deduplicated by signature and saved under CORPUS/failures/ "
         "with a replay command; --resume continues a campaign where it stopped.")
-    fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
-    fuzz.add_argument("--minutes", type=float, default=10.0)
+    fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
+    fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
     fuzz.add_argument("--jobs", type=int, default=0,
                       help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
                            "worker seeing its own device)")
-    fuzz.add_argument("--examples", type=int, default=16, help="cases per task (as verify's --examples counts them)")
+    fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task"))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     fuzz.add_argument("--kernel", action="append",
                       help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec "
                            "(or a VARIANTS entry) of an importable module (see --path)")
     fuzz.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
-    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
+    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
     fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
     fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
     fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
@@ -299,14 +350,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
                            "machine's, shared among the jobs)")
     fuzz.set_defaults(func=cmd_fuzz)
-    replay = sub.add_parser("replay", help="re-run the checks on a saved failing case")
-    replay.add_argument("file")
-    replay.add_argument("--backend", default=None)
+    replay = sub.add_parser("replay", help="re-run the check that failed on a saved case")
+    replay.add_argument("file", metavar="FILE", help="a saved case (.npz) from verify's --failures or a fuzz corpus")
+    replay.add_argument("--backend", default=None, help="default: the backend the case was saved on")
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.set_defaults(func=cmd_replay)
     report.add_parser(sub)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
-    bench.add_argument("--backend", default="mosaic_gpu")
+    bench.add_argument("--backend", default="mosaic_gpu", help=f"one of {NAMES}")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
@@ -329,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --time-to-find: only this search mode (repeatable; default both)")
     bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs; with "
                                                          "--tolerance-rules or --time-to-find: the one holding broken/")
-    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property; with "
-                                                               "--tolerance-rules: cases per shipped kernel and dtype")
+    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's --examples; with "
+                       "--tolerance-rules: Hypothesis examples (one case each) per shipped kernel and dtype")
     bench.set_defaults(func=cmd_bench)
     probe = sub.add_parser("probe", help="measure the backend's dot arithmetic and check the tolerance model's assumptions")
     probe.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
@@ -346,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="what to tune")
     tune.add_argument("--size", default="small", choices=("small", "bench"),
                       help="small: seconds in the CPU interpreters; bench: a GPU size")
-    tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="the workload's input dtype")
     tune.add_argument("--backend", action="append",
                       help="tune for this backend (repeatable); default: the GPU backends here, else $PALLASCHECK_BACKEND")
     tune.add_argument("--repeats", type=int, default=10, help="timed runs per config after a warm-up")

@@ -240,12 +240,6 @@ in their values. Compilation is most of a check's cost in interpret mode; a seco
 case of the same layout costs a run, not a compile."""
 
 
-def examples_for(cases: int) -> int:
-    """Hypothesis examples that check at least ``cases`` cases: what ``verify`` and
-    ``fuzz`` take ``--examples`` to mean."""
-    return math.ceil(cases / CASES_PER_LAYOUT)
-
-
 def _fingerprint(case: Case) -> tuple[str, ...]:
     return tuple(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest() for a in case.arrays.values())
 

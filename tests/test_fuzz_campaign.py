@@ -33,13 +33,13 @@ def _lines(path: str) -> list[dict]:
 
 
 def _run(targets, backend, path, **kwargs) -> campaign.CampaignResult:
-    kwargs = {"seconds": 120, "examples": 4, "jobs": 1, "paths": [TESTS], "dtypes": ["float32"], **kwargs}
+    kwargs = {"seconds": 120, "examples": 2, "jobs": 1, "paths": [TESTS], "dtypes": ["float32"], **kwargs}
     return campaign.run(targets, backend, str(path), **kwargs)
 
 
 def test_campaign_finds_a_broken_kernel_and_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
     backend = _generic(backend)
-    result = _run([DROPPED_TILE], backend, tmp_path, examples=16, stop_on_first=True)
+    result = _run([DROPPED_TILE], backend, tmp_path, examples=8, stop_on_first=True)
     (found,) = result.new_failures
     assert found["kind"] == "value" and found["minimised"] and os.path.exists(found["case"])
     assert found["replay"] == f"pallascheck replay {found['case']} --path {TESTS}"
@@ -151,7 +151,7 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     help_text = capsys.readouterr().out
     for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random"):
         assert flag in help_text
-    argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "2",
+    argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "1",
             "--jobs", "1", "--corpus", str(tmp_path)]
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
