@@ -147,25 +147,26 @@ class Campaign:
         self.seed += 1
         return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb)
 
-    def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
-        """Book a finished task; returns the failure record if it found one."""
+    def finish(self, task: Task, result: dict[str, Any]) -> list[dict[str, Any]]:
+        """Book a finished task; returns the records of the failures it found, each
+        under its own check."""
         pair = (task.target, task.dtype)
         self.bandit.learn(pair, result["kinds"], result["configs"])
         self.bandit.update(pair, task.kind, task.slot, bandit.reward(result["budgets"]))
-        found = None
-        if result["failure"]:
-            check = result["check"] or "crash"
+        found = []
+        for failure in result["failures"]:
+            check = failure["check"]
             if check == "crash":
-                pattern = crash_pattern(result["failure"].split("\n", 1)[-1])
+                pattern = crash_pattern(failure["message"].split("\n", 1)[-1])
                 self.retired.add(pair)
             else:
-                pattern = result["pattern"] or "-"
+                pattern = failure["pattern"] or "-"
                 retired = self.retired_checks.setdefault(pair, [])
-                retired.append(check)
+                retired += [check] if check not in retired else []
                 if not set(runner.CHECKS) - set(retired):
                     self.retired.add(pair)
-            found = self.record(task, "value" if check != "crash" else "crash", check, pattern,
-                                result["failure"], result["case"], minimised=True)
+            found.append(self.record(task, "value" if check != "crash" else "crash", check, pattern,
+                                     failure["message"], failure["case"], minimised=True))
         self.log_task(task, result["cases"], result["budgets"], found)
         return found
 
@@ -179,7 +180,7 @@ class Campaign:
             case_path = death.inflight + f".{death.kind}.npz"
             Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
         found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
-        self.log_task(task, 0, {}, found)
+        self.log_task(task, 0, {}, [found])
         return found
 
     def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
@@ -205,12 +206,12 @@ class Campaign:
         self.failure_kinds[kind] += new
         return stored
 
-    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: dict[str, Any] | None) -> None:
+    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]]) -> None:
         self.corpus.append(EVENTS, {
             "t": round(self.elapsed(), 2), "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
             "config_slot": task.slot, "seed": task.seed, "cases": cases, "best_budget": budgets,
-            "outcome": found["kind"] if found else "pass", "signature": found["signature"] if found else None,
-            "targeted": task.targeted, "checks": list(task.checks),
+            "outcome": found[0]["kind"] if found else "pass", "signature": found[0]["signature"] if found else None,
+            "signatures": [f["signature"] for f in found], "targeted": task.targeted, "checks": list(task.checks),
         })
         self.save()
 
@@ -261,7 +262,7 @@ def run(
             for i, worker in enumerate(workers):
                 task = worker.task
                 messages, death = worker.poll(limits.case_timeout, limits.memory_bytes)
-                found = None
+                found = []
                 for kind, payload in messages:
                     if kind == "checked":
                         campaign.corpus.append(CASES, dict(payload, t=round(campaign.elapsed(), 2)))
@@ -276,11 +277,11 @@ def run(
                 if death is not None:
                     if task is not None:
                         result.tasks += 1
-                        found = campaign.died(task, death)
+                        found = [campaign.died(task, death)]
                     workers[i] = worker = new_worker(i)
-                if found is not None:
-                    if found["new"]:
-                        result.new_failures.append(found)
+                for failure in found:
+                    if failure["new"]:
+                        result.new_failures.append(failure)
                         if result.first_failure_seconds is None:
                             result.first_failure_seconds = time.monotonic() - campaign.run_start
                     else:

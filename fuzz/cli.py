@@ -163,14 +163,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     backend = _available_backend(args.backend or meta["backend"])
     config_type = type(spec.default_config_for(get_backend(meta["backend"])))
     config = config_type(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
+    # The check that failed is the one replayed (a crash, hang or oom: every check), so
+    # that the header and the verdict speak of the same check.
+    selected = (meta["check"],) if meta["check"] in runner.CHECKS else runner.CHECKS
     print(f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}")
     if meta["check"] in ("hang", "crash", "oom"):
-        print(f"this case was saved when its worker was lost ({meta['check']}): {meta['message']}", flush=True)
+        print(f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): "
+              f"{meta['message']}", flush=True)
     context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}")
     try:
-        tally = runner.check_case(spec, case, config, backend, context=context)
+        tally = runner.check_case(spec, case, config, backend, context=context, selected=selected)
     except checks.CheckFailure as failure:
-        print(f"FAIL\n{failure}")
+        print(f"FAIL [{runner.failed_check(failure)}]\n{failure}")
+        return 1
+    except Exception as crash:  # noqa: BLE001 - the kernel raised: the finding a crash case records
+        print(f"FAIL [crash]\n  {type(crash).__name__}: {crash}")
         return 1
     print("PASS: " + ", ".join(f"{k} (budget {verify.fmt_budget(o.budget_used)})" for k, o in tally.outcomes.items()))
     return 0

@@ -169,3 +169,20 @@ def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
         arms.update(pair, kind, slot, 0.9 if pair == pairs[1] and kind == "large" else 0.05)
     picks = [arms.choose(pairs) for _ in range(50)]
     assert sum(p[0] == pairs[1] for p in picks) > 40 and sum(p[1] == "large" for p in picks) > 25
+
+
+def test_two_distinct_failures_are_booked_each_under_its_check(tmp_path, capsys) -> None:
+    # Hypothesis shrinks the crash's input into the wrong-value bug and reports both at
+    # once ("Hypothesis found 2 distinct failures"): two records, two replays.
+    result = _run(["fuzz_targets:CRASH_OR_WRONG"], Backend("interpret"), tmp_path, examples=4, stop_on_first=True)
+    found = {f["check"]: f for f in result.new_failures}
+    assert set(found) == {"crash", "values"}, [f["message"] for f in result.new_failures]
+    assert found["crash"]["kind"] == "crash" and found["values"]["kind"] == "value"
+    (event,) = [e for e in _lines(tmp_path / "events.jsonl") if e["outcome"] != "pass"]
+    assert sorted(event["signatures"]) == sorted(f["signature"] for f in found.values())
+    capsys.readouterr()
+    for check, failure in found.items():
+        assert cli.main(["replay", failure["case"], "--path", TESTS]) == 1
+        header, *lines = capsys.readouterr().out.splitlines()
+        verdict = next(line for line in lines if line.startswith("FAIL"))
+        assert f"[{check}]" in header and verdict.startswith(f"FAIL [{check}]"), (header, verdict)
