@@ -166,7 +166,8 @@ class Campaign:
                 if not set(runner.CHECKS) - set(retired):
                     self.retired.add(pair)
             found.append(self.record(task, "value" if check != "crash" else "crash", check, pattern,
-                                     failure["message"], failure["case"], minimised=True))
+                                     failure["message"], failure["case"], minimised=True,
+                                     worst=failure["worst"], budget=failure["budget"]))
         self.log_task(task, result["cases"], result["budgets"], found)
         return found
 
@@ -184,7 +185,10 @@ class Campaign:
         return found
 
     def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
-               *, minimised: bool) -> dict[str, Any]:
+               *, minimised: bool, worst: dict[str, Any] | None = None, budget: float | None = None) -> dict[str, Any]:
+        """Keep one failure in the corpus. ``worst``: where the failing check's budget
+        was used most (output, index, shape, error, bound); ``budget``: error / bound
+        there (None: infinite)."""
         sig = signature(task.target, task.dtype, check, kind, pattern)
         case_file = self.corpus.file(FAILURES, sig, "case.npz")
         paths = "".join(f" --path {p}" for p in self.paths)
@@ -192,7 +196,7 @@ class Campaign:
             "signature": sig, "kernel": task.target, "dtype": task.dtype, "check": check, "kind": kind,
             "pattern": pattern, "message": message, "backend": str(self.backend), "seed": task.seed,
             "input_kind": task.kind, "config_slot": task.slot, "first_seen_t": round(self.elapsed(), 2),
-            "minimised": minimised,
+            "minimised": minimised, "worst": worst, "budget": budget,
             "replay": f"pallascheck replay {case_file}{paths}" if case_path else
                       f"pallascheck fuzz --kernel {task.target} --dtype {task.dtype} --seed {task.seed - 1}{paths} "
                       f"(no case was in flight: the task died while drawing or compiling)",

@@ -29,7 +29,7 @@ from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
 from pallascheck.properties.spec import Case, bundled_names, registry
 
-from . import report, verify
+from . import corpus, report, verify
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
@@ -130,8 +130,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
           f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones")
     for found in result.new_failures:
-        print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} {found['check']}: "
-              f"{found['message'].strip().splitlines()[0] if found['message'] else ''}\n  replay: {found['replay']}")
+        print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} [{found['check']}]: "
+              f"{corpus.headline(found['message'])}"
+              f"\n  replay: {found['replay']}")
     print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130

@@ -213,10 +213,14 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
     failures = []
     for finding in tally.findings:
         case = runner.failure_path(failure_dir, spec.name, task.dtype, finding.check)
+        worst = finding.outcome.worst if finding.outcome else None
         failures.append({
-            "check": finding.check, "message": finding.message,
-            "pattern": worst_pattern(finding.outcome.worst) if finding.outcome else None,
+            "check": finding.check, "message": finding.message, "pattern": worst_pattern(worst),
             "case": case if os.path.exists(case) else None,
+            "budget": _finite_or_none(finding.outcome.budget_used) if finding.outcome else None,
+            "worst": None if worst is None else {
+                "output": worst.name, "index": list(worst.index), "shape": list(worst.shape),
+                "error": _finite_or_none(worst.error), "bound": _finite_or_none(worst.bound)},
         })
     return {
         "failures": failures,
