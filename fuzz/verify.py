@@ -257,7 +257,7 @@ def legend(full: bool = False) -> str:
             "               reported, never a verdict",
             "  prob. budget the values' error / the probabilistic bound lambda*sqrt(k)*u: how tight the bound is,",
             "               never a verdict",
-            "  examples     cases checked",
+            "  cases        cases checked (each Hypothesis example checks two)",
         ]
     else:
         lines += ["               (the kernel's own rows; --full also shows xla_reference's, never a verdict)"]
@@ -281,7 +281,7 @@ def _contract_cell(row: Row) -> str:
 def print_table(rows: Sequence[Row]) -> None:
     """Every kernel x dtype x check row, failures first."""
     ok, fail = marks()
-    header = ("verdict", "kernel", "dtype", "check", "examples", "budget used", "contract", "prob. budget", "time (s)")
+    header = ("verdict", "kernel", "dtype", "check", "cases", "budget used", "contract", "prob. budget", "time (s)")
     body = [
         (ok if r.passed else fail, r.kernel, r.dtype, r.check, str(r.examples),
          fmt_budget(r.budget_used), _contract_cell(r), fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
