@@ -52,7 +52,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()))
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
-        print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
+        print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
     rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype), options, jobs)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
