@@ -498,6 +498,8 @@ def _header(summary: dict[str, Any]) -> str:
         ["cases", totals["cases"]],
         ["cases / s", _num(totals["cases_per_second"])],
         ["failures", f"{totals['failures']} distinct ({failures}); seen {totals['failure_occurrences']} times"],
+        # AFL++'s "last saved crash": a search still finding new failures near its end is not done
+        ["last new failure", _last_new(summary)],
     ]
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     # No failures/ folder is the normal case, not worth a note.
@@ -511,6 +513,14 @@ def _header(summary: dict[str, Any]) -> str:
     return (f"<header><h1>pallascheck fuzz report</h1><p>corpus <code>{_e(summary['corpus'])}</code></p>"
             f'<table class="meta"><tbody>{body}</tbody></table>'
             + (f'<ul class="notes">{note_html}</ul>' if notes else "") + "</header>")
+
+
+def _last_new(summary: dict[str, Any]) -> str:
+    seen = [f["first_seen_t"] for f in summary["failures"] if isinstance(f.get("first_seen_t"), (int, float))]
+    if not seen:
+        return "none"
+    gap = summary["totals"]["seconds"] - max(seen)
+    return f"at {_duration_text(max(seen))}, {_duration_text(max(gap, 0.0))} before the end"
 
 
 def _failures_section(summary: dict[str, Any]) -> str:

@@ -205,6 +205,7 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     header = {row[0]: row[1] for row in page.rows if len(row) == 2}
     assert header["backend"] == "interpret" and header["jax"] == "0.12.0"
     assert header["cases"] == str(len(CASES)) and header["duration"] == "0m 12s"
+    assert header["last new failure"] == "at 0m 09s, 0m 03s before the end"
     assert "events.jsonl: 1 line(s) that do not parse were skipped" in text
     assert ["matmul", "bfloat16", "3", "0", "0.5", "3", "3"] in page.rows  # the budget table
 
