@@ -42,3 +42,25 @@ def test_legend_names_every_column() -> None:
     for word in ("verdict", "budget used", "contract", "xla_reference"):
         assert word in short and word in full
     assert "prob. budget" in full and "probabilistic" in full and "prob. budget" not in short
+
+
+def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path, monkeypatch, capsys) -> None:
+    from fuzz_targets import SOUND, WRONG_FIRST_ELEMENT
+    from pallascheck.fuzz import cli
+    from pallascheck.properties import spec
+
+    for kernel in (SOUND, WRONG_FIRST_ELEMENT):  # plain jnp relus: no compile to speak of
+        monkeypatch.setitem(spec._REGISTRY, kernel.name, kernel)
+    argv = ["verify", "--kernel", SOUND.name, "--kernel", WRONG_FIRST_ELEMENT.name, "--examples", "1", "--jobs", "1",
+            "--backend", "interpret", "--failures", str(tmp_path / "failures")]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    order = [out.index(s) for s in ("How to read this:", "FAILURES (1;", "[values] kernel=relu_wrong_at_first_element",
+                                    "Per kernel", "\nFAIL: ")]
+    assert order == sorted(order), out
+    summary = out[out.index("Per kernel"):].splitlines()
+    ok, fail = verify.marks()
+    assert summary[3].startswith(fail) and WRONG_FIRST_ELEMENT.name in summary[3], summary
+    assert summary[4].startswith(ok) and f" {SOUND.name} " in summary[4], summary
+    assert list((tmp_path / "failures").iterdir())  # the failing case is saved for replay
