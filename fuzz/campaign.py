@@ -1,7 +1,8 @@
 """Fuzz campaigns: search for inputs that break kernels, survive the kernels that
 hang or crash, keep every finding once, and resume where the last run stopped.
 
-A campaign runs tasks (one Hypothesis run of ``examples`` cases of one arm) in
+A campaign runs tasks (one Hypothesis run of ``examples`` examples of one arm, each
+checking ``runner.CASES_PER_LAYOUT`` cases) in
 worker processes (``workers``), ``jobs`` at a time. Targeted (the default), each
 task reports every check's budget used (error / bound) to ``hypothesis.target``,
 and a bandit (``bandit``) over (kernel, dtype), input kind and config slot spends
@@ -61,6 +62,8 @@ class Campaign:
         self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
         dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool, shapes: str = "small",
     ):
+        targets.add_paths(paths)
+        targets.check_names(targets_)  # before the corpus directory is created
         self.corpus = Corpus(corpus)
         saved = self.corpus.load_state()
         if saved is not None and not resume:
@@ -144,28 +147,29 @@ class Campaign:
             pair, kind, slot = self.rng.choice(pairs), "any", None
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        examples = runner.examples_for(self.examples, self.backend, self.shapes)
-        return Task(pair[0], pair[1], kind, slot, self.seed, examples, checks, climb, self.shapes)
+        return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes)
 
-    def finish(self, task: Task, result: dict[str, Any]) -> dict[str, Any] | None:
-        """Book a finished task; returns the failure record if it found one."""
+    def finish(self, task: Task, result: dict[str, Any]) -> list[dict[str, Any]]:
+        """Book a finished task; returns the records of the failures it found, each
+        under its own check."""
         pair = (task.target, task.dtype)
         self.bandit.learn(pair, result["kinds"], result["configs"])
         self.bandit.update(pair, task.kind, task.slot, bandit.reward(result["budgets"]))
-        found = None
-        if result["failure"]:
-            check = result["check"] or "crash"
+        found = []
+        for failure in result["failures"]:
+            check = failure["check"]
             if check == "crash":
-                pattern = crash_pattern(result["failure"].split("\n", 1)[-1])
+                pattern = crash_pattern(failure["message"].split("\n", 1)[-1])
                 self.retired.add(pair)
             else:
-                pattern = result["pattern"] or "-"
+                pattern = failure["pattern"] or "-"
                 retired = self.retired_checks.setdefault(pair, [])
-                retired.append(check)
+                retired += [check] if check not in retired else []
                 if not set(runner.CHECKS) - set(retired):
                     self.retired.add(pair)
-            found = self.record(task, "value" if check != "crash" else "crash", check, pattern,
-                                result["failure"], result["case"], minimised=True)
+            found.append(self.record(task, "value" if check != "crash" else "crash", check, pattern,
+                                     failure["message"], failure["case"], minimised=True,
+                                     worst=failure["worst"], budget=failure["budget"]))
         self.log_task(task, result["cases"], result["budgets"], found)
         return found
 
@@ -179,11 +183,14 @@ class Campaign:
             case_path = death.inflight + f".{death.kind}.npz"
             Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
         found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
-        self.log_task(task, 0, {}, found)
+        self.log_task(task, 0, {}, [found])
         return found
 
     def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
-               *, minimised: bool) -> dict[str, Any]:
+               *, minimised: bool, worst: dict[str, Any] | None = None, budget: float | None = None) -> dict[str, Any]:
+        """Keep one failure in the corpus. ``worst``: where the failing check's budget
+        was used most (output, index, shape, error, bound); ``budget``: error / bound
+        there (None: infinite)."""
         sig = signature(task.target, task.dtype, check, kind, pattern)
         case_file = self.corpus.file(FAILURES, sig, "case.npz")
         paths = "".join(f" --path {p}" for p in self.paths)
@@ -191,7 +198,7 @@ class Campaign:
             "signature": sig, "kernel": task.target, "dtype": task.dtype, "check": check, "kind": kind,
             "pattern": pattern, "message": message, "backend": str(self.backend), "seed": task.seed,
             "input_kind": task.kind, "config_slot": task.slot, "first_seen_t": round(self.elapsed(), 2),
-            "minimised": minimised,
+            "minimised": minimised, "worst": worst, "budget": budget,
             "replay": f"pallascheck replay {case_file}{paths}" if case_path else
                       f"pallascheck fuzz --kernel {task.target} --dtype {task.dtype} --seed {task.seed - 1}{paths} "
                       f"(no case was in flight: the task died while drawing or compiling)",
@@ -205,12 +212,12 @@ class Campaign:
         self.failure_kinds[kind] += new
         return stored
 
-    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: dict[str, Any] | None) -> None:
+    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]]) -> None:
         self.corpus.append(EVENTS, {
             "t": round(self.elapsed(), 2), "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
             "config_slot": task.slot, "seed": task.seed, "cases": cases, "best_budget": budgets,
-            "outcome": found["kind"] if found else "pass", "signature": found["signature"] if found else None,
-            "targeted": task.targeted, "checks": list(task.checks),
+            "outcome": found[0]["kind"] if found else "pass", "signature": found[0]["signature"] if found else None,
+            "signatures": [f["signature"] for f in found], "targeted": task.targeted, "checks": list(task.checks),
         })
         self.save()
 
@@ -221,7 +228,7 @@ def run(
     corpus: str,
     *,
     seconds: float,
-    examples: int = 16,
+    examples: int = 8,
     jobs: int = 1,
     targeted: bool = True,
     dtypes: Sequence[str] | None = None,
@@ -234,9 +241,9 @@ def run(
     shapes: str = "small",
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
-    ``jobs`` worker processes; ``examples`` cases per task, drawn from the ``shapes``
-    tier. ``stop_on_first``: stop at the first failure (time-to-first-failure
-    measurements)."""
+    ``jobs`` worker processes; ``examples`` Hypothesis examples per task, drawn from
+    the ``shapes`` tier. ``stop_on_first``: stop at the first failure
+    (time-to-first-failure measurements)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if examples < 1:
@@ -263,7 +270,7 @@ def run(
             for i, worker in enumerate(workers):
                 task = worker.task
                 messages, death = worker.poll(limits.case_timeout, limits.memory_bytes)
-                found = None
+                found = []
                 for kind, payload in messages:
                     if kind == "checked":
                         campaign.corpus.append(CASES, dict(payload, t=round(campaign.elapsed(), 2)))
@@ -278,11 +285,11 @@ def run(
                 if death is not None:
                     if task is not None:
                         result.tasks += 1
-                        found = campaign.died(task, death)
+                        found = [campaign.died(task, death)]
                     workers[i] = worker = new_worker(i)
-                if found is not None:
-                    if found["new"]:
-                        result.new_failures.append(found)
+                for failure in found:
+                    if failure["new"]:
+                        result.new_failures.append(failure)
                         if result.first_failure_seconds is None:
                             result.first_failure_seconds = time.monotonic() - campaign.run_start
                     else:

@@ -29,7 +29,7 @@ from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
 from pallascheck.properties.spec import Case, bundled_names, registry, selected
 
-from . import report, verify
+from . import corpus, report, verify
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
@@ -38,12 +38,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from pallascheck.properties import tokamax_client
     from pallascheck.properties.collectives_checks import PROPERTIES
 
+    from . import targets
+
     known = set(registry()) | set(PROPERTIES) | set(bundled_names())
     unknown = sorted(set(args.kernel or ()) - known)
     if set(unknown) & set(tokamax_client.TOKAMAX):
         raise SystemExit(f"pallascheck: the tokamax:* kernels check Tokamax, which is not installed: {tokamax_client.PIP}")
     if unknown:
-        raise SystemExit(f"pallascheck: --kernel must be among {sorted(known)}, got {unknown}")
+        raise SystemExit("pallascheck: " + "; ".join(targets.unknown_name(name, known) for name in unknown))
     backend = _available_backend(args.backend)
     jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
@@ -51,7 +53,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                              args.shapes)
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
-        print(f"not on {backend} (no implementation; see the README's backend table): {', '.join(missing)}")
+        print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
     if args.shapes == "production":
         from pallascheck.properties import production
 
@@ -63,21 +65,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
                                          and n not in missing], backend):
             print(line)
     rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype, args.shapes), options, jobs)
-    verify.print_table(rows)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
     examples = sum(r.examples for r in rows)
-    print(f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
-          f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} check examples, "
-          f"{examples / elapsed:.2f}/s)")
+    print("\n" + verify.legend(args.full))
+    if failures:
+        print(f"\nFAILURES ({len(failures)}; each case saved under {args.failures}/ for pallascheck replay FILE):"
+              if args.failures else f"\nFAILURES ({len(failures)}):")
+        for message in failures:
+            print("\n" + message)
+    print(f"\n{'Every row' if args.full else 'Per kernel (--full: every kernel x dtype x check row)'}, "
+          "failures first:")
+    (verify.print_table if args.full else verify.print_summary)(rows)
     if args.durations:
         print(f"\nslowest {args.durations} kernel x dtype x check:")
         for r in verify.slowest(rows, args.durations):
             print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
-    for message in failures:
-        print("\n" + message)
-    if failures and args.failures:
-        print(f"\nfailing cases saved under {args.failures}/ (pallascheck replay FILE)")
+    print(f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
+          f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} cases checked, "
+          f"{examples / elapsed:.2f}/s)")
     if args.json:
         import jax
 
@@ -106,8 +112,12 @@ def _available_backend(name: str | None) -> Backend:
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from . import campaign, targets
 
-    backend = _available_backend(args.backend)
     targets.add_paths(args.path or ())
+    try:  # a typo creates nothing: no corpus directory, no compilation cache, no workers
+        targets.check_names(args.kernel or ())
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
+    backend = _available_backend(args.backend)
     named = args.kernel or ([] if args.resume else list(registry()))
     missing = verify.not_on(str(backend), [n for n in named if n in registry() or n in bundled_names()])
     if missing:
@@ -132,8 +142,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     print(f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
           f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones")
     for found in result.new_failures:
-        print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} {found['check']}: "
-              f"{found['message'].strip().splitlines()[0] if found['message'] else ''}\n  replay: {found['replay']}")
+        print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} [{found['check']}]: "
+              f"{corpus.headline(found['message'])}"
+              f"\n  replay: {found['replay']}")
     print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130
@@ -165,14 +176,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     backend = _available_backend(args.backend or meta["backend"])
     config_type = type(spec.default_config_for(get_backend(meta["backend"])))
     config = config_type(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
+    # The check that failed is the one replayed (a crash, hang or oom: every check), so
+    # that the header and the verdict speak of the same check.
+    selected = (meta["check"],) if meta["check"] in runner.CHECKS else runner.CHECKS
     print(f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}")
     if meta["check"] in ("hang", "crash", "oom"):
-        print(f"this case was saved when its worker was lost ({meta['check']}): {meta['message']}", flush=True)
+        print(f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): "
+              f"{meta['message']}", flush=True)
     context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}")
     try:
-        tally = runner.check_case(spec, case, config, backend, context=context)
+        tally = runner.check_case(spec, case, config, backend, context=context, selected=selected)
     except checks.CheckFailure as failure:
-        print(f"FAIL\n{failure}")
+        print(f"FAIL [{runner.failed_check(failure)}]\n{failure}")
+        return 1
+    except Exception as crash:  # noqa: BLE001 - the kernel raised: the finding a crash case records
+        print(f"FAIL [crash]\n  {type(crash).__name__}: {crash}")
         return 1
     print("PASS: " + ", ".join(f"{k} (budget {verify.fmt_budget(o.budget_used)})" for k, o in tally.outcomes.items()))
     return 0
@@ -277,24 +295,67 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "pallascheck: correctness and numerics checks for Pallas (JAX) kernels. Each kernel's output is compared "
+    "with a float64 oracle under an error bound derived from its dtype, reduction lengths and accumulation "
+    "order; Hypothesis draws the inputs, adversarial ones included. Start with `pallascheck verify`."
+)
+EXAMPLES_HELP = (f"Hypothesis examples per kernel x dtype property, each a layout (shapes, config) checking "
+                 f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.HARDWARE_CASES_PER_LAYOUT['small']} "
+                 f"on a GPU ({runner.HARDWARE_CASES_PER_LAYOUT['production']} at --shapes production) that share "
+                 "one compiled kernel (the meaning of pytest's --examples too)")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it is a value; an option whose default is None
+    or off says in its help what happens without it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pallascheck")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pallascheck.bench.autotune_workloads import WORKLOADS
 
-    parser = argparse.ArgumentParser(prog="pallascheck", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    verify = sub.add_parser("verify", help="run every registered kernel's checks")
+    parser = _Parser(prog="pallascheck", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"pallascheck {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    verify = sub.add_parser(
+        "verify", help="run every registered kernel's checks and print a verdict per kernel",
+        description="Check every registered kernel (or those named) on one backend: values, gradients, "
+        "determinism, configs agreeing, metamorphic relations and bad inputs, against the float64 oracle under "
+        "the derived bound. Prints a legend, failures first, and one line per kernel; --full prints every "
+        "kernel x dtype x check row. Exits 1 on any failure and saves each failing case for `pallascheck replay`.")
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
-    verify.add_argument("--examples", type=int, default=6, help=f"cases checked per kernel, dtype and check (drawn {runner.CASES_PER_LAYOUT} per Hypothesis example, sharing one compiled kernel)")
-    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--examples", type=int, default=3, help=EXAMPLES_HELP)
+    verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
     verify.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
                         help="shape tier: small (fast, reaches every code path) or production (real model sizes, "
                              "GPU backends; layouts that do not fit the device are skipped, saying so)")
-    verify.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    verify.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
-    verify.add_argument("--json", help="also write the table as JSON to this path")
+    verify.add_argument("--kernel", action="append", help="only this kernel (repeatable); default: every registered kernel")
+    verify.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+    verify.add_argument("--full", action="store_true", help="print every kernel x dtype x check row, not a line per kernel")
+    verify.add_argument("--json", help="also write every row as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
     verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
-    verify.add_argument("--durations", type=int, default=10, help="list the N slowest kernel x dtype x check rows (0: none)")
+    verify.add_argument("--durations", type=int, default=0, help="also list the N slowest kernel x dtype x check rows (0: none)")
     verify.set_defaults(func=cmd_verify)
     fuzz = sub.add_parser(
         "fuzz", help="search for inputs that break kernels, keeping every failure once",
@@ -304,12 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(no progress for --case-timeout s), a crash or a worker above --memory-gb becomes a saved reproducer and "
         "the worker is restarted. Failures are shrunk, deduplicated by signature and saved under CORPUS/failures/ "
         "with a replay command; --resume continues a campaign where it stopped.")
-    fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}")
-    fuzz.add_argument("--minutes", type=float, default=10.0)
+    fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
+    fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
     fuzz.add_argument("--jobs", type=int, default=0,
                       help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
                            "worker seeing its own device)")
-    fuzz.add_argument("--examples", type=int, default=16, help="cases per task (as verify's --examples counts them)")
+    fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task"))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     fuzz.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
                       help="shape tier: small, or production (real model sizes; GPU backends)")
@@ -317,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec "
                            "(or a VARIANTS entry) of an importable module (see --path)")
     fuzz.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
-    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable)")
+    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
     fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
     fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
     fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
@@ -328,14 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
                            "machine's, shared among the jobs)")
     fuzz.set_defaults(func=cmd_fuzz)
-    replay = sub.add_parser("replay", help="re-run the checks on a saved failing case")
-    replay.add_argument("file")
-    replay.add_argument("--backend", default=None)
+    replay = sub.add_parser("replay", help="re-run the check that failed on a saved case")
+    replay.add_argument("file", metavar="FILE", help="a saved case (.npz) from verify's --failures or a fuzz corpus")
+    replay.add_argument("--backend", default=None, help="default: the backend the case was saved on")
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.set_defaults(func=cmd_replay)
     report.add_parser(sub)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
-    bench.add_argument("--backend", default="mosaic_gpu")
+    bench.add_argument("--backend", default="mosaic_gpu", help=f"one of {NAMES}")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
@@ -363,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --time-to-find: only this search mode (repeatable; default both)")
     bench.add_argument("--tests", default="tests", help="with --harness: the test directory pytest runs; with "
                                                          "--tolerance-rules or --time-to-find: the one holding broken/")
-    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's examples per property; with "
-                                                               "--tolerance-rules: cases per shipped kernel and dtype")
+    bench.add_argument("--examples", type=int, default=6, help="with --harness: verify's --examples; with "
+                       "--tolerance-rules: Hypothesis examples (one case each) per shipped kernel and dtype")
     bench.set_defaults(func=cmd_bench)
     probe = sub.add_parser("probe", help="measure the backend's dot arithmetic and check the tolerance model's assumptions")
     probe.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
@@ -380,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="what to tune")
     tune.add_argument("--size", default="small", choices=("small", "bench"),
                       help="small: seconds in the CPU interpreters; bench: a GPU size")
-    tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="the workload's input dtype")
     tune.add_argument("--backend", action="append",
                       help="tune for this backend (repeatable); default: the GPU backends here, else $PALLASCHECK_BACKEND")
     tune.add_argument("--repeats", type=int, default=10, help="timed runs per config after a warm-up")

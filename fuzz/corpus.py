@@ -59,6 +59,14 @@ def crash_pattern(message: str) -> str:
     return re.sub(r"\d+", "N", first)[:200]
 
 
+def headline(message: str) -> str:
+    """What went wrong, in one line: a check's message starts with a line that repeats
+    the check, kernel, dtype and backend ("[values] kernel=..."); the next line says
+    where and by how much."""
+    lines = (message or "").strip().splitlines()
+    return lines[1].strip() if len(lines) > 1 and lines[0].startswith("[") else (lines or [""])[0]
+
+
 def signature(kernel: str, dtype: str, check: str, kind: str, pattern: str) -> str:
     """A readable, filesystem-safe name for the failure class."""
     digest = hashlib.sha1("|".join((kernel, dtype, check, kind, pattern)).encode()).hexdigest()[:10]

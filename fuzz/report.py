@@ -5,16 +5,19 @@ The page answers what a kernel engineer asks after a campaign, top to bottom:
 - **Header**: backend, JAX version, when it started, how long it ran, tasks, cases,
   failures by kind and cases per second.
 - **Failures**: one row per distinct failure (kind, kernel, dtype, check, how often,
-  the message's first line and the replay command to paste into a shell), oldest first.
+  the message's first line and the replay command to paste into a shell), oldest
+  first; then each in full: its worst element, error, bound, budget used, the saved
+  case's shapes and config, the whole message.
 - **Budget used**: per kernel and dtype, how much of the derived error bound the worst
   check of each case used (error / bound; 1.0 is the bound, above it is a failure).
   Budgets far below 1 mean a loose bound that can hide bugs; infinite budgets (NaN or
   inf where the oracle is finite, or differing bits) are counted separately.
-- **Error vs bound**: every check's observed error against its bound, log-log, one
-  colour per kernel; the diagonal is error == bound, and points above it failed.
+- **Error vs bound**: error / bound against the bound, one panel per dtype and one
+  colour per check, in the band that matters (``BUDGET_FLOOR`` to above 1).
 - **Coverage**: which shapes, configs and input kinds each kernel was fuzzed with.
 - **Throughput**: cumulative cases over the campaign's seconds (with the moments each
-  failure was first seen) and the bandit's pulls per arm.
+  failure was first seen), and where the search spent its tasks, in words (the
+  bandit's arms: which input kinds and configs got tasks and how close they came).
 
 The page is one self-contained file (inline CSS, figures as PNG data URIs, no
 scripts, nothing fetched), so it can be attached to a bug or archived with the corpus.
@@ -32,13 +35,14 @@ import io
 import json
 import math
 import os
+import re
 import time
 from collections import Counter, defaultdict
 from typing import Any, Iterator
 
 import numpy as np
 
-from .corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, STATE as CAMPAIGN
+from .corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, STATE as CAMPAIGN, headline
 
 # The JSON's throughput curve and the page's tables stay readable (and the page small)
 # for campaigns of a million cases; report.json keeps every distinct coverage value.
@@ -46,6 +50,10 @@ THROUGHPUT_POINTS = 500
 POINTS_PER_SERIES = 3000  # drawn per row or kernel of a scatter; statistics use all
 COVERAGE_ROWS = 20
 DPI = 90
+BUDGET_FLOOR = 1e-3  # error / bound below this is drawn at the figure's floor: far from the bound either way
+BUDGET_CAP = 1e4  # and above this at its ceiling: a failure either way
+CHECK_COLOURS = {"values": "C0", "reference": "C1", "configs_agree": "C2", "gradients": "C3", "contract": "C4",
+                 "metamorphic": "C5"}
 
 
 @dataclasses.dataclass
@@ -64,6 +72,9 @@ class _Corpus:
     case_times: list[float] = dataclasses.field(default_factory=list)
     budgets: dict[tuple[str, str], list[float]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     error_bound: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    # the same points by (dtype, check), for the figure: a bound means different things per dtype and check
+    by_dtype_check: dict[tuple[str, str], list[tuple[float, float]]] = dataclasses.field(
+        default_factory=lambda: defaultdict(list))
     shapes: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
     configs: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
     kinds: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
@@ -133,11 +144,12 @@ def _add_case(corpus: _Corpus, case: dict[str, Any]) -> None:
     if checks:
         # A case is as bad as its worst check.
         corpus.budgets[(kernel, dtype)].append(max(_budget(c.get("budget")) for c in checks.values()))
-    for check in checks.values():
+    for name, check in checks.items():
         # Checks that compare bits (deterministic) have no error or bound to plot.
         error, bound = check.get("error"), check.get("bound")
         if error is not None and bound is not None and math.isfinite(error) and math.isfinite(bound):
             corpus.error_bound[kernel].append((float(error), float(bound)))
+            corpus.by_dtype_check[(dtype, str(name).split(":")[0])].append((float(error), float(bound)))
     corpus.shapes[kernel][_shape_key(case.get("shapes"))] += 1
     corpus.configs[kernel][_config_key(case.get("config"))] += 1
     corpus.kinds[kernel][str(case.get("kind", "?"))] += 1
@@ -206,6 +218,17 @@ def _stats(budgets: list[float]) -> dict[str, Any]:
     }
 
 
+def _ratio_stats(points: list[tuple[float, float]]) -> dict[str, Any]:
+    """points, zero errors, above the bound, and the median and largest error / bound."""
+    ratios = [e / b if b > 0 else (0.0 if e == 0 else math.inf) for e, b in points]
+    return {
+        "points": len(points), "zero_error": sum(e == 0 for e, _ in points),
+        "above_bound": sum(e > b for e, b in points),
+        "median_budget": _finite_or_inf(float(np.quantile(ratios, 0.5, method="inverted_cdf"))),
+        "max_budget": _finite_or_inf(max(ratios)),
+    }
+
+
 def _duration(corpus: _Corpus) -> float:
     """The campaign's wall seconds (summed over resumes), else the last timestamp seen."""
     seconds = (corpus.campaign or {}).get("seconds")
@@ -250,6 +273,9 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
         },
         "error_vs_bound": {
             k: {"points": len(p), "above_bound": sum(e > b for e, b in p)} for k, p in sorted(corpus.error_bound.items())
+        },
+        "error_vs_bound_by_dtype_check": {
+            f"{dtype} {check}": _ratio_stats(points) for (dtype, check), points in sorted(corpus.by_dtype_check.items())
         },
         "coverage": {
             kernel: {
@@ -315,15 +341,18 @@ def _floor(values: list[float]) -> float:
 def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     Figure, canvas = mpl
     rows = sorted(corpus.budgets)
-    floor = _floor([b for budgets in corpus.budgets.values() for b in budgets])
-    finite_max = max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0])
+    # The band that matters: a budget under BUDGET_FLOOR / 10 is far from its bound, one
+    # over BUDGET_CAP a clear failure; both are drawn at the edge they passed.
+    floor = max(_floor([b for budgets in corpus.budgets.values() for b in budgets]), BUDGET_FLOOR / 10)
+    finite_max = min(max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0]),
+                     BUDGET_CAP)
     inf_at = finite_max * 10  # infinite budgets are drawn right of every finite one
     fig = Figure(figsize=(7, 1.2 + 0.32 * len(rows)), dpi=DPI)
     ax = fig.add_subplot()
     jitter = np.random.default_rng(0)
     for y, key in enumerate(rows):
         budgets = np.array(corpus.budgets[key])
-        finite = np.maximum(budgets[np.isfinite(budgets)], floor)
+        finite = np.clip(budgets[np.isfinite(budgets)], floor, BUDGET_CAP)
         if finite.size:
             shown = finite[:: max(1, finite.size // POINTS_PER_SERIES)]
             ax.scatter(shown, y + jitter.uniform(-0.2, 0.2, shown.size), s=6, alpha=0.3, color="tab:blue", zorder=1)
@@ -343,29 +372,55 @@ def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     ax.set_yticks(range(len(rows)), [f"{k} {d}" for k, d in rows], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.invert_yaxis()
-    ax.set_xlabel("budget used = error / bound (worst check per case; dashed: the bound)")
+    ax.set_xlabel(f"budget used = error / bound (worst check per case; dashed: the bound; clipped to {floor:g}..{BUDGET_CAP:g})")
     fig.tight_layout()
     return _png(fig, canvas)
 
 
 def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    """One panel per dtype: error / bound against the bound, one colour per check. The
+    y axis is the band that matters, BUDGET_FLOOR to above 1 (the bound); the x axis
+    spans the middle 98% of the bounds. Points outside are drawn on the edge they
+    passed (triangles); exact zeros are counted in the legend, not drawn."""
     Figure, canvas = mpl
-    everything = [v for points in corpus.error_bound.values() for p in points for v in p]
-    floor = _floor(everything)
-    top = max(everything + [floor * 10])
-    fig = Figure(figsize=(6, 4.5), dpi=DPI)
-    ax = fig.add_subplot()
-    for i, (kernel, points) in enumerate(sorted(corpus.error_bound.items())):
-        stride = max(1, len(points) // POINTS_PER_SERIES)
-        error, bound = (np.maximum(np.array(v), floor) for v in zip(*points[::stride]))
-        # Ten colours, then a new marker: kernels stay apart past ten.
-        ax.scatter(bound, error, s=8, alpha=0.5, color=f"C{i % 10}", marker="os^D"[i // 10 % 4], label=kernel)
-    ax.plot([floor, top * 2], [floor, top * 2], color="black", linewidth=1, label="error = bound")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("bound")
-    ax.set_ylabel("observed error (zeros at the bottom edge)")
-    ax.legend(fontsize=7, loc="upper left")
+    dtypes = sorted({dtype for dtype, _ in corpus.by_dtype_check})
+    bounds = np.array([b for points in corpus.by_dtype_check.values() for _, b in points if b > 0])
+    low, high = (np.quantile(bounds, [0.05, 0.95]) if bounds.size else (1e-8, 1.0))
+    low, high = low / 10, max(high * 10, low * 100)
+    ratios_all = [e / b for points in corpus.by_dtype_check.values() for e, b in points if b > 0]
+    top = max(2.0, min(max(ratios_all, default=1.0) * 1.5, 1e3))
+    fig = Figure(figsize=(3.6 * len(dtypes) + 0.6, 4.6), dpi=DPI)
+    axes = fig.subplots(1, len(dtypes), sharey=True, squeeze=False)[0]
+    for ax, dtype in zip(axes, dtypes):
+        for (d, check), points in sorted(corpus.by_dtype_check.items()):
+            if d != dtype:
+                continue
+            stride = max(1, len(points) // POINTS_PER_SERIES)
+            error, bound = (np.array(v) for v in zip(*points[::stride]))
+            keep = (error > 0) & (bound > 0)
+            ratio, x = error[keep] / bound[keep], bound[keep]
+            colour = CHECK_COLOURS.get(check, "C7")
+            zeros = int((error == 0).sum())
+            inside = (ratio >= BUDGET_FLOOR) & (ratio <= top) & (x >= low) & (x <= high)
+            ax.scatter(x[inside], ratio[inside], s=9, alpha=0.5, color=colour,
+                       label=f"{check} ({len(points)}{f', {zeros} exact' if zeros else ''})")
+            below = ratio < BUDGET_FLOOR
+            ax.scatter(np.clip(x[below], low, high), np.full(below.sum(), BUDGET_FLOOR), s=12, marker="v",
+                       alpha=0.5, color=colour)
+            above = ratio > top
+            ax.scatter(np.clip(x[above], low, high), np.full(above.sum(), top), s=16, marker="^", color=colour)
+            sideways = ~below & ~above & ((x < low) | (x > high))
+            ax.scatter(np.clip(x[sideways], low, high), ratio[sideways], s=12, marker=">", alpha=0.5, color=colour)
+        ax.axhline(1.0, color="tab:red", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(low, high)
+        ax.set_ylim(BUDGET_FLOOR / 1.5, top * 1.5)
+        ax.set_title(dtype, fontsize=9)
+        ax.set_xlabel("bound", fontsize=8)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, title="check (cases)",
+                  title_fontsize=7, frameon=False)
+    axes[0].set_ylabel("error / bound (dashed: the bound)", fontsize=8)
     fig.tight_layout()
     return _png(fig, canvas)
 
@@ -443,6 +498,8 @@ def _header(summary: dict[str, Any]) -> str:
         ["cases", totals["cases"]],
         ["cases / s", _num(totals["cases_per_second"])],
         ["failures", f"{totals['failures']} distinct ({failures}); seen {totals['failure_occurrences']} times"],
+        # AFL++'s "last saved crash": a search still finding new failures near its end is not done
+        ["last new failure", _last_new(summary)],
     ]
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     # No failures/ folder is the normal case, not worth a note.
@@ -458,21 +515,67 @@ def _header(summary: dict[str, Any]) -> str:
             + (f'<ul class="notes">{note_html}</ul>' if notes else "") + "</header>")
 
 
+def _last_new(summary: dict[str, Any]) -> str:
+    seen = [f["first_seen_t"] for f in summary["failures"] if isinstance(f.get("first_seen_t"), (int, float))]
+    if not seen:
+        return "none"
+    gap = summary["totals"]["seconds"] - max(seen)
+    return f"at {_duration_text(max(seen))}, {_duration_text(max(gap, 0.0))} before the end"
+
+
 def _failures_section(summary: dict[str, Any]) -> str:
     failures = summary["failures"]
     if not failures:
         return '<section id="failures"><h2>Failures</h2>' + _empty("No failures were recorded.") + "</section>"
     rows = [
         [f.get("kind", "?"), f.get("kernel", "?"), f.get("dtype", "?"), f.get("check", "?"), f.get("count", 1),
-         _num(f.get("first_seen_t")), "yes" if f.get("minimised") else "no",
-         str(f.get("message") or "").split("\n", 1)[0],
-         _Html(f"<code>{_e(f.get('replay') or '')}</code>")]
-        for f in failures
+         _num(f.get("first_seen_t")), "yes" if f.get("minimised") else "no", headline(str(f.get("message") or "")),
+         _Html(f'<a href="#finding-{i}">#{i}</a>')]
+        for i, f in enumerate(failures, 1)
     ]
-    headers = ["kind", "kernel", "dtype", "check", "count", "first seen (s)", "minimised", "message", "replay"]
-    return ('<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first; '
-            "paste the replay command into a shell to re-run the saved case.</p>"
-            + _table(headers, rows, cls="failure") + "</section>")
+    headers = ["kind", "kernel", "dtype", "check", "count", "first seen (s)", "minimised", "what went wrong", "details"]
+    return ('<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first. Below the '
+            "table, each in full with the command that replays its saved case.</p>"
+            + _table(headers, rows, cls="failure") + "".join(_finding(i, f) for i, f in enumerate(failures, 1))
+            + "</section>")
+
+
+_DETAIL = re.compile(r"error=(\S+) bound=(\S+) \(budget used (\S+)\)")
+
+
+def _finding(number: int, failure: dict[str, Any]) -> str:
+    """One failure in full: where its check was worst (output, element, error, bound,
+    budget), the shapes and config of its saved case, its message and replay command."""
+    worst = failure.get("worst") or {}
+    error, bound, budget = worst.get("error"), worst.get("bound"), failure.get("budget")
+    parsed = _DETAIL.search(str(failure.get("message") or ""))
+    if not worst and parsed:  # a record written before the worst element was stored
+        error, bound, budget = (float(v) for v in parsed.groups())
+    if worst:
+        index = ", ".join(map(str, worst.get("index") or []))
+        where = f"{worst.get('output', 'out')}[{index}] of shape {_shape_text(worst.get('shape'))}"
+        budget_text = "inf (non-finite, or differing where exactness is promised)" if budget is None else _num(budget)
+    else:
+        where, budget_text = "not recorded", _num(budget)
+    items = [
+        ("worst element", where), ("error", _num(error)), ("bound", _num(bound)),
+        ("budget used (error / bound)", budget_text),
+        ("shapes", _shape_key(failure.get("shapes")) if failure.get("shapes") else "not recorded"),
+        ("config", _config_key(failure.get("config")) if "config" in failure else "not recorded"),
+        ("input kind, config slot", f"{failure.get('input_kind', '?')}, "
+                                    f"{'drawn' if failure.get('config_slot') is None else failure['config_slot']}"),
+        ("seen", f"{failure.get('count', 1)} time(s), first at {_num(failure.get('first_seen_t'))} s"),
+    ]
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    title = (f"{number}. {failure.get('kind', '?')} failure: {failure.get('kernel', '?')} {failure.get('dtype', '?')} "
+             f"[{failure.get('check', '?')}]")
+    return (f'<div class="finding" id="finding-{number}"><h3>{_e(title)}</h3><dl>{rows}</dl>'
+            f"<pre>{_e(str(failure.get('message') or '').strip())}</pre>"
+            f"<p>replay: <code>{_e(failure.get('replay') or '')}</code></p></div>")
+
+
+def _shape_text(shape: Any) -> str:
+    return "(" + ", ".join(map(str, shape or [])) + ")"
 
 
 def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
@@ -488,13 +591,20 @@ def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, An
 
 
 def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    head = ('<section id="error-bound"><h2>Error vs bound</h2><p>Every check with a numeric error, '
-            "one colour per kernel; the diagonal is error = bound and points above it failed.</p>")
+    head = ('<section id="error-bound"><h2>Error vs bound</h2><p>Each case\'s worst error as a share of its '
+            "bound, by dtype (one panel each) and check (one colour each). Above the dashed line (1) a case "
+            f"failed; near it the bound is tight; below {BUDGET_FLOOR:g} the bound is far from the error "
+            "(drawn on the floor, \u25bc). Bounds outside the middle 90% (widened tenfold) are drawn on the side "
+            "edge (\u25b6); "
+            "exact results (error 0) are counted in the legend.</p>")
     if not corpus.error_bound:
         return head + _empty("No checks with an error and a bound were recorded.") + "</section>"
-    rows = [[k, s["points"], s["above_bound"]] for k, s in summary["error_vs_bound"].items()]
-    return (head + _img(_error_bound_figure(corpus, mpl), "observed error against bound, log-log")
-            + _table(["kernel", "checks", "above the bound"], rows) + "</section>")
+    rows = [[key.split(" ", 1)[0], key.split(" ", 1)[1], s["points"], s["zero_error"], _num(s["median_budget"]),
+             _num(s["max_budget"]), s["above_bound"]]
+            for key, s in summary["error_vs_bound_by_dtype_check"].items()]
+    return (head + _img(_error_bound_figure(corpus, mpl), "error / bound against bound, by dtype and check")
+            + _table(["dtype", "check", "cases", "exact", "median error / bound", "max", "above the bound"], rows)
+            + "</section>")
 
 
 def _counts_table(title: str, counts: dict[str, int]) -> str:
@@ -520,16 +630,36 @@ def _throughput_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any
     head = '<section id="throughput"><h2>Throughput</h2>'
     figure = (_img(_throughput_figure(corpus, mpl), "cumulative cases over the campaign")
               if corpus.case_times else _empty("No cases were recorded."))
+    return head + figure + "</section>" + _search_section(summary)
+
+
+def _choice(arm: dict[str, Any]) -> str:
+    """An arm of the bandit in words."""
+    option = arm.get("option")
+    if arm.get("level") == "kind":
+        return "inputs of any kind (unpinned draws)" if option == "any" else f"inputs of kind \u201c{option}\u201d"
+    return "a config drawn at random" if option is None else f"config #{option} of the kernel's config space"
+
+
+def _search_section(summary: dict[str, Any]) -> str:
+    """Where a targeted campaign spent its tasks, in words (the bandit's arms)."""
     arms = summary["arms"]
-    if arms:
-        rows = [[a.get("kernel"), a.get("dtype"), a.get("level"), a.get("option"), a.get("pulls"),
-                 _num(a.get("best_budget")), _num(a.get("mean_reward")), "yes" if a.get("retired") else "no"]
-                for a in sorted(arms, key=lambda a: -(a.get("pulls") or 0))]
-        table = "<h3>Bandit arms (input kind and config slot within each kernel x dtype), most pulled first</h3>" + \
-            _table(["kernel", "dtype", "level", "option", "pulls", "best budget", "mean reward", "retired"], rows)
-    else:
-        table = _empty("No arms recorded (campaign.json is missing or has none).")
-    return head + figure + table + "</section>"
+    intro = ('<section id="search"><h2>Where the search spent its time</h2><p>Each task checks one kernel in one dtype. A targeted '
+             "campaign then chooses the kind of inputs and the config, preferring the choices whose cases came "
+             "closest to their error bound so far while still trying each now and then (the UCB1 rule). Below, "
+             "per kernel and dtype: how many tasks each choice got, the highest share of the bound it reached "
+             "(capped at 1: a failure) and its average. \u201cdone\u201d: no more tasks there, because every check had "
+             "failed or the kernel crashed or hung.</p>")
+    if not arms:
+        return intro + _empty("No choices recorded (campaign.json is missing or has none).") + "</section>"
+    rows = [[a.get("kernel"), a.get("dtype"), _choice(a), a.get("pulls"), _num(a.get("best_budget")),
+             _num(a.get("mean_reward")), "done" if a.get("retired") else "open"]
+            for a in sorted(arms, key=lambda a: (str(a.get("kernel")), str(a.get("dtype")), -(a.get("pulls") or 0)))
+            if a.get("pulls")]
+    untried = sum(not a.get("pulls") for a in arms)
+    note = _empty(f"{untried} other choice(s) got no task.") if untried else ""
+    return intro + _table(["kernel", "dtype", "tasks went to", "tasks", "best share of the bound", "average",
+                           "kernel x dtype"], rows) + note + "</section>"
 
 
 _CSS = """
@@ -543,6 +673,10 @@ code{font:12px ui-monospace,monospace;overflow-wrap:anywhere;background:#f6f6f6}
 tr.failure td:first-child{font-weight:bold;color:#b00}
 .row{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}
 .empty{color:#666;font-style:italic}.notes{color:#8a5a00}
+.finding{border-left:4px solid #b00;padding:.2em .8em;margin:1em 0;background:#fdf6f6}
+.finding dl{display:grid;grid-template-columns:max-content auto;gap:1px 1em;margin:.3em 0}
+.finding dt{color:#555}.finding dd{margin:0;font-family:ui-monospace,monospace;font-size:13px}
+pre{font:12px ui-monospace,monospace;white-space:pre-wrap;background:#f6f6f6;padding:.4em;margin:.3em 0}
 img{max-width:100%;display:block}
 """
 

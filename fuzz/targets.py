@@ -10,12 +10,13 @@ travels as this string, with the import paths it needs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import sys
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from pallascheck.kernels.backends import GENERIC
-from pallascheck.properties.spec import KernelSpec, get_spec
+from pallascheck.properties.spec import KernelSpec, bundled_names, get_spec, registry
 
 
 def add_paths(paths: Sequence[str]) -> None:
@@ -39,3 +40,28 @@ def resolve(target: str) -> KernelSpec:
     else:
         raise ValueError(f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]")
     return dataclasses.replace(spec, name=target)
+
+
+def unknown_name(name: str, known: Iterable[str]) -> str:
+    """Why ``name`` is not a kernel, with the close matches among ``known`` (or all of
+    them when none is close)."""
+    known = sorted(set(known))
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"known kernels: {', '.join(known)}"
+    return f"no kernel named {name!r}: {hint}"
+
+
+def check_names(targets: Sequence[str]) -> None:
+    """Resolve every target once; a ValueError names each that does not resolve (an
+    unknown name with its close matches, a module or spec that does not import), so
+    that a campaign creates nothing for a typo."""
+    problems = []
+    for target in targets:
+        try:
+            resolve(target)
+        except KeyError:
+            problems.append(unknown_name(target, [*registry(), *bundled_names()]))
+        except (ImportError, ValueError) as err:
+            problems.append(f"{target!r}: {err}")
+    if problems:
+        raise ValueError("; ".join(problems))

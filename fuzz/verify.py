@@ -128,8 +128,8 @@ def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[
               f"--examples {options.examples} --seed {options.seed}"
               + (f" --shapes {options.shapes}" if options.shapes != "small" else ""))
     tally = runner.run_property(
-        get_spec(name), dtype, backend, examples=runner.examples_for(options.examples, backend, options.shapes),
-        seed=options.seed, failure_dir=options.failures, replay_hint=replay, shapes=options.shapes,
+        get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
+        failure_dir=options.failures, replay_hint=replay, shapes=options.shapes,
     )
     rows = []
     for check in runner.REPORTED:
@@ -238,14 +238,104 @@ def fmt_budget(value: float | None) -> str:
     return "inf" if math.isinf(value) else f"{value:.3g}"
 
 
-def print_table(rows: Sequence[Row]) -> None:
-    header = ("kernel", "dtype", "check", "result", "examples", "budget used", "contract", "prob. budget", "time (s)")
-    body = [
-        (r.kernel, r.dtype, r.check, "pass" if r.passed else "FAIL", str(r.examples),
-         fmt_budget(r.budget_used), fmt_budget(r.contract_budget), fmt_budget(r.probabilistic_budget),
-         f"{r.seconds:.1f}")
-        for r in rows
+# A check whose contract budget is reported, never a verdict: xla_reference is the
+# baseline a user writes, not the kernel under test.
+INFORMATIONAL_CONTRACT = "reference"
+INFO_MARK = "*"
+
+
+def marks() -> tuple[str, str]:
+    """The verdict marks (pass, fail): check marks where stdout can print them."""
+    try:
+        "\u2714\u2718".encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return "ok", "FAIL !!"
+    return "\u2714 pass", "\u2718 FAIL"
+
+
+def legend(full: bool = False) -> str:
+    """What the columns mean (``full``: the every-row table's, else the per-kernel summary's)."""
+    lines = [
+        "How to read this:",
+        "  verdict      pass: every case was within its bound; FAIL: a case was not (details above the table)",
+        "  budget used  worst |kernel - float64 oracle| / derived bound over the cases; <= 1 passes,",
+        "               far below 1 means the bound is loose there",
+        "  contract     the same outputs' worst error / the op's accuracy contract (what a backward-stable",
+        "               algorithm achieves in that dtype); over 1 fails the contract check",
     ]
+    if full:
+        lines += [
+            f"               {INFO_MARK} on a reference row: xla_reference (the plain jnp baseline) against the "
+            "contract,",
+            "               reported, never a verdict",
+            "  prob. budget the values' error / the probabilistic bound lambda*sqrt(k)*u: how tight the bound is,",
+            "               never a verdict",
+            "  cases        cases checked (each Hypothesis example checks two)",
+        ]
+    else:
+        lines += ["               (the kernel's own rows; --full also shows xla_reference's, never a verdict)"]
+    return "\n".join(lines + [
+        "  checks       values, reference (xla_reference within the same bound), configs_agree, gradients,",
+        "               contract, deterministic (bitwise reruns), metamorphic (invariances), errors (bad",
+        "               input refused), crash (the kernel raised)",
+    ])
+
+
+def failures_first(rows: Sequence[Row]) -> list[Row]:
+    """Failed rows first, each group in its original order."""
+    return sorted(rows, key=lambda r: r.passed)
+
+
+def _contract_cell(row: Row) -> str:
+    cell = fmt_budget(row.contract_budget)
+    return cell + INFO_MARK if row.check == INFORMATIONAL_CONTRACT and row.contract_budget is not None else cell
+
+
+def print_table(rows: Sequence[Row]) -> None:
+    """Every kernel x dtype x check row, failures first."""
+    ok, fail = marks()
+    header = ("verdict", "kernel", "dtype", "check", "cases", "budget used", "contract", "prob. budget", "time (s)")
+    body = [
+        (ok if r.passed else fail, r.kernel, r.dtype, r.check, str(r.examples),
+         fmt_budget(r.budget_used), _contract_cell(r), fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
+        for r in failures_first(rows)
+    ]
+    _print_columns(header, body)
+
+
+def _worst(rows: Sequence[Row], value: Any) -> str:
+    """The largest ``value(row)`` and where it was (check, dtype)."""
+    scored = [(value(r), r) for r in rows if value(r) is not None]
+    if not scored:
+        return "-"
+    top, row = max(scored, key=lambda pair: pair[0])
+    where = row.check if row.dtype == "-" else f"{row.check} {row.dtype}"
+    return f"{fmt_budget(top)} ({where})"
+
+
+def print_summary(rows: Sequence[Row]) -> None:
+    """One line per kernel, failing kernels first: verdict, checks passed, dtypes,
+    the worst budget used and the worst contract budget (the kernel's own, not
+    xla_reference's), and time."""
+    ok, fail = marks()
+    kernels: dict[str, list[Row]] = {}
+    for row in rows:
+        kernels.setdefault(row.kernel, []).append(row)
+    header = ("verdict", "kernel", "checks passed", "dtypes", "worst budget used", "worst contract", "time (s)")
+    body = []
+    for name, group in sorted(kernels.items(), key=lambda item: all(r.passed for r in item[1])):
+        passed = all(r.passed for r in group)
+        dtypes = sorted({r.dtype for r in group if r.dtype != "-"})
+        own = [r for r in group if r.check != INFORMATIONAL_CONTRACT]
+        body.append((
+            ok if passed else fail, name, f"{sum(r.passed for r in group)}/{len(group)}",
+            " ".join(dtypes) or "-", _worst(group, lambda r: r.budget_used),
+            _worst(own, lambda r: r.contract_budget), f"{sum(r.seconds for r in group):.1f}",
+        ))
+    _print_columns(header, body)
+
+
+def _print_columns(header: Sequence[str], body: Sequence[Sequence[str]]) -> None:
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     for line in [header, tuple("-" * w for w in widths), *body]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())

@@ -209,16 +209,22 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
             spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
             shrink=True, failure_dir=failure_dir, search=search, shapes=task.shapes,
         )
-    # Shrinking saves each failing attempt; the last one written is the minimal case.
-    saved = sorted((os.path.join(failure_dir, n) for n in os.listdir(failure_dir)), key=os.path.getmtime) \
-        if os.path.isdir(failure_dir) else []
-    failed = tally.failed_outcome
-    check = next((name for name, o in tally.outcomes.items() if not o.passed), None)
+    # Shrinking saves each failing attempt under its check; the last one written is the
+    # minimal case. Each distinct failure (Hypothesis may report several) is its own record.
+    failures = []
+    for finding in tally.findings:
+        case = runner.failure_path(failure_dir, spec.name, task.dtype, finding.check)
+        worst = finding.outcome.worst if finding.outcome else None
+        failures.append({
+            "check": finding.check, "message": finding.message, "pattern": worst_pattern(worst),
+            "case": case if os.path.exists(case) else None,
+            "budget": _finite_or_none(finding.outcome.budget_used) if finding.outcome else None,
+            "worst": None if worst is None else {
+                "output": worst.name, "index": list(worst.index), "shape": list(worst.shape),
+                "error": _finite_or_none(worst.error), "bound": _finite_or_none(worst.bound)},
+        })
     return {
-        "failure": tally.failure,
-        "check": check,
-        "pattern": worst_pattern(failed.worst) if failed else None,
-        "case": saved[-1] if saved else None,
+        "failures": failures,
         "budgets": {name: _finite_or_none(o.budget_used) for name, o in tally.outcomes.items()},
         "cases": tally.outcomes["values"].examples if "values" in tally.outcomes else 0,
         "kinds": sorted(kinds),

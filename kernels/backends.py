@@ -123,7 +123,7 @@ class Backend:
         if self.is_mosaic_gpu:
             raise NotOnBackend(
                 f"{kwargs.get('name', 'this kernel')} has no Mosaic GPU version; run it on "
-                f"one of {GENERIC} (see the README's backend table)"
+                f"one of {GENERIC} (see docs/backends.md)"
             )
         return pl.pallas_call(
             kernel,

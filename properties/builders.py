@@ -69,9 +69,28 @@ def backward_on_backend(spec: KernelSpec, interpret: str | None) -> KernelSpec:
 
     def kernel_vjp(case: Case, config: Any, backend: Backend) -> Any:
         with interpreting(backend, interpret):
-            return vjp(case, config, backend)
+            try:
+                return vjp(case, config, backend)
+            except (ValueError, NotImplementedError) as err:
+                if not _no_reverse_mode(err):
+                    raise
+                raise TypeError(
+                    f"{spec.name}: this kernel has no VJP: pass differentiable=False to its spec builder "
+                    f"(a forward-only kernel; the default differentiable=True checks its gradients). "
+                    f"JAX said: {str(err).splitlines()[0]}"
+                ) from err
 
     return dataclasses.replace(spec, gradients=dataclasses.replace(spec.gradients, kernel_vjp=kernel_vjp))
+
+
+# How JAX says that a function has no reverse-mode derivative: a pallas_call without
+# a custom_vjp cannot be linearised (generic lowering), or its primitive has no
+# differentiation rule (the Mosaic GPU and TPU lowerings).
+_NO_VJP = ("Linearization failed to produce known values", "Differentiation rule for")
+
+
+def _no_reverse_mode(err: Exception) -> bool:
+    return any(marker in str(err) for marker in _NO_VJP)
 
 
 # What refusing bad input looks like: an AttributeError or a KeyError is a crash.

@@ -225,7 +225,7 @@ def grouped_matmul_like(
     interpret: str | None = None,
 ) -> KernelSpec:
     """The spec of a user's grouped (ragged) matmul ``fn(lhs, rhs, group_sizes)``:
-    rows ``[offset_g, offset_g + group_sizes[g])`` of lhs [m, k] times rhs[g] [k, n],
+    rows ``[offset_g, offset_g + group_sizes[g])`` of ``lhs[m, k]`` times ``rhs[g]`` (``[k, n]``),
     rows in no group 0 (``jax.lax.ragged_dot``'s semantics), output in the inputs' dtype.
 
     - ``m``, ``n``, ``k``, ``groups``: the sizes it accepts;

@@ -41,6 +41,17 @@ def config_to_json(config: Any) -> Any:
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
 
 
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One failure of a property run: the check that failed ("crash" for an exception
+    that is not a CheckFailure), its message, and its outcome (where, error, bound;
+    None for a crash)."""
+
+    check: str
+    message: str
+    outcome: checks.Outcome | None = None
+
+
 @dataclasses.dataclass
 class Tally:
     """Per-check aggregate over examples.
@@ -54,8 +65,19 @@ class Tally:
     contract_budgets: dict[str, float] = dataclasses.field(default_factory=dict)
     probabilistic_budget: float = 0.0
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    failure: str = ""
-    failed_outcome: checks.Outcome | None = None  # the failing check's outcome (where, error, bound)
+    # Every distinct failure Hypothesis reported, each under its own check (it reports
+    # several at once as an ExceptionGroup: "Hypothesis found 2 distinct failures").
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+
+    @property
+    def failure(self) -> str:
+        """Every finding's message ("" when the checks passed), the first first."""
+        return "\n\n".join(f.message for f in self.findings)
+
+    @property
+    def failed_outcome(self) -> checks.Outcome | None:
+        """The first failing check's outcome (where, error, bound)."""
+        return self.findings[0].outcome if self.findings else None
 
     def add(self, outcome: checks.Outcome, seconds: float) -> None:
         name = outcome.check
@@ -287,13 +309,6 @@ def layout_cases(backend: Backend, shapes: str = "small") -> int:
     return CASES_PER_LAYOUT if backend.is_interpreted else HARDWARE_CASES_PER_LAYOUT[shapes]
 
 
-def examples_for(cases: int, backend: Backend | None = None, shapes: str = "small") -> int:
-    """Hypothesis examples that check at least ``cases`` cases: what ``verify`` and
-    ``fuzz`` take ``--examples`` to mean."""
-    per_layout = CASES_PER_LAYOUT if backend is None else layout_cases(backend, shapes)
-    return math.ceil(cases / per_layout)
-
-
 def tier_checks(selected: Sequence[str], shapes: str) -> list[str]:
     """The checks a shape tier runs: at the production tier not the metamorphic
     relations (see ``run_property``)."""
@@ -403,32 +418,55 @@ def run_property(
         property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()
     try:
         property_()
-    except checks.CheckFailure as failure:
-        check = failure.outcome.check.split(":")[0]
-        if failure.context.config == "xla_reference":
-            check = "reference"
-        tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)
-        tally.failure = str(failure)
-        tally.failed_outcome = failure.outcome
-    except Exception as crash:  # noqa: BLE001 - a kernel that crashes is a failed check
-        tally.add(checks.Outcome("crash", False, float("inf"), repr(crash), examples=0), 0.0)
-        tally.failure = f"[crash] {context.describe()}\n  {type(crash).__name__}: {crash}"
+    except ExceptionGroup as group:  # several distinct failures: each is booked under its check
+        for failure in _leaves(group):
+            _book(tally, failure, context)
+    except Exception as failure:  # noqa: BLE001 - a kernel that crashes is a failed check
+        _book(tally, failure, context)
     return tally
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
+
+
+def failed_check(failure: BaseException) -> str:
+    """The check a failure belongs to: a CheckFailure's (an xla_reference comparison is
+    the "reference" check; "metamorphic:NAME" is "metamorphic"), else "crash"."""
+    if not isinstance(failure, checks.CheckFailure):
+        return "crash"
+    return "reference" if failure.context.config == "xla_reference" else failure.outcome.check.split(":")[0]
+
+
+def _book(tally: Tally, failure: BaseException, context: checks.Context) -> None:
+    check = failed_check(failure)
+    if isinstance(failure, checks.CheckFailure):
+        tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)
+        tally.findings.append(Finding(check, str(failure), failure.outcome))
+    else:
+        tally.add(checks.Outcome("crash", False, float("inf"), repr(failure), examples=0), 0.0)
+        tally.findings.append(Finding("crash", f"[crash] {context.describe()}\n  {type(failure).__name__}: {failure}"))
 
 
 def save_failure(
     directory: str, spec: KernelSpec, dtype: str, backend: Backend, case: Case, config: Any,
     failure: Exception,
 ) -> str:
-    """Save the failing case as ``<kernel>-<dtype>-<check>.npz`` ("crash" for an exception
-    that is not a CheckFailure) under ``directory``; returns the path."""
+    """Save the failing case as ``failure_path(directory, spec.name, dtype, check)``
+    (check "crash" for an exception that is not a CheckFailure); returns the path."""
     os.makedirs(directory, exist_ok=True)
-    if isinstance(failure, checks.CheckFailure):
-        check = failure.outcome.check.split(":")[0]
-    else:
-        check, failure = "crash", f"{type(failure).__name__}: {failure}"
-    path = os.path.join(directory, f"{spec.name}-{dtype}-{check}.npz")
+    check = failed_check(failure)
+    if check == "crash":
+        failure = f"{type(failure).__name__}: {failure}"
+    path = failure_path(directory, spec.name, dtype, check)
     meta = {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "check": check,
             "config": config_to_json(config), "message": str(failure)}
     Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
     return path
+
+
+def failure_path(directory: str, kernel: str, dtype: str, check: str) -> str:
+    """Where ``save_failure`` keeps the latest failing case of one check: while
+    Hypothesis shrinks, each smaller failing case replaces the last, and its final
+    replay of the minimal case writes it last."""
+    return os.path.join(directory, f"{kernel}-{dtype}-{check}.npz")

@@ -50,3 +50,12 @@ HANGS = _spec(_hangs, "relu_that_hangs")
 ABORTS = _spec(_aborts, "relu_that_aborts")
 HOARDS = _spec(_hoards, "relu_that_hoards_memory")
 WRONG_FIRST_ELEMENT = _spec(_wrong_first_element, "relu_wrong_at_first_element")
+
+
+def _crash_or_wrong(x, interpret=None):
+    if x.size > 64:  # two bugs: shrinking the crash's input reaches the wrong value
+        raise RuntimeError("kernel crashed on a large input")
+    return _wrong_first_element(x)
+
+
+CRASH_OR_WRONG = _spec(_crash_or_wrong, "relu_that_crashes_or_is_wrong")

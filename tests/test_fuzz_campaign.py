@@ -33,13 +33,13 @@ def _lines(path: str) -> list[dict]:
 
 
 def _run(targets, backend, path, **kwargs) -> campaign.CampaignResult:
-    kwargs = {"seconds": 120, "examples": 4, "jobs": 1, "paths": [TESTS], "dtypes": ["float32"], **kwargs}
+    kwargs = {"seconds": 120, "examples": 2, "jobs": 1, "paths": [TESTS], "dtypes": ["float32"], **kwargs}
     return campaign.run(targets, backend, str(path), **kwargs)
 
 
 def test_campaign_finds_a_broken_kernel_and_keeps_a_replayable_reproducer(tmp_path, backend) -> None:
     backend = _generic(backend)
-    result = _run([DROPPED_TILE], backend, tmp_path, examples=16, stop_on_first=True)
+    result = _run([DROPPED_TILE], backend, tmp_path, examples=8, stop_on_first=True)
     (found,) = result.new_failures
     assert found["kind"] == "value" and found["minimised"] and os.path.exists(found["case"])
     assert found["replay"] == f"pallascheck replay {found['case']} --path {TESTS}"
@@ -151,7 +151,7 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     help_text = capsys.readouterr().out
     for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random"):
         assert flag in help_text
-    argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "2",
+    argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "1",
             "--jobs", "1", "--corpus", str(tmp_path)]
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
@@ -169,3 +169,20 @@ def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
         arms.update(pair, kind, slot, 0.9 if pair == pairs[1] and kind == "large" else 0.05)
     picks = [arms.choose(pairs) for _ in range(50)]
     assert sum(p[0] == pairs[1] for p in picks) > 40 and sum(p[1] == "large" for p in picks) > 25
+
+
+def test_two_distinct_failures_are_booked_each_under_its_check(tmp_path, capsys) -> None:
+    # Hypothesis shrinks the crash's input into the wrong-value bug and reports both at
+    # once ("Hypothesis found 2 distinct failures"): two records, two replays.
+    result = _run(["fuzz_targets:CRASH_OR_WRONG"], Backend("interpret"), tmp_path, examples=4, stop_on_first=True)
+    found = {f["check"]: f for f in result.new_failures}
+    assert set(found) == {"crash", "values"}, [f["message"] for f in result.new_failures]
+    assert found["crash"]["kind"] == "crash" and found["values"]["kind"] == "value"
+    (event,) = [e for e in _lines(tmp_path / "events.jsonl") if e["outcome"] != "pass"]
+    assert sorted(event["signatures"]) == sorted(f["signature"] for f in found.values())
+    capsys.readouterr()
+    for check, failure in found.items():
+        assert cli.main(["replay", failure["case"], "--path", TESTS]) == 1
+        header, *lines = capsys.readouterr().out.splitlines()
+        verdict = next(line for line in lines if line.startswith("FAIL"))
+        assert f"[{check}]" in header and verdict.startswith(f"FAIL [{check}]"), (header, verdict)

@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 import pytest
 
 from pallascheck.fuzz import report
+from pallascheck.fuzz.corpus import headline
 
 CHROMIUM = "/usr/bin/chromium"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -68,7 +69,8 @@ def _write_corpus(root) -> None:
         {"signature": "matmul-bf16-values", "kernel": "matmul", "dtype": "bfloat16", "check": "values", "kind": "value",
          "message": "matmul <bfloat16>: error 6 > bound 2 at (1, 3)\nconfig ...", "replay": REPLAY_VALUE,
          "first_seen_t": 2.0, "count": 3, "minimised": True, "shapes": {"a": [4, 4], "b": [4, 4]},
-         "config": {"block_m": 32}, "backend": "interpret"},
+         "config": {"block_m": 32}, "backend": "interpret", "input_kind": "random", "config_slot": 1, "budget": 3.0,
+         "worst": {"output": "out", "index": [1, 3], "shape": [4, 4], "error": 6.0, "bound": 2.0}},
     ]
     for failure in failures:
         directory = root / "failures" / failure["signature"]
@@ -156,6 +158,10 @@ def test_summary_counts_what_the_corpus_holds(corpus) -> None:
 
     # Checks without an error (bit comparisons, the NaN case) are not points.
     assert summary["error_vs_bound"] == {"matmul": {"points": 3, "above_bound": 1}, "softmax": {"points": 2, "above_bound": 0}}
+    assert summary["error_vs_bound_by_dtype_check"] == {
+        "bfloat16 values": {"points": 3, "zero_error": 0, "above_bound": 1, "median_budget": 0.5, "max_budget": 3.0},
+        "float32 values": {"points": 2, "zero_error": 1, "above_bound": 0, "median_budget": 0.0, "max_budget": 0.125},
+    }
     coverage = summary["coverage"]["matmul"]
     assert coverage["shapes"] == {"a=8x16, b=16x8": 3, "a=4x4, b=4x4": 1}
     assert coverage["configs"] == {"block_m=64": 2, "block_m=32": 1, "default": 1}
@@ -183,13 +189,23 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     failure_rows = [row for row in page.rows if row and row[0] in ("value", "hang")]
     assert [row[:5] for row in failure_rows] == [
         ["value", "matmul", "bfloat16", "values", "3"], ["hang", "softmax", "float32", "values", "1"]]
-    assert [row[-1] for row in failure_rows] == [REPLAY_VALUE, REPLAY_HANG]
+    assert [row[-1] for row in failure_rows] == ["#1", "#2"]  # links to each failure in full
     assert failure_rows[0][-2] == "matmul <bfloat16>: error 6 > bound 2 at (1, 3)"  # first line, unescaped by the parser
     assert "&lt;bfloat16&gt;" in text
+    # each failure in full on the page: worst element, error, bound, budget, shapes, config, replay
+    value = text[text.index('id="finding-1"'):text.index('id="finding-2"')]
+    for shown in ("out[1, 3] of shape (4, 4)", "<dd>6</dd>", "<dd>2</dd>", "<dd>3</dd>", "a=4x4, b=4x4",
+                  "block_m=32", "random, 1", REPLAY_VALUE):
+        assert shown in value, shown
+    assert "not recorded" in text[text.index('id="finding-2"'):] and REPLAY_HANG in text
+    # the bandit in words
+    assert "inputs of kind \u201crandom\u201d" in text and "config #1 of the kernel&#x27;s config space" in text
+    assert "Bandit" not in text and "slot None" not in text
 
     header = {row[0]: row[1] for row in page.rows if len(row) == 2}
     assert header["backend"] == "interpret" and header["jax"] == "0.12.0"
     assert header["cases"] == str(len(CASES)) and header["duration"] == "0m 12s"
+    assert header["last new failure"] == "at 0m 09s, 0m 03s before the end"
     assert "events.jsonl: 1 line(s) that do not parse were skipped" in text
     assert ["matmul", "bfloat16", "3", "0", "0.5", "3", "3"] in page.rows  # the budget table
 
@@ -202,7 +218,7 @@ def test_page_renders_in_chromium(corpus, tmp_path) -> None:
          "--dump-dom", f"file://{os.path.abspath(html_path)}"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
-    assert dom.count('<tr class="failure">') == 2
+    assert dom.count('<tr class="failure">') == 2 and dom.count('<div class="finding"') == 2
     assert REPLAY_VALUE in dom and REPLAY_HANG in dom
     assert dom.count('<img src="data:image/png;base64,') == 3
 
@@ -237,3 +253,9 @@ def test_missing_matplotlib_names_the_extra(corpus, monkeypatch) -> None:
     with pytest.raises(ImportError, match=re.escape("pip install 'pallascheck[report]'")):
         report.write(corpus)
     assert not os.path.exists(os.path.join(corpus, "report.html"))
+
+
+def test_headline_is_what_went_wrong() -> None:
+    message = "[values] kernel=matmul dtype=bfloat16 backend=interpret\n  out: worst element (1, 3): error=6"
+    assert headline(message) == "out: worst element (1, 3): error=6"
+    assert headline("RuntimeError: boom\nmore") == "RuntimeError: boom" and headline("") == ""

@@ -136,7 +136,7 @@ def _run_spec(name: str, dtype: str, backend: Backend, examples: int, not_run: t
     """Every check of ``name`` but those a documented finding breaks (``FINDINGS``)
     and ``not_run``: the failure message ("" if they pass)."""
     replay = (f"pallascheck verify --kernel {name} --dtype {dtype} --backend {backend} "
-              f"--examples {examples * runner.CASES_PER_LAYOUT}")
+              f"--examples {examples}")
     broken = FINDINGS.get((name, dtype), ()) + not_run
     tally = runner.run_property(get_spec(name), dtype, backend, examples=examples, seed=0, replay_hint=replay,
                                 selected=[c for c in runner.CHECKS if c not in broken])

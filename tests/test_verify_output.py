@@ -1,0 +1,66 @@
+"""`pallascheck verify`'s output explains itself: a legend, a marked verdict, failures
+first, one line per kernel by default and every row with --full."""
+from __future__ import annotations
+
+from pallascheck.fuzz import verify
+from pallascheck.fuzz.verify import Row
+
+ROWS = [
+    Row("matmul", "float32", "values", True, 6, 0.5, 0.1, 1.0, contract_budget=0.25),
+    Row("matmul", "float32", "reference", True, 6, 0.75, None, 1.0, contract_budget=210.0),
+    Row("attention", "bfloat16", "values", True, 6, 0.4, 0.1, 2.0, contract_budget=0.3),
+    Row("attention", "bfloat16", "gradients", False, 6, 3.5, None, 2.0, contract_budget=0.9),
+    Row("attention", "-", "errors", True, 2, 0.0, None, 0.5),
+]
+
+
+def _lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def test_summary_has_one_line_per_kernel_failures_first(capsys) -> None:
+    verify.print_summary(ROWS)
+    header, _, first, second = _lines(capsys)
+    ok, fail = verify.marks()
+    assert header.split()[:2] == ["verdict", "kernel"]
+    assert first.startswith(fail) and " attention " in first and "2/3" in first and "3.5 (gradients bfloat16)" in first
+    assert second.startswith(ok) and " matmul " in second
+    # the kernel's own contract budget, not xla_reference's 210 (reported, never a verdict)
+    assert "0.25 (values float32)" in second and "210" not in second
+
+
+def test_full_table_marks_failures_and_the_informational_contract(capsys) -> None:
+    verify.print_table(ROWS)
+    lines = _lines(capsys)
+    assert lines[2].startswith(verify.marks()[1]) and "gradients" in lines[2]
+    (reference,) = [line for line in lines if " reference " in line]
+    assert f"210{verify.INFO_MARK}" in reference
+
+
+def test_legend_names_every_column() -> None:
+    short, full = verify.legend(), verify.legend(full=True)
+    for word in ("verdict", "budget used", "contract", "xla_reference"):
+        assert word in short and word in full
+    assert "prob. budget" in full and "probabilistic" in full and "prob. budget" not in short
+
+
+def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path, monkeypatch, capsys) -> None:
+    from fuzz_targets import SOUND, WRONG_FIRST_ELEMENT
+    from pallascheck.fuzz import cli
+    from pallascheck.properties import spec
+
+    for kernel in (SOUND, WRONG_FIRST_ELEMENT):  # plain jnp relus: no compile to speak of
+        monkeypatch.setitem(spec._REGISTRY, kernel.name, kernel)
+    argv = ["verify", "--kernel", SOUND.name, "--kernel", WRONG_FIRST_ELEMENT.name, "--examples", "1", "--jobs", "1",
+            "--backend", "interpret", "--failures", str(tmp_path / "failures")]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    order = [out.index(s) for s in ("How to read this:", "FAILURES (1;", "[values] kernel=relu_wrong_at_first_element",
+                                    "Per kernel", "\nFAIL: ")]
+    assert order == sorted(order), out
+    summary = out[out.index("Per kernel"):].splitlines()
+    ok, fail = verify.marks()
+    assert summary[3].startswith(fail) and WRONG_FIRST_ELEMENT.name in summary[3], summary
+    assert summary[4].startswith(ok) and f" {SOUND.name} " in summary[4], summary
+    assert list((tmp_path / "failures").iterdir())  # the failing case is saved for replay
