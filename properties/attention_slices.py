@@ -12,12 +12,17 @@ broadcasts over.
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host, and for cases below ``SLICE_ELEMENTS``, they run
-unchanged.
+unchanged. On the device each wrapped function (the oracle and one bound, for one
+slice's shapes, config and arithmetic) is one compiled float64 program: XLA fuses its
+elementwise work, and every slice and every case of the layout reuses it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping
+
+import jax
 
 from pallascheck.oracles import numeric
 from pallascheck.oracles.numeric import xp
@@ -95,6 +100,25 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
+def _params_key(case: Case) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(case.params.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _program(fn: Callable[..., Any], oracle: Callable[[Case], Any], params: tuple[tuple[str, Any], ...],
+             statics: tuple[Any, ...]) -> Callable[..., Any]:
+    """``fn(case, oracle(case), *rest)`` compiled for one slice: ``rest`` is
+    ``statics`` (config, arithmetic: hashable) with the gradients mapping, if any, put
+    back where ``statics`` holds None."""
+
+    def program(arrays: Mapping[str, Any], grads: Mapping[str, Any] | None) -> Any:
+        case = Case(dict(arrays), dict(params))
+        rest = [grads if r is None else r for r in statics]
+        return fn(case, oracle(case), *rest)
+
+    return jax.jit(program)
+
+
 def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
@@ -104,28 +128,26 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
         plan = _plan(case)
         return oracle(case) if plan is None else Sliced(case, plan)
 
-    def each(ref: Sliced, fn: Callable[[Case, Any], Any]) -> list[Any]:
-        return [fn(_sub_case(ref.case, i, j), i, j) for i, j in ref.slices]
-
-    def sliced_expected(ref: Any) -> Any:
-        if not isinstance(ref, Sliced):
-            return expected(ref)
-        return _assemble(ref, each(ref, lambda sub, i, j: expected(oracle(sub))), "out")
+    def expected_of(case: Case, ref: Any) -> Any:
+        return expected(ref)
 
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
                 return fn(case, ref, *rest)
             group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
-
-            def one(sub: Case, i: int | None, j: int | None) -> Any:
-                args = [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest]
-                return fn(sub, oracle(sub), *args)
-
-            parts = each(ref, one)
+            grads = next((r for r in rest if isinstance(r, Mapping)), None)
+            statics = tuple(None if isinstance(r, Mapping) else r for r in rest)
+            program = _program(fn, oracle, _params_key(case), statics)
+            parts = []
+            for i, j in ref.slices:
+                sub = _sub_case(case, i, j)
+                parts.append(program(sub.arrays, None if grads is None else _slice_grads(grads, i, j, group)))
             if isinstance(parts[0], Mapping):
                 return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
             return _assemble(ref, parts, "out")
         return run
 
-    return sliced_oracle, sliced_expected, per_slice
+    sliced_expected = per_slice(expected_of)
+    return sliced_oracle, lambda ref: sliced_expected(ref.case, ref) if isinstance(ref, Sliced) else expected(ref), \
+        per_slice

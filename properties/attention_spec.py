@@ -86,10 +86,10 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         npd = strategies.np_dtype(dtype)
         scale = _qk_scale(logits_kind, d, sm_scale)
         arrays = {
-            "q": (rng.standard_normal((b, sq, h, d)) * scale).astype(npd),
-            "k": (rng.standard_normal((b, skv, hkv, d)) * scale).astype(npd),
-            "v": rng.standard_normal((b, skv, hkv, d)).astype(npd),
-            "cotangent": rng.standard_normal((b, sq, h, d)).astype(npd),
+            "q": (strategies.normal(rng, (b, sq, h, d)) * scale).astype(npd),
+            "k": (strategies.normal(rng, (b, skv, hkv, d)) * scale).astype(npd),
+            "v": strategies.normal(rng, (b, skv, hkv, d)).astype(npd),
+            "cotangent": strategies.normal(rng, (b, sq, h, d)).astype(npd),
         }
         if bias_kind != "none":
             shape = _layout(draw_(strategies.layout("attention.bias_layout", st.sampled_from(LAYOUTS))), b, h, sq, skv)
