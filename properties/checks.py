@@ -17,6 +17,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from pallascheck.oracles.numeric import namespace
+
 
 @dataclasses.dataclass(frozen=True)
 class Context:
@@ -99,37 +101,47 @@ def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check:
 
     Where ``expected`` is NaN or infinite the kernel must produce exactly that
     (NaN for NaN, the same infinity); a non-finite result where the oracle is
-    finite is an error of infinite size.
+    finite is an error of infinite size. An oracle computed on a device
+    (oracles/numeric.py) is compared there: only the worst element comes back.
     """
-    actual, expected = _as_f64(actual), _as_f64(expected)
-    bound = np.broadcast_to(_as_f64(bound), expected.shape)
+    xp = namespace(expected, bound)
+    if xp is np:
+        actual, expected = _as_f64(actual), _as_f64(expected)
+        bound = np.broadcast_to(_as_f64(bound), expected.shape)
+    else:  # inside the device oracles' float64 scope
+        actual = xp.asarray(actual).astype(np.float64)
+        expected = xp.asarray(expected, dtype=np.float64)
+        bound = xp.broadcast_to(xp.asarray(bound, dtype=np.float64), expected.shape)
     if actual.shape != expected.shape:
         return Outcome(check, False, np.inf, f"{name}: shape {actual.shape} != expected {expected.shape}")
-    finite = np.isfinite(expected)
-    special_ok = np.where(
-        np.isnan(expected), np.isnan(actual), np.where(finite, True, actual == expected)
-    )
-    with np.errstate(invalid="ignore"):
-        error = np.where(finite, np.abs(actual - expected), 0.0)
-    error = np.where(finite & ~np.isfinite(actual), np.inf, error)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(error == 0, 0.0, error / bound)
-    ratio = np.where(special_ok, ratio, np.inf)
+        finite = xp.isfinite(expected)
+        special_ok = xp.where(
+            xp.isnan(expected), xp.isnan(actual), xp.where(finite, True, actual == expected)
+        )
+        error = xp.where(finite, xp.abs(actual - expected), 0.0)
+        error = xp.where(finite & ~xp.isfinite(actual), np.inf, error)
+        ratio = xp.where(error == 0, 0.0, error / bound)
+    ratio = xp.where(special_ok, ratio, np.inf)
     # a NaN bound (e.g. inf * 0 in a bound model) bounds nothing: fail there, by name,
     # instead of a NaN budget that max() and argmax() would pass over
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    ratio = xp.where(xp.isnan(ratio), np.inf, ratio)
     if ratio.size == 0:
         return Outcome(check, True, 0.0, f"{name}: empty")
-    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-    used = float(ratio[worst])
+    worst = np.unravel_index(int(xp.argmax(ratio)), ratio.shape)
+
+    def at(a: Any) -> Any:  # the worst element, as a numpy scalar
+        return np.asarray(a[worst])[()]
+
+    used = float(at(ratio))
     detail = (
-        f"{name}: worst element {tuple(int(i) for i in worst)}: kernel={actual[worst]!r} "
-        f"oracle={expected[worst]!r} error={error[worst]:.3e} bound={bound[worst]:.3e} "
+        f"{name}: worst element {tuple(int(i) for i in worst)}: kernel={at(actual)!r} "
+        f"oracle={at(expected)!r} error={at(error):.3e} bound={at(bound):.3e} "
         f"(budget used {used:.3g})"
     )
-    if not special_ok[worst]:
-        detail = f"{name}: element {tuple(int(i) for i in worst)} is {actual[worst]!r}, oracle promises {expected[worst]!r}"
-    where = Worst(name, tuple(int(i) for i in worst), expected.shape, float(error[worst]), float(bound[worst]))
+    if not at(special_ok):
+        detail = f"{name}: element {tuple(int(i) for i in worst)} is {at(actual)!r}, oracle promises {at(expected)!r}"
+    where = Worst(name, tuple(int(i) for i in worst), tuple(expected.shape), float(at(error)), float(at(bound)))
     return Outcome(check, bool(used <= 1.0), used, detail, worst=where)
 
 
@@ -217,7 +229,9 @@ def check_configs_agree(
     worst = Outcome("configs_agree", True, 0.0, f"{len(items)} configs")
     base_cfg, (base, base_bound) = items[0]
     for cfg, (out, out_bound) in items[1:]:
-        o = compare(out, _as_f64(base), _as_f64(base_bound) + _as_f64(out_bound), name=f"{cfg} vs {base_cfg}", check="configs_agree")
+        both = namespace(base_bound, out_bound)  # device bounds are added where they are
+        allowed = both.asarray(base_bound, dtype=np.float64) + both.asarray(out_bound, dtype=np.float64)
+        o = compare(out, _as_f64(base), allowed, name=f"{cfg} vs {base_cfg}", check="configs_agree")
         if o.budget_used >= worst.budget_used:
             worst = Outcome("configs_agree", o.passed and worst.passed, o.budget_used, o.detail, worst=o.worst)
         elif not o.passed:

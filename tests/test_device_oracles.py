@@ -93,3 +93,23 @@ def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytes
         np.testing.assert_allclose(sliced_bound[key], whole_bound[key], rtol=1e-9, err_msg=key)
         gap = np.abs(np.where(np.isfinite(whole_out[key]), whole_out[key] - sliced_out[key], 0.0))
         assert np.all(gap <= ORACLE_OWN_ERROR * whole_bound[key]), (key, float(np.max(gap)))
+
+
+def test_compare_on_the_device_is_compare_on_the_host() -> None:
+    """checks.compare of a device oracle runs there and says the same: budget, worst
+    element, message (NaN and infinite oracles included)."""
+    from pallascheck.properties import checks
+
+    rng = np.random.default_rng(1)
+    expected = rng.standard_normal((6, 7))
+    expected[0, 0], expected[1, 1] = np.nan, np.inf
+    actual = (expected + rng.standard_normal((6, 7)) * 1e-3).astype(np.float32)
+    actual[1, 1] = np.inf
+    bound = np.full((6, 7), 2e-3)
+    bound[3, 4] = 1e-9  # the planted failure
+    host = checks.compare(actual, expected, bound)
+    with numeric.on_device(jax.devices("cpu")[0]):
+        device = checks.compare(actual, numeric.f64(expected), numeric.f64(bound))
+    assert (device.passed, device.budget_used, device.detail, device.worst) == \
+        (host.passed, host.budget_used, host.detail, host.worst)
+    assert not host.passed and host.worst.index == (3, 4)
