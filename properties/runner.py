@@ -371,7 +371,9 @@ def run_property(
     )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     phases += [Phase.target] if search.targeted else []
-    phases += [Phase.shrink] if shrink else []
+    # shrinking a production case costs a production case per step: the case found is
+    # the reproducer
+    phases += [Phase.shrink] if shrink and shapes == "small" else []
     database = DirectoryBasedExampleDatabase(search.database) if search.database else None
 
     @settings(
