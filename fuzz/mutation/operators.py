@@ -134,7 +134,7 @@ class _Found:
 @dataclasses.dataclass
 class _Scope:
     name: str
-    params: list[str]
+    carried: list[str]  # params, and names unpacked from a param (a loop body's carry)
     bindings: list[str]  # params, then names bound in the body, in order of first binding
     is_function: bool
 
@@ -167,7 +167,6 @@ class _Bindings(cst.CSTVisitor):
         self._add(node.target)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self._add(node.name)
         return False
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
@@ -280,6 +279,10 @@ class _Finder(cst.CSTVisitor):
     def function_scope(self) -> _Scope | None:
         return next((s for s in reversed(self.scopes) if s.is_function), None)
 
+    def binding_scope(self, name: str) -> _Scope | None:
+        """The innermost enclosing function that binds ``name``."""
+        return next((s for s in reversed(self.scopes) if s.is_function and name in s.bindings), None)
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         params = [p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)]
         for star in (node.params.star_arg, node.params.star_kwarg):
@@ -287,7 +290,15 @@ class _Finder(cst.CSTVisitor):
                 params.append(star.name.value)
         bindings = _Bindings()
         node.body.visit(bindings)
-        self.scopes.append(_Scope(node.name.value, params, params + [n for n in bindings.names if n not in params], True))
+        carried = list(params)
+        for statement in node.body.body:
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.Assign) and isinstance(small.value, cst.Name) and small.value.value in params:
+                    unpacked = _Bindings()
+                    for target in small.targets:
+                        unpacked._add(target.target)
+                    carried += unpacked.names
+        self.scopes.append(_Scope(node.name.value, carried, params + [n for n in bindings.names if n not in params], True))
         return not EXCLUDED_FUNCTIONS.fullmatch(node.name.value)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -389,16 +400,16 @@ class _Finder(cst.CSTVisitor):
                     self.add("accumulator", value, value.with_changes(func=value.func.with_changes(attr=cst.Name(ones))))
 
     def reduction(self, node: cst.Call, operands: Sequence[cst.Arg]) -> None:
-        scope = self.function_scope()
-        if scope is not None:
-            for operand in operands:
-                for variable in _variables(operand.value):
-                    if variable not in scope.bindings:
-                        continue
-                    i = scope.bindings.index(variable)
-                    neighbour = scope.bindings[i - 1] if i > 0 else (scope.bindings[1] if len(scope.bindings) > 1 else None)
-                    if neighbour is not None:
-                        self.add("reduction", operand.value, operand.value.visit(_Rename(variable, neighbour)))
+        for operand in operands:
+            for variable in _variables(operand.value):
+                scope = self.binding_scope(variable)
+                if scope is None:
+                    continue
+                names = scope.bindings
+                i = names.index(variable)
+                neighbour = names[i - 1] if i > 0 else (names[1] if len(names) > 1 else None)
+                if neighbour is not None:
+                    self.add("reduction", operand.value, operand.value.visit(_Rename(variable, neighbour)))
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "axis" and (axis := _number(arg.value)) is not None:
                 shifted = axis + 1 if axis == 0 else axis - 1
@@ -460,7 +471,7 @@ class _Finder(cst.CSTVisitor):
         elif isinstance(op, cst.Add):
             scope = self.function_scope()
             nested = sum(s.is_function for s in self.scopes) >= 2
-            if scope is not None and nested and set(_variables(node.left)) & set(scope.params):
+            if scope is not None and nested and set(_variables(node.left)) & set(scope.carried):
                 self.add("running_stat", node, f"({right})")
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:

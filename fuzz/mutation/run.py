@@ -269,6 +269,12 @@ def run_baseline(settings: Settings, directory: str, progress: Callable[[str], N
     return job
 
 
+def _gist(failure: str, lines: int = 3, width: int = 400) -> str:
+    """The head of a failure message on one line (what failed, where, and why)."""
+    text = " / ".join(line.strip() for line in failure.strip().splitlines()[:lines])
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _finish(job: _Job, status: str, baseline: _Job, **fields: Any) -> Outcome:
     assert job.mutant is not None
     if status == SURVIVED and job.digests == baseline.digests:
@@ -337,9 +343,8 @@ def run(
                         outcome = _finish(job, KILLED, baseline, check=death.kind, dtype=job.dtype,
                                           cases=job.killed_at or job.cases, message=death.message)
                     elif result is not None and result["failure"]:
-                        first = result["failure"].strip().splitlines()[0] if result["failure"].strip() else ""
                         outcome = _finish(job, KILLED, baseline, check=result["check"] or "crash", dtype=dtype,
-                                          cases=job.killed_at or job.cases, message=first)
+                                          cases=job.killed_at or job.cases, message=_gist(result["failure"]))
                     elif result is not None and not job.next_task(settings):
                         outcome = _finish(job, SURVIVED, baseline, cases=job.cases)
                     if outcome is not None:
