@@ -2,7 +2,7 @@
 
     pallascheck mutate --kernel K [--module MOD] [--path DIR] [--backend B] [--examples N] [--dtype D]
                        [--budget S] [--seed N] [--jobs N] [--operator OP] [--function REGEX]
-                       [--max-mutants N] [--out PATH] [--resume] [--list] [--fail-under PCT]
+                       [--max-mutants N] [--mutant ID] [--out PATH] [--resume] [--list] [--fail-under PCT]
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--function", help="only mutants in functions whose dotted name matches this regex "
                                       "(e.g. '_backward_kernel|store_output')")
     p.add_argument("--max-mutants", type=int, default=None, help="a sample of this many mutants (drawn with --seed)")
+    p.add_argument("--mutant", type=int, action="append",
+                   help="only the mutant with this number, as --list numbers them (repeatable; e.g. a run's survivors "
+                        "again at a larger --examples)")
     p.add_argument("--case-timeout", type=float, default=None,
                    help="seconds a mutant may go without progress before it counts as hung (default: "
                         f"{run.CASE_TIMEOUT_FACTOR:g}x the baseline's slowest step, at least {run.MIN_CASE_TIMEOUT_S:g})")
@@ -95,6 +98,11 @@ def cmd_mutate(args: argparse.Namespace) -> int:
                                      max_mutants=args.max_mutants, seed=args.seed)
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
+    if args.mutant:
+        missing = sorted(set(args.mutant) - {m.id for m in mutants})
+        if missing:
+            raise SystemExit(f"pallascheck: --mutant {missing}: no such mutant (see --list)")
+        mutants = [m for m in mutants if m.id in args.mutant]
     if args.list:
         for m in mutants:
             print(m.label)
@@ -171,7 +179,8 @@ def print_report(result: run.Result, original: str, path: str, settings: run.Set
                 print(f"  {o.mutant.label}\n" + "".join(f"      {line}\n" for line in o.mutant.diff(original, path).splitlines()))
     equivalent = [o for o in result.outcomes if o.status == run.EQUIVALENT]
     if equivalent:
-        print("\nequivalent (bitwise the unmutated kernel's outputs on every case drawn):")
+        print("\nequivalent (bitwise the unmutated kernel's outputs on every case drawn; a real bug among them is "
+              "one the draws never exercise):")
         for o in equivalent:
             print(f"  {o.mutant.label}")
     not_run = [o for o in result.outcomes if o.status == run.NOT_RUN]
