@@ -14,6 +14,7 @@ reaches is known without running it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.abc
@@ -23,7 +24,7 @@ import os
 import sys
 from multiprocessing.connection import Connection
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -58,23 +59,36 @@ def install(module: str, source: str, origin: str) -> None:
     sys.meta_path.insert(0, _MutantFinder(module, source, origin))
 
 
-def record_lines(path: str) -> set[int]:
-    """From now on, add to the returned set every line of ``path`` that runs (once
-    each: a line's event is switched off after its first hit, so it costs nothing)."""
+@contextlib.contextmanager
+def recording_lines(path: str | None, lines: set[int]) -> Iterator[None]:
+    """Add to ``lines`` every line of ``path`` that runs inside the block (each line's
+    event is switched off after its first hit, so a line costs one call). None: no
+    recording."""
+    if path is None:
+        yield
+        return
     monitoring = sys.monitoring
     tool = next(t for t in (monitoring.COVERAGE_ID, *range(6)) if monitoring.get_tool(t) is None)
     monitoring.use_tool_id(tool, "pallascheck mutate")
-    lines: set[int] = set()
     target = os.path.realpath(path)
+    ours: dict[str, bool] = {}
 
     def on_line(code: Any, line: int) -> Any:
-        if code.co_filename == target or os.path.realpath(code.co_filename) == target:
+        name = code.co_filename
+        if name not in ours:
+            ours[name] = os.path.realpath(name) == target
+        if ours[name]:
             lines.add(line)
         return monitoring.DISABLE
 
     monitoring.register_callback(tool, monitoring.events.LINE, on_line)
     monitoring.set_events(tool, monitoring.events.LINE)
-    return lines
+    try:
+        yield
+    finally:  # off before the process ends: at shutdown the callback's modules are gone
+        monitoring.set_events(tool, monitoring.events.NO_EVENTS)
+        monitoring.register_callback(tool, monitoring.events.LINE, None)
+        monitoring.free_tool_id(tool)
 
 
 def _digest_update(h: Any, value: Any) -> None:
@@ -101,11 +115,16 @@ def _recording(spec: Any, outputs: list[Any]) -> Any:
     return dataclasses.replace(spec, kernel=record(spec.kernel), gradients=gradients)
 
 
-_STATE: dict[str, Any] = {}  # this process's mutant and recorded lines, set up by its first task
+_STATE: dict[str, Any] = {"lines": set()}  # this process's lines run (the baseline), and whether its mutant is in
 
 
 def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
     """One dtype's Hypothesis run of the (mutated) kernel's checks, no shrinking."""
+    with recording_lines(setup.get("coverage"), _STATE["lines"]):
+        return _run_task(task, conn, setup)
+
+
+def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, Any]:
     from pallascheck.kernels.backends import get_backend
     from pallascheck.properties import runner
     from pallascheck.properties.spec import Case
@@ -113,11 +132,10 @@ def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any])
     from .. import targets
 
     try:
-        if "lines" not in _STATE:
-            mutant = setup.get("mutant")
-            if mutant is not None:
-                install(mutant["module"], mutant["source"], mutant["origin"])
-            _STATE["lines"] = record_lines(setup["coverage"]) if setup.get("coverage") else set()
+        mutant = setup.get("mutant")
+        if mutant is not None and not _STATE.get("installed"):
+            install(mutant["module"], mutant["source"], mutant["origin"])
+            _STATE["installed"] = True
         spec = targets.resolve(task.target)
     except Exception as err:  # noqa: BLE001 - a mutant that does not even import is killed by it
         return {"failure": f"[crash] importing the kernel: {type(err).__name__}: {err}", "check": "crash", "lines": []}
