@@ -1,6 +1,6 @@
 """``pallascheck mutate``: what a kernel's checks cannot see.
 
-    pallascheck mutate --kernel K [--module MOD] [--path DIR] [--backend B] [--examples N] [--dtype D]
+    pallascheck mutate --kernel K [--kernel K2 ...] [--module MOD] [--path DIR] [--backend B] [--examples N] [--dtype D]
                        [--budget S] [--seed N] [--jobs N] [--operator OP] [--function REGEX]
                        [--max-mutants N] [--mutant ID] [--out PATH] [--resume] [--list] [--fail-under PCT]
 """
@@ -28,9 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(killed / non-equivalent), each killed mutant's check and cases to kill, and each survivor as a diff. "
         "A mutant whose outputs are bitwise equal to the unmutated kernel's on every case drawn is equivalent "
         "and left out of the score; one on a line no case runs is 'unreached' and counts as a survivor.")
-    p.add_argument("--kernel", required=True,
+    p.add_argument("--kernel", required=True, action="append",
                    help="the spec: a registered name, or MODULE:NAME for a KernelSpec of an importable module "
-                        "(see --path)")
+                        "(see --path); repeatable, for specs of one module (e.g. layer_norm and rms_norm): a mutant "
+                        "dies when any of them kills it")
     p.add_argument("--module", help="the kernel module to mutate (default: the module of the function the spec's "
                                     "kernel calls)")
     p.add_argument("--path", action="append", help="a directory to import MODULE:NAME specs from (repeatable)")
@@ -76,20 +77,25 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     backend = _available_backend(args.backend)
     targets.add_paths(args.path or ())
     try:
-        spec = targets.resolve(args.kernel)
-        module = args.module or run.kernel_module(spec)
+        specs = [targets.resolve(name) for name in args.kernel]
+        modules = sorted({args.module or run.kernel_module(spec) for spec in specs})
+        if len(modules) > 1:
+            raise ValueError(f"the specs call kernels of different modules {modules}: name the one to mutate with --module")
+        module = modules[0]
         origin = run.module_origin(module)
         if args.function:
             re.compile(args.function)
     except (KeyError, ValueError, ImportError, re.error) as err:
         raise SystemExit(f"pallascheck: {err}") from None
-    if not spec.runs_on(backend):
-        raise SystemExit(f"pallascheck: {args.kernel} has no implementation on {backend} (it runs on {list(spec.backends)})")
-    dtypes = tuple(spec.dtypes_for(backend))
-    unknown = sorted(set(args.dtype or ()) - set(dtypes))
-    if unknown:
-        raise SystemExit(f"pallascheck: --dtype must be among {list(dtypes)} for {args.kernel} on {backend}, got {unknown}")
-    dtypes = tuple(d for d in dtypes if not args.dtype or d in args.dtype)
+    units: list[tuple[str, str]] = []
+    for name, spec in zip(args.kernel, specs):
+        if not spec.runs_on(backend):
+            raise SystemExit(f"pallascheck: {name} has no implementation on {backend} (it runs on {list(spec.backends)})")
+        dtypes = list(spec.dtypes_for(backend))
+        unknown = sorted(set(args.dtype or ()) - set(dtypes))
+        if unknown:
+            raise SystemExit(f"pallascheck: --dtype must be among {dtypes} for {name} on {backend}, got {unknown}")
+        units += [(name, d) for d in dtypes if not args.dtype or d in args.dtype]
     with open(origin) as f:
         original = f.read()
     shown = _display(origin)
@@ -113,15 +119,16 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     if args.jobs < 0 or (args.budget is not None and args.budget <= 0):
         raise SystemExit("pallascheck: --jobs must be >= 0 and --budget > 0")
     jobs = args.jobs or default_jobs(str(backend))
-    out = args.out or os.path.join(".pallascheck", "mutate", re.sub(r"[^\w.-]+", "_", args.kernel) + ".jsonl")
+    out = args.out or os.path.join(".pallascheck", "mutate", re.sub(r"[^\w.-]+", "_", "+".join(args.kernel)) + ".jsonl")
     settings = run.Settings(
-        target=args.kernel, module=module, origin=origin, backend=str(backend), dtypes=dtypes, cases=args.examples,
+        units=tuple(units), module=module, origin=origin, backend=str(backend), cases=args.examples,
         seed=args.seed, jobs=jobs,
         memory_bytes=int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs),
         out=out, paths=tuple(args.path or ()), budget_s=args.budget, case_timeout_s=args.case_timeout,
     )
-    print(f"mutating {module} ({shown}): {len(mutants)} mutants, checked by {args.kernel} on {backend}, "
-          f"{args.examples} cases per dtype ({', '.join(dtypes)}), seed {args.seed}, {jobs} jobs; results in {out}",
+    print(f"mutating {module} ({shown}): {len(mutants)} mutants, checked on {backend} by "
+          f"{', '.join(' '.join(u) for u in units)} ({args.examples} cases each), seed {args.seed}, {jobs} jobs; "
+          f"results in {out}",
           flush=True)
     try:
         result = run.run(settings, mutants, original, shown, resume=args.resume,
@@ -166,9 +173,9 @@ def print_report(result: run.Result, original: str, path: str, settings: run.Set
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
     killed = [o for o in result.outcomes if o.status == run.KILLED]
     if killed:
-        print("\nkilled (check, dtype, cases it took, time):")
+        print("\nkilled (check, spec and dtype, cases it took, time):")
         for o in killed:
-            print(f"  {o.mutant.label}\n      {o.check} ({o.dtype}) after {o.cases} case{'s' * (o.cases != 1)}, "
+            print(f"  {o.mutant.label}\n      {o.check} ({' '.join(o.unit or ())}) after {o.cases} case{'s' * (o.cases != 1)}, "
                   f"{o.seconds:.1f} s")
     for status, why in ((run.SURVIVED, "passed every check with different outputs"),
                         (run.UNREACHED, "no case drawn runs its line")):

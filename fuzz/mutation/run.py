@@ -1,11 +1,12 @@
 """Run a kernel's mutants through its spec's checks and classify each one.
 
-First the unmutated kernel (the baseline) runs every check on every dtype: it must
+First the unmutated kernel (the baseline) runs every check of every spec given, on
+every dtype: it must
 pass (a failure there is a false alarm, and no score means anything then), and it
 records each case's output digest and which lines of the kernel module ran. Then
 each mutant gets a fresh worker process (``fuzz.workers``: a hang, a crash or a
 runaway allocation kills that worker, and counts as the mutant's death) and runs the
-same draws, dtype after dtype, until a check fails. A mutant is
+same draws, spec and dtype after the other, until a check fails. A mutant is
 
 - ``killed``: a check failed, or its worker hung, crashed or ran out of memory;
 - ``equivalent``: it passed, and every case drew the same inputs and every kernel
@@ -53,11 +54,12 @@ class BaselineFailure(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    target: str  # the spec: a registered name or MODULE:NAME (see fuzz/targets.py)
+    # (spec, dtype) pairs, run in this order: a spec is a registered name or
+    # MODULE:NAME (see fuzz/targets.py); several specs may check one module
+    units: tuple[tuple[str, str], ...]
     module: str  # the kernel module mutated
     origin: str  # its source file
     backend: str
-    dtypes: tuple[str, ...]
     cases: int  # per dtype, as verify's --examples counts them
     seed: int
     jobs: int
@@ -70,7 +72,7 @@ class Settings:
 
     def header(self) -> dict[str, Any]:
         """What must match for a saved result to be reused."""
-        return {"target": self.target, "module": self.module, "backend": self.backend, "dtypes": list(self.dtypes),
+        return {"units": [list(u) for u in self.units], "module": self.module, "backend": self.backend,
                 "cases": self.cases, "seed": self.seed, "checks": list(self.checks)}
 
 
@@ -79,7 +81,7 @@ class Outcome:
     mutant: Mutant
     status: str
     check: str | None = None  # what killed it: a check, or "hang", "crash", "oom"
-    dtype: str | None = None
+    unit: tuple[str, str] | None = None  # the (spec, dtype) it died on
     cases: int = 0  # cases checked until the kill (every case drawn, for the others)
     seconds: float = 0.0
     message: str = ""
@@ -88,7 +90,8 @@ class Outcome:
         m = self.mutant
         return {"kind": "mutant", "key": source_key(m.source), "id": m.id, "operator": m.operator,
                 "function": m.function, "line": m.line, "before": m.before, "after": m.after, "status": self.status,
-                "check": self.check, "dtype": self.dtype, "cases": self.cases, "seconds": round(self.seconds, 2),
+                "check": self.check, "kernel": self.unit[0] if self.unit else None,
+                "dtype": self.unit[1] if self.unit else None, "cases": self.cases, "seconds": round(self.seconds, 2),
                 "message": self.message, "diff": m.diff(original, path)}
 
 
@@ -180,27 +183,27 @@ def load_previous(settings: Settings) -> dict[str, dict[str, Any]]:
 
 @dataclasses.dataclass
 class _Job:
-    """One process's work: the baseline (mutant None) or one mutant, dtype by dtype."""
+    """One process's work: the baseline (mutant None) or one mutant, unit by unit."""
 
     mutant: Mutant | None
     worker: Worker
-    dtypes: list[str]
+    units: list[tuple[str, str]]
     started: float = dataclasses.field(default_factory=time.monotonic)
-    dtype: str | None = None
+    unit: tuple[str, str] | None = None
     cases: int = 0
     pending: bool = False  # a case started and has not reported yet
     killed_at: int | None = None  # cases until the first failure
-    digests: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    digests: dict[tuple[str, str], list[str]] = dataclasses.field(default_factory=dict)
     lines: set[int] = dataclasses.field(default_factory=set)
     slowest_step: float = 0.0
     last_message: float = dataclasses.field(default_factory=time.monotonic)
 
     def next_task(self, settings: Settings) -> bool:
-        if not self.dtypes:
+        if not self.units:
             return False
-        self.dtype = self.dtypes.pop(0)
-        self.digests[self.dtype] = []
-        self.worker.start(Task(settings.target, self.dtype, "any", None, settings.seed,
+        self.unit = self.units.pop(0)
+        self.digests[self.unit] = []
+        self.worker.start(Task(*self.unit, "any", None, settings.seed,
                                runner.examples_for(settings.cases), settings.checks, False))
         return True
 
@@ -215,7 +218,7 @@ class _Job:
             self.pending = True
         elif kind == "checked":
             self.pending = False
-            self.digests[self.dtype].append(payload["digest"])
+            self.digests[self.unit].append(payload["digest"])
             if not payload["passed"] and self.killed_at is None:
                 self.killed_at = self.cases
 
@@ -232,18 +235,20 @@ def _setup(settings: Settings, mutant: Mutant | None) -> dict[str, Any]:
 def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
     folder = os.path.join(directory, f"worker-{slot}")
     os.makedirs(folder, exist_ok=True)
-    job = _Job(mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.dtypes))
+    job = _Job(mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units))
     job.next_task(settings)
     return job
 
 
-def _step(job: _Job, settings: Settings, timeout: float) -> tuple[str | None, dict[str, Any] | None, Death | None]:
-    """Poll the job's worker; returns (dtype finished or None, its result, death)."""
+def _step(
+    job: _Job, settings: Settings, timeout: float,
+) -> tuple[tuple[str, str] | None, dict[str, Any] | None, Death | None]:
+    """Poll the job's worker; returns (the unit finished or None, its result, death)."""
     messages, death = job.worker.poll(timeout, settings.memory_bytes)
     for kind, payload in messages:
         job.receive(kind, payload)
         if kind == "done":
-            return job.dtype, payload, death
+            return job.unit, payload, death
     return None, None, death
 
 
@@ -253,14 +258,14 @@ def run_baseline(settings: Settings, directory: str, progress: Callable[[str], N
     timeout = settings.case_timeout_s or 600.0
     try:
         while True:
-            dtype, result, death = _step(job, settings, timeout)
+            unit, result, death = _step(job, settings, timeout)
             if death is not None:
                 raise BaselineFailure(f"the unmutated kernel's worker was lost ({death.kind}): {death.message}")
             if result is not None:
                 if result["failure"]:
-                    raise BaselineFailure(f"the unmutated kernel fails its checks ({dtype}):\n{result['failure']}")
+                    raise BaselineFailure(f"the unmutated kernel fails its checks ({' '.join(unit)}):\n{result['failure']}")
                 job.lines = set(result["lines"])
-                progress(f"baseline {dtype}: {len(job.digests[dtype])} cases passed")
+                progress(f"baseline {' '.join(unit)}: {len(job.digests[unit])} cases passed")
                 if not job.next_task(settings):
                     break
             time.sleep(0.05)
@@ -301,7 +306,7 @@ def run(
             out.write(json.dumps(outcome.row(original, display_path)) + "\n")
             out.flush()
         o = outcome
-        how = f" by {o.check} ({o.dtype}) after {o.cases} cases" if o.status == KILLED else ""
+        how = f" by {o.check} ({' '.join(o.unit or ())}) after {o.cases} cases" if o.status == KILLED else ""
         progress(f"[{len(outcomes)}/{len(mutants)}] {o.mutant.label}: {o.status}{how} ({o.seconds:.1f} s)")
 
     import jax
@@ -314,8 +319,8 @@ def run(
     jobs: dict[int, _Job] = {}
     with tempfile.TemporaryDirectory(prefix="pallascheck-mutate-") as directory:
         try:
-            progress(f"baseline: the unmutated {settings.target} on {settings.backend}, "
-                     f"{settings.cases} cases per dtype ({', '.join(settings.dtypes)})")
+            progress(f"baseline: the unmutated kernel on {settings.backend}, {settings.cases} cases for each of "
+                     + ", ".join(" ".join(u) for u in settings.units))
             baseline = run_baseline(settings, directory, progress)
             baseline_seconds = time.monotonic() - start
             timeout = settings.case_timeout_s or max(MIN_CASE_TIMEOUT_S, CASE_TIMEOUT_FACTOR * baseline.slowest_step)
@@ -323,8 +328,9 @@ def run(
             for m in mutants:
                 if source_key(m.source) in previous:
                     row = previous[source_key(m.source)]
-                    record(Outcome(m, row["status"], row["check"], row["dtype"], row["cases"], row["seconds"],
-                                   row["message"]), reused=True)
+                    unit = (row["kernel"], row["dtype"]) if row["kernel"] else None
+                    record(Outcome(m, row["status"], row["check"], unit, row["cases"], row["seconds"], row["message"]),
+                           reused=True)
                 elif not any(line in baseline.lines for line in range(m.reach[0], m.reach[1] + 1)):
                     record(Outcome(m, UNREACHED, message="no case drawn runs this line"))
                 else:
@@ -337,13 +343,13 @@ def run(
                     if slot not in jobs and queue:
                         jobs[slot] = _start(settings, queue.pop(0), slot, directory)
                 for slot, job in list(jobs.items()):
-                    dtype, result, death = _step(job, settings, timeout)
+                    unit, result, death = _step(job, settings, timeout)
                     outcome = None
                     if death is not None:
-                        outcome = _finish(job, KILLED, baseline, check=death.kind, dtype=job.dtype,
+                        outcome = _finish(job, KILLED, baseline, check=death.kind, unit=job.unit,
                                           cases=job.killed_at or job.cases, message=death.message)
                     elif result is not None and result["failure"]:
-                        outcome = _finish(job, KILLED, baseline, check=result["check"] or "crash", dtype=dtype,
+                        outcome = _finish(job, KILLED, baseline, check=result["check"] or "crash", unit=unit,
                                           cases=job.killed_at or job.cases, message=_gist(result["failure"]))
                     elif result is not None and not job.next_task(settings):
                         outcome = _finish(job, SURVIVED, baseline, cases=job.cases)
