@@ -183,7 +183,8 @@ def print_report(result: run.Result, original: str, path: str, settings: run.Set
         if survivors:
             print(f"\n{status} ({why}):")
             for o in survivors:
-                print(f"  {o.mutant.label}\n" + "".join(f"      {line}\n" for line in o.mutant.diff(original, path).splitlines()))
+                print(f"  {o.mutant.label}" + (f"\n      ({o.message})" if o.message else "") + "\n"
+                      + "".join(f"      {line}\n" for line in o.mutant.diff(original, path).splitlines()))
     equivalent = [o for o in result.outcomes if o.status == run.EQUIVALENT]
     if equivalent:
         print("\nequivalent (bitwise the unmutated kernel's outputs on every case drawn; a real bug among them is "

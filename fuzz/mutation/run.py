@@ -282,9 +282,25 @@ def _gist(failure: str, lines: int = 3, width: int = 400) -> str:
 
 def _finish(job: _Job, status: str, baseline: _Job, **fields: Any) -> Outcome:
     assert job.mutant is not None
-    if status == SURVIVED and job.digests == baseline.digests:
-        status = EQUIVALENT
+    if status == SURVIVED:
+        different = _first_difference(job.digests, baseline.digests)
+        if different is None:
+            status = EQUIVALENT
+        else:
+            fields["message"] = f"first output that differs from the unmutated kernel's: {different}"
     return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, **fields)
+
+
+def _first_difference(digests: dict[tuple[str, str], list[str]], baseline: dict[tuple[str, str], list[str]]) -> str | None:
+    """Where a mutant's inputs or outputs first differ from the baseline's ("SPEC DTYPE case N"), or None."""
+    for unit, theirs in baseline.items():
+        ours = digests.get(unit, [])
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if a != b:
+                return f"{' '.join(unit)} case {i + 1}"
+        if len(ours) != len(theirs):
+            return f"{' '.join(unit)}: {len(ours)} cases drawn, the unmutated kernel's run drew {len(theirs)}"
+    return None
 
 
 def run(
