@@ -8,7 +8,7 @@ one such bug at one place; ``generate`` lists every mutant of a module's source 
 full mutated source (libcst keeps everything else byte for byte).
 
 Not mutated: argument validation and error paths (``raise``, ``assert``, functions
-named like ``_validate`` / ``configs`` / ``xla_reference*``), config dataclasses,
+named like ``_validate`` / ``_check`` / ``configs`` / ``smem_bytes`` / ``xla_reference*``), config dataclasses,
 annotations and the jit/custom_vjp/dataclass decorators; a mutant there tests the
 harness' error checks or its config space, not the kernel's arithmetic.
 """
@@ -42,7 +42,8 @@ OPERATORS: dict[str, str] = {
 
 # Functions and classes whose mutants test the harness' error checks or the config
 # space, not the kernel.
-EXCLUDED_FUNCTIONS = re.compile(r"_?validate.*|.*_validate|xla_reference.*|configs|supported_activations|__\w+__")
+EXCLUDED_FUNCTIONS = re.compile(r"_?validate.*|.*_validate|_?check(_\w+)?|_?smem_bytes|xla_reference.*|configs"
+                                r"|supported_activations|__\w+__")
 EXCLUDED_CLASSES = re.compile(r".*Config")
 # Decorators that wire a function up rather than compute (pl.when / pl.loop stay in).
 WIRING_DECORATORS = re.compile(r"(functools\.)?partial|jax\.jit|jit|jax\.custom_vjp|custom_vjp|dataclass(es\.dataclass)?"
