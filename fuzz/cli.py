@@ -30,6 +30,7 @@ from pallascheck.properties import checks, compilation, runner
 from pallascheck.properties.spec import Case, bundled_names, registry, selected
 
 from . import corpus, report, verify
+from .mutation import command as mutate
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
@@ -395,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.set_defaults(func=cmd_replay)
     report.add_parser(sub)
+    mutate.add_parser(sub)
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
     bench.add_argument("--backend", default="mosaic_gpu", help=f"one of {NAMES}")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")

@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable
 
 from .corpus import worst_pattern
 
@@ -60,15 +60,21 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-class Worker:
-    """One worker process and the task it runs."""
+# What a worker does with a task: (task, pipe, in-flight file, setup) -> the "done" payload.
+TaskRunner = Callable[[Task, Connection, str, dict[str, Any]], dict[str, Any]]
 
-    def __init__(self, index: int, directory: str, setup: dict[str, Any]):
+
+class Worker:
+    """One worker process and the task it runs; ``run`` (a module-level function, so
+    that it reaches the spawned process by name) runs each task, by default a fuzz
+    campaign's Hypothesis run."""
+
+    def __init__(self, index: int, directory: str, setup: dict[str, Any], run: TaskRunner | None = None):
         self.index = index
         self.inflight = os.path.join(directory, "inflight.npz")
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_main, args=(child, self.inflight, setup), daemon=True)
+        self.process = context.Process(target=_main, args=(child, self.inflight, setup, run or _run), daemon=True)
         self.process.start()
         child.close()
         self.task: Task | None = None
@@ -138,7 +144,7 @@ class Worker:
         self.kill()
 
 
-def _main(conn: Connection, inflight: str, setup: dict[str, Any]) -> None:
+def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunner) -> None:
     """The worker: import once, then run tasks until told to stop (None)."""
     import signal
 
@@ -157,7 +163,7 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any]) -> None:
     compilation.configure(setup["backend"])
     conn.send(("ready", None))
     while (task := conn.recv()) is not None:
-        conn.send(("done", _run(task, conn, inflight, setup)))
+        conn.send(("done", run(task, conn, inflight, setup)))
 
 
 def _finite_or_none(x: float | None) -> float | None:
