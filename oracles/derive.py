@@ -129,10 +129,13 @@ class Derived:
     bounds: tuple[np.ndarray, ...]
     unverifiable: tuple[np.ndarray, ...]
     dominant: tuple[np.ndarray, ...]
+    before_store: tuple[np.ndarray, ...]  # the dominant label before the final store
     sources: tuple[str, ...]  # dominant label -> "primitive at file:line"
 
     def explain(self, output: int, index: tuple[int, ...]) -> str:
-        return self.sources[int(self.dominant[output][index])]
+        """What dominates the bound at ``index``, and before the store where that is it."""
+        final, inner = (self.sources[int(d[output][index])] for d in (self.dominant, self.before_store))
+        return final if final == inner else f"{final}; before it, by {inner}"
 
 
 def _var_dtype(var: Any) -> np.dtype:
@@ -154,11 +157,14 @@ class _Evaluator:
         self.facts, self.arith = facts, arith
         self.sources: list[str] = ["the inputs (a subnormal read as zero)"]
         self.labels: dict[int, int] = {}
+        self.enclosing: list[Any] = []  # the call equations being evaluated, outermost first
 
     # ------------------------------------------------------------ helpers
     def label(self, eqn: Any) -> int:
         if id(eqn) not in self.labels:
-            where = _where(eqn)
+            # a primitive inside a library function (jnp.cumsum's jit) has no user
+            # source line: name the user's call that encloses it
+            where = next((w for w in (_where(e) for e in [eqn, *self.enclosing[::-1]]) if w), "the reference")
             self.labels[id(eqn)] = len(self.sources)
             self.sources.append(f"{eqn.primitive.name} at {where}")
         return self.labels[id(eqn)]
@@ -183,13 +189,20 @@ class _Evaluator:
 
     def finish(self, eqn: Any, var: Any, value: jax.Array, propagated: jax.Array, local: jax.Array,
                bad: jax.Array, inherited: jax.Array, carried: str | None = None) -> Tracked:
-        """err = propagated + local; the label is this rule where its own rounding is the larger part."""
+        """err = propagated + local; the label is this rule where its own rounding is the larger part.
+        An infinite or NaN exact value (a -inf mask, exp of it) gets no error: the checks
+        demand the kernel produce exactly it."""
         shape = value.shape
-        propagated = jnp.broadcast_to(jnp.asarray(propagated, F64), shape)
-        local = jnp.broadcast_to(jnp.asarray(local, F64), shape)
+        finite = jnp.isfinite(value)
+        propagated = jnp.where(finite, jnp.broadcast_to(jnp.asarray(propagated, F64), shape), 0.0)
+        local = jnp.where(finite, jnp.broadcast_to(jnp.asarray(local, F64), shape), 0.0)
         dom = jnp.where(local >= propagated, self.label(eqn), jnp.broadcast_to(inherited, shape))
         return Tracked(value, propagated + local, jnp.broadcast_to(bad, shape), dom.astype(jnp.int32),
                        carried or self.compute_dtype(var))
+
+    def flag(self, eqn: Any, dom: jax.Array, culprit: jax.Array) -> jax.Array:
+        """Labels where this equation makes elements unverifiable point at it."""
+        return jnp.where(culprit, self.label(eqn), dom).astype(jnp.int32)
 
     @staticmethod
     def inherit(ins: Sequence[Tracked], shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
@@ -248,7 +261,11 @@ class _Evaluator:
         if name == "cond":
             return self.cond(eqn, ins)
         if sub is not None:  # jit/pjit, closed_call, remat, custom_jvp_call, custom_vjp_call
-            return self.run(sub, [], ins)
+            self.enclosing.append(eqn)
+            try:
+                return self.run(sub, [], ins)
+            finally:
+                self.enclosing.pop()
         raise UnsupportedPrimitive(
             f"the reference uses primitive {name!r} ({_where(eqn)}), "
             f"which has no error rule; supported: {sorted(supported_primitives())}")
@@ -399,10 +416,12 @@ def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     passes unchanged (|-(x+d) - (-x)| = |d|, ||x+d| - |x|| <= |d|)."""
     value = _value(eqn, *[t.value for t in ins])
     bad, dom = ev.inherit(ins, value.shape)
-    err = jnp.broadcast_to(ins[0].err, value.shape) if len(ins) == 1 else sum(
-        jnp.broadcast_to(t.err, value.shape) for t in ins)
-    carried = ins[0].carried if _is_float(value.dtype) else "float64"
-    return Tracked(value, err if _is_float(value.dtype) else jnp.zeros(value.shape, F64), bad, dom, carried)
+    if not _is_float(value.dtype):
+        return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
+    if not ins:  # iota: exact integers in a float dtype
+        return ev.exact(value, dtype_name(_var_dtype(eqn.outvars[0])))
+    err = sum(jnp.broadcast_to(t.err, value.shape) for t in ins)
+    return Tracked(value.astype(F64), err, bad, dom, ins[0].carried)
 
 
 rule("neg", "abs", "not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
@@ -457,7 +476,8 @@ def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = jnp.where(room > 0, (a.err + _times(jnp.abs(a.value / safe), b.err)) / jnp.where(room > 0, room, 1.0), jnp.inf)
     propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
     bad, dom = ev.inherit(ins, value.shape)
-    bad = bad | ((room <= 0) & (b.err > 0))
+    culprit = (room <= 0) & (b.err > 0)
+    bad, dom = bad | culprit, ev.flag(eqn, dom, culprit)
     dtype = ev.compute_dtype(eqn.outvars[0])
     return ev.finish(eqn, eqn.outvars[0], value, jnp.where(bad, 0.0, propagated),
                      ev.rounding(jnp.abs(value) + jnp.where(bad, 0.0, propagated), dtype), bad, dom)
@@ -498,14 +518,14 @@ def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.
         with np.errstate(all="ignore"):
             propagated, scale, bad_here = fn(x.value, x.err, value)
         dtype = ev.compute_dtype(eqn.outvars[0])
-        bad = x.bad | bad_here
+        bad, dom = x.bad | bad_here, ev.flag(eqn, x.dom, bad_here)
         propagated = jnp.where(bad_here, 0.0, propagated)
         if transcendental:
             local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
             local = jnp.where(jnp.abs(value) + propagated <= largest_finite(dtype), local, jnp.inf)
         else:
             local = ev.rounding(scale + propagated, dtype)
-        return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, x.dom)
+        return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
     return apply
 
 
@@ -581,7 +601,7 @@ def _step(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, x.value)
     low, high = x.value - x.err, x.value + x.err
     jumps = _value(eqn, low) != _value(eqn, high)
-    return Tracked(value, jnp.zeros(value.shape, F64), x.bad | jumps, x.dom, x.carried)
+    return Tracked(value, jnp.zeros(value.shape, F64), x.bad | jumps, ev.flag(eqn, x.dom, jumps), x.carried)
 
 
 @rule("integer_pow", "square")
@@ -616,7 +636,7 @@ def _pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = jnp.abs(value) * jnp.expm1(t_err)
     dtype = ev.compute_dtype(eqn.outvars[0])
     bad, dom = ev.inherit(ins, value.shape)
-    bad = bad | (~ok)
+    bad, dom = bad | ~ok, ev.flag(eqn, dom, ~ok)
     propagated = jnp.where(bad, 0.0, propagated)
     # exp(log) composition: both evaluations' errors, relative to the result
     local = 2.0 * ev.transcendental(dtype) * (jnp.abs(value) + propagated) + ev.floor(dtype)
@@ -635,7 +655,8 @@ def _compare(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad, dom = ev.inherit(ins, value.shape)
     slack = a.err + b.err
     if a.is_float:
-        bad = bad | ((jnp.abs(a.value - b.value) <= slack) & (slack > 0))
+        close = (jnp.abs(a.value - b.value) <= slack) & (slack > 0)
+        bad, dom = bad | close, ev.flag(eqn, dom, close)
     return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
 
 
@@ -666,10 +687,11 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
                              carried=target)
         return x
     value = x.value.astype(new)
-    bad = x.bad
+    bad, dom = x.bad, x.dom
     if x.is_float:
-        bad = bad | (jnp.trunc(x.value - x.err) != jnp.trunc(x.value + x.err))
-    return Tracked(value, jnp.zeros(value.shape, F64), bad, x.dom, "float64")
+        crossing = jnp.trunc(x.value - x.err) != jnp.trunc(x.value + x.err)
+        bad, dom = bad | crossing, ev.flag(eqn, dom, crossing)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
 
 
 @rule("reduce_precision")
@@ -741,8 +763,10 @@ def _argmax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     w_err = jnp.take_along_axis(x.err, winner, axis=axis)
     others = jnp.arange(v.shape[axis]).reshape([-1 if i == axis else 1 for i in range(v.ndim)]) != winner
     close = others & (v + x.err >= w_val - w_err) & ((x.err + w_err) > 0)
-    bad = jnp.any(close | x.bad, axis=axis)
-    return Tracked(value, jnp.zeros(value.shape, F64), bad, _argmax_along(x.err, x.dom, (axis,)), "float64")
+    culprit = jnp.any(close, axis=axis)
+    bad = culprit | jnp.any(x.bad, axis=axis)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, ev.flag(eqn, _argmax_along(x.err, x.dom, (axis,)), culprit),
+                   "float64")
 
 
 def _cumulative(ev: _Evaluator, eqn: Any, x: Tracked) -> tuple[int, bool, jax.Array]:
@@ -928,19 +952,20 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
                 t = ev.exact(np.asarray(a), "float64")
             inputs.append(t)
         outs = ev.run(jaxpr, [], inputs)
-        result = [], [], [], []
+        result = [], [], [], [], []
         for var, out in zip(jaxpr.jaxpr.outvars, outs):
+            inner = out.dom
             dt = np.dtype(var.aval.dtype)
             if _is_float(dt):
                 target = facts.out_dtype or dtype_name(dt)
                 if unit_roundoff(target) > unit_roundoff(out.carried):
                     out = ev.finish(_OUTPUT, var, out.value, out.err, ev.rounding(out.magnitude, target), out.bad,
                                     out.dom, carried=target)
-            for store, field in zip(result, (out.value, out.err, out.bad, out.dom)):
+            for store, field in zip(result, (out.value, out.err, out.bad, out.dom, inner)):
                 store.append(np.asarray(field))
-    values, bounds, bad, dom = result
+    values, bounds, bad, dom, inner = result
     return Derived(tuple(v.astype(F64) if _is_float(v.dtype) else v for v in values), tuple(bounds), tuple(bad),
-                   tuple(dom), tuple(ev.sources))
+                   tuple(dom), tuple(inner), tuple(ev.sources))
 
 
 class _OutputStore:

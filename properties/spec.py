@@ -120,6 +120,10 @@ class KernelSpec:
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec
     adversarial: Callable[[Case, int], Sequence[Case]] | None = None
+    # (case, oracle, config, arithmetic, failed outcome) -> lines appended to a failed
+    # values, reference, gradients or contract check's message (a derived bound says
+    # which facts it used and whether looser facts would explain the error)
+    explain: Callable[[Case, Any, Any, Arithmetic, Any], str] | None = None
 
     def runs_on(self, backend: Backend) -> bool:
         return backend.name in self.backends
