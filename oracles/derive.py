@@ -12,7 +12,8 @@ float64 with float64 enabled in a scope only, carrying for every intermediate:
   dtype the facts say the kernel computes in (oracles/algebra.py's model: u|y| plus
   the underflow floor; reductions and dots gamma_k(u) times the sum of magnitudes,
   with k from oracles/tolerance.py's ``Accumulation``);
-- ``bad``: unverifiable elements: a comparison whose operands are closer than their
+- ``bad``: unverifiable elements, as the label of the primitive that made them so
+  (0: verifiable): a comparison whose operands are closer than their
   error bounds, a division, log, sqrt or rsqrt by a value within its own error, a
   float-to-int cast across an integer: the kernel may legitimately take the other
   branch there, so no bound exists. They propagate to every element that depends
@@ -107,7 +108,7 @@ class Tracked:
 
     value: jax.Array
     err: jax.Array
-    bad: jax.Array
+    bad: jax.Array  # int32: 0 where verifiable, else the label of the deciding primitive
     dom: jax.Array
     carried: str
 
@@ -130,10 +131,14 @@ class Derived:
     unverifiable: tuple[np.ndarray, ...]
     dominant: tuple[np.ndarray, ...]
     before_store: tuple[np.ndarray, ...]  # the dominant label before the final store
-    sources: tuple[str, ...]  # dominant label -> "primitive at file:line"
+    culprits: tuple[np.ndarray, ...]  # label of what made an element unverifiable (0: verifiable)
+    sources: tuple[str, ...]  # label -> "primitive at file:line"
 
     def explain(self, output: int, index: tuple[int, ...]) -> str:
-        """What dominates the bound at ``index``, and before the store where that is it."""
+        """What makes the element at ``index`` unverifiable, else what dominates its
+        bound, and before the store where that is it."""
+        if self.unverifiable[output][index]:
+            return self.sources[int(self.culprits[output][index])]
         final, inner = (self.sources[int(d[output][index])] for d in (self.dominant, self.before_store))
         return final if final == inner else f"{final}; before it, by {inner}"
 
@@ -197,20 +202,20 @@ class _Evaluator:
         propagated = jnp.where(finite, jnp.broadcast_to(jnp.asarray(propagated, F64), shape), 0.0)
         local = jnp.where(finite, jnp.broadcast_to(jnp.asarray(local, F64), shape), 0.0)
         dom = jnp.where(local >= propagated, self.label(eqn), jnp.broadcast_to(inherited, shape))
-        return Tracked(value, propagated + local, jnp.broadcast_to(bad, shape), dom.astype(jnp.int32),
+        return Tracked(value, propagated + local, jnp.broadcast_to(bad, shape).astype(jnp.int32), dom.astype(jnp.int32),
                        carried or self.compute_dtype(var))
 
-    def flag(self, eqn: Any, dom: jax.Array, culprit: jax.Array) -> jax.Array:
-        """Labels where this equation makes elements unverifiable point at it."""
-        return jnp.where(culprit, self.label(eqn), dom).astype(jnp.int32)
+    def flag(self, eqn: Any, bad: jax.Array, culprit: jax.Array) -> jax.Array:
+        """``bad`` with this equation's label where it makes elements unverifiable."""
+        return jnp.where(culprit & (bad == 0), self.label(eqn), bad).astype(jnp.int32)
 
     @staticmethod
     def inherit(ins: Sequence[Tracked], shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
         """(OR of the operands' unverifiable masks, label of the operand with the largest error)."""
-        bad = jnp.zeros(shape, bool)
+        bad = jnp.zeros(shape, jnp.int32)
         best_err, best_dom = jnp.full(shape, -1.0, F64), jnp.zeros(shape, jnp.int32)
         for t in ins:
-            bad = bad | jnp.broadcast_to(t.bad, shape)
+            bad = jnp.maximum(bad, jnp.broadcast_to(t.bad, shape))
             err = jnp.broadcast_to(t.err, shape)
             best_dom = jnp.where(err > best_err, jnp.broadcast_to(t.dom, shape), best_dom)
             best_err = jnp.maximum(err, best_err)
@@ -227,10 +232,7 @@ class _Evaluator:
             env[var] = a
 
         def read(v: Any) -> Tracked:
-            if isinstance(v, jcore.Literal):
-                dt = np.dtype(v.aval.dtype)
-                return self.exact(v.val, dtype_name(dt) if _is_float(dt) else "float64")
-            return env[v]
+            return self.literal(v) if isinstance(v, jcore.Literal) else env[v]
 
         for eqn in _live(jaxpr):
             outs = self.eqn(eqn, [read(v) for v in eqn.invars])
@@ -239,12 +241,25 @@ class _Evaluator:
                     env[var] = out
         return [read(v) for v in jaxpr.outvars]
 
+    def literal(self, v: Any) -> Tracked:
+        """A constant of the reference. Traced on bf16/f16 inputs, a Python float such as
+        0.01 arrives rounded to that dtype, while a kernel holds it in f32: a constant
+        that is not an integer carries (u_dtype + u_f32)|c|, the gap between the two."""
+        dt = np.dtype(v.aval.dtype)
+        if not _is_float(dt):
+            return self.exact(v.val, "float64")
+        t = self.exact(v.val, dtype_name(dt))
+        if unit_roundoff(dt) > unit_roundoff("float32"):
+            gap = (unit_roundoff(dt) + unit_roundoff("float32")) * jnp.abs(t.value)
+            t = dataclasses.replace(t, err=jnp.where(t.value == jnp.round(t.value), 0.0, gap))
+        return t
+
     def exact(self, value: Any, carried: str) -> Tracked:
         value = jnp.asarray(value)
         if _is_float(value.dtype):
             value = value.astype(F64)
         zeros = jnp.zeros(value.shape, F64)
-        return Tracked(value, zeros, jnp.zeros(value.shape, bool), jnp.zeros(value.shape, jnp.int32), carried)
+        return Tracked(value, zeros, jnp.zeros(value.shape, jnp.int32), jnp.zeros(value.shape, jnp.int32), carried)
 
     def eqn(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         name = eqn.primitive.name
@@ -313,7 +328,7 @@ class _Evaluator:
         carry = ins[p["cond_nconsts"] + p["body_nconsts"]:]
         for _ in range(1_000_000):
             (go,) = self.run(p["cond_jaxpr"], [], cond_consts + carry)
-            if bool(go.bad):
+            if int(go.bad):
                 raise UnsupportedPrimitive("while: the loop condition depends on a value within its error bound; "
                                            "write the loop with a static trip count (lax.fori_loop with int bounds)")
             if not bool(go.value):
@@ -325,7 +340,7 @@ class _Evaluator:
         index, operands = ins[0], ins[1:]
         branch = eqn.params["branches"][int(jnp.clip(index.value, 0, len(eqn.params["branches"]) - 1))]
         outs = self.run(branch, [], operands)
-        return [dataclasses.replace(o, bad=o.bad | index.bad) for o in outs]
+        return [dataclasses.replace(o, bad=jnp.maximum(o.bad, index.bad)) for o in outs]
 
 
 def _where(eqn: Any) -> str:
@@ -338,11 +353,12 @@ def _where(eqn: Any) -> str:
 
 
 def _scan_counts(params: Mapping[str, Any]) -> tuple[int, int]:
-    """(constants, carries) of a scan: named counts up to jax 0.11, the groups of
-    ``ft_in`` (constants, carries, scanned) after."""
+    """(constants, carries) of a scan: named counts up to jax 0.11, the groups of the
+    flat tree ``ft_in`` (constants, carries, scanned) after."""
     if "num_consts" in params:
         return params["num_consts"], params["num_carry"]
-    return len(params["ft_in"][0]), len(params["ft_in"][1])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
 
 
 def _subjaxpr(eqn: Any) -> Any:
@@ -377,7 +393,7 @@ def _stack(ts: Sequence[Tracked]) -> Tracked:
 _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
     "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
     "slice": None, "rev": None, "concatenate": None, "pad": None, "copy": None, "copy_p": None,
-    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None,
+    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None,
 }
 
 
@@ -477,10 +493,10 @@ def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
     bad, dom = ev.inherit(ins, value.shape)
     culprit = (room <= 0) & (b.err > 0)
-    bad, dom = bad | culprit, ev.flag(eqn, dom, culprit)
+    bad = ev.flag(eqn, bad, culprit)
     dtype = ev.compute_dtype(eqn.outvars[0])
-    return ev.finish(eqn, eqn.outvars[0], value, jnp.where(bad, 0.0, propagated),
-                     ev.rounding(jnp.abs(value) + jnp.where(bad, 0.0, propagated), dtype), bad, dom)
+    propagated = jnp.where(bad > 0, 0.0, propagated)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
 
 
 @rule("max", "min")
@@ -518,7 +534,7 @@ def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.
         with np.errstate(all="ignore"):
             propagated, scale, bad_here = fn(x.value, x.err, value)
         dtype = ev.compute_dtype(eqn.outvars[0])
-        bad, dom = x.bad | bad_here, ev.flag(eqn, x.dom, bad_here)
+        bad, dom = ev.flag(eqn, x.bad, bad_here), x.dom
         propagated = jnp.where(bad_here, 0.0, propagated)
         if transcendental:
             local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
@@ -601,7 +617,7 @@ def _step(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, x.value)
     low, high = x.value - x.err, x.value + x.err
     jumps = _value(eqn, low) != _value(eqn, high)
-    return Tracked(value, jnp.zeros(value.shape, F64), x.bad | jumps, ev.flag(eqn, x.dom, jumps), x.carried)
+    return Tracked(value, jnp.zeros(value.shape, F64), ev.flag(eqn, x.bad, jumps), x.dom, x.carried)
 
 
 @rule("integer_pow", "square")
@@ -624,6 +640,19 @@ def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return _div(ev, eqn, [one, positive])
 
 
+@rule("one_minus_square")
+def _one_minus_square(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """1 - x^2 (tanh's derivative): |(x+d)^2 - x^2| <= 2|x|e + e^2; the square and the
+    subtraction round once each."""
+    (x,) = ins
+    value = 1.0 - x.value * x.value
+    propagated = 2.0 * jnp.abs(x.value) * x.err + x.err * x.err
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    square = ev.rounding(x.magnitude ** 2, dtype)
+    local = square + ev.rounding(jnp.abs(value) + propagated + square, dtype)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, x.bad, x.dom)
+
+
 @rule("pow")
 def _pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """x^y = exp(y log x) for x > 0: the error of t = y log x is |log x| ey + |y|
@@ -636,8 +665,8 @@ def _pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = jnp.abs(value) * jnp.expm1(t_err)
     dtype = ev.compute_dtype(eqn.outvars[0])
     bad, dom = ev.inherit(ins, value.shape)
-    bad, dom = bad | ~ok, ev.flag(eqn, dom, ~ok)
-    propagated = jnp.where(bad, 0.0, propagated)
+    bad = ev.flag(eqn, bad, ~ok)
+    propagated = jnp.where(bad > 0, 0.0, propagated)
     # exp(log) composition: both evaluations' errors, relative to the result
     local = 2.0 * ev.transcendental(dtype) * (jnp.abs(value) + propagated) + ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
@@ -654,9 +683,9 @@ def _compare(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, a.value, b.value)
     bad, dom = ev.inherit(ins, value.shape)
     slack = a.err + b.err
-    if a.is_float:
+    if a.is_float and eqn.invars[0] is not eqn.invars[1]:  # x != x is a NaN test, exact whatever x's error
         close = (jnp.abs(a.value - b.value) <= slack) & (slack > 0)
-        bad, dom = bad | close, ev.flag(eqn, dom, close)
+        bad = ev.flag(eqn, bad, close)
     return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
 
 
@@ -666,7 +695,8 @@ def _select(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, pred.value, *[c.value for c in cases])
     err = lax.select_n(pred.value, *[jnp.broadcast_to(c.err, value.shape) for c in cases])
     dom = lax.select_n(pred.value, *[jnp.broadcast_to(c.dom, value.shape) for c in cases])
-    bad = jnp.broadcast_to(pred.bad, value.shape) | lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, value.shape) for c in cases])
+    bad = jnp.maximum(jnp.broadcast_to(pred.bad, value.shape),
+                      lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, value.shape) for c in cases]))
     carried = [c.carried for c in cases if c.is_float]
     return Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
 
@@ -690,7 +720,7 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad, dom = x.bad, x.dom
     if x.is_float:
         crossing = jnp.trunc(x.value - x.err) != jnp.trunc(x.value + x.err)
-        bad, dom = bad | crossing, ev.flag(eqn, dom, crossing)
+        bad = ev.flag(eqn, bad, crossing)
     return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
 
 
@@ -727,7 +757,7 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = jnp.sum(x.err, axis=axes)
     depth = ev.facts.order_of("reduce_sum").depth(n)
     local = _times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.any(x.bad, axis=axes),
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
                      _argmax_along(x.err, x.dom, axes))
 
 
@@ -736,7 +766,7 @@ def _reduce_max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     value = _value(eqn, x.value)
-    return Tracked(value, jnp.max(x.err, axis=axes), jnp.any(x.bad, axis=axes), _argmax_along(x.err, x.dom, axes),
+    return Tracked(value, jnp.max(x.err, axis=axes), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
                    x.carried)
 
 
@@ -745,7 +775,7 @@ def _reduce_bool(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     value = _value(eqn, x.value)
-    return Tracked(value, jnp.zeros(value.shape, F64), jnp.any(x.bad, axis=axes), _argmax_along(x.err, x.dom, axes),
+    return Tracked(value, jnp.zeros(value.shape, F64), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
                    "float64")
 
 
@@ -764,9 +794,8 @@ def _argmax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     others = jnp.arange(v.shape[axis]).reshape([-1 if i == axis else 1 for i in range(v.ndim)]) != winner
     close = others & (v + x.err >= w_val - w_err) & ((x.err + w_err) > 0)
     culprit = jnp.any(close, axis=axis)
-    bad = culprit | jnp.any(x.bad, axis=axis)
-    return Tracked(value, jnp.zeros(value.shape, F64), bad, ev.flag(eqn, _argmax_along(x.err, x.dom, (axis,)), culprit),
-                   "float64")
+    bad = ev.flag(eqn, jnp.max(x.bad, axis=axis, initial=0), culprit)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, _argmax_along(x.err, x.dom, (axis,)), "float64")
 
 
 def _cumulative(ev: _Evaluator, eqn: Any, x: Tracked) -> tuple[int, bool, jax.Array]:
@@ -794,8 +823,7 @@ def _cumsum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     local = (ev.gamma(depth, unit_roundoff(dtype)) * lax.cumsum(x.magnitude, axis=axis, reverse=reverse)
              + (count - 1) * ev.floor(dtype))
     inherited = lax.cummax(x.dom, axis=axis, reverse=reverse)  # a label from the prefix
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad.astype(jnp.int32), axis=axis,
-                     reverse=reverse).astype(bool), inherited)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad, axis=axis, reverse=reverse), inherited)
 
 
 @rule("cummax", "cummin")
@@ -804,7 +832,7 @@ def _cummax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     axis, reverse = eqn.params["axis"], eqn.params["reverse"]
     value = _value(eqn, x.value)
     return Tracked(value, lax.cummax(x.err, axis=axis, reverse=reverse),
-                   lax.cummax(x.bad.astype(jnp.int32), axis=axis, reverse=reverse).astype(bool),
+                   lax.cummax(x.bad, axis=axis, reverse=reverse),
                    lax.cummax(x.dom, axis=axis, reverse=reverse), x.carried)
 
 
@@ -819,7 +847,7 @@ def _cumprod(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = mag - jnp.abs(value)
     local = ev.gamma(np.asarray(count) - 1, unit_roundoff(dtype)) * mag + (count - 1) * ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local,
-                     lax.cummax(x.bad.astype(jnp.int32), axis=axis, reverse=reverse).astype(bool),
+                     lax.cummax(x.bad, axis=axis, reverse=reverse),
                      lax.cummax(x.dom, axis=axis, reverse=reverse))
 
 
@@ -838,7 +866,7 @@ def _cumlogsumexp(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     depth = jnp.asarray(ev.facts.order_of("cumlogsumexp").depth(np.asarray(count)), F64)
     local = depth * ((u + t) * partial + 2.0 * t * math.log(2.0) + ev.floor(dtype))
     return ev.finish(eqn, eqn.outvars[0], value, lax.cummax(x.err, axis=axis, reverse=reverse), local,
-                     lax.cummax(x.bad.astype(jnp.int32), axis=axis, reverse=reverse).astype(bool),
+                     lax.cummax(x.bad, axis=axis, reverse=reverse),
                      lax.cummax(x.dom, axis=axis, reverse=reverse))
 
 
@@ -881,10 +909,11 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         local = local + dot(sub_a, b.magnitude) + dot(a.magnitude, sub_b)
     if unit_roundoff(out_dtype) > unit_roundoff(acc_dtype):
         local = local + ev.rounding(jnp.abs(value) + propagated + local, out_dtype)
-    bad_a = dot(a.bad.astype(F64), jnp.ones_like(b.value)) > 0
-    bad_b = dot(jnp.ones_like(a.value), b.bad.astype(F64)) > 0
+    # an unverifiable operand element spoils its whole row (column) of the result
+    bad_a = jnp.where(dot((a.bad > 0).astype(F64), jnp.ones_like(b.value)) > 0, jnp.max(a.bad, initial=0), 0)
+    bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
     inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad_a | bad_b, inherited)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
 
 
 def _worst_label(t: Tracked) -> jax.Array:
@@ -898,13 +927,19 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     times the sum of magnitudes (c counted by scattering ones)."""
     operand, indices, updates = ins
     dtype = ev.compute_dtype(eqn.outvars[0])
-    bind = lambda o, u: eqn.primitive.bind(o, indices.value, u, **eqn.params)  # noqa: E731
+    p = eqn.params
+
+    def bind(o: jax.Array, u: jax.Array) -> jax.Array:  # the public op rebuilds the adder for f64
+        return lax.scatter_add(o, indices.value, u, p["dimension_numbers"], indices_are_sorted=p["indices_are_sorted"],
+                               unique_indices=p["unique_indices"], mode=p["mode"])
+
     value = bind(operand.value, updates.value)
     propagated = bind(operand.err, updates.err)
     count = bind(jnp.zeros_like(operand.err), jnp.ones_like(updates.err))
     local = (_times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
              + count * ev.floor(dtype))
-    bad = bind(operand.bad.astype(F64), updates.bad.astype(F64)) > 0
+    spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0
+    bad = jnp.where(spoiled, jnp.maximum(jnp.max(operand.bad, initial=0), jnp.max(updates.bad, initial=0)), 0)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, operand.dom)
 
 
@@ -953,19 +988,21 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
             inputs.append(t)
         outs = ev.run(jaxpr, [], inputs)
         result = [], [], [], [], []
+        culprits = []
         for var, out in zip(jaxpr.jaxpr.outvars, outs):
             inner = out.dom
+            culprits.append(np.asarray(out.bad))
             dt = np.dtype(var.aval.dtype)
             if _is_float(dt):
                 target = facts.out_dtype or dtype_name(dt)
                 if unit_roundoff(target) > unit_roundoff(out.carried):
                     out = ev.finish(_OUTPUT, var, out.value, out.err, ev.rounding(out.magnitude, target), out.bad,
                                     out.dom, carried=target)
-            for store, field in zip(result, (out.value, out.err, out.bad, out.dom, inner)):
+            for store, field in zip(result, (out.value, out.err, out.bad > 0, out.dom, inner)):
                 store.append(np.asarray(field))
     values, bounds, bad, dom, inner = result
     return Derived(tuple(v.astype(F64) if _is_float(v.dtype) else v for v in values), tuple(bounds), tuple(bad),
-                   tuple(dom), tuple(inner), tuple(ev.sources))
+                   tuple(dom), tuple(inner), tuple(culprits), tuple(ev.sources))
 
 
 class _OutputStore:
