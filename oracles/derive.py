@@ -79,7 +79,9 @@ class Facts:
     out_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "orders", tuple(sorted(dict(self.orders).items())))  # hashable, comparable
+        # hashable and comparable; a saved config (JSON: dicts and lists) reads back
+        object.__setattr__(self, "order", _accumulation(self.order))
+        object.__setattr__(self, "orders", tuple(sorted((k, _accumulation(v)) for k, v in dict(self.orders).items())))
         if self.compute_dtype is not None:
             unit_roundoff(self.compute_dtype)  # an unknown dtype fails here, naming the choices
         for name, order in [("order", self.order), *self.orders]:
@@ -95,6 +97,10 @@ class Facts:
                 + (f" ({orders})" if orders else "")
                 + (f", transcendental_ulps={self.transcendental_ulps}" if self.transcendental_ulps is not None else "")
                 + (f", out_dtype={self.out_dtype}" if self.out_dtype else ""))
+
+
+def _accumulation(order: Any) -> Any:
+    return Accumulation(**order) if isinstance(order, Mapping) else order
 
 
 def _order_name(order: Accumulation) -> str:

@@ -8,6 +8,7 @@ kernel and every check runs on it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from typing import Any, Callable, Mapping, Sequence
 
@@ -192,7 +193,31 @@ def bundled_names() -> list[str]:
     return sorted(jax_bundled.BUNDLED) + tokamax_client.names()
 
 
+def is_module_target(name: str) -> bool:
+    """``MODULE:NAME``: a spec defined in a user's module (not "jax:..." or "tokamax:...")."""
+    return ":" in name and not name.startswith(("jax:", "tokamax:"))
+
+
+def module_spec(target: str) -> KernelSpec:
+    """The spec ``MODULE:NAME`` names: ``NAME`` is a ``KernelSpec`` attribute of the
+    importable module, or a key of its ``VARIANTS`` dict (the broken kernels of
+    ``tests/broken``, whose values are (spec, dtypes, examples), on the module's
+    ``BACKENDS``). Renamed to ``target``, so that reports, saved cases and replay
+    commands name it the way it was asked for."""
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    if isinstance(getattr(module, name, None), KernelSpec):
+        spec = getattr(module, name)
+    elif name in getattr(module, "VARIANTS", {}):
+        spec = dataclasses.replace(module.VARIANTS[name][0], backends=getattr(module, "BACKENDS", GENERIC))
+    else:
+        raise ValueError(f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]")
+    return dataclasses.replace(spec, name=target)
+
+
 def get_spec(name: str) -> KernelSpec:
+    if is_module_target(name):
+        return module_spec(name)
     specs = registry()
     if name in specs:
         return specs[name]
@@ -207,4 +232,5 @@ def get_spec(name: str) -> KernelSpec:
 
 def selected(names: Sequence[str] | None) -> dict[str, KernelSpec]:
     """The specs named (every registered one for None), bundled ones included."""
-    return dict(registry()) if not names else {n: get_spec(n) for n in names if n in registry() or n in bundled_names()}
+    return dict(registry()) if not names else {
+        n: get_spec(n) for n in names if n in registry() or n in bundled_names() or is_module_target(n)}
