@@ -1,0 +1,132 @@
+"""Derived bounds against the hand-derived ones, on our own kernels.
+
+For each kernel x dtype, cases of every element kind (strategies.elements) are drawn at
+one shape; the bound derived from a jax.numpy reference of the kernel's math
+(oracles/derive.py, facts that describe the kernel: f32 compute, the kernel's K-tile
+as the dot's blocked order) is compared element by element with the spec's
+hand-derived implementation bound at the default config, on the CPU interpreter's
+arithmetic. Reported: the median ratio derived / hand over elements and cases (with
+the 10th and 90th percentiles and the largest), and the elements where the kernel's
+own error exceeds the derived bound (false alarms).
+
+    python -m pallascheck.bench.derived_bounds [--seeds N] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import derive
+from pallascheck.oracles.derive import Facts
+from pallascheck.oracles.tolerance import CPU, blocked
+from pallascheck.properties import strategies
+from pallascheck.properties.spec import Case, get_spec
+
+F32 = jnp.float32
+EPS = 1e-5
+
+
+def _matmul(x, y):
+    return jnp.dot(x, y, preferred_element_type=F32).astype(x.dtype)
+
+
+def _matmul_relu(x, y):
+    return jnp.maximum(jnp.dot(x, y, preferred_element_type=F32), 0.0).astype(x.dtype)
+
+
+def _rms_norm(x, scale):
+    x32 = x.astype(F32)
+    rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) / x.shape[-1] + EPS)
+    return (x32 * rstd * scale.astype(F32)).astype(x.dtype)
+
+
+def _layer_norm(x, scale, offset):
+    x32 = x.astype(F32)
+    c = x32 - jnp.sum(x32, axis=-1, keepdims=True) / x.shape[-1]
+    rstd = lax.rsqrt(jnp.sum(c * c, axis=-1, keepdims=True) / x.shape[-1] + EPS)
+    return (c * rstd * scale.astype(F32) + offset.astype(F32)).astype(x.dtype)
+
+
+def _matmul_case(seed: int, dtype: str, kind: str, activation: str) -> Case:
+    m, k, n = 16, 64, 32
+    return Case({"x": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
+                 "y": strategies.elements(seed + 1, (k, n), dtype, kind, reduction=k)},
+                {"activation": activation, "out_dtype": dtype})
+
+
+def _norm_case(seed: int, dtype: str, kind: str, layer: bool) -> Case:
+    rows, d = 8, 64
+    arrays = {"x": strategies.elements(seed, (rows, d), dtype, kind, reduction=d),
+              "scale": strategies.elements(seed + 2, (d,), dtype, "normal")}
+    if layer:
+        arrays["offset"] = strategies.elements(seed + 3, (d,), dtype, "normal")
+    return Case(arrays, {"eps": EPS})
+
+
+# kernel -> (spec name, reference, argument names, case maker, facts from the default config)
+KERNELS: dict[str, tuple[str, Callable[..., Any], tuple[str, ...], Callable[..., Case], Callable[[Any], Facts]]] = {
+    "matmul": ("matmul", _matmul, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "none"),
+               lambda c: Facts(order=blocked(c.block_k))),
+    "matmul+relu": ("matmul", _matmul_relu, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "relu"),
+                    lambda c: Facts(order=blocked(c.block_k))),
+    "rms_norm": ("rms_norm", _rms_norm, ("x", "scale"), lambda s, d, k: _norm_case(s, d, k, False), lambda c: Facts()),
+    "layer_norm": ("layer_norm", _layer_norm, ("x", "scale", "offset"), lambda s, d, k: _norm_case(s, d, k, True),
+                   lambda c: Facts()),
+}
+KINDS = ("normal", "large", "offset_rows", "subnormal", "few_distinct", "positive")
+
+
+def measure(name: str, dtype: str, seeds: int) -> dict[str, Any]:
+    spec_name, reference, args, make_case, facts_of = KERNELS[name]
+    spec = get_spec(spec_name)
+    backend = Backend("interpret")
+    config = spec.default_config_for(backend)
+    facts = facts_of(config)
+    ratios, false_alarms, unverifiable, elements = [], 0, 0, 0
+    for kind in KINDS:
+        for seed in range(seeds):
+            case = make_case(seed, dtype, kind)
+            ref = spec.oracle(case)
+            hand = np.asarray(spec.bound(case, ref, config, CPU), np.float64)
+            d = derive.derive(reference, [case.arrays[a] for a in args], facts=facts, arith=CPU)
+            expected = np.asarray(spec.expected(ref), np.float64)
+            out = np.asarray(spec.kernel(case, config, backend)).astype(np.float64)
+            finite = np.isfinite(expected) & np.isfinite(hand) & np.isfinite(d.bounds[0]) & ~d.unverifiable[0]
+            ok = finite & (hand > 0)
+            ratios.append((d.bounds[0][ok] / hand[ok]).ravel())
+            false_alarms += int(np.sum(finite & (np.abs(out - expected) > d.bounds[0])))
+            unverifiable += int(d.unverifiable[0].sum())
+            elements += expected.size
+    r = np.concatenate(ratios)
+    return {"kernel": name, "dtype": dtype, "facts": facts.describe(), "elements": elements,
+            "median": float(np.median(r)), "p10": float(np.percentile(r, 10)), "p90": float(np.percentile(r, 90)),
+            "max": float(r.max()), "false_alarms": false_alarms, "unverifiable": unverifiable}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=2, help="cases per element kind")
+    parser.add_argument("--json", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = [measure(k, d, args.seeds) for k in KERNELS for d in strategies.DTYPES]
+    print(f"jax {jax.__version__}; {len(KINDS)} kinds x {args.seeds} seeds per row\n")
+    print("| kernel | dtype | median derived/hand | p10 | p90 | max | false alarms | unverifiable | elements |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['dtype']} | {r['median']:.2f} | {r['p10']:.2f} | {r['p90']:.2f} | {r['max']:.2f} | "
+              f"{r['false_alarms']} | {r['unverifiable']} | {r['elements']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"jax": jax.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
