@@ -41,6 +41,7 @@ from jax.extend import core as jcore
 
 from pallascheck.kernels.compat import float64_enabled
 
+from . import numeric
 from .tolerance import SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, smallest_normal, unit_roundoff
 
 F64 = np.float64
@@ -953,8 +954,11 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
 
 def trace(fn: Callable[..., Any], *args: Any) -> jcore.ClosedJaxpr:
-    """The jaxpr of ``fn`` on arrays shaped and typed like ``args``."""
-    return jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args])
+    """The jaxpr of ``fn`` on arrays shaped and typed like ``args``, traced as its user
+    runs it: in 32-bit JAX even inside the device oracles' float64 scope (where
+    ``jnp.arange`` would be int64 and ``jnp.ones(n)`` float64)."""
+    with numeric.kernel_side():
+        return jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args])
 
 
 def vjp_function(fn: Callable[..., Any], wrt: Sequence[int]) -> Callable[..., Any]:
