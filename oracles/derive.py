@@ -41,8 +41,8 @@ from jax.extend import core as jcore
 
 from pallascheck.kernels.compat import float64_enabled
 
-from . import numeric
-from .tolerance import SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, smallest_normal, unit_roundoff
+from . import algebra, numeric
+from .tolerance import SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, unit_roundoff
 
 F64 = np.float64
 INPUT = 0  # ``dom`` label of the inputs' own error (a subnormal flushed on read)
@@ -185,13 +185,10 @@ class _Evaluator:
         return self.facts.compute_dtype or dtype_name(_var_dtype(var))
 
     def floor(self, dtype: str) -> float:
-        tiny = smallest_normal(dtype)
-        return tiny if self.arith.flush_subnormals else unit_roundoff(dtype) * tiny
+        return algebra.underflow_floor(dtype, self.arith)
 
     def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
-        """One rounding of a result of at most ``magnitude`` (algebra._rounding)."""
-        err = unit_roundoff(dtype) * magnitude + self.floor(dtype)
-        return jnp.where(magnitude <= largest_finite(dtype), err, jnp.inf)
+        return algebra.rounding(magnitude, dtype, self.arith)
 
     def transcendental(self, dtype: str) -> float:
         return self.arith.transcendental_rel(_narrower(dtype, "float32"))
@@ -471,18 +468,13 @@ def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
 
 
-def _times(a: jax.Array, b: jax.Array) -> jax.Array:
-    """a * b for error terms with 0 * inf = 0 (algebra._times)."""
-    return jnp.where((a == 0) | (b == 0), 0.0, a * b)
-
-
 @rule("mul")
 @_int_or_exact
 def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
     a, b = ins
     value = a.value * b.value
-    propagated = _times(jnp.abs(a.value), b.err) + _times(jnp.abs(b.value), a.err) + _times(a.err, b.err)
+    propagated = algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err) + algebra.times(a.err, b.err)
     bad, dom = ev.inherit(ins, value.shape)
     dtype = ev.compute_dtype(eqn.outvars[0])
     return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
@@ -496,7 +488,7 @@ def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     room = jnp.abs(b.value) - b.err
     safe = jnp.where(room > 0, b.value, 1.0)
     value = jnp.where(b.value != 0, a.value / jnp.where(b.value != 0, b.value, 1.0), a.value / b.value)
-    propagated = jnp.where(room > 0, (a.err + _times(jnp.abs(a.value / safe), b.err)) / jnp.where(room > 0, room, 1.0), jnp.inf)
+    propagated = jnp.where(room > 0, (a.err + algebra.times(jnp.abs(a.value / safe), b.err)) / jnp.where(room > 0, room, 1.0), jnp.inf)
     propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
     bad, dom = ev.inherit(ins, value.shape)
     culprit = (room <= 0) & (b.err > 0)
@@ -738,10 +730,6 @@ def _reduce_precision(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return ev.finish(eqn, eqn.outvars[0], x.value, x.err, unit * x.magnitude, x.bad, x.dom)
 
 
-def _reduced(t: jax.Array, axes: Sequence[int], how: Callable[..., jax.Array]) -> jax.Array:
-    return how(t, axis=tuple(axes)) if axes else t
-
-
 def _argmax_along(err: jax.Array, dom: jax.Array, axes: Sequence[int]) -> jax.Array:
     """The label of the largest-error element along ``axes`` (moved last, flattened)."""
     keep = [i for i in range(err.ndim) if i not in axes]
@@ -763,7 +751,7 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = jnp.sum(x.value, axis=axes)
     propagated = jnp.sum(x.err, axis=axes)
     depth = ev.facts.order_of("reduce_sum").depth(n)
-    local = _times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
+    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
                      _argmax_along(x.err, x.dom, axes))
 
@@ -811,10 +799,6 @@ def _cumulative(ev: _Evaluator, eqn: Any, x: Tracked) -> tuple[int, bool, jax.Ar
     count = np.arange(1, n + 1)
     count = count[::-1] if reverse else count
     return axis, reverse, jnp.asarray(count).reshape([-1 if i == axis else 1 for i in range(x.value.ndim)])
-
-
-def _cum(fn: Callable[..., jax.Array], x: jax.Array, axis: int, reverse: bool) -> jax.Array:
-    return fn(x, axis=axis, reverse=reverse)
 
 
 @rule("cumsum")
@@ -910,10 +894,8 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     acc = ev.gamma(order.depth(k), arith.mma_unit(acc_dtype))
     local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * k * ev.floor(acc_dtype)
     if arith.flush_subnormals:
-        tiny = smallest_normal("float32")
-        sub_a = jnp.where(a.magnitude < tiny, a.magnitude, 0.0)
-        sub_b = jnp.where(b.magnitude < tiny, b.magnitude, 0.0)
-        local = local + dot(sub_a, b.magnitude) + dot(a.magnitude, sub_b)
+        local = (local + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
+                 + dot(a.magnitude, algebra.subnormal_part(b.magnitude)))
     if unit_roundoff(out_dtype) > unit_roundoff(acc_dtype):
         local = local + ev.rounding(jnp.abs(value) + propagated + local, out_dtype)
     # an unverifiable operand element spoils its whole row (column) of the result
@@ -943,7 +925,7 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = bind(operand.value, updates.value)
     propagated = bind(operand.err, updates.err)
     count = bind(jnp.zeros_like(operand.err), jnp.ones_like(updates.err))
-    local = (_times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
+    local = (algebra.times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
              + count * ev.floor(dtype))
     spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0
     bad = jnp.where(spoiled, jnp.maximum(jnp.max(operand.bad, initial=0), jnp.max(updates.bad, initial=0)), 0)
@@ -991,8 +973,7 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
             if _is_float(dt):
                 t = ev.exact(np.asarray(a, dtype=F64), dtype_name(dt))
                 if arith.flush_subnormals:  # denormals-are-zero may read a subnormal input as 0
-                    t = dataclasses.replace(t, err=jnp.where(jnp.abs(t.value) < smallest_normal("float32"),
-                                                             jnp.abs(t.value), 0.0))
+                    t = dataclasses.replace(t, err=algebra.subnormal_part(t.value))
             else:
                 t = ev.exact(np.asarray(a), "float64")
             inputs.append(t)

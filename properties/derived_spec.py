@@ -15,7 +15,6 @@ derivation over the jaxpr of the reference's VJP.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from pallascheck.kernels.backends import GENERIC, Backend, get_backend
+from pallascheck.kernels.backends import GENERIC, Backend
 from pallascheck.oracles import derive
 from pallascheck.oracles.derive import Derived, Facts
 from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, unit_roundoff

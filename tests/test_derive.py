@@ -19,7 +19,7 @@ from jax import lax
 from pallascheck.kernels.compat import float64_enabled
 from pallascheck.oracles import derive
 from pallascheck.oracles.derive import Facts
-from pallascheck.oracles.tolerance import CPU, SEQUENTIAL
+from pallascheck.oracles.tolerance import CPU, SEQUENTIAL, blocked
 
 BF16 = ml_dtypes.bfloat16
 
@@ -138,16 +138,10 @@ def test_blocked_order_sets_the_depth_of_each_prefix() -> None:
     """A blocked cumsum's element i chains (b - 1) + (blocks before it) additions:
     with positive terms the bound grows in steps at each block edge."""
     x = np.ones((1, 12), np.float32)
-    d = derive.derive(lambda v: jnp.cumsum(v, axis=1), [x], facts=Facts(order=derive_blocked(4)), arith=CPU)
+    d = derive.derive(lambda v: jnp.cumsum(v, axis=1), [x], facts=Facts(order=blocked(4)), arith=CPU)
     seq = derive.derive(lambda v: jnp.cumsum(v, axis=1), [x], facts=Facts(), arith=CPU)
     # up to 5 terms both chain 4 additions at most; from the 6th the blocked chain is shorter
     assert np.all(d.bounds[0][0, :5] == seq.bounds[0][0, :5]) and np.all(d.bounds[0][0, 5:] < seq.bounds[0][0, 5:])
-
-
-def derive_blocked(b: int):
-    from pallascheck.oracles.tolerance import blocked
-
-    return blocked(b)
 
 
 def test_an_unsupported_primitive_is_refused_by_name() -> None:
