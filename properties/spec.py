@@ -177,10 +177,29 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+ENTRY_POINTS = "pallascheck.specs"
+_entry_points_loaded = False
+
+
 def registry() -> dict[str, KernelSpec]:
-    """All registered specs, the built-in kernels first."""
+    """All registered specs: the built-in kernels first, then those of installed packages
+    that declare an entry point in the group ``pallascheck.specs`` (a KernelSpec, or a
+    module that registers its specs on import), e.g. in pyproject.toml::
+
+        [project.entry-points."pallascheck.specs"]
+        my_kernels = "my_package.specs"
+    """
+    global _entry_points_loaded
     from . import builtin_specs  # noqa: F401 - registers the shipped kernels on import
 
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=ENTRY_POINTS):
+            loaded = entry.load()
+            if isinstance(loaded, KernelSpec):
+                register(loaded)
     return dict(_REGISTRY)
 
 

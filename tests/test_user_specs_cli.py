@@ -75,3 +75,21 @@ def test_fuzz_runs_a_user_spec_and_its_printed_replay_runs_as_printed(project: P
     printed = re.search(r"replay: (pallascheck replay .*)", out).group(1)
     replayed = _run(printed, project)
     assert replayed.returncode == 1 and "FAIL" in replayed.stdout, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+
+
+def test_an_installed_package_declares_its_specs_by_entry_point(tmp_path: Path) -> None:
+    """A distribution on the path whose entry point (group ``pallascheck.specs``) names a
+    module: importing it registers its spec, which ``registry()`` then lists, in a fresh
+    interpreter (the registry loads entry points once per process)."""
+    package = tmp_path / "site"
+    (package / "my_kernels").mkdir(parents=True)
+    (package / "my_kernels" / "__init__.py").write_text(
+        USER_MODULE + "\nfrom pallascheck.specs import register\nregister(SPEC)\n")
+    info = package / "my_kernels-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kernels\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[pallascheck.specs]\nmy_kernels = my_kernels\n")
+    code = "from pallascheck.properties.spec import registry; print('fused' in registry())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(package)))
+    assert done.stdout.strip() == "True", done.stdout + done.stderr[-3000:]
