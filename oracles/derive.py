@@ -92,6 +92,9 @@ class Facts:
     def order_of(self, primitive: str) -> Accumulation:
         return dict(self.orders).get(primitive, self.order)
 
+    def __str__(self) -> str:
+        return f"Facts({self.describe()})"
+
     def describe(self) -> str:
         orders = ", ".join(f"{k}={_order_name(v)}" for k, v in self.orders)
         return (f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
