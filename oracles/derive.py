@@ -200,17 +200,23 @@ class _Evaluator:
         return jnp.asarray(self.arith.gamma(depth, unit), dtype=F64)
 
     def finish(self, eqn: Any, var: Any, value: jax.Array, propagated: jax.Array, local: jax.Array,
-               bad: jax.Array, inherited: jax.Array, carried: str | None = None) -> Tracked:
+               bad: jax.Array, inherited: jax.Array, carried: str | None = None, reach: Any = None) -> Tracked:
         """err = propagated + local; the label is this rule where its own rounding is the larger part.
+
         An infinite or NaN exact value (a -inf mask, exp of it) gets no error: the checks
-        demand the kernel produce exactly it."""
+        demand the kernel produce exactly it. Where the computed result, or a partial
+        result on the way (``reach``: sum|terms| for a sum), may exceed the dtype's
+        range, it may be infinite: no bound (err = inf)."""
         shape = value.shape
+        carried = carried or self.compute_dtype(var)
         finite = jnp.isfinite(value)
         propagated = jnp.where(finite, jnp.broadcast_to(jnp.asarray(propagated, F64), shape), 0.0)
         local = jnp.where(finite, jnp.broadcast_to(jnp.asarray(local, F64), shape), 0.0)
+        err = propagated + local
+        reach = jnp.abs(value) + err if reach is None else jnp.maximum(jnp.abs(value) + err, reach + err)
+        err = jnp.where(finite & (reach > largest_finite(carried)), jnp.inf, err)
         dom = jnp.where(local >= propagated, self.label(eqn), jnp.broadcast_to(inherited, shape))
-        return Tracked(value, propagated + local, jnp.broadcast_to(bad, shape).astype(jnp.int32), dom.astype(jnp.int32),
-                       carried or self.compute_dtype(var))
+        return Tracked(value, err, jnp.broadcast_to(bad, shape).astype(jnp.int32), dom.astype(jnp.int32), carried)
 
     def flag(self, eqn: Any, bad: jax.Array, culprit: jax.Array) -> jax.Array:
         """``bad`` with this equation's label where it makes elements unverifiable."""
@@ -756,7 +762,7 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     depth = ev.facts.order_of("reduce_sum").depth(n)
     local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
-                     _argmax_along(x.err, x.dom, axes))
+                     _argmax_along(x.err, x.dom, axes), reach=jnp.sum(x.magnitude, axis=axes))
 
 
 @rule("reduce_max", "reduce_min")
@@ -814,10 +820,11 @@ def _cumsum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, x.value)
     propagated = lax.cumsum(x.err, axis=axis, reverse=reverse)
     depth = ev.facts.order_of("cumsum").depth(np.asarray(count))
-    local = (ev.gamma(depth, unit_roundoff(dtype)) * lax.cumsum(x.magnitude, axis=axis, reverse=reverse)
-             + (count - 1) * ev.floor(dtype))
+    reach = lax.cumsum(x.magnitude, axis=axis, reverse=reverse)
+    local = ev.gamma(depth, unit_roundoff(dtype)) * reach + (count - 1) * ev.floor(dtype)
     inherited = lax.cummax(x.dom, axis=axis, reverse=reverse)  # a label from the prefix
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad, axis=axis, reverse=reverse), inherited)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad, axis=axis, reverse=reverse),
+                     inherited, reach=reach)
 
 
 @rule("cummax", "cummin")
@@ -905,6 +912,7 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad_a = jnp.where(dot((a.bad > 0).astype(F64), jnp.ones_like(b.value)) > 0, jnp.max(a.bad, initial=0), 0)
     bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
     inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
+    local = jnp.where(magnitude <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
 
 

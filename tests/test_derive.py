@@ -7,8 +7,9 @@ written under ``jax.jit`` in bf16 (facts: the reference's own dtypes, any order)
 with every input upcast to f32 and the result stored in bf16 (facts: f32 compute),
 which is how a kernel computes it. One seed of N(0, 1) inputs here; the same check
 over every element kind of strategies.elements, 3 seeds each, in bf16, f16 and f32
-(216 cases per model) stayed within the bound (largest budget used 0.95) when the
-rules were written.
+(216 cases per model) stayed within the bound wherever one is finite (largest budget
+used 0.95) when the rules were written; it found the missing overflow rule of sums and
+products (an f16 cumprod past 65504).
 """
 from __future__ import annotations
 
@@ -84,9 +85,12 @@ def _f64(fn, args):
 
 def _within(got, derived: derive.Derived) -> float:
     """Worst |got - oracle| / bound over the verifiable elements."""
-    ok = ~derived.unverifiable[0]
+    # an overflowing exact value, or a bound that is infinite because an intermediate may
+    # overflow in the low precision, claims nothing: accuracy is checked where a bound is
+    ok = ~derived.unverifiable[0] & np.isfinite(derived.values[0]) & np.isfinite(derived.bounds[0])
     error = np.abs(np.asarray(got, np.float64) - derived.values[0])
-    return float(np.max(np.where(ok, error / derived.bounds[0], 0.0)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.max(np.where(ok, error / derived.bounds[0], 0.0)))
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
