@@ -130,3 +130,80 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------ kill rates on tests/broken
+
+
+def _matmul_reference(activation: str, out_dtype: str) -> Callable[..., Any]:
+    from pallascheck.kernels.activations import get_activation
+
+    act = get_activation(activation)
+    return lambda x, y: act(jnp.dot(x, y, preferred_element_type=F32)).astype(out_dtype)
+
+
+def derived_matmul(spec: Any) -> Any:
+    """``spec`` (a matmul KernelSpec) with its value, contract and gradient bounds derived
+    from the reference act(x @ y) in f32: the kernel's blocked K loop for a config, the
+    reference as written (in the input dtype) for xla_reference (config None)."""
+    import dataclasses
+
+    from pallascheck.properties.derived_spec import AS_WRITTEN, CONTRACT
+
+    def facts(config: Any, out_dtype: str) -> Facts:
+        """config None: the contract; "as_written": xla_reference; else the kernel's tiling."""
+        chosen = {None: CONTRACT, "as_written": AS_WRITTEN}.get(config) if not hasattr(config, "block_k") else None
+        return dataclasses.replace(chosen or Facts(order=blocked(config.block_k)), out_dtype=out_dtype)
+
+    def values(case: Case, config: Any, arith: Any, grads: bool = False) -> derive.Derived:
+        p = case.params
+        fn = _matmul_reference(p["activation"], p["out_dtype"])
+        args = [case.arrays["x"], case.arrays["y"]]
+        if grads:
+            fn, args = derive.vjp_function(fn, (0, 1)), args + [case.arrays["cotangent"]]
+        chosen = facts(config, p["out_dtype"])
+        return derive.derive(fn, args, facts=dataclasses.replace(chosen, out_dtype=None) if grads else chosen,
+                             arith=arith)
+
+    def bound(case: Case, ref: Any, config: Any, arith: Any) -> np.ndarray:
+        d = values(case, "as_written" if config is None else config, arith)
+        return np.where(d.unverifiable[0], np.nan, d.bounds[0])
+
+    def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> dict[str, np.ndarray]:
+        d = values(case, "as_written" if config is None else config, arith, grads=True)
+        return {k: np.where(d.unverifiable[i], np.nan, d.bounds[i]) for i, k in enumerate(("dx", "dy"))}
+
+    gradients = spec.gradients and dataclasses.replace(
+        spec.gradients, bound=gradient_bound,
+        contract=lambda case, ref, grads, arith: gradient_bound(case, ref, grads, None, arith))
+    return dataclasses.replace(
+        spec, bound=bound, contract=lambda case, ref, arith: bound(case, ref, None, arith), gradients=gradients)
+
+
+def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:
+    """Our matmul and each matmul variant of tests/broken judged by its hand-derived
+    spec and by the derived one, on the same draws: a failure of the shipped kernel is
+    a false alarm, of a variant a kill."""
+    import os
+    import sys
+
+    from pallascheck.properties import runner
+
+    sys.path.insert(0, os.path.abspath(tests_dir))
+    from broken import matmul_variants
+
+    rows = []
+    shipped = [("shipped", get_spec("matmul"), strategies.DTYPES)]
+    broken = [(name, spec, dtypes) for name, (spec, dtypes, _) in matmul_variants.VARIANTS.items()]
+    for name, spec, dtypes in shipped + broken:
+        row = {"variant": f"matmul/{name}"}
+        for label, judged in (("hand", spec), ("derived", derived_matmul(spec))):
+            failures = [runner.run_property(judged, d, Backend("interpret"), examples=examples, seed=0).failure
+                        for d in dtypes]
+            failed = next((f for f in failures if f), "")
+            if failed.startswith("[crash]"):  # the judge broke, not the kernel caught
+                raise RuntimeError(f"{name} ({label}): {failed}")
+            row[label] = failed.splitlines()[0] if failed else ""
+        rows.append(row)
+        print(row, file=sys.stderr, flush=True)
+    return rows

@@ -699,12 +699,29 @@ def _compare(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
 @rule("select_n")
 def _select(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """The chosen case's value and error. Where the predicate is unverifiable (a
+    comparison within its operands' errors: relu's derivative at a computed 0, a
+    where near its threshold) the kernel may pick any case: the error is then the
+    largest distance of a case's interval from the chosen value, max_i(|v_i - v| + e_i),
+    the cost the hand-derived bounds charge too. Only where that spread is not finite
+    (a -inf mask on one side) does the element stay unverifiable."""
     pred, cases = ins[0], ins[1:]
     value = _value(eqn, pred.value, *[c.value for c in cases])
-    err = lax.select_n(pred.value, *[jnp.broadcast_to(c.err, value.shape) for c in cases])
-    dom = lax.select_n(pred.value, *[jnp.broadcast_to(c.dom, value.shape) for c in cases])
-    bad = jnp.maximum(jnp.broadcast_to(pred.bad, value.shape),
-                      lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, value.shape) for c in cases]))
+    shape = value.shape
+    values = [jnp.broadcast_to(c.value, shape) for c in cases]
+    errs = [jnp.broadcast_to(c.err, shape) for c in cases]
+    err = lax.select_n(pred.value, *errs)
+    dom = lax.select_n(pred.value, *[jnp.broadcast_to(c.dom, shape) for c in cases])
+    bad = lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, shape) for c in cases])
+    undecided = jnp.broadcast_to(pred.bad, shape)
+    if jnp.issubdtype(value.dtype, jnp.floating):
+        with np.errstate(invalid="ignore"):
+            spread = _elementwise_max([jnp.abs(v - value) + e for v, e in zip(values, errs)])
+        bounded = (undecided > 0) & jnp.isfinite(spread)
+        err = jnp.where(bounded, spread, err)
+        dom = jnp.where(bounded, undecided, dom)  # the decision's label: its comparison dominates here
+        undecided = jnp.where(bounded, 0, undecided)
+    bad = jnp.maximum(bad, undecided)
     carried = [c.carried for c in cases if c.is_float]
     return Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
 
@@ -717,8 +734,8 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     (x,) = ins
     new = np.dtype(eqn.params["new_dtype"])
     if _is_float(new):
-        if not x.is_float:
-            return ev.exact(x.value.astype(F64), dtype_name(new))
+        if not x.is_float:  # an int or bool is exact in a float, and as verifiable as it was
+            return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
         target = dtype_name(new)
         if unit_roundoff(target) > unit_roundoff(x.carried):
             return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding(x.magnitude, target), x.bad, x.dom,

@@ -125,12 +125,25 @@ def test_gradient_derivation_is_the_float64_vjp_and_bounds_the_bf16_one() -> Non
 
 def test_a_comparison_within_its_error_is_unverifiable() -> None:
     def fn(x):
-        return jnp.where(x * 3.0 > 1.0, 1.0, 0.0) + x
+        return (x * 3.0 > 1.0).astype(jnp.float32) + x  # the decision itself is the output
 
     x = np.array([1 / 3, 0.9, -1.0], np.float32)
     d = derive.derive(fn, [x], facts=Facts(), arith=CPU)
     assert d.unverifiable[0].tolist() == [True, False, False]
     assert d.explain(0, (0,)).startswith("gt at ")  # the comparison is named as the culprit
+
+
+def test_a_select_on_an_undecided_comparison_is_bounded_by_its_cases() -> None:
+    """relu'(z) g at z within its error of 0: the kernel may give g or 0, so the bound
+    there covers |g| (the hand-derived matmul gradient bound charges the same)."""
+    def fn(z, g):
+        return jnp.where(z * 3.0 > 1.0, g, 0.0)
+
+    z, g = np.array([1 / 3, 0.9], np.float32), np.array([0.75, 0.75], np.float32)
+    d = derive.derive(fn, [z, g], facts=Facts(), arith=CPU)
+    assert not d.unverifiable[0].any()
+    assert d.bounds[0][0] >= 0.75 and d.bounds[0][1] < 1e-6
+    assert d.explain(0, (0,)).startswith("gt at ")
 
 
 def test_a_division_by_a_value_within_its_error_is_unverifiable() -> None:
