@@ -177,12 +177,14 @@ class _Evaluator:
     # ------------------------------------------------------------ helpers
     def label(self, eqn: Any) -> int:
         if id(eqn) not in self.labels:
-            # a primitive inside a library function (jnp.cumsum's jit) has no user
-            # source line: name the user's call that encloses it
-            where = next((w for w in (_where(e) for e in [eqn, *self.enclosing[::-1]]) if w), "the reference")
             self.labels[id(eqn)] = len(self.sources)
-            self.sources.append(f"{eqn.primitive.name} at {where}")
+            self.sources.append(f"{eqn.primitive.name} at {self.where(eqn)}")
         return self.labels[id(eqn)]
+
+    def where(self, eqn: Any) -> str:
+        """The source line of ``eqn``; a primitive inside a library function (jnp.cumsum's
+        jit, erf's derivative) has none: the user's call that encloses it."""
+        return next((w for w in (_where(e) for e in [eqn, *self.enclosing[::-1]]) if w), "the reference")
 
     def compute_dtype(self, var: Any) -> str:
         return self.facts.compute_dtype or dtype_name(_var_dtype(var))
@@ -295,7 +297,7 @@ class _Evaluator:
             finally:
                 self.enclosing.pop()
         raise UnsupportedPrimitive(
-            f"the reference uses primitive {name!r} ({_where(eqn)}), "
+            f"the reference uses primitive {name!r} ({self.where(eqn)}), "
             f"which has no error rule; supported: {sorted(supported_primitives())}")
 
     def structural(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
@@ -650,15 +652,33 @@ def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
 @rule("one_minus_square")
 def _one_minus_square(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """1 - x^2 (tanh's derivative): |(x+d)^2 - x^2| <= 2|x|e + e^2; the square and the
-    subtraction round once each."""
+    """1 - x^2 (tanh's derivative): |(x+d)^2 - x^2| <= 2|x|e + e^2. XLA computes it as
+    (1 + x)(1 - x): three roundings, each of at most u (1 + |x|)^2 (the largest any of
+    the three intermediates can be), which also covers 1 - x*x."""
     (x,) = ins
     value = 1.0 - x.value * x.value
     propagated = 2.0 * jnp.abs(x.value) * x.err + x.err * x.err
     dtype = ev.compute_dtype(eqn.outvars[0])
-    square = ev.rounding(x.magnitude ** 2, dtype)
-    local = square + ev.rounding(jnp.abs(value) + propagated + square, dtype)
+    local = 3.0 * ev.rounding((1.0 + x.magnitude) ** 2, dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, x.bad, x.dom)
+
+
+@rule("polynomial")
+def _polynomial(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """p(x) = sum c_i x^i by Horner's rule: gamma_2n(u) sum |c_i| |x|^i (Higham, eq.
+    5.3), with |x| + e for |x|; x's error moves it by at most sum i |c_i| (|x| + e)^(i-1) e,
+    a coefficient's by e_i (|x| + e)^i."""
+    x, coeffs = ins[0], ins[1:]
+    value = _value(eqn, x.value, *[c.value for c in coeffs])
+    reach = x.magnitude
+    terms = sum(jnp.abs(c.value) * reach ** i for i, c in enumerate(coeffs))
+    propagated = (sum(i * jnp.abs(c.value) * reach ** (i - 1) for i, c in enumerate(coeffs) if i) * x.err
+                  + sum(c.err * reach ** i for i, c in enumerate(coeffs)))
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    n = len(coeffs) - 1
+    local = ev.gamma(2 * n, unit_roundoff(dtype)) * terms + 2 * n * ev.floor(dtype)
+    bad, dom = ev.inherit(ins, value.shape)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
 
 
 @rule("pow")
@@ -747,6 +767,23 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         crossing = jnp.trunc(x.value - x.err) != jnp.trunc(x.value + x.err)
         bad = ev.flag(eqn, bad, crossing)
     return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
+
+
+@rule("bitcast_convert_type")
+def _bitcast(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Bits of a float, or a float from bits: evaluated on the value in the traced dtype.
+    The float read back is taken as exact. This serves exact-splitting tricks, whose
+    result does not depend on the split point (erf's derivative computes exp(-x^2) as
+    exp(-h^2) exp(-(x - h)(x + h)) with h = x with its low mantissa bits cleared), so the
+    kernel's own split, wherever it falls, gives the same mathematics; a kernel that
+    computes *with* the bits (a fast inverse square root) is not modelled by this."""
+    (x,) = ins
+    new = np.dtype(eqn.params["new_dtype"])
+    source = x.value.astype(_var_dtype(eqn.invars[0])) if x.is_float else x.value
+    value = lax.bitcast_convert_type(source, new)
+    if _is_float(new):
+        return dataclasses.replace(ev.exact(value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
+    return Tracked(value, jnp.zeros(value.shape, F64), x.bad, x.dom, "float64")
 
 
 @rule("reduce_precision")
