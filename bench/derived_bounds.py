@@ -10,6 +10,7 @@ the 10th and 90th percentiles and the largest), and the elements where the kerne
 own error exceeds the derived bound (false alarms).
 
     python -m pallascheck.bench.derived_bounds [--seeds N] [--json PATH]
+    python -m pallascheck.bench.derived_bounds --kill-rates [--examples N]
 """
 from __future__ import annotations
 
@@ -114,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=2, help="cases per element kind")
     parser.add_argument("--json", help="also write the rows as JSON")
+    parser.add_argument("--kill-rates", action="store_true",
+                        help="instead: our matmul and the matmul variants of tests/broken, hand against derived")
+    parser.add_argument("--tests", default="tests", help="with --kill-rates: the directory holding broken/")
+    parser.add_argument("--examples", type=int, default=8, help="with --kill-rates: Hypothesis examples per dtype")
     args = parser.parse_args(argv)
+    if args.kill_rates:
+        rows = kill_rates(args.tests, args.examples)
+        print("| kernel | hand-derived bounds | derived bounds |\n|---|---|---|")
+        for r in rows:
+            print(f"| {r['variant']} | {r['hand'] or 'pass'} | {r['derived'] or 'pass'} |")
+        return 0
     rows = [measure(k, d, args.seeds) for k in KERNELS for d in strategies.DTYPES]
     print(f"jax {jax.__version__}; {len(KINDS)} kinds x {args.seeds} seeds per row\n")
     print("| kernel | dtype | median derived/hand | p10 | p90 | max | false alarms | unverifiable | elements |")
@@ -144,40 +155,44 @@ def _matmul_reference(activation: str, out_dtype: str) -> Callable[..., Any]:
 
 def derived_matmul(spec: Any) -> Any:
     """``spec`` (a matmul KernelSpec) with its value, contract and gradient bounds derived
-    from the reference act(x @ y) in f32: the kernel's blocked K loop for a config, the
-    reference as written (in the input dtype) for xla_reference (config None)."""
+    from the reference act(x @ y) in f32: for a config the kernel's blocked K loop and
+    its dots' operands in the input dtype (its backward rounds dz to it), for
+    xla_reference (config None) the reference as written, in the input dtype."""
     import dataclasses
 
     from pallascheck.properties.derived_spec import AS_WRITTEN, CONTRACT
 
-    def facts(config: Any, out_dtype: str) -> Facts:
-        """config None: the contract; "as_written": xla_reference; else the kernel's tiling."""
-        chosen = {None: CONTRACT, "as_written": AS_WRITTEN}.get(config) if not hasattr(config, "block_k") else None
-        return dataclasses.replace(chosen or Facts(order=blocked(config.block_k)), out_dtype=out_dtype)
+    def facts(config: Any) -> Facts:
+        """"contract", "as_written" (xla_reference, config None), or the kernel's tiling."""
+        if config == "contract":
+            return CONTRACT
+        if config is None:
+            return AS_WRITTEN
+        return Facts(order=blocked(config.block_k), dot_operands="inputs")
 
-    def values(case: Case, config: Any, arith: Any, grads: bool = False) -> derive.Derived:
+    def derived(case: Case, config: Any, arith: Any, grads: bool = False) -> derive.Derived:
         p = case.params
         fn = _matmul_reference(p["activation"], p["out_dtype"])
         args = [case.arrays["x"], case.arrays["y"]]
-        if grads:
-            fn, args = derive.vjp_function(fn, (0, 1)), args + [case.arrays["cotangent"]]
-        chosen = facts(config, p["out_dtype"])
-        return derive.derive(fn, args, facts=dataclasses.replace(chosen, out_dtype=None) if grads else chosen,
-                             arith=arith)
+        chosen = dataclasses.replace(facts(config), out_dtype=p["out_dtype"])
+        if grads:  # the gradients are stored in x's and y's dtypes
+            fn, args, chosen = derive.vjp_function(fn, (0, 1)), args + [case.arrays["cotangent"]], \
+                dataclasses.replace(chosen, out_dtype=None)
+        return derive.derive(fn, args, facts=chosen, arith=arith)
 
     def bound(case: Case, ref: Any, config: Any, arith: Any) -> np.ndarray:
-        d = values(case, "as_written" if config is None else config, arith)
+        d = derived(case, config, arith)
         return np.where(d.unverifiable[0], np.nan, d.bounds[0])
 
     def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> dict[str, np.ndarray]:
-        d = values(case, "as_written" if config is None else config, arith, grads=True)
+        d = derived(case, config, arith, grads=True)
         return {k: np.where(d.unverifiable[i], np.nan, d.bounds[i]) for i, k in enumerate(("dx", "dy"))}
 
     gradients = spec.gradients and dataclasses.replace(
         spec.gradients, bound=gradient_bound,
-        contract=lambda case, ref, grads, arith: gradient_bound(case, ref, grads, None, arith))
+        contract=lambda case, ref, grads, arith: gradient_bound(case, ref, grads, "contract", arith))
     return dataclasses.replace(
-        spec, bound=bound, contract=lambda case, ref, arith: bound(case, ref, None, arith), gradients=gradients)
+        spec, bound=bound, contract=lambda case, ref, arith: bound(case, ref, "contract", arith), gradients=gradients)
 
 
 def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:

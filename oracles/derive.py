@@ -71,6 +71,9 @@ class Facts:
       rsqrt (approximate instructions: state their ulps); None: the backend's.
     - ``out_dtype``: the dtype the kernel stores its output in; None: the reference's
       output dtype.
+    - ``dot_operands``: the dtype every dot's operands are cast to before the multiply
+      ("inputs": the narrowest float input's, what a bf16 tensor-core kernel feeds its
+      MMA, its backward's dz included); None: the operands as the reference has them.
     """
 
     compute_dtype: str | None = "float32"
@@ -78,13 +81,15 @@ class Facts:
     orders: Mapping[str, Accumulation] | tuple = ()
     transcendental_ulps: float | None = None
     out_dtype: str | None = None
+    dot_operands: str | None = None
 
     def __post_init__(self) -> None:
         # hashable and comparable; a saved config (JSON: dicts and lists) reads back
         object.__setattr__(self, "order", _accumulation(self.order))
         object.__setattr__(self, "orders", tuple(sorted((k, _accumulation(v)) for k, v in dict(self.orders).items())))
-        if self.compute_dtype is not None:
-            unit_roundoff(self.compute_dtype)  # an unknown dtype fails here, naming the choices
+        for dtype in (self.compute_dtype, self.out_dtype, self.dot_operands):
+            if dtype not in (None, "inputs"):
+                unit_roundoff(dtype)  # an unknown dtype fails here, naming the choices
         for name, order in [("order", self.order), *self.orders]:
             if not isinstance(order, Accumulation):
                 raise TypeError(f"facts: {name} must be an Accumulation (SEQUENTIAL, PAIRWISE, blocked(b)), got {order!r}")
@@ -100,7 +105,8 @@ class Facts:
         return (f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
                 + (f" ({orders})" if orders else "")
                 + (f", transcendental_ulps={self.transcendental_ulps}" if self.transcendental_ulps is not None else "")
-                + (f", out_dtype={self.out_dtype}" if self.out_dtype else ""))
+                + (f", out_dtype={self.out_dtype}" if self.out_dtype else "")
+                + (f", dot_operands={self.dot_operands}" if self.dot_operands else ""))
 
 
 def _accumulation(order: Any) -> Any:
@@ -170,6 +176,7 @@ class _Evaluator:
         if facts.transcendental_ulps is not None:
             arith = dataclasses.replace(arith, transcendental_ulps=facts.transcendental_ulps)
         self.facts, self.arith = facts, arith
+        self.narrowest_input = "float64"  # set by derive(): what Facts.dot_operands="inputs" means
         self.sources: list[str] = ["the inputs (a subnormal read as zero)"]
         self.labels: dict[int, int] = {}
         self.enclosing: list[Any] = []  # the call equations being evaluated, outermost first
@@ -208,7 +215,7 @@ class _Evaluator:
         An infinite or NaN exact value (a -inf mask, exp of it) gets no error: the checks
         demand the kernel produce exactly it. Where the computed result, or a partial
         result on the way (``reach``: sum|terms| for a sum), may exceed the dtype's
-        range, it may be infinite: no bound (err = inf)."""
+        range, it may be infinite: no bound (err = inf), as where an operand had none."""
         shape = value.shape
         carried = carried or self.compute_dtype(var)
         finite = jnp.isfinite(value)
@@ -216,9 +223,17 @@ class _Evaluator:
         local = jnp.where(finite, jnp.broadcast_to(jnp.asarray(local, F64), shape), 0.0)
         err = propagated + local
         reach = jnp.abs(value) + err if reach is None else jnp.maximum(jnp.abs(value) + err, reach + err)
-        err = jnp.where(finite & (reach > largest_finite(carried)), jnp.inf, err)
+        # NaN: an operand's error was already unbounded (inf - inf at an overflowed operand)
+        err = jnp.where(finite & ((reach > largest_finite(carried)) | jnp.isnan(err)), jnp.inf, err)
         dom = jnp.where(local >= propagated, self.label(eqn), jnp.broadcast_to(inherited, shape))
         return Tracked(value, err, jnp.broadcast_to(bad, shape).astype(jnp.int32), dom.astype(jnp.int32), carried)
+
+    def as_dot_operand(self, eqn: Any, t: Tracked) -> Tracked:
+        """``t`` cast to ``Facts.dot_operands`` where it is held in a wider dtype."""
+        dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
+        if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
+            return t
+        return Tracked(t.value, t.err + self.rounding(t.magnitude, dtype), t.bad, t.dom, dtype)
 
     def flag(self, eqn: Any, bad: jax.Array, culprit: jax.Array) -> jax.Array:
         """``bad`` with this equation's label where it makes elements unverifiable."""
@@ -934,7 +949,7 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb), plus 2K underflow floors and, with
     denormals-are-zero, the products of subnormal operands; a result narrower than the
     accumulator rounds once more."""
-    a, b = ins
+    a, b = (ev.as_dot_operand(eqn, t) for t in ins)
     (contract_a, contract_b), _ = eqn.params["dimension_numbers"]
     k = int(np.prod([a.value.shape[i] for i in contract_a]))
 
@@ -1042,6 +1057,8 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
             else:
                 t = ev.exact(np.asarray(a), "float64")
             inputs.append(t)
+        floats = [t.carried for t in inputs if t.is_float]
+        ev.narrowest_input = max(floats, key=unit_roundoff) if floats else "float64"
         outs = ev.run(jaxpr, [], inputs)
         result = [], [], [], [], []
         culprits = []

@@ -4,7 +4,7 @@ No family of ours needed: the oracle and both bounds come from the reference's j
 (oracles/derive.py) evaluated on each drawn case, in float64 and in the error algebra,
 for the facts the author states about the kernel (the dtype it computes in, the order
 of its reductions). The contract is the same reference computed in f32 with every
-reduction in any order; ``xla_reference`` (the reference under ``jax.jit``) is checked
+reduction in any order and dots fed in the input dtype; ``xla_reference`` (the reference under ``jax.jit``) is checked
 against the derivation with the reference's own dtypes. Gradients: the same
 derivation over the jaxpr of the reference's VJP.
 
@@ -82,8 +82,10 @@ class DerivedOracle:
         return self.values(CONTRACT, _EXACT_ARITH).values[0]
 
 
-# The contract: the reference's math in f32, every reduction and dot in any order.
-CONTRACT = Facts(compute_dtype="float32", order=SEQUENTIAL)
+# The contract: the reference's math in f32, every reduction and dot in any order, the
+# dots fed operands in the input dtype (what a bf16 tensor core takes: a backward pass
+# cannot keep its f32 dz at the MMA).
+CONTRACT = Facts(compute_dtype="float32", order=SEQUENTIAL, dot_operands="inputs")
 # xla_reference: the reference under jax.jit, each intermediate in the dtype the
 # reference gives it, XLA's reductions in an order it does not promise.
 AS_WRITTEN = Facts(compute_dtype=None, order=SEQUENTIAL)
@@ -243,7 +245,7 @@ def from_reference(
         floats = [a.dtype for a in ref.args if jnp.issubdtype(a.dtype, jnp.floating)]
         narrowest = max((np.dtype(f).name for f in floats), key=unit_roundoff, default="float32")
         loose = Facts(compute_dtype=narrowest, order=SEQUENTIAL, transcendental_ulps=stated.transcendental_ulps,
-                      out_dtype=stated.out_dtype)
+                      out_dtype=stated.out_dtype, dot_operands="inputs")
         loose_bound = float(derivation(loose).bounds[output][at])
         if worst.error is not None and worst.error <= loose_bound:
             lines.append(f"error {worst.error:.3e} is within the bound for looser facts ({loose.describe()}: "
