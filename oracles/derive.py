@@ -235,6 +235,13 @@ class _Evaluator:
             return t
         return Tracked(t.value, t.err + self.rounding(t.magnitude, dtype), t.bad, t.dom, dtype)
 
+    def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
+                     inherited: jax.Array) -> Tracked:
+        """The operands' propagated error plus one rounding of the result (add, mul, div)."""
+        dtype = self.compute_dtype(eqn.outvars[0])
+        local = self.rounding(jnp.abs(value) + propagated, dtype)
+        return self.finish(eqn, eqn.outvars[0], value, propagated, local, bad, inherited)
+
     def flag(self, eqn: Any, bad: jax.Array, culprit: jax.Array) -> jax.Array:
         """``bad`` with this equation's label where it makes elements unverifiable."""
         return jnp.where(culprit & (bad == 0), self.label(eqn), bad).astype(jnp.int32)
@@ -488,10 +495,7 @@ def _int_or_exact(fn: Rule) -> Rule:
 def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     a, b = ins
     value = _value(eqn, a.value, b.value)
-    propagated = a.err + b.err
-    bad, dom = ev.inherit(ins, value.shape)
-    dtype = ev.compute_dtype(eqn.outvars[0])
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
+    return ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
 
 
 @rule("mul")
@@ -500,10 +504,9 @@ def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
     a, b = ins
     value = a.value * b.value
-    propagated = algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err) + algebra.times(a.err, b.err)
-    bad, dom = ev.inherit(ins, value.shape)
-    dtype = ev.compute_dtype(eqn.outvars[0])
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
+    propagated = (algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err)
+                  + algebra.times(a.err, b.err))
+    return ev.rounded_once(eqn, value, propagated, *ev.inherit(ins, value.shape))
 
 
 @rule("div")
@@ -511,17 +514,15 @@ def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unverifiable where b^ may be 0."""
     a, b = ins
+    value = a.value / b.value  # a zero divisor: the infinity or NaN the kernel must reproduce
     room = jnp.abs(b.value) - b.err
-    safe = jnp.where(room > 0, b.value, 1.0)
-    value = jnp.where(b.value != 0, a.value / jnp.where(b.value != 0, b.value, 1.0), a.value / b.value)
-    propagated = jnp.where(room > 0, (a.err + algebra.times(jnp.abs(a.value / safe), b.err)) / jnp.where(room > 0, room, 1.0), jnp.inf)
+    ok = room > 0
+    quotient = jnp.abs(a.value / jnp.where(ok, b.value, 1.0))
+    propagated = jnp.where(ok, (a.err + algebra.times(quotient, b.err)) / jnp.where(ok, room, 1.0), jnp.inf)
     propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
     bad, dom = ev.inherit(ins, value.shape)
-    culprit = (room <= 0) & (b.err > 0)
-    bad = ev.flag(eqn, bad, culprit)
-    dtype = ev.compute_dtype(eqn.outvars[0])
-    propagated = jnp.where(bad > 0, 0.0, propagated)
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, ev.rounding(jnp.abs(value) + propagated, dtype), bad, dom)
+    bad = ev.flag(eqn, bad, ~ok & (b.err > 0))
+    return ev.rounded_once(eqn, value, jnp.where(bad > 0, 0.0, propagated), bad, dom)
 
 
 @rule("max", "min")
