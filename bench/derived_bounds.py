@@ -139,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 # ------------------------------------------------------------ kill rates on tests/broken
 
@@ -222,3 +219,7 @@ def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
     return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
