@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner
-from pallascheck.properties.spec import Case, bundled_names, registry, selected
+from pallascheck.properties.spec import Case, bundled_names, is_module_target, registry, selected
 
 from . import corpus, report, verify
 from .mutation import command as mutate
@@ -41,8 +41,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from . import targets
 
+    targets.add_paths(args.path or ())
     known = set(registry()) | set(PROPERTIES) | set(bundled_names())
-    unknown = sorted(set(args.kernel or ()) - known)
+    unknown = sorted(n for n in set(args.kernel or ()) - known if not is_module_target(n))
     if set(unknown) & set(tokamax_client.TOKAMAX):
         raise SystemExit(f"pallascheck: the tokamax:* kernels check Tokamax, which is not installed: {tokamax_client.PIP}")
     if unknown:
@@ -51,7 +52,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
     options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()),
-                             args.shapes)
+                             args.shapes, tuple(args.path or ()))
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
         print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
@@ -71,7 +72,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     examples = sum(r.examples for r in rows)
     print("\n" + verify.legend(args.full))
     if failures:
-        print(f"\nFAILURES ({len(failures)}; each case saved under {args.failures}/ for pallascheck replay FILE):"
+        print(f"\nFAILURES ({len(failures)}; each case saved under {args.failures}/ for pallascheck replay FILE"
+              f"{verify.path_arguments(options.paths)}):"
               if args.failures else f"\nFAILURES ({len(failures)}):")
         for message in failures:
             print("\n" + message)
@@ -350,7 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
                         help="shape tier: small (fast, reaches every code path) or production (real model sizes, "
                              "GPU backends; layouts that do not fit the device are skipped, saying so)")
-    verify.add_argument("--kernel", action="append", help="only this kernel (repeatable); default: every registered kernel")
+    verify.add_argument("--kernel", action="append",
+                        help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec of an "
+                             "importable module (see --path); default: every registered kernel")
+    verify.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
     verify.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
     verify.add_argument("--full", action="store_true", help="print every kernel x dtype x check row, not a line per kernel")
     verify.add_argument("--json", help="also write every row as JSON to this path")

@@ -1,21 +1,16 @@
 """What a campaign fuzzes, named by a string that a worker process can resolve.
 
 A target is a registered kernel ("matmul"), an outside kernel ("jax:gpu.softmax",
-"tokamax:layer_norm:xla") or ``module:NAME``
-for a spec defined elsewhere: ``NAME`` is a ``KernelSpec`` attribute of the module,
-or a key of its ``VARIANTS`` dict (the broken kernels of ``tests/broken``, whose
-values are (spec, dtypes, examples)). Workers are separate processes, so a spec
-travels as this string, with the import paths it needs.
+"tokamax:layer_norm:xla") or ``module:NAME`` for a spec defined elsewhere
+(``spec.module_spec``). Workers are separate processes, so a spec travels as this
+string, with the import paths it needs.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import importlib
 import sys
 from typing import Iterable, Sequence
 
-from pallascheck.kernels.backends import GENERIC
 from pallascheck.properties.spec import KernelSpec, bundled_names, get_spec, registry
 
 
@@ -27,19 +22,9 @@ def add_paths(paths: Sequence[str]) -> None:
 
 
 def resolve(target: str) -> KernelSpec:
-    """The spec ``target`` names, renamed to ``target`` so that reports, saved cases
-    and replays name it the way the campaign was asked to."""
-    if ":" not in target or target.startswith(("jax:", "tokamax:")):
-        return get_spec(target)
-    module_name, _, name = target.partition(":")
-    module = importlib.import_module(module_name)
-    if isinstance(getattr(module, name, None), KernelSpec):
-        spec = getattr(module, name)
-    elif name in getattr(module, "VARIANTS", {}):
-        spec = dataclasses.replace(module.VARIANTS[name][0], backends=getattr(module, "BACKENDS", GENERIC))
-    else:
-        raise ValueError(f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]")
-    return dataclasses.replace(spec, name=target)
+    """The spec ``target`` names (a ``module:NAME`` spec renamed to ``target``:
+    spec.module_spec)."""
+    return get_spec(target)
 
 
 def unknown_name(name: str, known: Iterable[str]) -> str:

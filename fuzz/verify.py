@@ -64,6 +64,7 @@ class Options:
     failures: str | None
     dtypes: tuple[str, ...]
     shapes: str = "small"  # the shape tier (runner.SHAPE_TIERS)
+    paths: tuple[str, ...] = ()  # where MODULE:NAME specs are imported from (--path)
 
 
 def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
@@ -126,7 +127,7 @@ def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[
     backend = get_backend(options.backend)
     replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
               f"--examples {options.examples} --seed {options.seed}"
-              + (f" --shapes {options.shapes}" if options.shapes != "small" else ""))
+              + (f" --shapes {options.shapes}" if options.shapes != "small" else "") + path_arguments(options.paths))
     tally = runner.run_property(
         get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
         failure_dir=options.failures, replay_hint=replay, shapes=options.shapes,
@@ -164,6 +165,11 @@ def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[st
             rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
             failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
     return rows, failures
+
+
+def path_arguments(paths: Sequence[str]) -> str:
+    """`` --path P`` for each path: what a printed command needs to import MODULE:NAME specs."""
+    return "".join(f" --path {p}" for p in paths)
 
 
 def _worker_init(backend: str) -> None:

@@ -69,14 +69,14 @@ def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
     return tiny if arith.flush_subnormals else unit_roundoff(dtype) * tiny
 
 
-def _rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray:
+def rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray:
     """Error of one rounding of a result of at most ``magnitude``; unbounded where
     the result may overflow to infinity."""
     err = unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
     return namespace(magnitude).where(magnitude <= largest_finite(dtype), err, np.inf)
 
 
-def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a * b for error terms, with 0 * inf = 0: an exactly-zero factor contributes
     nothing however unbounded the other is."""
     xp = namespace(a, b)
@@ -89,7 +89,7 @@ def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
     """One rounding of the computed value to ``dtype`` (u|y| plus the subnormal floor)."""
-    return Bounded(x.value, x.err + _rounding(x.magnitude, dtype, arith))
+    return Bounded(x.value, x.err + rounding(x.magnitude, dtype, arith))
 
 
 def dot(
@@ -118,7 +118,7 @@ def dot(
     operand_rel = 2.0 * u_op + u_op * u_op
     acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
     floor = 2 * n * underflow_floor(acc_dtype, arith)
-    err = operand_rel * magnitude + _times(acc, (1.0 + operand_rel) * magnitude) + floor
+    err = operand_rel * magnitude + times(acc, (1.0 + operand_rel) * magnitude) + floor
     if arith.flush_subnormals:
         err = err + _f64(flushed_magnitude)
     return Bounded(_f64(value), err)
@@ -132,7 +132,7 @@ def reduce_sum(
     depth = order.depth(n)
     err = (
         terms.err.sum(axis)
-        + _times(arith.gamma(depth, unit_roundoff(dtype)), terms.magnitude.sum(axis))
+        + times(arith.gamma(depth, unit_roundoff(dtype)), terms.magnitude.sum(axis))
         + max(n - 1, 0) * underflow_floor(dtype, arith)
     )
     return Bounded(terms.value.sum(axis), err)
@@ -141,15 +141,15 @@ def reduce_sum(
 def add(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     value = a.value + b.value
     err = a.err + b.err
-    return Bounded(value, err + _rounding(namespace(value).abs(value) + err, dtype, arith))
+    return Bounded(value, err + rounding(namespace(value).abs(value) + err, dtype, arith))
 
 
 def multiply(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
     """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
     xp = namespace(a.value, b.value, a.err, b.err)
     value = a.value * b.value
-    err = _times(xp.abs(a.value), b.err) + _times(xp.abs(b.value), a.err) + _times(a.err, b.err)
-    return Bounded(value, err + _rounding(xp.abs(value) + err, dtype, arith))
+    err = times(xp.abs(a.value), b.err) + times(xp.abs(b.value), a.err) + times(a.err, b.err)
+    return Bounded(value, err + rounding(xp.abs(value) + err, dtype, arith))
 
 
 def divide(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:
@@ -159,7 +159,7 @@ def divide(a: Bounded, b: Bounded, *, arith: Arithmetic, dtype: Any = np.float32
         value = a.value / b.value
         room = xp.abs(b.value) - b.err
         err = xp.where(room > 0, (a.err + xp.abs(value) * b.err) / room, np.inf)
-    return Bounded(value, err + _rounding(xp.abs(value) + err, dtype, arith))
+    return Bounded(value, err + rounding(xp.abs(value) + err, dtype, arith))
 
 
 def exp(x: Bounded, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounded:

@@ -4,7 +4,10 @@
     spec = attention_like(my_attention, name="my_attention", causal=(False, True))
     test_my_attention = spec_tests(spec)
 
-Each builder takes your function and the facts only you know (layout, scale
+A kernel no family covers: ``from_reference(kernel, reference, inputs=..., facts=...)``
+derives the oracle and the bound from your own jax.numpy reference.
+
+Each family builder takes your function and the facts only you know (layout, scale
 convention, options, blocks along the reductions) and returns a ``KernelSpec`` with
 our float64 oracle, derived bounds, adversarial strategies, gradients, relations and
 bad inputs. Override one piece with ``dataclasses.replace(spec, oracle=...)``.
@@ -13,8 +16,11 @@ from typing import Any
 
 from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
 from pallascheck.properties.attention_spec import attention_like
+from pallascheck.oracles.derive import Facts
+from pallascheck.oracles.tolerance import PAIRWISE, SEQUENTIAL, blocked
 from pallascheck.properties.cross_entropy_spec import Blocks as CrossEntropyBlocks
 from pallascheck.properties.cross_entropy_spec import cross_entropy_like
+from pallascheck.properties.derived_spec import Input, from_reference
 from pallascheck.properties.elementwise_spec import Compute as ElementwiseCompute
 from pallascheck.properties.elementwise_spec import elementwise_like
 from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
@@ -41,7 +47,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "AttentionBlocks", "CrossEntropyBlocks", "ElementwiseCompute", "GroupedMatmulBlocks", "KernelSpec",
-    "MatmulBlocks", "NormBlocks", "SoftmaxBlocks", "attention_like", "cross_entropy_like", "elementwise_like",
-    "grouped_matmul_like", "matmul_like", "norm_like", "register", "softmax_like", "spec_tests", "top_k_like",
+    "PAIRWISE", "SEQUENTIAL", "AttentionBlocks", "CrossEntropyBlocks", "ElementwiseCompute", "Facts",
+    "GroupedMatmulBlocks", "Input", "KernelSpec", "MatmulBlocks", "NormBlocks", "SoftmaxBlocks", "attention_like",
+    "blocked", "cross_entropy_like", "elementwise_like", "from_reference", "grouped_matmul_like", "matmul_like",
+    "norm_like", "register", "softmax_like", "spec_tests", "top_k_like",
 ]

@@ -102,8 +102,25 @@ def check_case(
     raises CheckFailure on the first failure."""
     device = oracle_device(backend, case)
     with backend.placement(), (numeric.on_device(device) if device is not None else contextlib.nullcontext()):
-        return _check_case(spec, case, config, backend, context=context, selected=selected,
-                           tally=tally if tally is not None else Tally())
+        try:
+            return _check_case(spec, case, config, backend, context=context, selected=selected,
+                               tally=tally if tally is not None else Tally())
+        except checks.CheckFailure as failure:
+            raise _explained(spec, case, config, backend, failure) from None
+
+
+EXPLAINED = ("values", "reference", "gradients", "contract")
+
+
+def _explained(spec: KernelSpec, case: Case, config: Any, backend: Backend,
+               failure: checks.CheckFailure) -> checks.CheckFailure:
+    """``failure`` with the spec's explanation of its worst element appended."""
+    if spec.explain is None or failure.outcome.check not in EXPLAINED or failure.outcome.worst is None:
+        return failure
+    config = None if failure.context.config == "xla_reference" else config
+    note = spec.explain(case, spec.oracle(case), config, arithmetic_for(backend.name), failure.outcome)
+    return checks.CheckFailure(dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}"),
+                               failure.context)
 
 
 ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"

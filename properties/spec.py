@@ -8,6 +8,7 @@ kernel and every check runs on it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from typing import Any, Callable, Mapping, Sequence
 
@@ -120,6 +121,10 @@ class KernelSpec:
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec
     adversarial: Callable[[Case, int], Sequence[Case]] | None = None
+    # (case, oracle, config, arithmetic, failed outcome) -> lines appended to a failed
+    # values, reference, gradients or contract check's message (a derived bound says
+    # which facts it used and whether looser facts would explain the error)
+    explain: Callable[[Case, Any, Any, Arithmetic, Any], str] | None = None
 
     def runs_on(self, backend: Backend) -> bool:
         return backend.name in self.backends
@@ -172,10 +177,29 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+ENTRY_POINTS = "pallascheck.specs"
+_entry_points_loaded = False
+
+
 def registry() -> dict[str, KernelSpec]:
-    """All registered specs, the built-in kernels first."""
+    """All registered specs: the built-in kernels first, then those of installed packages
+    that declare an entry point in the group ``pallascheck.specs`` (a KernelSpec, or a
+    module that registers its specs on import), e.g. in pyproject.toml::
+
+        [project.entry-points."pallascheck.specs"]
+        my_kernels = "my_package.specs"
+    """
+    global _entry_points_loaded
     from . import builtin_specs  # noqa: F401 - registers the shipped kernels on import
 
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=ENTRY_POINTS):
+            loaded = entry.load()
+            if isinstance(loaded, KernelSpec):
+                register(loaded)
     return dict(_REGISTRY)
 
 
@@ -188,7 +212,31 @@ def bundled_names() -> list[str]:
     return sorted(jax_bundled.BUNDLED) + tokamax_client.names()
 
 
+def is_module_target(name: str) -> bool:
+    """``MODULE:NAME``: a spec defined in a user's module (not "jax:..." or "tokamax:...")."""
+    return ":" in name and not name.startswith(("jax:", "tokamax:"))
+
+
+def module_spec(target: str) -> KernelSpec:
+    """The spec ``MODULE:NAME`` names: ``NAME`` is a ``KernelSpec`` attribute of the
+    importable module, or a key of its ``VARIANTS`` dict (the broken kernels of
+    ``tests/broken``, whose values are (spec, dtypes, examples), on the module's
+    ``BACKENDS``). Renamed to ``target``, so that reports, saved cases and replay
+    commands name it the way it was asked for."""
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    if isinstance(getattr(module, name, None), KernelSpec):
+        spec = getattr(module, name)
+    elif name in getattr(module, "VARIANTS", {}):
+        spec = dataclasses.replace(module.VARIANTS[name][0], backends=getattr(module, "BACKENDS", GENERIC))
+    else:
+        raise ValueError(f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]")
+    return dataclasses.replace(spec, name=target)
+
+
 def get_spec(name: str) -> KernelSpec:
+    if is_module_target(name):
+        return module_spec(name)
     specs = registry()
     if name in specs:
         return specs[name]
@@ -203,4 +251,5 @@ def get_spec(name: str) -> KernelSpec:
 
 def selected(names: Sequence[str] | None) -> dict[str, KernelSpec]:
     """The specs named (every registered one for None), bundled ones included."""
-    return dict(registry()) if not names else {n: get_spec(n) for n in names if n in registry() or n in bundled_names()}
+    return dict(registry()) if not names else {
+        n: get_spec(n) for n in names if n in registry() or n in bundled_names() or is_module_target(n)}

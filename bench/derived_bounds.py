@@ -1,0 +1,225 @@
+"""Derived bounds against the hand-derived ones, on our own kernels.
+
+For each kernel x dtype, cases of every element kind (strategies.elements) are drawn at
+one shape; the bound derived from a jax.numpy reference of the kernel's math
+(oracles/derive.py, facts that describe the kernel: f32 compute, the kernel's K-tile
+as the dot's blocked order) is compared element by element with the spec's
+hand-derived implementation bound at the default config, on the CPU interpreter's
+arithmetic. Reported: the median ratio derived / hand over elements and cases (with
+the 10th and 90th percentiles and the largest), and the elements where the kernel's
+own error exceeds the derived bound (false alarms).
+
+    python -m pallascheck.bench.derived_bounds [--seeds N] [--json PATH]
+    python -m pallascheck.bench.derived_bounds --kill-rates [--examples N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import derive
+from pallascheck.oracles.derive import Facts
+from pallascheck.oracles.tolerance import CPU, blocked
+from pallascheck.properties import strategies
+from pallascheck.properties.spec import Case, get_spec
+
+F32 = jnp.float32
+EPS = 1e-5
+
+
+def _matmul(x, y):
+    return jnp.dot(x, y, preferred_element_type=F32).astype(x.dtype)
+
+
+def _matmul_relu(x, y):
+    return jnp.maximum(jnp.dot(x, y, preferred_element_type=F32), 0.0).astype(x.dtype)
+
+
+def _rms_norm(x, scale):
+    x32 = x.astype(F32)
+    rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) / x.shape[-1] + EPS)
+    return (x32 * rstd * scale.astype(F32)).astype(x.dtype)
+
+
+def _layer_norm(x, scale, offset):
+    x32 = x.astype(F32)
+    c = x32 - jnp.sum(x32, axis=-1, keepdims=True) / x.shape[-1]
+    rstd = lax.rsqrt(jnp.sum(c * c, axis=-1, keepdims=True) / x.shape[-1] + EPS)
+    return (c * rstd * scale.astype(F32) + offset.astype(F32)).astype(x.dtype)
+
+
+def _matmul_case(seed: int, dtype: str, kind: str, activation: str) -> Case:
+    m, k, n = 16, 64, 32
+    return Case({"x": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
+                 "y": strategies.elements(seed + 1, (k, n), dtype, kind, reduction=k)},
+                {"activation": activation, "out_dtype": dtype})
+
+
+def _norm_case(seed: int, dtype: str, kind: str, layer: bool) -> Case:
+    rows, d = 8, 64
+    arrays = {"x": strategies.elements(seed, (rows, d), dtype, kind, reduction=d),
+              "scale": strategies.elements(seed + 2, (d,), dtype, "normal")}
+    if layer:
+        arrays["offset"] = strategies.elements(seed + 3, (d,), dtype, "normal")
+    return Case(arrays, {"eps": EPS})
+
+
+# kernel -> (spec name, reference, argument names, case maker, facts from the default config)
+KERNELS: dict[str, tuple[str, Callable[..., Any], tuple[str, ...], Callable[..., Case], Callable[[Any], Facts]]] = {
+    "matmul": ("matmul", _matmul, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "none"),
+               lambda c: Facts(order=blocked(c.block_k))),
+    "matmul+relu": ("matmul", _matmul_relu, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "relu"),
+                    lambda c: Facts(order=blocked(c.block_k))),
+    "rms_norm": ("rms_norm", _rms_norm, ("x", "scale"), lambda s, d, k: _norm_case(s, d, k, False), lambda c: Facts()),
+    "layer_norm": ("layer_norm", _layer_norm, ("x", "scale", "offset"), lambda s, d, k: _norm_case(s, d, k, True),
+                   lambda c: Facts()),
+}
+KINDS = ("normal", "large", "offset_rows", "subnormal", "few_distinct", "positive")
+
+
+def measure(name: str, dtype: str, seeds: int) -> dict[str, Any]:
+    spec_name, reference, args, make_case, facts_of = KERNELS[name]
+    spec = get_spec(spec_name)
+    backend = Backend("interpret")
+    config = spec.default_config_for(backend)
+    facts = facts_of(config)
+    ratios, false_alarms, unverifiable, elements = [], 0, 0, 0
+    for kind in KINDS:
+        for seed in range(seeds):
+            case = make_case(seed, dtype, kind)
+            ref = spec.oracle(case)
+            hand = np.asarray(spec.bound(case, ref, config, CPU), np.float64)
+            d = derive.derive(reference, [case.arrays[a] for a in args], facts=facts, arith=CPU)
+            expected = np.asarray(spec.expected(ref), np.float64)
+            out = np.asarray(spec.kernel(case, config, backend)).astype(np.float64)
+            finite = np.isfinite(expected) & np.isfinite(hand) & np.isfinite(d.bounds[0]) & ~d.unverifiable[0]
+            ok = finite & (hand > 0)
+            ratios.append((d.bounds[0][ok] / hand[ok]).ravel())
+            false_alarms += int(np.sum(finite & (np.abs(out - expected) > d.bounds[0])))
+            unverifiable += int(d.unverifiable[0].sum())
+            elements += expected.size
+    r = np.concatenate(ratios)
+    return {"kernel": name, "dtype": dtype, "facts": facts.describe(), "elements": elements,
+            "median": float(np.median(r)), "p10": float(np.percentile(r, 10)), "p90": float(np.percentile(r, 90)),
+            "max": float(r.max()), "false_alarms": false_alarms, "unverifiable": unverifiable}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=2, help="cases per element kind")
+    parser.add_argument("--json", help="also write the rows as JSON")
+    parser.add_argument("--kill-rates", action="store_true",
+                        help="instead: our matmul and the matmul variants of tests/broken, hand against derived")
+    parser.add_argument("--tests", default="tests", help="with --kill-rates: the directory holding broken/")
+    parser.add_argument("--examples", type=int, default=8, help="with --kill-rates: Hypothesis examples per dtype")
+    args = parser.parse_args(argv)
+    if args.kill_rates:
+        rows = kill_rates(args.tests, args.examples)
+        print("| kernel | hand-derived bounds | derived bounds |\n|---|---|---|")
+        for r in rows:
+            print(f"| {r['variant']} | {r['hand'] or 'pass'} | {r['derived'] or 'pass'} |")
+        return 0
+    rows = [measure(k, d, args.seeds) for k in KERNELS for d in strategies.DTYPES]
+    print(f"jax {jax.__version__}; {len(KINDS)} kinds x {args.seeds} seeds per row\n")
+    print("| kernel | dtype | median derived/hand | p10 | p90 | max | false alarms | unverifiable | elements |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kernel']} | {r['dtype']} | {r['median']:.2f} | {r['p10']:.2f} | {r['p90']:.2f} | {r['max']:.2f} | "
+              f"{r['false_alarms']} | {r['unverifiable']} | {r['elements']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"jax": jax.__version__, "rows": rows}, f, indent=1)
+    return 0
+
+
+
+# ------------------------------------------------------------ kill rates on tests/broken
+
+
+def _matmul_reference(activation: str, out_dtype: str) -> Callable[..., Any]:
+    from pallascheck.kernels.activations import get_activation
+
+    act = get_activation(activation)
+    return lambda x, y: act(jnp.dot(x, y, preferred_element_type=F32)).astype(out_dtype)
+
+
+def derived_matmul(spec: Any) -> Any:
+    """``spec`` (a matmul KernelSpec) with its value, contract and gradient bounds derived
+    from the reference act(x @ y) in f32: for a config the kernel's blocked K loop and
+    its dots' operands in the input dtype (its backward rounds dz to it), for
+    xla_reference (config None) the reference as written, in the input dtype."""
+    import dataclasses
+
+    from pallascheck.properties.derived_spec import AS_WRITTEN, CONTRACT
+
+    def facts(config: Any) -> Facts:
+        """"contract", "as_written" (xla_reference, config None), or the kernel's tiling."""
+        if config == "contract":
+            return CONTRACT
+        if config is None:
+            return AS_WRITTEN
+        return Facts(order=blocked(config.block_k), dot_operands="inputs")
+
+    def derived(case: Case, config: Any, arith: Any, grads: bool = False) -> derive.Derived:
+        p = case.params
+        fn = _matmul_reference(p["activation"], p["out_dtype"])
+        args = [case.arrays["x"], case.arrays["y"]]
+        chosen = dataclasses.replace(facts(config), out_dtype=p["out_dtype"])
+        if grads:  # the gradients are stored in x's and y's dtypes
+            fn, args, chosen = derive.vjp_function(fn, (0, 1)), args + [case.arrays["cotangent"]], \
+                dataclasses.replace(chosen, out_dtype=None)
+        return derive.derive(fn, args, facts=chosen, arith=arith)
+
+    def bound(case: Case, ref: Any, config: Any, arith: Any) -> np.ndarray:
+        d = derived(case, config, arith)
+        return np.where(d.unverifiable[0], np.nan, d.bounds[0])
+
+    def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> dict[str, np.ndarray]:
+        d = derived(case, config, arith, grads=True)
+        return {k: np.where(d.unverifiable[i], np.nan, d.bounds[i]) for i, k in enumerate(("dx", "dy"))}
+
+    gradients = spec.gradients and dataclasses.replace(
+        spec.gradients, bound=gradient_bound,
+        contract=lambda case, ref, grads, arith: gradient_bound(case, ref, grads, "contract", arith))
+    return dataclasses.replace(
+        spec, bound=bound, contract=lambda case, ref, arith: bound(case, ref, "contract", arith), gradients=gradients)
+
+
+def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:
+    """Our matmul and each matmul variant of tests/broken judged by its hand-derived
+    spec and by the derived one, on the same draws: a failure of the shipped kernel is
+    a false alarm, of a variant a kill."""
+    import os
+    import sys
+
+    from pallascheck.properties import runner
+
+    sys.path.insert(0, os.path.abspath(tests_dir))
+    from broken import matmul_variants
+
+    rows = []
+    shipped = [("shipped", get_spec("matmul"), strategies.DTYPES)]
+    broken = [(name, spec, dtypes) for name, (spec, dtypes, _) in matmul_variants.VARIANTS.items()]
+    for name, spec, dtypes in shipped + broken:
+        row = {"variant": f"matmul/{name}"}
+        for label, judged in (("hand", spec), ("derived", derived_matmul(spec))):
+            failures = [runner.run_property(judged, d, Backend("interpret"), examples=examples, seed=0).failure
+                        for d in dtypes]
+            failed = next((f for f in failures if f), "")
+            if failed.startswith("[crash]"):  # the judge broke, not the kernel caught
+                raise RuntimeError(f"{name} ({label}): {failed}")
+            row[label] = failed.splitlines()[0] if failed else ""
+        rows.append(row)
+        print(row, file=sys.stderr, flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

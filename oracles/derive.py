@@ -1,0 +1,1091 @@
+"""Oracle and error bound derived from a jax.numpy reference, primitive by primitive.
+
+The reference is traced to a jaxpr (``jax.make_jaxpr``) and evaluated once, in
+float64 with float64 enabled in a scope only, carrying for every intermediate:
+
+- ``value``: its exact value (float64; every cast and rounding of the reference is
+  ignored, so the outputs are the float64 oracle);
+- ``err``: a bound on |kernel's computed value - value|, elementwise, by Wilkinson's
+  running error analysis on the actual inputs: each rule propagates its operands'
+  errors through the primitive (rigorously where cheap: at the worst end of the
+  interval [value - err, value + err]) and adds the primitive's own rounding in the
+  dtype the facts say the kernel computes in (oracles/algebra.py's model: u|y| plus
+  the underflow floor; reductions and dots gamma_k(u) times the sum of magnitudes,
+  with k from oracles/tolerance.py's ``Accumulation``);
+- ``bad``: unverifiable elements, as the label of the primitive that made them so
+  (0: verifiable): a comparison whose operands are closer than their
+  error bounds, a division, log, sqrt or rsqrt by a value within its own error, a
+  float-to-int cast across an integer: the kernel may legitimately take the other
+  branch there, so no bound exists. They propagate to every element that depends
+  on them and are reported, never passed;
+- ``dom``: which primitive contributes most to ``err`` (a label per element), so a
+  failure can say what dominates the bound at the worst element.
+
+``Facts`` are what only the kernel's author knows: the dtype its intermediates are
+computed in, the order of each reduction and dot, its transcendental accuracy.
+Everything runs as whole-array jax.numpy float64 operations (no Python loop over
+elements; ``scan``/``while`` loop over their static trip count), so it runs on the
+device the arrays are on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jcore
+
+from pallascheck.kernels.compat import float64_enabled
+
+from . import algebra, numeric
+from .tolerance import SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, unit_roundoff
+
+F64 = np.float64
+INPUT = 0  # ``dom`` label of the inputs' own error (a subnormal flushed on read)
+
+
+class UnsupportedPrimitive(NotImplementedError):
+    """The reference uses a primitive the derivation has no error rule for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """How the kernel computes what the reference states.
+
+    - ``compute_dtype``: the dtype every intermediate result is rounded to (what the
+      kernel computes in, e.g. "float32" for a bf16 kernel that upcasts); None: each
+      intermediate in the dtype the reference itself gives it (how ``jax.jit`` of the
+      reference runs). An explicit cast in the reference to a narrower dtype (``p.astype(
+      bf16)`` before a second matmul) is a rounding the kernel does too, either way.
+    - ``order``: the order of every reduction, cumulative sum and dot's contraction
+      (``SEQUENTIAL``: any order at all; ``blocked(b)``: sum blocks of b, then the
+      block sums in a chain; ``PAIRWISE``); ``orders`` overrides it per primitive
+      name ("dot_general", "reduce_sum", "cumsum", ...). A backend whose dot order is
+      unknown (``Arithmetic.mma_order_known`` False: tensor cores) makes every dot
+      sequential whatever is stated.
+    - ``transcendental_ulps``: accuracy of exp, log, tanh, erf, logistic, sin, cos,
+      rsqrt (approximate instructions: state their ulps); None: the backend's.
+    - ``out_dtype``: the dtype the kernel stores its output in; None: the reference's
+      output dtype.
+    - ``dot_operands``: the dtype every dot's operands are cast to before the multiply
+      ("inputs": the narrowest float input's, what a bf16 tensor-core kernel feeds its
+      MMA, its backward's dz included); None: the operands as the reference has them.
+    """
+
+    compute_dtype: str | None = "float32"
+    order: Accumulation = SEQUENTIAL
+    orders: Mapping[str, Accumulation] | tuple = ()
+    transcendental_ulps: float | None = None
+    out_dtype: str | None = None
+    dot_operands: str | None = None
+
+    def __post_init__(self) -> None:
+        # hashable and comparable; a saved config (JSON: dicts and lists) reads back
+        object.__setattr__(self, "order", _accumulation(self.order))
+        object.__setattr__(self, "orders", tuple(sorted((k, _accumulation(v)) for k, v in dict(self.orders).items())))
+        for dtype in (self.compute_dtype, self.out_dtype, self.dot_operands):
+            if dtype not in (None, "inputs"):
+                unit_roundoff(dtype)  # an unknown dtype fails here, naming the choices
+        for name, order in [("order", self.order), *self.orders]:
+            if not isinstance(order, Accumulation):
+                raise TypeError(f"facts: {name} must be an Accumulation (SEQUENTIAL, PAIRWISE, blocked(b)), got {order!r}")
+
+    def order_of(self, primitive: str) -> Accumulation:
+        return dict(self.orders).get(primitive, self.order)
+
+    def __str__(self) -> str:
+        return f"Facts({self.describe()})"
+
+    def describe(self) -> str:
+        orders = ", ".join(f"{k}={_order_name(v)}" for k, v in self.orders)
+        return (f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
+                + (f" ({orders})" if orders else "")
+                + (f", transcendental_ulps={self.transcendental_ulps}" if self.transcendental_ulps is not None else "")
+                + (f", out_dtype={self.out_dtype}" if self.out_dtype else "")
+                + (f", dot_operands={self.dot_operands}" if self.dot_operands else ""))
+
+
+def _accumulation(order: Any) -> Any:
+    return Accumulation(**order) if isinstance(order, Mapping) else order
+
+
+def _order_name(order: Accumulation) -> str:
+    return f"blocked({order.block})" if order.order == "blocked" else order.order
+
+
+@dataclasses.dataclass(frozen=True)
+class Tracked:
+    """One intermediate: exact value, error bound, unverifiable mask, dominant-rule label,
+    and ``carried``: the narrowest dtype that holds the kernel's computed value."""
+
+    value: jax.Array
+    err: jax.Array
+    bad: jax.Array  # int32: 0 where verifiable, else the label of the deciding primitive
+    dom: jax.Array
+    carried: str
+
+    @property
+    def is_float(self) -> bool:
+        return jnp.issubdtype(self.value.dtype, jnp.floating)
+
+    @property
+    def magnitude(self) -> jax.Array:
+        return jnp.abs(self.value) + self.err
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """The derivation's outputs (numpy float64): per output the value (the oracle), the
+    bound, the unverifiable mask and the label of the rule that dominates the bound."""
+
+    values: tuple[np.ndarray, ...]
+    bounds: tuple[np.ndarray, ...]
+    unverifiable: tuple[np.ndarray, ...]
+    dominant: tuple[np.ndarray, ...]
+    before_store: tuple[np.ndarray, ...]  # the dominant label before the final store
+    culprits: tuple[np.ndarray, ...]  # label of what made an element unverifiable (0: verifiable)
+    sources: tuple[str, ...]  # label -> "primitive at file:line"
+
+    def explain(self, output: int, index: tuple[int, ...]) -> str:
+        """What makes the element at ``index`` unverifiable, else what dominates its
+        bound, and before the store where that is it."""
+        if self.unverifiable[output][index]:
+            return self.sources[int(self.culprits[output][index])]
+        final, inner = (self.sources[int(d[output][index])] for d in (self.dominant, self.before_store))
+        return final if final == inner else f"{final}; before it, by {inner}"
+
+
+def _var_dtype(var: Any) -> np.dtype:
+    return np.dtype(var.aval.dtype)
+
+
+def _is_float(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _narrower(a: str, b: str) -> str:
+    return a if unit_roundoff(a) >= unit_roundoff(b) else b
+
+
+class _Evaluator:
+    def __init__(self, facts: Facts, arith: Arithmetic):
+        if facts.transcendental_ulps is not None:
+            arith = dataclasses.replace(arith, transcendental_ulps=facts.transcendental_ulps)
+        self.facts, self.arith = facts, arith
+        self.narrowest_input = "float64"  # set by derive(): what Facts.dot_operands="inputs" means
+        self.sources: list[str] = ["the inputs (a subnormal read as zero)"]
+        self.labels: dict[int, int] = {}
+        self.enclosing: list[Any] = []  # the call equations being evaluated, outermost first
+
+    # ------------------------------------------------------------ helpers
+    def label(self, eqn: Any) -> int:
+        if id(eqn) not in self.labels:
+            self.labels[id(eqn)] = len(self.sources)
+            self.sources.append(f"{eqn.primitive.name} at {self.where(eqn)}")
+        return self.labels[id(eqn)]
+
+    def where(self, eqn: Any) -> str:
+        """The source line of ``eqn``; a primitive inside a library function (jnp.cumsum's
+        jit, erf's derivative) has none: the user's call that encloses it."""
+        return next((w for w in (_where(e) for e in [eqn, *self.enclosing[::-1]]) if w), "the reference")
+
+    def compute_dtype(self, var: Any) -> str:
+        return self.facts.compute_dtype or dtype_name(_var_dtype(var))
+
+    def floor(self, dtype: str) -> float:
+        return algebra.underflow_floor(dtype, self.arith)
+
+    def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
+        return algebra.rounding(magnitude, dtype, self.arith)
+
+    def transcendental(self, dtype: str) -> float:
+        return self.arith.transcendental_rel(_narrower(dtype, "float32"))
+
+    def gamma(self, depth: Any, unit: float) -> jax.Array:
+        return jnp.asarray(self.arith.gamma(depth, unit), dtype=F64)
+
+    def finish(self, eqn: Any, var: Any, value: jax.Array, propagated: jax.Array, local: jax.Array,
+               bad: jax.Array, inherited: jax.Array, carried: str | None = None, reach: Any = None) -> Tracked:
+        """err = propagated + local; the label is this rule where its own rounding is the larger part.
+
+        An infinite or NaN exact value (a -inf mask, exp of it) gets no error: the checks
+        demand the kernel produce exactly it. Where the computed result, or a partial
+        result on the way (``reach``: sum|terms| for a sum), may exceed the dtype's
+        range, it may be infinite: no bound (err = inf), as where an operand had none."""
+        shape = value.shape
+        carried = carried or self.compute_dtype(var)
+        finite = jnp.isfinite(value)
+        propagated = jnp.where(finite, jnp.broadcast_to(jnp.asarray(propagated, F64), shape), 0.0)
+        local = jnp.where(finite, jnp.broadcast_to(jnp.asarray(local, F64), shape), 0.0)
+        err = propagated + local
+        reach = jnp.abs(value) + err if reach is None else jnp.maximum(jnp.abs(value) + err, reach + err)
+        # NaN: an operand's error was already unbounded (inf - inf at an overflowed operand)
+        err = jnp.where(finite & ((reach > largest_finite(carried)) | jnp.isnan(err)), jnp.inf, err)
+        dom = jnp.where(local >= propagated, self.label(eqn), jnp.broadcast_to(inherited, shape))
+        return Tracked(value, err, jnp.broadcast_to(bad, shape).astype(jnp.int32), dom.astype(jnp.int32), carried)
+
+    def as_dot_operand(self, eqn: Any, t: Tracked) -> Tracked:
+        """``t`` cast to ``Facts.dot_operands`` where it is held in a wider dtype."""
+        dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
+        if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
+            return t
+        return Tracked(t.value, t.err + self.rounding(t.magnitude, dtype), t.bad, t.dom, dtype)
+
+    def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
+                     inherited: jax.Array) -> Tracked:
+        """The operands' propagated error plus one rounding of the result (add, mul, div)."""
+        dtype = self.compute_dtype(eqn.outvars[0])
+        local = self.rounding(jnp.abs(value) + propagated, dtype)
+        return self.finish(eqn, eqn.outvars[0], value, propagated, local, bad, inherited)
+
+    def flag(self, eqn: Any, bad: jax.Array, culprit: jax.Array) -> jax.Array:
+        """``bad`` with this equation's label where it makes elements unverifiable."""
+        return jnp.where(culprit & (bad == 0), self.label(eqn), bad).astype(jnp.int32)
+
+    @staticmethod
+    def inherit(ins: Sequence[Tracked], shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+        """(OR of the operands' unverifiable masks, label of the operand with the largest error)."""
+        bad = jnp.zeros(shape, jnp.int32)
+        best_err, best_dom = jnp.full(shape, -1.0, F64), jnp.zeros(shape, jnp.int32)
+        for t in ins:
+            bad = jnp.maximum(bad, jnp.broadcast_to(t.bad, shape))
+            err = jnp.broadcast_to(t.err, shape)
+            best_dom = jnp.where(err > best_err, jnp.broadcast_to(t.dom, shape), best_dom)
+            best_err = jnp.maximum(err, best_err)
+        return bad, best_dom
+
+    # ------------------------------------------------------------ evaluation
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Tracked]) -> list[Tracked]:
+        if isinstance(jaxpr, jcore.ClosedJaxpr):
+            jaxpr, consts = jaxpr.jaxpr, list(jaxpr.consts) + list(consts)
+        env: dict[Any, Tracked] = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.exact(c, dtype_name(_var_dtype(var)) if _is_float(_var_dtype(var)) else "float64")
+        for var, a in zip(jaxpr.invars, args):
+            env[var] = a
+
+        def read(v: Any) -> Tracked:
+            return self.literal(v) if isinstance(v, jcore.Literal) else env[v]
+
+        for eqn in _live(jaxpr):
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+            for var, out in zip(eqn.outvars, outs):
+                if not isinstance(var, jcore.DropVar):
+                    env[var] = out
+        return [read(v) for v in jaxpr.outvars]
+
+    def literal(self, v: Any) -> Tracked:
+        """A constant of the reference. Traced on bf16/f16 inputs, a Python float such as
+        0.01 arrives rounded to that dtype, while a kernel holds it in f32: a constant
+        that is not an integer carries (u_dtype + u_f32)|c|, the gap between the two."""
+        dt = np.dtype(v.aval.dtype)
+        if not _is_float(dt):
+            return self.exact(v.val, "float64")
+        t = self.exact(v.val, dtype_name(dt))
+        if unit_roundoff(dt) > unit_roundoff("float32"):
+            gap = (unit_roundoff(dt) + unit_roundoff("float32")) * jnp.abs(t.value)
+            t = dataclasses.replace(t, err=jnp.where(t.value == jnp.round(t.value), 0.0, gap))
+        return t
+
+    def exact(self, value: Any, carried: str) -> Tracked:
+        value = jnp.asarray(value)
+        if _is_float(value.dtype):
+            value = value.astype(F64)
+        zeros = jnp.zeros(value.shape, F64)
+        return Tracked(value, zeros, jnp.zeros(value.shape, jnp.int32), jnp.zeros(value.shape, jnp.int32), carried)
+
+    def eqn(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+        name = eqn.primitive.name
+        sub = _subjaxpr(eqn)
+        if name in _RULES:
+            out = _RULES[name](self, eqn, ins)
+            return out if isinstance(out, list) else [out]
+        if name in _STRUCTURAL:
+            return self.structural(eqn, ins)
+        if name == "scan":
+            return self.scan(eqn, ins)
+        if name == "while":
+            return self.while_loop(eqn, ins)
+        if name == "cond":
+            return self.cond(eqn, ins)
+        if sub is not None:  # jit/pjit, closed_call, remat, custom_jvp_call, custom_vjp_call
+            self.enclosing.append(eqn)
+            try:
+                return self.run(sub, [], ins)
+            finally:
+                self.enclosing.pop()
+        raise UnsupportedPrimitive(
+            f"the reference uses primitive {name!r} ({self.where(eqn)}), "
+            f"which has no error rule; supported: {sorted(supported_primitives())}")
+
+    def structural(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+        """Shape ops move elements without arithmetic: apply the primitive itself to the
+        value, the error, the mask and the labels (index operands keep their values)."""
+        data = _STRUCTURAL[eqn.primitive.name]
+        is_data = [data is None or i in data for i in range(len(ins))]
+        params = dict(eqn.params)
+        if "preferred_element_type" in params:
+            params["preferred_element_type"] = None
+
+        def apply(field: str) -> Any:
+            args = [getattr(t, field) if d else t.value for t, d in zip(ins, is_data)]
+            return eqn.primitive.bind(*args, **params)
+
+        value, err, bad, dom = (apply(f) for f in ("value", "err", "bad", "dom"))
+        multiple = eqn.primitive.multiple_results
+        values, errs, bads, doms = (list(x) if multiple else [x] for x in (value, err, bad, dom))
+        carried = [t.carried for t, d in zip(ins, is_data) if d and t.is_float]
+        widest = min(carried, key=unit_roundoff) if carried else "float64"
+        return [Tracked(v, e, b, d, widest) for v, e, b, d in zip(values, errs, bads, doms)]
+
+    def scan(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+        p = eqn.params
+        n_consts, n_carry, length = *_scan_counts(p), p["length"]
+        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        ys: list[list[Tracked]] = []
+        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        for i in steps:
+            outs = self.run(p["jaxpr"], [], consts + carry + [_index(x, i) for x in xs])
+            carry, y = outs[:n_carry], outs[n_carry:]
+            ys.append(y)
+        if p["reverse"]:
+            ys.reverse()
+        stacked = [_stack([y[j] for y in ys]) for j in range(len(ys[0]))] if ys else [
+            self.exact(jnp.zeros(v.aval.shape, v.aval.dtype), "float64") for v in eqn.outvars[n_carry:]]
+        return carry + stacked
+
+    def while_loop(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+        """A loop with a trip count the values decide (static in practice: a counter)."""
+        p = eqn.params
+        cond_consts, body_consts = ins[:p["cond_nconsts"]], ins[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
+        carry = ins[p["cond_nconsts"] + p["body_nconsts"]:]
+        for _ in range(1_000_000):
+            (go,) = self.run(p["cond_jaxpr"], [], cond_consts + carry)
+            if int(go.bad):
+                raise UnsupportedPrimitive("while: the loop condition depends on a value within its error bound; "
+                                           "write the loop with a static trip count (lax.fori_loop with int bounds)")
+            if not bool(go.value):
+                return carry
+            carry = self.run(p["body_jaxpr"], [], body_consts + carry)
+        raise UnsupportedPrimitive("while: more than 1e6 iterations; the derivation needs a static trip count")
+
+    def cond(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+        index, operands = ins[0], ins[1:]
+        branch = eqn.params["branches"][int(jnp.clip(index.value, 0, len(eqn.params["branches"]) - 1))]
+        outs = self.run(branch, [], operands)
+        return [dataclasses.replace(o, bad=jnp.maximum(o.bad, index.bad)) for o in outs]
+
+
+def _where(eqn: Any) -> str:
+    """"file:line (function)" of an equation's source, for messages."""
+    if eqn.source_info is None:
+        return "the end of the reference"
+    from jax._src import source_info_util  # no public API names an equation's source line
+
+    return source_info_util.summarize(eqn.source_info)
+
+
+def _scan_counts(params: Mapping[str, Any]) -> tuple[int, int]:
+    """(constants, carries) of a scan: named counts up to jax 0.11, the groups of the
+    flat tree ``ft_in`` (constants, carries, scanned) after."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
+
+
+def _subjaxpr(eqn: Any) -> Any:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if key in eqn.params and isinstance(eqn.params[key], (jcore.Jaxpr, jcore.ClosedJaxpr)):
+            return eqn.params[key]
+    return None
+
+
+def _live(jaxpr: Any) -> list[Any]:
+    """The equations an output depends on (a VJP's jaxpr holds dead branches, e.g. the
+    tie-count of a max's derivative; their comparisons must not flag anything)."""
+    live = {v for v in jaxpr.outvars if not isinstance(v, jcore.Literal)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in live for v in eqn.outvars if not isinstance(v, jcore.DropVar)):
+            kept.append(eqn)
+            live.update(v for v in eqn.invars if not isinstance(v, jcore.Literal))
+    return kept[::-1]
+
+
+def _index(t: Tracked, i: int) -> Tracked:
+    return Tracked(t.value[i], t.err[i], t.bad[i], t.dom[i], t.carried)
+
+
+def _stack(ts: Sequence[Tracked]) -> Tracked:
+    return Tracked(jnp.stack([t.value for t in ts]), jnp.stack([t.err for t in ts]),
+                   jnp.stack([t.bad for t in ts]), jnp.stack([t.dom for t in ts]), ts[0].carried)
+
+
+# Shape ops: the operand positions that are data (None: all); the rest are indices.
+_STRUCTURAL: dict[str, tuple[int, ...] | None] = {
+    "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
+    "slice": None, "rev": None, "concatenate": None, "pad": None, "copy": None, "copy_p": None,
+    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None,
+}
+
+
+# ------------------------------------------------------------------------ rules
+Rule = Callable[[_Evaluator, Any, list[Tracked]], "Tracked | list[Tracked]"]
+_RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for n in names:
+            _RULES[n] = fn
+        return fn
+    return register
+
+
+def supported_primitives() -> set[str]:
+    return set(_RULES) | set(_STRUCTURAL) | {"scan", "while", "cond", "jit", "pjit", "closed_call", "core_call",
+                                             "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call",
+                                             "custom_vjp_call_jaxpr"}
+
+
+def _value(eqn: Any, *values: Any) -> jax.Array:
+    """The primitive on float64 values: dtype parameters that would round are dropped."""
+    params = dict(eqn.params)
+    for key in ("preferred_element_type",):
+        if key in params and params[key] is not None and _is_float(params[key]):
+            params[key] = F64
+    if "precision" in params:
+        params["precision"] = None
+    return eqn.primitive.bind(*values, **params)
+
+
+def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Integer/boolean arithmetic and float ops without rounding (neg, abs): the error
+    passes unchanged (|-(x+d) - (-x)| = |d|, ||x+d| - |x|| <= |d|)."""
+    value = _value(eqn, *[t.value for t in ins])
+    bad, dom = ev.inherit(ins, value.shape)
+    if not _is_float(value.dtype):
+        return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
+    if not ins:  # iota: exact integers in a float dtype
+        return ev.exact(value, dtype_name(_var_dtype(eqn.outvars[0])))
+    err = sum(jnp.broadcast_to(t.err, value.shape) for t in ins)
+    return Tracked(value.astype(F64), err, bad, dom, ins[0].carried)
+
+
+rule("neg", "abs", "not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+     "stop_gradient", "iota", "population_count", "clz", "is_finite", "imag", "real")(_exact_op)
+
+
+def _int_or_exact(fn: Rule) -> Rule:
+    """Integer arithmetic (index computations) is exact; floats go to ``fn``."""
+    def wrapped(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+        if not _is_float(_var_dtype(eqn.outvars[0])):
+            return _exact_op(ev, eqn, ins)
+        return fn(ev, eqn, ins)
+    return wrapped
+
+
+@rule("add", "sub", "add_any")
+@_int_or_exact
+def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    a, b = ins
+    value = _value(eqn, a.value, b.value)
+    return ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+
+
+@rule("mul")
+@_int_or_exact
+def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
+    a, b = ins
+    value = a.value * b.value
+    propagated = (algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err)
+                  + algebra.times(a.err, b.err))
+    return ev.rounded_once(eqn, value, propagated, *ev.inherit(ins, value.shape))
+
+
+@rule("div")
+@_int_or_exact
+def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unverifiable where b^ may be 0."""
+    a, b = ins
+    value = a.value / b.value  # a zero divisor: the infinity or NaN the kernel must reproduce
+    room = jnp.abs(b.value) - b.err
+    ok = room > 0
+    quotient = jnp.abs(a.value / jnp.where(ok, b.value, 1.0))
+    propagated = jnp.where(ok, (a.err + algebra.times(quotient, b.err)) / jnp.where(ok, room, 1.0), jnp.inf)
+    propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
+    bad, dom = ev.inherit(ins, value.shape)
+    bad = ev.flag(eqn, bad, ~ok & (b.err > 0))
+    return ev.rounded_once(eqn, value, jnp.where(bad > 0, 0.0, propagated), bad, dom)
+
+
+@rule("max", "min")
+@_int_or_exact
+def _max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """max and min are 1-Lipschitz in each operand jointly: the larger error; no rounding."""
+    value = _value(eqn, *[t.value for t in ins])
+    bad, dom = ev.inherit(ins, value.shape)
+    err = jnp.maximum(*[jnp.broadcast_to(t.err, value.shape) for t in ins])
+    return Tracked(value, err, bad, dom, min((t.carried for t in ins), key=unit_roundoff))
+
+
+@rule("clamp")
+def _clamp(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    value = _value(eqn, *[t.value for t in ins])
+    bad, dom = ev.inherit(ins, value.shape)
+    err = _elementwise_max([jnp.broadcast_to(t.err, value.shape) for t in ins])
+    return Tracked(value, err, bad, dom, ins[1].carried)
+
+
+def _elementwise_max(arrays: Sequence[jax.Array]) -> jax.Array:
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = jnp.maximum(out, a)
+    return out
+
+
+def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]],
+           transcendental: bool = True) -> Rule:
+    """A unary float function. ``fn(x, err, value)`` returns (propagated error,
+    relative size the evaluation error scales with, unverifiable mask)."""
+    def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+        (x,) = ins
+        value = _value(eqn, x.value)
+        with np.errstate(all="ignore"):
+            propagated, scale, bad_here = fn(x.value, x.err, value)
+        dtype = ev.compute_dtype(eqn.outvars[0])
+        bad, dom = ev.flag(eqn, x.bad, bad_here), x.dom
+        propagated = jnp.where(bad_here, 0.0, propagated)
+        if transcendental:
+            local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
+            local = jnp.where(jnp.abs(value) + propagated <= largest_finite(dtype), local, jnp.inf)
+        else:
+            local = ev.rounding(scale + propagated, dtype)
+        return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+    return apply
+
+
+def _no(x: jax.Array) -> jax.Array:
+    return jnp.zeros(x.shape, bool)
+
+
+def _exp_rule(scale: float) -> Callable[..., tuple]:
+    """e^(s(x+d)) - e^(sx) = e^(sx) expm1(s d): relative expm1(s|d|); where e^(sx)
+    underflowed and expm1 overflowed, the gap itself."""
+    def fn(x, e, v):
+        grow = jnp.abs(v) * jnp.expm1(scale * e)
+        grow = jnp.where(jnp.isnan(grow), jnp.exp(scale * (x + e)) - jnp.abs(v), grow)
+        return grow, jnp.abs(v), _no(x)
+    return fn
+
+
+def _log_rule(shift: float) -> Callable[..., tuple]:
+    """log is increasing and concave: over [x - e, x + e] it errs most at the low end,
+    -log1p(-e / (shift + x)); unverifiable where the low end reaches 0."""
+    def fn(x, e, v):
+        base = shift + x
+        ok = base - e > 0
+        grow = -jnp.log1p(-e / jnp.where(ok, base, 1.0))
+        return jnp.where(e == 0, 0.0, grow), jnp.abs(v), ~ok & (e > 0)
+    return fn
+
+
+def _slope_at_nearest(deriv: Callable[[jax.Array], jax.Array]) -> Callable[..., tuple]:
+    """For f whose |f'| decreases in |x| (tanh, logistic, erf): |f(x+d) - f(x)| <=
+    |d| max|f'| over the interval = |d| |f'(max(|x| - e, 0))|."""
+    def fn(x, e, v):
+        return e * jnp.abs(deriv(jnp.maximum(jnp.abs(x) - e, 0.0))), jnp.abs(v), _no(x)
+    return fn
+
+
+def _sqrt(x, e, v):
+    low = x - e
+    ok = (low >= 0) | (e == 0)
+    return v - jnp.sqrt(jnp.maximum(low, 0.0)), jnp.abs(v), ~ok
+
+
+def _rsqrt(x, e, v):
+    """rsqrt decreases: the worst point is x - e; unverifiable where it reaches 0."""
+    low = x - e
+    ok = (low > 0) | ((e == 0) & (x > 0))
+    worst = lax.rsqrt(jnp.where(low > 0, low, 1.0))
+    return jnp.where(e == 0, 0.0, worst - v), jnp.where(ok, jnp.maximum(worst, jnp.abs(v)), jnp.abs(v)), ~ok & (e > 0)
+
+
+def _sin_cos(x, e, v):
+    """1-Lipschitz and bounded by 1: min(e, 2)."""
+    return jnp.minimum(e, 2.0), jnp.abs(v), _no(x)
+
+
+rule("exp")(_unary(_exp_rule(1.0)))
+rule("exp2")(_unary(_exp_rule(math.log(2.0))))
+rule("expm1")(_unary(lambda x, e, v: (jnp.exp(x) * jnp.expm1(e), jnp.abs(v), _no(x))))
+rule("log")(_unary(_log_rule(0.0)))
+rule("log1p")(_unary(_log_rule(1.0)))
+rule("tanh")(_unary(_slope_at_nearest(lambda t: 1.0 - jnp.tanh(t) ** 2)))
+rule("logistic")(_unary(_slope_at_nearest(lambda t: jax.nn.sigmoid(t) * jax.nn.sigmoid(-t))))
+rule("erf")(_unary(_slope_at_nearest(lambda t: 2.0 / math.sqrt(math.pi) * jnp.exp(-t * t))))
+rule("sqrt")(_unary(_sqrt))
+rule("rsqrt")(_unary(_rsqrt))
+rule("sin", "cos")(_unary(_sin_cos))
+
+
+@rule("sign", "floor", "ceil", "round")
+def _step(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Exact, except where a jump lies within the operand's error: unverifiable there."""
+    (x,) = ins
+    value = _value(eqn, x.value)
+    low, high = x.value - x.err, x.value + x.err
+    jumps = _value(eqn, low) != _value(eqn, high)
+    return Tracked(value, jnp.zeros(value.shape, F64), ev.flag(eqn, x.bad, jumps), x.dom, x.carried)
+
+
+@rule("integer_pow", "square")
+def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """x^n by repeated multiplication: ||x^|+e|^n - |x|^n| <= (|x|+e)^n - |x|^n, plus
+    gamma_k(u) (|x|+e)^n for its k = bit_length(n) - 1 + popcount(n) - 1 products;
+    a negative power is then a reciprocal (the ``div`` rule)."""
+    (x,) = ins
+    n = eqn.params.get("y", 2)
+    m = abs(n)
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    power = jnp.abs(x.value) ** m
+    propagated = x.magnitude ** m - power
+    k = max(m.bit_length() - 1 + bin(m).count("1") - 1, 1)
+    local = ev.gamma(k, unit_roundoff(dtype)) * x.magnitude ** m + k * ev.floor(dtype)
+    positive = ev.finish(eqn, eqn.outvars[0], x.value ** m, propagated, local, x.bad, x.dom)
+    if n >= 0:
+        return positive
+    one = ev.exact(jnp.ones_like(x.value), dtype)
+    return _div(ev, eqn, [one, positive])
+
+
+@rule("one_minus_square")
+def _one_minus_square(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """1 - x^2 (tanh's derivative): |(x+d)^2 - x^2| <= 2|x|e + e^2. XLA computes it as
+    (1 + x)(1 - x): three roundings, each of at most u (1 + |x|)^2 (the largest any of
+    the three intermediates can be), which also covers 1 - x*x."""
+    (x,) = ins
+    value = 1.0 - x.value * x.value
+    propagated = 2.0 * jnp.abs(x.value) * x.err + x.err * x.err
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    local = 3.0 * ev.rounding((1.0 + x.magnitude) ** 2, dtype)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, x.bad, x.dom)
+
+
+@rule("polynomial")
+def _polynomial(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """p(x) = sum c_i x^i by Horner's rule: gamma_2n(u) sum |c_i| |x|^i (Higham, eq.
+    5.3), with |x| + e for |x|; x's error moves it by at most sum i |c_i| (|x| + e)^(i-1) e,
+    a coefficient's by e_i (|x| + e)^i."""
+    x, coeffs = ins[0], ins[1:]
+    value = _value(eqn, x.value, *[c.value for c in coeffs])
+    reach = x.magnitude
+    terms = sum(jnp.abs(c.value) * reach ** i for i, c in enumerate(coeffs))
+    propagated = (sum(i * jnp.abs(c.value) * reach ** (i - 1) for i, c in enumerate(coeffs) if i) * x.err
+                  + sum(c.err * reach ** i for i, c in enumerate(coeffs)))
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    n = len(coeffs) - 1
+    local = ev.gamma(2 * n, unit_roundoff(dtype)) * terms + 2 * n * ev.floor(dtype)
+    bad, dom = ev.inherit(ins, value.shape)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+
+
+@rule("pow")
+def _pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """x^y = exp(y log x) for x > 0: the error of t = y log x is |log x| ey + |y|
+    err(log x), then the exp rule; unverifiable where x's interval reaches 0."""
+    x, y = ins
+    value = _value(eqn, x.value, y.value)
+    ok = (x.value - x.err > 0) | ((x.err == 0) & (y.err == 0))
+    log_err = jnp.where(x.err == 0, 0.0, -jnp.log1p(-x.err / jnp.where(x.value - x.err > 0, x.value, 1.0)))
+    t_err = jnp.abs(jnp.log(jnp.where(x.value > 0, x.value, 1.0))) * y.err + jnp.abs(y.value) * log_err
+    propagated = jnp.abs(value) * jnp.expm1(t_err)
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    bad, dom = ev.inherit(ins, value.shape)
+    bad = ev.flag(eqn, bad, ~ok)
+    propagated = jnp.where(bad > 0, 0.0, propagated)
+    # exp(log) composition: both evaluations' errors, relative to the result
+    local = 2.0 * ev.transcendental(dtype) * (jnp.abs(value) + propagated) + ev.floor(dtype)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+
+
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+@rule(*_COMPARISONS)
+def _compare(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Exact where the operands' intervals are apart; unverifiable where they overlap
+    (|a - b| <= ea + eb, some error): the kernel may decide either way."""
+    a, b = ins
+    value = _value(eqn, a.value, b.value)
+    bad, dom = ev.inherit(ins, value.shape)
+    slack = a.err + b.err
+    if a.is_float and eqn.invars[0] is not eqn.invars[1]:  # x != x is a NaN test, exact whatever x's error
+        close = (jnp.abs(a.value - b.value) <= slack) & (slack > 0)
+        bad = ev.flag(eqn, bad, close)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
+
+
+@rule("select_n")
+def _select(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """The chosen case's value and error. Where the predicate is unverifiable (a
+    comparison within its operands' errors: relu's derivative at a computed 0, a
+    where near its threshold) the kernel may pick any case: the error is then the
+    largest distance of a case's interval from the chosen value, max_i(|v_i - v| + e_i),
+    the cost the hand-derived bounds charge too. Only where that spread is not finite
+    (a -inf mask on one side) does the element stay unverifiable."""
+    pred, cases = ins[0], ins[1:]
+    value = _value(eqn, pred.value, *[c.value for c in cases])
+    shape = value.shape
+    values = [jnp.broadcast_to(c.value, shape) for c in cases]
+    errs = [jnp.broadcast_to(c.err, shape) for c in cases]
+    err = lax.select_n(pred.value, *errs)
+    dom = lax.select_n(pred.value, *[jnp.broadcast_to(c.dom, shape) for c in cases])
+    bad = lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, shape) for c in cases])
+    undecided = jnp.broadcast_to(pred.bad, shape)
+    if jnp.issubdtype(value.dtype, jnp.floating):
+        with np.errstate(invalid="ignore"):
+            spread = _elementwise_max([jnp.abs(v - value) + e for v, e in zip(values, errs)])
+        bounded = (undecided > 0) & jnp.isfinite(spread)
+        err = jnp.where(bounded, spread, err)
+        dom = jnp.where(bounded, undecided, dom)  # the decision's label: its comparison dominates here
+        undecided = jnp.where(bounded, 0, undecided)
+    bad = jnp.maximum(bad, undecided)
+    carried = [c.carried for c in cases if c.is_float]
+    return Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
+
+
+@rule("convert_element_type")
+def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """To a float dtype narrower than what the value is held in: one rounding (an
+    explicit cast the kernel does too); wider: exact. To an integer: truncation,
+    unverifiable where the interval crosses an integer."""
+    (x,) = ins
+    new = np.dtype(eqn.params["new_dtype"])
+    if _is_float(new):
+        if not x.is_float:  # an int or bool is exact in a float, and as verifiable as it was
+            return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
+        target = dtype_name(new)
+        if unit_roundoff(target) > unit_roundoff(x.carried):
+            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding(x.magnitude, target), x.bad, x.dom,
+                             carried=target)
+        return x
+    value = x.value.astype(new)
+    bad, dom = x.bad, x.dom
+    if x.is_float:
+        crossing = jnp.trunc(x.value - x.err) != jnp.trunc(x.value + x.err)
+        bad = ev.flag(eqn, bad, crossing)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
+
+
+@rule("bitcast_convert_type")
+def _bitcast(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Bits of a float, or a float from bits: evaluated on the value in the traced dtype.
+    The float read back is taken as exact. This serves exact-splitting tricks, whose
+    result does not depend on the split point (erf's derivative computes exp(-x^2) as
+    exp(-h^2) exp(-(x - h)(x + h)) with h = x with its low mantissa bits cleared), so the
+    kernel's own split, wherever it falls, gives the same mathematics; a kernel that
+    computes *with* the bits (a fast inverse square root) is not modelled by this."""
+    (x,) = ins
+    new = np.dtype(eqn.params["new_dtype"])
+    source = x.value.astype(_var_dtype(eqn.invars[0])) if x.is_float else x.value
+    value = lax.bitcast_convert_type(source, new)
+    if _is_float(new):
+        return dataclasses.replace(ev.exact(value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
+    return Tracked(value, jnp.zeros(value.shape, F64), x.bad, x.dom, "float64")
+
+
+@rule("reduce_precision")
+def _reduce_precision(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    (x,) = ins
+    unit = 2.0 ** -(eqn.params["mantissa_bits"] + 1)
+    return ev.finish(eqn, eqn.outvars[0], x.value, x.err, unit * x.magnitude, x.bad, x.dom)
+
+
+def _argmax_along(err: jax.Array, dom: jax.Array, axes: Sequence[int]) -> jax.Array:
+    """The label of the largest-error element along ``axes`` (moved last, flattened)."""
+    keep = [i for i in range(err.ndim) if i not in axes]
+    order = keep + list(axes)
+    e = jnp.transpose(err, order).reshape([err.shape[i] for i in keep] + [-1])
+    d = jnp.transpose(dom, order).reshape(e.shape)
+    return jnp.take_along_axis(d, jnp.argmax(e, axis=-1)[..., None], axis=-1)[..., 0]
+
+
+@rule("reduce_sum")
+@_int_or_exact
+def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """n terms summed in ``order``: sum of the terms' errors + gamma_k(u) sum|terms| +
+    an underflow floor per addition (algebra.reduce_sum)."""
+    (x,) = ins
+    axes = tuple(eqn.params["axes"])
+    n = int(np.prod([x.value.shape[a] for a in axes])) if axes else 1
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    value = jnp.sum(x.value, axis=axes)
+    propagated = jnp.sum(x.err, axis=axes)
+    depth = ev.facts.order_of("reduce_sum").depth(n)
+    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
+                     _argmax_along(x.err, x.dom, axes), reach=jnp.sum(x.magnitude, axis=axes))
+
+
+@rule("reduce_max", "reduce_min")
+def _reduce_max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    (x,) = ins
+    axes = tuple(eqn.params["axes"])
+    value = _value(eqn, x.value)
+    return Tracked(value, jnp.max(x.err, axis=axes), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
+                   x.carried)
+
+
+@rule("reduce_and", "reduce_or", "reduce_xor")
+def _reduce_bool(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    (x,) = ins
+    axes = tuple(eqn.params["axes"])
+    value = _value(eqn, x.value)
+    return Tracked(value, jnp.zeros(value.shape, F64), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
+                   "float64")
+
+
+@rule("argmax", "argmin")
+def _argmax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Unverifiable where another element's interval reaches the winner's: the kernel
+    may pick it. Exact ties of exact values follow the reference's rule (first index)."""
+    (x,) = ins
+    (axis,) = eqn.params["axes"]
+    value = _value(eqn, x.value)
+    sign = 1.0 if eqn.primitive.name == "argmax" else -1.0
+    v = sign * x.value
+    winner = jnp.expand_dims(value, axis)
+    w_val = jnp.take_along_axis(v, winner, axis=axis)
+    w_err = jnp.take_along_axis(x.err, winner, axis=axis)
+    others = jnp.arange(v.shape[axis]).reshape([-1 if i == axis else 1 for i in range(v.ndim)]) != winner
+    close = others & (v + x.err >= w_val - w_err) & ((x.err + w_err) > 0)
+    culprit = jnp.any(close, axis=axis)
+    bad = ev.flag(eqn, jnp.max(x.bad, axis=axis, initial=0), culprit)
+    return Tracked(value, jnp.zeros(value.shape, F64), bad, _argmax_along(x.err, x.dom, (axis,)), "float64")
+
+
+def _cumulative(ev: _Evaluator, eqn: Any, x: Tracked) -> tuple[int, bool, jax.Array]:
+    axis, reverse = eqn.params["axis"], eqn.params["reverse"]
+    n = x.value.shape[axis]
+    count = np.arange(1, n + 1)
+    count = count[::-1] if reverse else count
+    return axis, reverse, jnp.asarray(count).reshape([-1 if i == axis else 1 for i in range(x.value.ndim)])
+
+
+@rule("cumsum")
+@_int_or_exact
+def _cumsum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Element i is a sum of its i + 1 prefix terms in ``order``: depth(i + 1)."""
+    (x,) = ins
+    axis, reverse, count = _cumulative(ev, eqn, x)
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    value = _value(eqn, x.value)
+    propagated = lax.cumsum(x.err, axis=axis, reverse=reverse)
+    depth = ev.facts.order_of("cumsum").depth(np.asarray(count))
+    reach = lax.cumsum(x.magnitude, axis=axis, reverse=reverse)
+    local = ev.gamma(depth, unit_roundoff(dtype)) * reach + (count - 1) * ev.floor(dtype)
+    inherited = lax.cummax(x.dom, axis=axis, reverse=reverse)  # a label from the prefix
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad, axis=axis, reverse=reverse),
+                     inherited, reach=reach)
+
+
+@rule("cummax", "cummin")
+def _cummax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    (x,) = ins
+    axis, reverse = eqn.params["axis"], eqn.params["reverse"]
+    value = _value(eqn, x.value)
+    return Tracked(value, lax.cummax(x.err, axis=axis, reverse=reverse),
+                   lax.cummax(x.bad, axis=axis, reverse=reverse),
+                   lax.cummax(x.dom, axis=axis, reverse=reverse), x.carried)
+
+
+@rule("cumprod")
+def _cumprod(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """|prod(x + d) - prod x| <= prod(|x| + e) - prod|x|; i products: gamma_i(u) prod(|x| + e)."""
+    (x,) = ins
+    axis, reverse, count = _cumulative(ev, eqn, x)
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    value = _value(eqn, x.value)
+    mag = lax.cumprod(x.magnitude, axis=axis, reverse=reverse)
+    propagated = mag - jnp.abs(value)
+    local = ev.gamma(np.asarray(count) - 1, unit_roundoff(dtype)) * mag + (count - 1) * ev.floor(dtype)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local,
+                     lax.cummax(x.bad, axis=axis, reverse=reverse),
+                     lax.cummax(x.dom, axis=axis, reverse=reverse))
+
+
+@rule("cumlogsumexp")
+def _cumlogsumexp(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """logsumexp is 1-Lipschitz in the sup norm: the prefix's largest input error. Each
+    of its depth(i + 1) combining steps max + log1p(exp(-|a - b|)) errs by at most
+    (u + t)|partial| + 2t ln 2 (t: the transcendental error; the log1p term is below
+    ln 2), every partial result lying between the prefix's max and its logsumexp."""
+    (x,) = ins
+    axis, reverse, count = _cumulative(ev, eqn, x)
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    value = _value(eqn, x.value)
+    partial = jnp.maximum(jnp.abs(value), lax.cummax(jnp.abs(x.value), axis=axis, reverse=reverse))
+    u, t = unit_roundoff(dtype), ev.transcendental(dtype)
+    depth = jnp.asarray(ev.facts.order_of("cumlogsumexp").depth(np.asarray(count)), F64)
+    local = depth * ((u + t) * partial + 2.0 * t * math.log(2.0) + ev.floor(dtype))
+    return ev.finish(eqn, eqn.outvars[0], value, lax.cummax(x.err, axis=axis, reverse=reverse), local,
+                     lax.cummax(x.bad, axis=axis, reverse=reverse),
+                     lax.cummax(x.dom, axis=axis, reverse=reverse))
+
+
+@rule("dot_general")
+@_int_or_exact
+def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """A dot of K terms (algebra.dot on computed operands): the operands' errors
+    propagate as |a| @ eb + ea @ |b| + ea @ eb; operands the hardware rounds first
+    (f32 -> tf32 on GPU at default precision) add 2u_op |a|@|b|; the accumulation in
+    ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb), plus 2K underflow floors and, with
+    denormals-are-zero, the products of subnormal operands; a result narrower than the
+    accumulator rounds once more."""
+    a, b = (ev.as_dot_operand(eqn, t) for t in ins)
+    (contract_a, contract_b), _ = eqn.params["dimension_numbers"]
+    k = int(np.prod([a.value.shape[i] for i in contract_a]))
+
+    def dot(x: jax.Array, y: jax.Array) -> jax.Array:
+        return _value(eqn, x, y)
+
+    value = dot(a.value, b.value)
+    abs_a, abs_b = jnp.abs(a.value), jnp.abs(b.value)
+    propagated = dot(abs_a, b.err) + dot(a.err, abs_b) + dot(a.err, b.err)
+    magnitude = dot(a.magnitude, b.magnitude)
+    arith = ev.arith
+    precision = eqn.params.get("precision")
+    highest = precision is not None and any(str(p).endswith("HIGHEST") for p in (
+        precision if isinstance(precision, tuple) else (precision,)))
+    out_dtype = ev.compute_dtype(eqn.outvars[0])
+    acc_dtype = "float64" if unit_roundoff(out_dtype) < unit_roundoff("float32") else "float32"
+    op_dtype = _narrower(a.carried, b.carried)
+    u_op = unit_roundoff("float32") if highest and op_dtype == "float32" else arith.operand_unit(op_dtype)
+    operand_rel = 2.0 * u_op + u_op * u_op
+    order = ev.facts.order_of("dot_general") if arith.mma_order_known else SEQUENTIAL
+    acc = ev.gamma(order.depth(k), arith.mma_unit(acc_dtype))
+    local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * k * ev.floor(acc_dtype)
+    if arith.flush_subnormals:
+        local = (local + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
+                 + dot(a.magnitude, algebra.subnormal_part(b.magnitude)))
+    if unit_roundoff(out_dtype) > unit_roundoff(acc_dtype):
+        local = local + ev.rounding(jnp.abs(value) + propagated + local, out_dtype)
+    # an unverifiable operand element spoils its whole row (column) of the result
+    bad_a = jnp.where(dot((a.bad > 0).astype(F64), jnp.ones_like(b.value)) > 0, jnp.max(a.bad, initial=0), 0)
+    bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
+    inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
+    local = jnp.where(magnitude <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
+
+
+def _worst_label(t: Tracked) -> jax.Array:
+    """The label of ``t``'s largest-error element (a dot mixes whole rows and columns)."""
+    return t.dom.reshape(-1)[jnp.argmax(t.err.reshape(-1))] if t.err.size else jnp.int32(INPUT)
+
+
+@rule("scatter-add", "scatter_add")
+def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Each destination adds its c updates in sequence: errors add, plus gamma_c(u)
+    times the sum of magnitudes (c counted by scattering ones)."""
+    operand, indices, updates = ins
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    p = eqn.params
+
+    def bind(o: jax.Array, u: jax.Array) -> jax.Array:  # the public op rebuilds the adder for f64
+        return lax.scatter_add(o, indices.value, u, p["dimension_numbers"], indices_are_sorted=p["indices_are_sorted"],
+                               unique_indices=p["unique_indices"], mode=p["mode"])
+
+    value = bind(operand.value, updates.value)
+    propagated = bind(operand.err, updates.err)
+    count = bind(jnp.zeros_like(operand.err), jnp.ones_like(updates.err))
+    local = (algebra.times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
+             + count * ev.floor(dtype))
+    spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0
+    bad = jnp.where(spoiled, jnp.maximum(jnp.max(operand.bad, initial=0), jnp.max(updates.bad, initial=0)), 0)
+    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, operand.dom)
+
+
+# ------------------------------------------------------------------------ entry points
+
+
+def trace(fn: Callable[..., Any], *args: Any) -> jcore.ClosedJaxpr:
+    """The jaxpr of ``fn`` on arrays shaped and typed like ``args``, traced as its user
+    runs it: in 32-bit JAX even inside the device oracles' float64 scope (where
+    ``jnp.arange`` would be int64 and ``jnp.ones(n)`` float64)."""
+    with numeric.kernel_side():
+        return jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args])
+
+
+def vjp_function(fn: Callable[..., Any], wrt: Sequence[int]) -> Callable[..., Any]:
+    """(*args, cotangent) -> the gradients of sum(fn(*args) * cotangent) w.r.t. args[wrt]."""
+    def pulled(*args_and_ct: Any) -> tuple[Any, ...]:
+        *args, ct = args_and_ct
+
+        def partial(*diff: Any) -> Any:
+            full = list(args)
+            for i, d in zip(wrt, diff):
+                full[i] = d
+            return fn(*full)
+
+        _, pullback = jax.vjp(partial, *[args[i] for i in wrt])
+        return pullback(ct)
+    return pulled
+
+
+def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: Arithmetic,
+           jaxpr: jcore.ClosedJaxpr | None = None) -> Derived:
+    """Evaluate ``fn`` on ``args`` (numpy arrays of the kernel's input dtypes) in
+    float64 and in the error algebra. Returns every output's value and bound, the
+    final rounding to its dtype (``facts.out_dtype`` or the reference's) included."""
+    jaxpr = jaxpr if jaxpr is not None else trace(fn, *args)
+    ev = _Evaluator(facts, arith)
+    with float64_enabled():
+        inputs = []
+        for var, a in zip(jaxpr.jaxpr.invars, args):
+            dt = np.asarray(a).dtype
+            if _is_float(dt):
+                t = ev.exact(np.asarray(a, dtype=F64), dtype_name(dt))
+                if arith.flush_subnormals:  # denormals-are-zero may read a subnormal input as 0
+                    t = dataclasses.replace(t, err=algebra.subnormal_part(t.value))
+            else:
+                t = ev.exact(np.asarray(a), "float64")
+            inputs.append(t)
+        floats = [t.carried for t in inputs if t.is_float]
+        ev.narrowest_input = max(floats, key=unit_roundoff) if floats else "float64"
+        outs = ev.run(jaxpr, [], inputs)
+        result = [], [], [], [], []
+        culprits = []
+        for var, out in zip(jaxpr.jaxpr.outvars, outs):
+            inner = out.dom
+            culprits.append(np.asarray(out.bad))
+            dt = np.dtype(var.aval.dtype)
+            if _is_float(dt):
+                target = facts.out_dtype or dtype_name(dt)
+                if unit_roundoff(target) > unit_roundoff(out.carried):
+                    out = ev.finish(_OUTPUT, var, out.value, out.err, ev.rounding(out.magnitude, target), out.bad,
+                                    out.dom, carried=target)
+            for store, field in zip(result, (out.value, out.err, out.bad > 0, out.dom, inner)):
+                store.append(np.asarray(field))
+    values, bounds, bad, dom, inner = result
+    return Derived(tuple(v.astype(F64) if _is_float(v.dtype) else v for v in values), tuple(bounds), tuple(bad),
+                   tuple(dom), tuple(inner), tuple(culprits), tuple(ev.sources))
+
+
+class _OutputStore:
+    """Stand-in equation for the final store to the output dtype (for labels)."""
+
+    class primitive:  # noqa: N801 - mimics JaxprEqn.primitive
+        name = "store to the output dtype"
+
+    source_info = None
+
+
+_OUTPUT = _OutputStore()

@@ -1,0 +1,181 @@
+"""oracles/derive.py: the bound derived from a reference's jaxpr is sound on the
+primitives it covers, its value is the float64 oracle, unverifiable elements are
+flagged, unsupported primitives are refused by name, and float64 stays scoped.
+
+Soundness is checked against two real low-precision runs of each reference: as
+written under ``jax.jit`` in bf16 (facts: the reference's own dtypes, any order), and
+with every input upcast to f32 and the result stored in bf16 (facts: f32 compute),
+which is how a kernel computes it. One seed of N(0, 1) inputs here; the same check
+over every element kind of strategies.elements, 3 seeds each, in bf16, f16 and f32
+(216 cases per model) stayed within the bound wherever one is finite (largest budget
+used 0.95) when the rules were written; it found the missing overflow rule of sums and
+products (an f16 cumprod past 65504).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+from pallascheck.kernels.compat import float64_enabled
+from pallascheck.oracles import derive
+from pallascheck.oracles.derive import Facts
+from pallascheck.oracles.tolerance import CPU, SEQUENTIAL, blocked
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _elementwise(x, y):
+    a = jnp.exp(x) + jnp.exp2(y) - jnp.expm1(x) + jnp.log1p(jnp.abs(y)) + jnp.log(1.0 + x * x)
+    b = jnp.tanh(x) * jax.nn.sigmoid(y) + lax.erf(x) - jnp.sqrt(jnp.abs(y)) + lax.rsqrt(1.0 + y * y)
+    c = jnp.power(jnp.abs(x) + 1.0, y) + x ** 3 + (1.0 + y * y) ** -2 + jnp.sin(x) * jnp.cos(y)
+    return jnp.maximum(a, b) - jnp.minimum(b, c) + jnp.where(x > y + 0.5, a / (1.0 + y * y), c)
+
+
+def _reductions(x, y):
+    s = jnp.sum(x, axis=1, keepdims=True) + jnp.max(y, axis=1, keepdims=True) - jnp.min(x, axis=0)
+    c = jnp.cumsum(y, axis=1) + lax.cumlogsumexp(x, axis=1) + lax.cummax(y, axis=0) + jnp.cumprod(1.0 + x / 64.0, axis=1)
+    return s + c + jax.nn.logsumexp(x, axis=1, keepdims=True) + jax.nn.softmax(y, axis=0)
+
+
+def _dots_and_shapes(x, y):
+    z = jnp.einsum("ij,kj->ik", x, y)  # dot_general contracting the last axes
+    z = jnp.concatenate([z, jnp.flip(z, axis=0)], axis=1)[:, ::2]
+    z = jnp.pad(z, ((1, 0), (0, 0)))[1:] + lax.dynamic_slice(jnp.tile(z, (2, 1)), (3, 0), z.shape)
+    rows = jnp.array([2, 0, 2, 1, 5, 3, 7, 4])
+    gathered = z[rows]
+    scattered = jnp.zeros_like(z).at[rows].add(z)
+    return (gathered + scattered).T.reshape(z.shape)
+
+
+def _loops(x, y):
+    def step(carry, row):
+        carry = carry * 0.5 + row
+        return carry, jnp.tanh(carry)
+
+    carry, ys = lax.scan(step, jnp.zeros(x.shape[1], x.dtype), x)
+    twice = lax.fori_loop(0, 2, lambda i, c: c + y * c, y)
+    _, looped = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.75 + x), (0, y))
+
+    @jax.custom_vjp
+    def scaled(a):
+        return a * 3.0
+
+    scaled.defvjp(lambda a: (scaled(a), None), lambda _, g: (g * 3.0,))
+    return ys + carry + twice + looped + scaled(jax.nn.relu(x)) + jax.nn.softplus(y)
+
+
+REFERENCES = {"elementwise": _elementwise, "reductions": _reductions, "dots_and_shapes": _dots_and_shapes,
+              "loops": _loops}
+
+
+def _inputs(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((8, 16)).astype(BF16) for _ in range(2)]
+
+
+def _f64(fn, args):
+    with float64_enabled():
+        out = jax.jit(fn)(*[np.asarray(a, np.float64) for a in args])
+        return tuple(np.asarray(o) for o in out) if isinstance(out, tuple) else np.asarray(out)
+
+
+def _within(got, derived: derive.Derived) -> float:
+    """Worst |got - oracle| / bound over the verifiable elements."""
+    # an overflowing exact value, or a bound that is infinite because an intermediate may
+    # overflow in the low precision, claims nothing: accuracy is checked where a bound is
+    ok = ~derived.unverifiable[0] & np.isfinite(derived.values[0]) & np.isfinite(derived.bounds[0])
+    error = np.abs(np.asarray(got, np.float64) - derived.values[0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.max(np.where(ok, error / derived.bounds[0], 0.0)))
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_value_is_the_float64_oracle_and_the_bound_holds(name: str) -> None:
+    fn = REFERENCES[name]
+    for seed in range(1):  # more seeds and every element kind: measured offline, see the module docstring
+        args = _inputs(seed)
+        as_written = derive.derive(fn, args, facts=Facts(compute_dtype=None, order=SEQUENTIAL), arith=CPU)
+        np.testing.assert_allclose(as_written.values[0], _f64(fn, args), rtol=1e-12, atol=1e-12)
+        assert as_written.unverifiable[0].mean() < 0.1  # the checks see most elements
+        assert _within(jax.jit(fn)(*args), as_written) <= 1.0
+        upcast = lambda *a: fn(*[v.astype(jnp.float32) for v in a]).astype(jnp.bfloat16)  # noqa: E731
+        in_f32 = derive.derive(fn, args, facts=Facts(compute_dtype="float32", out_dtype="bfloat16"), arith=CPU)
+        assert _within(jax.jit(upcast)(*args), in_f32) <= 1.0
+        assert np.all(in_f32.bounds[0] <= as_written.bounds[0] + 1e-300)  # f32 compute is the tighter model
+
+
+def test_gradient_derivation_is_the_float64_vjp_and_bounds_the_bf16_one() -> None:
+    def fn(x, w):
+        return jnp.tanh(x @ w) * jax.nn.sigmoid(x @ w)
+
+    rng = np.random.default_rng(0)
+    x, w, ct = (rng.standard_normal(s).astype(BF16) for s in ((8, 16), (16, 4), (8, 4)))
+    pulled = derive.vjp_function(fn, (0, 1))
+    d = derive.derive(pulled, [x, w, ct], facts=Facts(compute_dtype=None), arith=CPU)
+    exact = _f64(pulled, [x, w, ct])
+    for i in range(2):
+        np.testing.assert_allclose(d.values[i], exact[i], rtol=1e-12, atol=1e-12)
+        got = np.asarray(jax.jit(pulled)(x, w, ct)[i], np.float64)
+        assert np.all(np.abs(got - d.values[i]) <= np.where(d.unverifiable[i], np.inf, d.bounds[i]))
+
+
+def test_a_comparison_within_its_error_is_unverifiable() -> None:
+    def fn(x):
+        return (x * 3.0 > 1.0).astype(jnp.float32) + x  # the decision itself is the output
+
+    x = np.array([1 / 3, 0.9, -1.0], np.float32)
+    d = derive.derive(fn, [x], facts=Facts(), arith=CPU)
+    assert d.unverifiable[0].tolist() == [True, False, False]
+    assert d.explain(0, (0,)).startswith("gt at ")  # the comparison is named as the culprit
+
+
+def test_a_select_on_an_undecided_comparison_is_bounded_by_its_cases() -> None:
+    """relu'(z) g at z within its error of 0: the kernel may give g or 0, so the bound
+    there covers |g| (the hand-derived matmul gradient bound charges the same)."""
+    def fn(z, g):
+        return jnp.where(z * 3.0 > 1.0, g, 0.0)
+
+    z, g = np.array([1 / 3, 0.9], np.float32), np.array([0.75, 0.75], np.float32)
+    d = derive.derive(fn, [z, g], facts=Facts(), arith=CPU)
+    assert not d.unverifiable[0].any()
+    assert d.bounds[0][0] >= 0.75 and d.bounds[0][1] < 1e-6
+    assert d.explain(0, (0,)).startswith("gt at ")
+
+
+def test_a_division_by_a_value_within_its_error_is_unverifiable() -> None:
+    def fn(x):
+        return 1.0 / (x - 0.1)
+
+    d = derive.derive(fn, [np.array([0.1, 2.0], np.float32)], facts=Facts(), arith=CPU)
+    assert d.unverifiable[0].tolist() == [True, False]
+
+
+def test_blocked_order_sets_the_depth_of_each_prefix() -> None:
+    """A blocked cumsum's element i chains (b - 1) + (blocks before it) additions:
+    with positive terms the bound grows in steps at each block edge."""
+    x = np.ones((1, 12), np.float32)
+    d = derive.derive(lambda v: jnp.cumsum(v, axis=1), [x], facts=Facts(order=blocked(4)), arith=CPU)
+    seq = derive.derive(lambda v: jnp.cumsum(v, axis=1), [x], facts=Facts(), arith=CPU)
+    # up to 5 terms both chain 4 additions at most; from the 6th the blocked chain is shorter
+    assert np.all(d.bounds[0][0, :5] == seq.bounds[0][0, :5]) and np.all(d.bounds[0][0, 5:] < seq.bounds[0][0, 5:])
+
+
+def test_an_unsupported_primitive_is_refused_by_name() -> None:
+    with pytest.raises(derive.UnsupportedPrimitive, match="primitive 'sort'"):
+        derive.derive(lambda v: jnp.sort(v), [np.ones(4, np.float32)], facts=Facts(), arith=CPU)
+
+
+def test_float64_is_enabled_only_inside_the_derivation() -> None:
+    derive.derive(jnp.exp, [np.ones(3, np.float32)], facts=Facts(), arith=CPU)
+    assert jnp.asarray(1.0).dtype == jnp.float32
+
+
+def test_facts_refuse_what_they_cannot_model() -> None:
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        Facts(compute_dtype="float128")
+    with pytest.raises(TypeError, match="order must be an Accumulation"):
+        Facts(order="blocked")
