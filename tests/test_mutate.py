@@ -114,7 +114,7 @@ def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_pat
     first run's budget ends after the baseline; the resumed run keeps its results
     and runs the rest."""
     out = tmp_path / "rms_norm.jsonl"
-    args = ["mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "2", "--seed", "0", "--jobs", "1",
+    args = ["mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "1", "--seed", "0", "--jobs", "1",
             "--operator", "rescale", "--operator", "constant",
             "--function", "rms_statistics|layer_norm_statistics|<module>", "--out", str(out)]
     assert cli.main(args + ["--budget", "0.1"]) == 0
@@ -176,7 +176,7 @@ def test_mutate_works_on_a_users_kernel_and_spec(tmp_path, capsys) -> None:
     (project / "my_relu.py").write_text(USER_KERNEL)
     (project / "my_relu_spec.py").write_text(USER_SPEC)
     out = tmp_path / "mutants.jsonl"
-    code = cli.main(["mutate", "--kernel", "my_relu_spec:SPEC", "--path", str(project), "--examples", "2",
+    code = cli.main(["mutate", "--kernel", "my_relu_spec:SPEC", "--path", str(project), "--examples", "1",
                      "--jobs", "1", "--operator", "index_offset", "--operator", "running_stat",
                      "--out", str(out), "--fail-under", "100"])
     printed = capsys.readouterr().out

@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                     "kernel calls)")
     p.add_argument("--path", action="append", help="a directory to import MODULE:NAME specs from (repeatable)")
     p.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
-    p.add_argument("--examples", type=int, default=6, help="cases per dtype, as verify counts them (verify's default)")
+    p.add_argument("--examples", type=int, default=3,
+                   help="Hypothesis examples per spec and dtype, as verify counts them (verify's default)")
     p.add_argument("--dtype", action="append", help="only this dtype (repeatable; default the spec's)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run; mutants not started by then are reported as not run")
@@ -121,13 +122,13 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     jobs = args.jobs or default_jobs(str(backend))
     out = args.out or os.path.join(".pallascheck", "mutate", re.sub(r"[^\w.-]+", "_", "+".join(args.kernel)) + ".jsonl")
     settings = run.Settings(
-        units=tuple(units), module=module, origin=origin, backend=str(backend), cases=args.examples,
+        units=tuple(units), module=module, origin=origin, backend=str(backend), examples=args.examples,
         seed=args.seed, jobs=jobs,
         memory_bytes=int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs),
         out=out, paths=tuple(args.path or ()), budget_s=args.budget, case_timeout_s=args.case_timeout,
     )
     print(f"mutating {module} ({shown}): {len(mutants)} mutants, checked on {backend} by "
-          f"{', '.join(' '.join(u) for u in units)} ({args.examples} cases each), seed {args.seed}, {jobs} jobs; "
+          f"{', '.join(' '.join(u) for u in units)} ({args.examples} Hypothesis examples each), seed {args.seed}, {jobs} jobs; "
           f"results in {out}",
           flush=True)
     try:

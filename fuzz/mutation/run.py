@@ -60,7 +60,7 @@ class Settings:
     module: str  # the kernel module mutated
     origin: str  # its source file
     backend: str
-    cases: int  # per dtype, as verify's --examples counts them
+    examples: int  # Hypothesis examples per dtype, as verify's --examples counts them
     seed: int
     jobs: int
     memory_bytes: int
@@ -73,7 +73,7 @@ class Settings:
     def header(self) -> dict[str, Any]:
         """What must match for a saved result to be reused."""
         return {"units": [list(u) for u in self.units], "module": self.module, "backend": self.backend,
-                "cases": self.cases, "seed": self.seed, "checks": list(self.checks)}
+                "examples": self.examples, "seed": self.seed, "checks": list(self.checks)}
 
 
 @dataclasses.dataclass
@@ -204,7 +204,7 @@ class _Job:
         self.unit = self.units.pop(0)
         self.digests[self.unit] = []
         self.worker.start(Task(*self.unit, "any", None, settings.seed,
-                               runner.examples_for(settings.cases), settings.checks, False))
+                               settings.examples, settings.checks, False))
         return True
 
     def receive(self, kind: str, payload: Any) -> None:
@@ -335,7 +335,7 @@ def run(
     jobs: dict[int, _Job] = {}
     with tempfile.TemporaryDirectory(prefix="pallascheck-mutate-") as directory:
         try:
-            progress(f"baseline: the unmutated kernel on {settings.backend}, {settings.cases} cases for each of "
+            progress(f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
                      + ", ".join(" ".join(u) for u in settings.units))
             baseline = run_baseline(settings, directory, progress)
             baseline_seconds = time.monotonic() - start
