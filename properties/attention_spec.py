@@ -62,9 +62,18 @@ class Domain:
 
 
 DOMAIN = Domain()
+# The Mosaic GPU kernels tile by 64 rows (wgmma) where the Pallas ones tile by 16 or 32:
+# their small tier has 100 and 150 queries (the warp-specialised forward's second
+# warpgroup holds rows 64-127 of a 128-row CTA; the backward streams 2 and 3 q blocks,
+# the third reusing the first's slot) and 200 keys (4 kv blocks of 64, a tail of 8).
+# docs/shape_tiers.md states what each tier reaches.
+MOSAIC_GPU_DOMAIN = Domain(seq_q=(1, 100, 150), seq_kv=(1, 40, 129, 200))
 
 
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    if backend.is_mosaic_gpu and domain == DOMAIN:
+        domain = MOSAIC_GPU_DOMAIN
+
     @st.composite
     def draw(draw_) -> Case:
         b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(domain.heads)))
@@ -357,7 +366,9 @@ def make_spec(
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
         q, k = case.arrays["q"], case.arrays["k"]
-        return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize)
+        # bias or mask: the Mosaic GPU kernels stream an f32 logit-bias tile (SMEM)
+        return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize,
+                                 bias="bias" in case.arrays or "mask" in case.arrays)
 
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     return KernelSpec(

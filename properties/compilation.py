@@ -32,6 +32,15 @@ from pallascheck.kernels.backends import parse
 CACHE_ENV_VAR = "PALLASCHECK_CACHE_DIR"
 DEFAULT_CACHE_DIR = os.path.join(".pallascheck", "jax-cache")
 QUICK_CPU_FLAGS = ("--xla_backend_optimization_level=1", "--xla_llvm_disable_expensive_passes=true")
+# Eigen's dots on the calling thread, not on XLA:CPU's intra-op pool (one thread per
+# core). The Mosaic GPU interpreter runs each warpgroup as its own XLA:CPU program,
+# and a warpgroup waiting at a barrier holds a pool thread inside a Python callback;
+# on a 2-core machine the outer kernel call holds the other, and a dot large enough
+# for Eigen to split over the pool (the warp-specialised dk/dv kernel with GQA, a
+# mask and causal) then waits for a thread no one frees: the kernel never finishes.
+# A dot on one thread sums the same terms, in a blocked order: inside every bound,
+# as for the flags above.
+INTERPRETER_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
 
 
 def enable_cache(directory: str | None = None) -> str | None:
@@ -58,10 +67,11 @@ def enable_cache(directory: str | None = None) -> str | None:
 
 
 def quick_cpu_compiles() -> None:
-    """Add QUICK_CPU_FLAGS to $XLA_FLAGS (kept if the user set them otherwise). Only
-    effective before JAX creates its CPU client; child processes inherit it."""
+    """Add QUICK_CPU_FLAGS and INTERPRETER_FLAGS to $XLA_FLAGS (kept if the user set
+    them otherwise). Only effective before JAX creates its CPU client; child processes
+    inherit it."""
     current = os.environ.get("XLA_FLAGS", "")
-    extra = [f for f in QUICK_CPU_FLAGS if f.split("=")[0] not in current]
+    extra = [f for f in QUICK_CPU_FLAGS + INTERPRETER_FLAGS if f.split("=")[0] not in current]
     if extra:
         os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
 
