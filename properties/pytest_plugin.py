@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pallascheck.kernels.backends import ALIASES, ENV_VAR, NAMES, Backend, NotOnBackend, get_backend
-from pallascheck.properties import compilation, runner
+from pallascheck.properties import compilation, runner, watchdog
 from pallascheck.properties.spec import KernelSpec
 
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))
@@ -46,6 +46,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Hypothesis examples per kernel x dtype property (each checks "
         f"{runner.CASES_PER_LAYOUT} cases); default: the active Hypothesis profile's",
     )
+    group.addoption(
+        "--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
+        help="seconds one case of a spec_tests test may take before it is reported as a hang (the process ends "
+        "with the report: under pytest-xdist the test fails and the worker is replaced)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
     examples = config.getoption("--examples")
     if examples is not None and examples < 1:
         raise pytest.UsageError(f"--examples must be >= 1, got {examples}")
+    if not config.getoption("--case-timeout") > 0:
+        raise pytest.UsageError(f"--case-timeout must be > 0 seconds, got {config.getoption('--case-timeout')}")
     # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
     compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
     # A backend that cannot run here stops the session at once, saying what is missing.
@@ -93,7 +100,13 @@ def spec_tests(*specs: KernelSpec):
     def test(pallascheck_spec_case: tuple[KernelSpec, str, Backend], examples: int, request: pytest.FixtureRequest):
         spec, dtype, backend = pallascheck_spec_case
         replay = f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
-        tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        dog = watchdog.CaseWatchdog(request.config.getoption("--case-timeout"), kernel=spec.name, dtype=dtype,
+                                    backend=str(backend), replay=replay,
+                                    before_report=capture and (lambda: capture.suspend_global_capture(in_=False)))
+        with watchdog.watching(dog):
+            tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
+                                        search=dog.search())
         assert not tally.failure, tally.failure
         # every check ran on every case (a relation once per case; configs_agree only
         # where the drawn config is not the default)
