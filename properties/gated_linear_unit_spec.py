@@ -20,13 +20,11 @@ from . import strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
-D_DIMS = (7, 64)  # 7 leaves a ragged last K tile
+D_DIMS = (7, 100)  # 7: one ragged K tile; 100: 2-7 K tiles of 16-64 and a ragged last one
 F_DIMS = (16, 33)
-# The Mosaic GPU forward tiles by 64 tokens, 64/128 features and 32/64 of d: 100
-# tokens, features and d make two tiles or more each, with a ragged last one
-# (docs/shape_tiers.md).
+# The Mosaic GPU forward tiles by 64 tokens and 64/128 features: 100 tokens and 100
+# features make two tiles each, with a ragged last one (docs/shape_tiers.md).
 MOSAIC_GPU_LEADING_SHAPES = ((17,), (2, 50))
-MOSAIC_GPU_D_DIMS = (7, 100)
 MOSAIC_GPU_F_DIMS = (33, 100)
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -41,14 +39,13 @@ def _reduction(kind: str, d: int, dtype: str) -> float:
 
 
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
-    leading, d_dims, f_dims = ((MOSAIC_GPU_LEADING_SHAPES, MOSAIC_GPU_D_DIMS, MOSAIC_GPU_F_DIMS) if backend.is_mosaic_gpu
-                               else (LEADING_SHAPES, D_DIMS, F_DIMS))
+    leading, f_dims = (MOSAIC_GPU_LEADING_SHAPES, MOSAIC_GPU_F_DIMS) if backend.is_mosaic_gpu else (LEADING_SHAPES, F_DIMS)
 
     @st.composite
     def draw(draw_) -> Case:
         lead = draw_(strategies.layout("gated_linear_unit.leading", st.sampled_from(leading)))
         d, f = (draw_(strategies.layout(f"gated_linear_unit.{a}", strategies.dims(bucket)))
-                for a, bucket in (("d", d_dims), ("f", f_dims)))
+                for a, bucket in (("d", D_DIMS), ("f", f_dims)))
         activation = draw_(strategies.layout("gated_linear_unit.activation", st.sampled_from(matmul.supported_activations(backend))))
         # gelu_tanh promises accuracy only for |x @ W| <= matmul.GELU_TANH_RANGE.
         kinds = ("normal", "large", "subnormal", "few_distinct", "positive")
