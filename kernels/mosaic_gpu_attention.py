@@ -206,8 +206,9 @@ def configs(
     one-warpgroup config and the first that fits of the warp-specialised ones in both
     passes (a forward kv block of 128 or 3 stages, else 2 stages), so both forms of
     the forward and of the dk/dv kernel, with its 128 keys per CTA, are checked where
-    the hardware could run them. (A 128-row backward q block in the warp-specialised
-    dk/dv kernel needs 261-902 KiB at head_dim 64-256: never.)"""
+    the hardware could run them. (The warp-specialised dk/dv kernel with 128-row q
+    blocks fits only without a bias and at head_dim <= 64, 133 KiB; with a bias it
+    needs 325-709 KiB: the interpreter does not draw it.)"""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
 

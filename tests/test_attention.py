@@ -145,7 +145,7 @@ def test_triton_space_leaves_out_configs_triton_refused(head_dim, bias, bq, bk, 
 def test_mosaic_gpu_interpreter_space_fits_shared_memory(head_dim: int, bias: bool) -> None:
     """The interpreter checks only configs a GPU can run: each fits one block's SMEM by
     the model the GPU space is filtered with (the warp-specialised dk/dv kernel with
-    128-row q blocks, which needs 261-902 KiB, is not among them)."""
+    128-row q blocks, which needs 325-709 KiB with a bias, is not among them)."""
     width = mosaic_gpu_attention.padded_head_dim(head_dim)
     for seq_q, seq_kv in ((1, 17), (150, 200)):
         for c in mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, "mosaic_gpu_interpret", 2, bias):
@@ -156,8 +156,8 @@ def test_warp_specialised_dkdv_with_gqa_causal_mask_finishes(each_backend: Backe
     """The case that deadlocked the Mosaic GPU interpreter on a 2-core machine (XLA:CPU's
     pool starved by warpgroups blocked at barriers; properties/compilation.py's
     INTERPRETER_FLAGS): GQA, causal and a mask through the warp-specialised dk/dv
-    kernel with 128-row q blocks (a config for the interpreter only: no GPU's SMEM holds
-    it). Values and gradients within their bounds; a hang ends the run with a report."""
+    kernel with 128-row q blocks (with the mask's bias tiles no GPU's SMEM holds it: a
+    config for the interpreter only). Values and gradients within their bounds; a hang ends the run with a report."""
     if each_backend.name != "mosaic_gpu_interpret":
         pytest.skip("the Mosaic GPU interpreter's threads on XLA:CPU")
     config = mosaic_gpu_attention.Config(64, 64, 2, 128, 64, consumers=1, consumers_bwd=2)
