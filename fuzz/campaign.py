@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import runner
+from pallascheck.properties import runner, watchdog
 from pallascheck.properties.spec import Case
 
 from . import bandit, targets
@@ -53,7 +53,7 @@ class CampaignResult:
 class Limits:
     """Per-case limits: seconds without progress (a hang) and resident bytes (out of memory)."""
 
-    case_timeout: float = 300.0
+    case_timeout: float = watchdog.CASE_TIMEOUT_S
     memory_bytes: int = 8 * 2**30
 
 

@@ -1,6 +1,7 @@
 """The ``pallascheck`` command.
 
     pallascheck verify [--backend B] [--examples N] [--kernel K ...] [--dtype D ...] [--jobs N] [--json PATH]
+                       [--case-timeout S]
     pallascheck fuzz [--backend B] [--minutes M] [--jobs N] [--kernel K ...] [--dtype D ...] [--corpus DIR]
                      [--resume] [--random] [--case-timeout S] [--memory-gb G]
     pallascheck replay FILE.npz [--backend B] [--path DIR]
@@ -26,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
-from pallascheck.properties import checks, compilation, runner
+from pallascheck.properties import checks, compilation, runner, watchdog
 from pallascheck.properties.spec import Case, bundled_names, is_module_target, registry, selected
 
 from . import corpus, report, verify
@@ -52,7 +53,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     jobs = args.jobs or verify.default_jobs(str(backend))
     start = time.perf_counter()
     options = verify.Options(str(backend), args.examples, args.seed, args.failures, tuple(args.dtype or ()),
-                             args.shapes, tuple(args.path or ()))
+                             args.shapes, tuple(args.path or ()), args.case_timeout)
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
         print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
@@ -361,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", help="also write every row as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
     verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
+    verify.add_argument("--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
+                        help="seconds one case may take (its compiles included) before it is reported as a hang")
     verify.add_argument("--durations", type=int, default=0, help="also list the N slowest kernel x dtype x check rows (0: none)")
     verify.set_defaults(func=cmd_verify)
     fuzz = sub.add_parser(
@@ -388,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
     fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
     fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
-    fuzz.add_argument("--case-timeout", type=float, default=300.0,
+    fuzz.add_argument("--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
                       help="seconds a worker may go without progress (a case, or a task's first compile) before it "
                            "counts as hung")
     fuzz.add_argument("--memory-gb", type=float, default=0.0,

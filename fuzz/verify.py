@@ -5,11 +5,15 @@ checks, the distributed kernels on N CPU devices) that run in ``--jobs`` worker
 processes, like pytest-xdist: interpret mode spends its time compiling, one core per
 compilation. Units start longest first, by the durations the previous run recorded
 in ``.pallascheck/verify-durations.json``, so the last unit does not start late.
+Every case has a time limit (``--case-timeout``, properties/watchdog.py): a worker
+whose case passes it reports the case and exits, its unit becomes a failed "hang"
+row, and the units that shared its pool run on in a new one.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import math
 import multiprocessing
@@ -19,10 +23,12 @@ import time
 from typing import Any, Sequence
 
 from pallascheck.kernels.backends import get_backend
-from pallascheck.properties import checks, compilation, runner
+from pallascheck.properties import checks, compilation, runner, watchdog
 from pallascheck.properties.spec import get_spec, selected
 
 DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
+# where a worker's watchdog leaves the report of a hung case, one file per unit
+HANGS_DIR = os.path.join(".pallascheck", "verify-hangs")
 # The distributed kernels need a mesh: verify runs them in a child process with this
 # many CPU devices (meshes 4 and 2x2), on the TPU interpreter whatever --backend says.
 DISTRIBUTED_DEVICES = 4
@@ -55,6 +61,11 @@ class Unit:
     def key(self) -> str:
         return f"{self.kind}:{self.kernel}:{self.dtype}"
 
+    @property
+    def hang_report(self) -> str:
+        """Where this unit's watchdog writes the report of a hung case."""
+        return os.path.join(HANGS_DIR, hashlib.sha1(self.key.encode()).hexdigest()[:16] + ".txt")
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -65,6 +76,7 @@ class Options:
     dtypes: tuple[str, ...]
     shapes: str = "small"  # the shape tier (runner.SHAPE_TIERS)
     paths: tuple[str, ...] = ()  # where MODULE:NAME specs are imported from (--path)
+    case_timeout: float = watchdog.CASE_TIMEOUT_S
 
 
 def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
@@ -110,7 +122,7 @@ def run_unit(unit: Unit, options: Options) -> tuple[list[Row], list[str], float]
     if unit.kind == "errors":
         rows, failures = _errors(unit.kernel, options)
     elif unit.kind == "property":
-        rows, failures = _property(unit.kernel, unit.dtype, options)
+        rows, failures = _property(unit, options)
     else:
         rows, failures = _distributed(unit.kernel.split(","), options)
     return rows, failures, time.perf_counter() - start
@@ -123,15 +135,19 @@ def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
     return [row], ([] if err.passed else [f"[errors] kernel={name}: {err.detail}"])
 
 
-def _property(name: str, dtype: str, options: Options) -> tuple[list[Row], list[str]]:
+def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
+    name, dtype = unit.kernel, unit.dtype
     backend = get_backend(options.backend)
     replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
               f"--examples {options.examples} --seed {options.seed}"
               + (f" --shapes {options.shapes}" if options.shapes != "small" else "") + path_arguments(options.paths))
-    tally = runner.run_property(
-        get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
-        failure_dir=options.failures, replay_hint=replay, shapes=options.shapes,
-    )
+    dog = watchdog.CaseWatchdog(options.case_timeout, kernel=name, dtype=dtype, backend=str(backend), replay=replay,
+                                failure_dir=options.failures, report_path=unit.hang_report)
+    with watchdog.watching(dog):
+        tally = runner.run_property(
+            get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
+            failure_dir=options.failures, replay_hint=replay, search=dog.search(), shapes=options.shapes,
+        )
     rows = []
     for check in runner.REPORTED:
         if check in tally.outcomes:
@@ -185,22 +201,53 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
         print(f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}: "
               f"{result[2]:.1f}s", file=sys.stderr, flush=True)
 
-    if jobs <= 1:
+    for unit in units:  # reports left by an earlier run
+        if os.path.exists(unit.hang_report):
+            os.remove(unit.hang_report)
+    if jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
         for unit in units:
             done(unit, run_unit(unit, options))
     else:
-        # spawn, not fork: a forked JAX runtime is not safe to use.
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(
-            max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,),
-        ) as pool:
-            futures = {pool.submit(run_unit, unit, options): unit for unit in units}
-            for future in concurrent.futures.as_completed(futures):
-                done(futures[future], future.result())
+        remaining = list(units)
+        while remaining:
+            remaining = _run_pool(remaining, options, jobs, done)
     _save_durations({f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     rows = [row for unit in units for row in results[unit][0]]
     failures = [message for unit in units for message in results[unit][1]]
     return rows, failures
+
+
+def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[Unit]:
+    """Run ``units`` on a pool of ``jobs`` processes; returns the units to run again in
+    a new pool when a worker died. A unit whose watchdog reported a hung case (or,
+    when no report explains the death, every unit the dead pool still held) is done,
+    as a failed row."""
+    # spawn, not fork: a forked JAX runtime is not safe to use.
+    context = multiprocessing.get_context("spawn")
+    broken: list[Unit] = []
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,),
+    ) as pool:
+        futures = {pool.submit(run_unit, unit, options): unit for unit in units}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                done(futures[future], future.result())
+            except concurrent.futures.process.BrokenProcessPool:
+                broken.append(futures[future])
+    hung = [u for u in broken if os.path.exists(u.hang_report)]
+    for unit in hung:
+        with open(unit.hang_report) as f:
+            done(unit, _lost(unit, "hang", f.read(), options.case_timeout))
+    if broken and not hung:  # a worker died of something else (a crash): no unit to blame
+        for unit in broken:
+            done(unit, _lost(unit, "crash", "a verify worker process died while this unit was unfinished", 0.0))
+        return []
+    return [u for u in broken if u not in hung]
+
+
+def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Row], list[str], float]:
+    """The result of a unit whose worker process was lost."""
+    return [Row(unit.kernel, unit.dtype, check, False, 0, float("inf"), None, seconds)], [message], seconds
 
 
 def slowest(rows: Sequence[Row], count: int) -> list[Row]:

@@ -75,13 +75,18 @@ class Backend:
         return {"triton": "gpu", "mosaic_gpu": "gpu", "tpu": "tpu"}.get(self.name, "cpu")
 
     def placement(self) -> contextlib.AbstractContextManager[Any]:
-        """Where a check puts its arrays: the interpreters run on the CPU device even on a
-        GPU host. There the GPU would run an interpreted kernel's f32 dots in TF32 and
-        its exp in the GPU's math library, not the IEEE CPU arithmetic the interpreted
-        backends' bounds model (an H200 run put our f32 matmul 211x over its bound)."""
+        """Where and how a check runs its kernels. Its arrays: the interpreters run on the
+        CPU device even on a GPU host. There the GPU would run an interpreted kernel's f32
+        dots in TF32 and its exp in the GPU's math library, not the IEEE CPU arithmetic the
+        interpreted backends' bounds model (an H200 run put our f32 matmul 211x over its
+        bound). On a TPU, scratch buffers NaN-poisoned at allocation
+        (``compat.poisoned_scratch``), as the interpreters fill uninitialised memory: JAX
+        has no such flag for its GPU lowerings."""
+        stack = contextlib.ExitStack()
         if self.platform == "cpu" and jax.default_backend() != "cpu":
-            return jax.default_device(jax.devices("cpu")[0])
-        return contextlib.nullcontext()
+            stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
+        stack.enter_context(compat.poisoned_scratch(self.name == "tpu"))
+        return stack
 
     def require_available(self) -> None:
         """Fail at once, saying what is missing, where this backend cannot run."""

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 from jax.experimental import pallas as pl
+from jax._src import config as jax_config
 from jax.experimental.pallas import tpu as pltpu
 
 try:  # jax >= 0.7: Triton compiler params live in pallas.triton
@@ -24,6 +25,32 @@ except (ImportError, AttributeError):  # older layout
 
 _TpuParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
 _TpuInterpretParams = getattr(pltpu, "InterpretParams", None) or getattr(pltpu, "TPUInterpretParams")
+
+
+# Out-of-bounds reads raise in the TPU and Mosaic GPU interpreters (the default of
+# SharedInterpretParams in jax 0.11.2 and 0.12; said here so that a new default does
+# not turn them into reads of uninitialised memory unnoticed). The TMA copies of the
+# Mosaic GPU interpreter fill out-of-bounds source elements with zeros, as the
+# hardware's TMA does: not an error there. Pallas' generic interpreter
+# (interpret=True) pads blocks with uninitialised values and has no such check.
+OUT_OF_BOUNDS_READS_RAISE = {"out_of_bounds_reads": "raise"}
+
+
+@contextlib.contextmanager
+def poisoned_scratch(enabled: bool = True) -> Iterator[None]:
+    """Within the block, kernels compiled for Mosaic TPU fill their scratch buffers
+    (run_scoped, scratch_shapes) with NaN at allocation (``jax_pallas_poison_buffers``,
+    jax 0.11.2 and 0.12), so a read before a write shows on the hardware too. JAX's
+    Mosaic GPU lowering refuses the flag ("Buffer poisoning is not supported on GPU
+    yet", NotImplementedError, both versions) and its Triton lowering ignores it: no
+    poisoning on GPUs. The flag is not part of jit's cache key: a kernel compiled
+    before the block keeps its unpoisoned scratch."""
+    state = getattr(jax_config, "jax_pallas_poison_buffers", None)
+    if not enabled or state is None:
+        yield
+        return
+    with state(True):
+        yield
 
 
 shard_map = getattr(jax, "shard_map", None)
@@ -40,11 +67,13 @@ def tpu_compiler_params(dimension_semantics: Sequence[str] | None) -> Any:
 
 
 def tpu_interpret_params(*, seed: int | None, detect_races: bool = True, dma_execution_mode: str = "on_wait") -> Any:
-    """TPU interpreter with race detection, NaN-filled uninitialised memory and a
-    seeded shuffle of the grid points along "parallel" dimensions. DMAs run when
-    their semaphore is waited on ("on_wait") or as soon as they start ("eager")."""
+    """TPU interpreter with race detection, NaN-filled uninitialised memory, an
+    exception on any out-of-bounds read and a seeded shuffle of the grid points along
+    "parallel" dimensions. DMAs run when their semaphore is waited on ("on_wait") or as
+    soon as they start ("eager")."""
     return _TpuInterpretParams(
-        detect_races=detect_races, uninitialized_memory="nan", random_seed=seed, dma_execution_mode=dma_execution_mode
+        detect_races=detect_races, uninitialized_memory="nan", random_seed=seed, dma_execution_mode=dma_execution_mode,
+        **OUT_OF_BOUNDS_READS_RAISE,
     )
 
 
@@ -116,7 +145,8 @@ def mosaic_gpu_interpret_params() -> Any:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     raise_on_race = {"on_race": "raise"} if "on_race" in plgpu.InterpretGPUParams.__dataclass_fields__ else {}
-    return plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan", **raise_on_race)
+    return plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan", **OUT_OF_BOUNDS_READS_RAISE,
+                                    **raise_on_race)
 
 
 # Hopper (sm_90) is the oldest GPU the Mosaic GPU kernels' wgmma and TMA exist on.

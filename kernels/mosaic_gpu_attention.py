@@ -199,19 +199,28 @@ def configs(
     seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2,
     bias: bool = True,
 ) -> list[Config]:
-    """Valid configs for these lengths and head_dim (the autotuning space). The
-    interpreter gets two (each costs a compile): the default one-warpgroup config and
-    one warp-specialised in both passes with the other blocks (a forward kv block of
-    128, or 3 stages; backward q blocks of 128), so both forms of the forward and of
-    the dk/dv kernel are checked, and a backward of 128 keys per CTA; the GPU gets the
-    blocks whose SMEM fits one block's 227 KiB, bias tiles included unless ``bias`` is
-    False (a call without bias or mask)."""
+    """Valid configs for these lengths and head_dim (the autotuning space): only configs
+    whose SMEM fits one block's 227 KiB, bias tiles included unless ``bias`` is False
+    (a call without bias or mask), on the interpreter too, which would run configs no
+    GPU can. The interpreter gets at most two (each costs a compile): the default
+    one-warpgroup config and the first that fits of the warp-specialised ones in both
+    passes (a forward kv block of 128 or 3 stages, else 2 stages), so both forms of
+    the forward and of the dk/dv kernel, with its 128 keys per CTA, are checked where
+    the hardware could run them. (The warp-specialised dk/dv kernel with 128-row q
+    blocks fits only without a bias and at head_dim <= 64, 133 KiB; with a bias it
+    needs 325-709 KiB: the interpreter does not draw it.)"""
     be = get_backend(backend)
     width = padded_head_dim(head_dim)
+
+    def fits(c: Config) -> bool:
+        return _smem_bytes(c, width, itemsize, with_bias=bias) <= _SMEM_BYTES
+
     if be.is_interpreted:
+        specialised = [Config(64, 64, 3, 64, 64, consumers=2, consumers_bwd=2),
+                       Config(64, 64, 2, 64, 64, consumers=2, consumers_bwd=2)]
         if 128 in tiling.blocks_for(seq_kv, (64, 128)):
-            return [Config(), Config(64, 128, 2, 128, 64, consumers=2, consumers_bwd=2)]
-        return [Config(), Config(64, 64, 3, 128, 64, consumers=2, consumers_bwd=2)]
+            specialised.insert(0, Config(64, 128, 2, 64, 64, consumers=2, consumers_bwd=2))
+        return [c for c in [Config()] if fits(c)] + [c for c in specialised if fits(c)][:1]
     out = []
     for bq, bkv, steps, (bqb, bkvb), consumers, consumers_bwd in itertools.product(
         tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
@@ -220,7 +229,7 @@ def configs(
         if (consumers == 2 and bq != 64) or (consumers_bwd == 2 and bkvb != 64):
             continue
         c = Config(bq, bkv, steps, bqb, bkvb, consumers, consumers_bwd)
-        if _smem_bytes(c, width, itemsize, with_bias=bias) <= _SMEM_BYTES:
+        if fits(c):
             out.append(c)
     return out
 
@@ -639,12 +648,19 @@ def dq_step(t: Tile, pipe: Pipeline, r: DqRefs, step: Any, dq: Any) -> Any:
     return dq
 
 
+def consumer_first_row(cta_first_row: Any, consumer: Any, block: int) -> Any:
+    """The first row of a warp-specialised CTA's compute warpgroup ``consumer``."""
+    return cta_first_row + consumer * block
+
+
 @dataclasses.dataclass(frozen=True)
 class Bodies:
     forward_step: Callable[..., Any] = forward_step
     dkdv_step: Callable[..., Any] = dkdv_step
     dq_step: Callable[..., Any] = dq_step
     kv_blocks_seen: Callable[[Tile, Any], Any] = kv_blocks_seen
+    # the q rows the warp-specialised forward's compute warpgroups read
+    forward_consumer_first_row: Callable[[Any, Any, int], Any] = consumer_first_row
 
 
 # ---------------------------------------------------------------------------------
@@ -754,7 +770,7 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
     kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
-    q_rows = lambda w: pl.ds(ci * cta.block_q + w * t.block_q, t.block_q)
+    q_rows = lambda w: pl.ds(consumer_first_row(ci * cta.block_q, w, t.block_q), t.block_q)
     kv_tiles = _smem((t.block_kv, t.width), dtype, t.stages)
     scratch = [kv_tiles, plgpu.Barrier(num_barriers=t.stages)] * 2
     if bias_ref is not None:
@@ -771,9 +787,10 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
 
         def consume(wg, view):
             q_tile = q_smem.at[wg]
-            plgpu.copy_gmem_to_smem(q_ref.at[b, q_rows(wg), h], q_tile, q_barrier.at[wg])
+            q_start = bodies.forward_consumer_first_row(ci * cta.block_q, wg, t.block_q)
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_start, t.block_q), h], q_tile, q_barrier.at[wg])
             plgpu.barrier_wait(q_barrier.at[wg])
-            refs = ForwardRefs(q_tile, None if lhs_smem is None else lhs_smem.at[wg], ci * cta.block_q + wg * t.block_q)
+            refs = ForwardRefs(q_tile, None if lhs_smem is None else lhs_smem.at[wg], q_start)
             pl.when(wg == 1)(view.turn)
             carry = view.run(lambda i, cy: bodies.forward_step(t, view, refs, i, cy), _forward_init(t))
             pl.when(wg == 0)(view.turn)
@@ -870,7 +887,7 @@ def _dkdv_ws_kernel(
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
     grad_dtype = dk_ref.dtype
-    kv_rows = lambda w: pl.ds(ci * cta.block_kv + w * t.block_kv, t.block_kv)
+    kv_rows = lambda w: pl.ds(consumer_first_row(ci * cta.block_kv, w, t.block_kv), t.block_kv)
     sources, scratch = _streams(t, _q_streams(t, q_ref, do_ref, lse_ref, delta_ref, b, h))
     if has_bias:
         scratch.append((plgpu.SMEM((t.stages, c, t.block_kv, t.block_q), jnp.float32, transforms=_tiled(jnp.float32)),
@@ -892,7 +909,8 @@ def _dkdv_ws_kernel(
             plgpu.barrier_wait(kv_barrier.at[2 * wg])
             plgpu.barrier_wait(kv_barrier.at[2 * wg + 1])
             refs = DkdvRefs(k_tile, v_tile, None if lhs_smem is None else lhs_smem.at[wg],
-                            ds_smem.at[wg] if with_ds else None, ds_ref, b, h, ci * cta.block_kv + wg * t.block_kv)
+                            ds_smem.at[wg] if with_ds else None, ds_ref, b, h,
+                            consumer_first_row(ci * cta.block_kv, wg, t.block_kv))
             init = (zeros((t.block_kv, t.width), plgpu.Layout.WGMMA),) * 2
             dk, dv = view.run(lambda i, carry: bodies.dkdv_step(t, view, refs, i, carry), init)
             if with_ds:

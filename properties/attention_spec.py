@@ -62,9 +62,20 @@ class Domain:
 
 
 DOMAIN = Domain()
+# The Mosaic GPU kernels tile by 64 rows (wgmma) where the Pallas ones tile by 16 or 32:
+# their small tier has 150 queries (3 q blocks of 64; the warp-specialised forward's
+# first CTA has both warpgroups on real rows, its second CTA a warpgroup of padding;
+# the backward's third q block reuses the first one's slot) and 200 keys (4 kv blocks
+# of 64 and a tail of 8; the warp-specialised dk/dv's second CTA has 8 keys in its
+# second warpgroup), one large size per axis to keep the interpreter's cost near the
+# generic buckets'. docs/shape_tiers.md states what each tier reaches.
+MOSAIC_GPU_DOMAIN = Domain(seq_q=(1, 17, 150), seq_kv=(1, 17, 40, 200))
 
 
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    if backend.is_mosaic_gpu and domain is DOMAIN:  # a builder's domain is the user's own
+        domain = MOSAIC_GPU_DOMAIN
+
     @st.composite
     def draw(draw_) -> Case:
         b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(domain.heads)))
@@ -357,7 +368,9 @@ def make_spec(
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
         q, k = case.arrays["q"], case.arrays["k"]
-        return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize)
+        # bias or mask: the Mosaic GPU kernels stream an f32 logit-bias tile (SMEM)
+        return attention.configs(q.shape[1], k.shape[1], q.shape[3], backend, itemsize=q.dtype.itemsize,
+                                 bias="bias" in case.arrays or "mask" in case.arrays)
 
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     sliced_oracle, expected, per_slice = attention_slices.sliced(_oracle, lambda ref: ref.out)

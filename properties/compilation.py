@@ -32,6 +32,16 @@ from pallascheck.kernels.backends import parse
 CACHE_ENV_VAR = "PALLASCHECK_CACHE_DIR"
 DEFAULT_CACHE_DIR = os.path.join(".pallascheck", "jax-cache")
 QUICK_CPU_FLAGS = ("--xla_backend_optimization_level=1", "--xla_llvm_disable_expensive_passes=true")
+# XLA:CPU's thunks in one sequential order, run on the calling thread. The Mosaic GPU
+# interpreter runs each warpgroup as its own XLA:CPU program on a Python thread; the
+# concurrency-optimised order lets a program run independent thunks on XLA's intra-op
+# pool (one thread per core) and wait for them there. A warpgroup waiting at a barrier
+# holds a pool thread inside a Python callback, the outer kernel call holds another,
+# and on a 2-core machine the other warpgroups' programs then wait for a thread no one
+# frees: the warp-specialised dk/dv kernel with GQA, causal and a mask never finished
+# (0 of 6 runs; 4 of 4 with this flag; tests/test_attention.py). The order of
+# independent operations changes no value.
+INTERPRETER_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 
 
 def enable_cache(directory: str | None = None) -> str | None:
@@ -58,10 +68,11 @@ def enable_cache(directory: str | None = None) -> str | None:
 
 
 def quick_cpu_compiles() -> None:
-    """Add QUICK_CPU_FLAGS to $XLA_FLAGS (kept if the user set them otherwise). Only
-    effective before JAX creates its CPU client; child processes inherit it."""
+    """Add QUICK_CPU_FLAGS and INTERPRETER_FLAGS to $XLA_FLAGS (kept if the user set
+    them otherwise). Only effective before JAX creates its CPU client; child processes
+    inherit it."""
     current = os.environ.get("XLA_FLAGS", "")
-    extra = [f for f in QUICK_CPU_FLAGS if f.split("=")[0] not in current]
+    extra = [f for f in QUICK_CPU_FLAGS + INTERPRETER_FLAGS if f.split("=")[0] not in current]
     if extra:
         os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
 

@@ -22,8 +22,12 @@ from . import production, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
-D_DIMS = (7, 64)  # 7 leaves a ragged last K tile
+D_DIMS = (7, 100)  # 7: one ragged K tile; 100: 2-7 K tiles of 16-64 and a ragged last one
 F_DIMS = (16, 33)
+# The Mosaic GPU forward tiles by 64 tokens and 64/128 features: 100 tokens and 100
+# features make two tiles each, with a ragged last one (docs/shape_tiers.md).
+MOSAIC_GPU_LEADING_SHAPES = ((17,), (2, 50))
+MOSAIC_GPU_F_DIMS = (33, 100)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -46,9 +50,13 @@ class Domain:
 
 
 DOMAIN = Domain()
+MOSAIC_GPU_DOMAIN = Domain(leading=MOSAIC_GPU_LEADING_SHAPES, f=MOSAIC_GPU_F_DIMS)
 
 
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    if backend.is_mosaic_gpu and domain is DOMAIN:
+        domain = MOSAIC_GPU_DOMAIN
+
     @st.composite
     def draw(draw_) -> Case:
         lead = draw_(strategies.layout("gated_linear_unit.leading", st.sampled_from(domain.leading)))

@@ -35,9 +35,17 @@ class Domain:
 
 
 DOMAIN = Domain()
+# The Mosaic GPU kernel's tiles are 64 rows and 64/128 columns (the warp-specialised
+# form: two consumers of 64 columns each): 100 rows make 2 row tiles, 150 columns make
+# 3 column tiles of 64 (2 of 128) so that both consumers of a CTA hold real columns, and
+# the last CTA's second consumer none (docs/shape_tiers.md).
+MOSAIC_GPU_DOMAIN = Domain(m=(1, 17, 100), n=(33, 150))
 
 
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    if backend.is_mosaic_gpu and domain is DOMAIN:  # a builder's domain is the user's own
+        domain = MOSAIC_GPU_DOMAIN
+
     @st.composite
     def draw(draw_) -> Case:
         m, n, k = (draw_(strategies.layout(f"matmul.{a}", strategies.dims(b)))

@@ -22,7 +22,9 @@ environment stay the user's; the settings above reach only the tests pallascheck
 generates (``spec_tests``) and the ``examples`` fixture. ``--pallascheck-session``
 opts a whole session in (pallascheck's own suite does, in pyproject.toml): the chosen
 profile becomes Hypothesis' default, the on-disk compilation cache is on, and XLA:CPU
-compiles quickly (``properties/compilation.py``).
+compiles quickly (``properties/compilation.py``), with XLA:CPU's sequential thunk
+order, without which the Mosaic GPU interpreter can deadlock on a machine of few
+cores (``compilation.INTERPRETER_FLAGS``; ``--case-timeout`` then reports the hang).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pallascheck.kernels.backends import ALIASES, ENV_VAR, NAMES, Backend, NotOnBackend, get_backend
-from pallascheck.properties import compilation, runner
+from pallascheck.properties import compilation, runner, watchdog
 from pallascheck.properties.spec import KernelSpec
 
 PROFILE_ENV_VAR = "PALLASCHECK_PROFILE"
@@ -80,6 +82,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Hypothesis profile as the default, the on-disk compilation cache (.pallascheck/jax-cache) "
         "and quick XLA:CPU compiles (XLA_FLAGS)",
     )
+    group.addoption(
+        "--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
+        help="seconds one case of a spec_tests test may take before it is reported as a hang (the process ends "
+        "with the report: under pytest-xdist the test fails and the worker is replaced)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' plugin loads --hypothesis-profile
@@ -88,6 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
     examples = config.getoption("--examples")
     if examples is not None and examples < 1:
         raise pytest.UsageError(f"--examples must be >= 1, got {examples}")
+    if not config.getoption("--case-timeout") > 0:
+        raise pytest.UsageError(f"--case-timeout must be > 0 seconds, got {config.getoption('--case-timeout')}")
     if config.getoption("--pallascheck-session"):
         for name, chosen in PROFILES.items():
             settings.register_profile(name, chosen)
@@ -136,8 +145,13 @@ def spec_tests(*specs: KernelSpec):
             pytest.skip(f"{spec.name} has no production shape tier")
         replay = (f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
                   f" --shapes {shapes}")
-        tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
-                                    shapes=shapes)
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        dog = watchdog.CaseWatchdog(request.config.getoption("--case-timeout"), kernel=spec.name, dtype=dtype,
+                                    backend=str(backend), replay=replay,
+                                    before_report=capture and (lambda: capture.suspend_global_capture(in_=False)))
+        with watchdog.watching(dog):
+            tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
+                                        search=dog.search(), shapes=shapes)
         assert not tally.failure, tally.failure
         # every check ran on every case (a relation once per case, none at the production
         # tier; configs_agree only where the drawn config is not the default)

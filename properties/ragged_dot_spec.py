@@ -72,10 +72,20 @@ class Domain:
     cover_all_rows: bool = False
 
 
-DOMAIN = Domain()
+# k 100: 2-7 K tiles of 16-64 with a ragged last one (the builder keeps K_DIMS: a
+# user's kernel may take aligned K only)
+DOMAIN = Domain(k=(7, 100))
+# The Mosaic GPU kernels' tiles are 64 rows (forward row tiles, drhs row steps) and
+# 64/128 columns: 150 rows make 3 row tiles, so uneven groups straddle a row tile; n
+# 100 makes 2 column tiles; k 100 makes 4 (tile_k 32) or 2 (tile_k 64) K tiles with a
+# ragged last one (docs/shape_tiers.md).
+MOSAIC_GPU_DOMAIN = Domain(m=(17, 40, 150), n=(33, 100), k=(7, 100))
 
 
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
+    if backend.is_mosaic_gpu and domain is DOMAIN:  # a builder's domain is the user's own
+        domain = MOSAIC_GPU_DOMAIN
+
     @st.composite
     def draw(draw_) -> Case:
         m, n, k = (draw_(strategies.layout(f"ragged_dot.{a}", strategies.dims(bucket)))

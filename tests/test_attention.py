@@ -4,7 +4,9 @@
   has output exactly 0 and gradient exactly 0, never NaN;
 - causal attention with seq_q != seq_kv is aligned bottom-right: it and the same
   kernel with the explicit mask j <= i + seq_kv - seq_q both match that mask's oracle;
-- a 1000-long unaligned causal case, values and gradients within the derived bound.
+- a 1000-long unaligned causal case, values and gradients within the derived bound;
+- the Mosaic GPU interpreter's config space fits the GPU's SMEM, and the case that
+  deadlocked the interpreter finishes.
 """
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallascheck.kernels import attention, mosaic_gpu_attention
+from pallascheck.kernels import attention, mosaic_gpu_attention, tiling
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties import checks
+from pallascheck.properties import checks, watchdog
+from pallascheck.properties.spec import Case
 from pallascheck.properties.strategies import np_dtype
 
 CONFIG = attention.Config(16, 16, 16, 16)
@@ -135,3 +138,34 @@ def test_triton_space_leaves_out_configs_triton_refused(head_dim, bias, bq, bk, 
     space = attention.configs(256, 256, head_dim, "triton", itemsize=4, bias=bias)
     blocks = {(c.block_q, c.block_k, c.block_q_bwd, c.block_k_bwd, c.num_stages) for c in space}
     assert space and (bq, bk, bqb, bkb, 3) not in blocks, f"Triton asked {requested} bytes for it"
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+@pytest.mark.parametrize("bias", [False, True])
+def test_mosaic_gpu_interpreter_space_fits_shared_memory(head_dim: int, bias: bool) -> None:
+    """The interpreter checks only configs a GPU can run: each fits one block's SMEM by
+    the model the GPU space is filtered with (the warp-specialised dk/dv kernel with
+    128-row q blocks, which needs 325-709 KiB with a bias, is not among them)."""
+    width = mosaic_gpu_attention.padded_head_dim(head_dim)
+    for seq_q, seq_kv in ((1, 17), (150, 200)):
+        for c in mosaic_gpu_attention.configs(seq_q, seq_kv, head_dim, "mosaic_gpu_interpret", 2, bias):
+            assert mosaic_gpu_attention._smem_bytes(c, width, 2, bias) <= tiling.GPU_SHARED_MEMORY_BYTES, c
+
+
+def test_warp_specialised_dkdv_with_gqa_causal_mask_finishes(each_backend: Backend) -> None:
+    """The case that deadlocked the Mosaic GPU interpreter on a 2-core machine (XLA:CPU's
+    pool starved by warpgroups blocked at barriers; properties/compilation.py's
+    INTERPRETER_FLAGS): GQA, causal and a mask through the warp-specialised dk/dv
+    kernel with 128-row q blocks (with the mask's bias tiles no GPU's SMEM holds it: a
+    config for the interpreter only). Values and gradients within their bounds; a hang ends the run with a report."""
+    if each_backend.name != "mosaic_gpu_interpret":
+        pytest.skip("the Mosaic GPU interpreter's threads on XLA:CPU")
+    config = mosaic_gpu_attention.Config(64, 64, 2, 128, 64, consumers=1, consumers_bwd=2)
+    q, k, v, g = _inputs(3, 1, 17, 40, 2, 1, 16, "bfloat16")
+    mask = np.random.default_rng(4).random((17, 40)) < 0.6
+    dog = watchdog.CaseWatchdog(120.0, kernel="attention", dtype="bfloat16", backend=str(each_backend))
+    with watchdog.watching(dog):
+        dog.before_case(Case({"q": q, "k": k, "v": v, "mask": mask}, {"causal": True}), config)
+        out, grads = _grads(q, k, v, g, each_backend, config, causal=True, mask=jnp.asarray(mask))
+    ref = oracle.oracle(q, k, v, mask=mask, causal=True)
+    _check_against_oracle(out, grads, ref, q, k, v, g, each_backend, config, "bfloat16")

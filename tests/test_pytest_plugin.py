@@ -65,3 +65,25 @@ def test_specs_import_without_pytest() -> None:
     script = "import sys; sys.modules['pytest'] = None; import pallascheck.specs; pallascheck.specs.matmul_like"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+HANGING_TEST = textwrap.dedent('''
+    from fuzz_targets import HANGS
+    from pallascheck.properties.pytest_plugin import spec_tests
+
+    test_hangs = spec_tests(HANGS)
+''')
+
+
+def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
+    """--case-timeout: the case that hangs is named, with its replay command, and the
+    run ends (under pytest-xdist the test fails and the worker is replaced)."""
+    (tmp_path / "test_user.py").write_text(HANGING_TEST)
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--backend", "interpret", "--examples", "1",
+               "--case-timeout", "3", str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 124, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[hang] kernel=relu_that_hangs dtype=float32 backend=interpret" in done.stderr, done.stderr[-3000:]
+    assert "replay: pytest 'test_user.py::test_hangs[relu_that_hangs-float32-interpret]'" in done.stderr

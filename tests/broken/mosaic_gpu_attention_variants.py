@@ -83,10 +83,50 @@ def _dkdv_step_late_wait(t, pipe, r, step, carry):
     return dk, dv
 
 
+def _second_consumer_reads_first_rows(cta_first_row, consumer, block):
+    """consumer_first_row without the consumer's offset: the warp-specialised forward's
+    second warpgroup reads (and masks as) the first one's q rows, and stores the
+    first one's output in its own rows."""
+    del consumer, block  # BUG: + consumer * block dropped
+    return cta_first_row
+
+
+def _dkdv_step_q_block_of_slot(t, pipe, r, step, carry):
+    """dkdv_step that places its q block by the pipeline slot instead of the block:
+    right for the first ``stages`` q blocks of a kv block's stream, wrong from the
+    first refilled slot on (its causal mask and its ds tile go to the wrong q rows)."""
+    dk, dv = carry
+    slot = pipe.slot(step)
+    q_start = slot * t.block_q  # BUG: pipe.slot(step), not pipe.block(step)
+    shape = (t.block_kv, t.block_q)
+    for name in ("q", "do", "lse", "delta"):
+        pipe[name].wait(slot)
+    q, do = pipe["q"].tile(slot), pipe["do"].tile(slot)
+    s = mma(r.k, q.transpose((1, 0)), shape)
+    bias = None
+    if t.bias_dims is not None:
+        pipe["bias"].wait(slot)
+        bias = plgpu.load(pipe["bias"].tile(slot), layout=plgpu.Layout.WGMMA)
+    s = t.logits(s, q_start, r.kv_start, bias, transposed=True)
+    lse = plgpu.load(pipe["lse"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
+    p = jnp.exp(s - rows_of(lse, shape, 1))
+    dv = mma_onto(t, dv, as_lhs(t, p, r.lhs), do)
+    dp = mma(r.v, do.transpose((1, 0)), shape)
+    delta = plgpu.load(pipe["delta"].tile(slot), layout=plgpu.Layout.WGMMA.reduce(0))
+    ds = p * (dp - rows_of(delta, shape, 1))
+    dk = mma_onto(t, dk, as_lhs(t, ds, r.lhs), q)
+    if r.ds is not None:
+        mga.store_ds(t, r, ds, q_start)
+    pipe.refill(step)
+    return dk, dv
+
+
 VARIANT_BODIES = {
     "causal_diagonal_block_dropped": Bodies(kv_blocks_seen=_kv_blocks_without_diagonal),
     "missing_rescale": Bodies(forward_step=_forward_step_missing_rescale),
     "barrier_waited_late": Bodies(dkdv_step=_dkdv_step_late_wait),
+    "second_consumer_reads_first_rows": Bodies(forward_consumer_first_row=_second_consumer_reads_first_rows),
+    "dkdv_q_block_of_slot": Bodies(dkdv_step=_dkdv_step_q_block_of_slot),
 }
 DTYPES = ("bfloat16",)
 EXAMPLES = 12
@@ -96,7 +136,16 @@ EXAMPLES = 12
 _ONLY = {
     "causal_diagonal_block_dropped": lambda case: case.params["causal"],
     "missing_rescale": lambda case: case.arrays["k"].shape[1] > 64,
+    # the second warpgroup holds real rows; the configs drawn then are the
+    # warp-specialised ones only (``_SPECIALISED``)
+    "second_consumer_reads_first_rows": lambda case: case.arrays["q"].shape[1] > 64,
+    # a q stream longer than the 2 or 3 slots (q blocks of 64), and something the q rows
+    # decide: the causal mask or the ds tile of a bias
+    "dkdv_q_block_of_slot": lambda case: case.arrays["q"].shape[1] > 128 and (
+        case.params["causal"] or "bias" in case.arrays),
 }
+# variants whose bug lives in the warp-specialised kernels only: drawn with those configs
+_SPECIALISED = {"second_consumer_reads_first_rows"}
 
 
 
@@ -121,11 +170,25 @@ if not _interpreter_raises_on_races():
     )}
 
 
+def _cases_where(spec, keep):
+    """spec with only the cases ``keep(case, backend)`` accepts."""
+    base = spec.cases
+    return dataclasses.replace(spec, cases=lambda dtype, backend: base(dtype, backend).filter(
+        lambda case: keep(case, backend)))
+
+
 def _spec(name: str, bodies: Bodies):
     spec = make_spec(attention.make_attention(mosaic_bodies=bodies), name=f"mosaic_gpu_attention[{name}]")
     if name in _ONLY:
-        base = spec.cases
-        spec = dataclasses.replace(spec, cases=lambda dtype, backend: base(dtype, backend).filter(_ONLY[name]))
+        spec = _cases_where(spec, lambda case, backend: _ONLY[name](case))
+    if name in _SPECIALISED:
+        space = spec.configs
+
+        def specialised(case, backend):
+            return [c for c in space(case, backend) if c.consumers == 2]
+
+        spec = dataclasses.replace(_cases_where(spec, lambda case, backend: bool(specialised(case, backend))),
+                                   configs=specialised)
     return spec
 
 

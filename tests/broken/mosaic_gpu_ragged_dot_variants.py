@@ -2,8 +2,9 @@
 of kernels/mosaic_gpu_ragged_dot.py's forward kernel with one line changed (marked
 ``BUG``) and swaps it into the real kernel (``_forward_kernel``'s keyword parts), run
 through the real wrapper (``mosaic_gpu_ragged_dot.grouped_call``), so that only the bug
-differs from the kernel under test. Forward only; bf16/f16 inputs. All three give wrong
-values on the Mosaic GPU interpreter and the GPU alike, when their trigger is present:
+differs from the kernel under test. Forward only but the last, which breaks drhs;
+bf16/f16 inputs. All give wrong values on the Mosaic GPU interpreter and the GPU alike,
+when their trigger is present:
 
 - ``group_boundary_off_by_one``: a group also claims the row before its first one, so
   the last row of the previous group takes this group's product. Needs a boundary
@@ -13,6 +14,10 @@ values on the Mosaic GPU interpreter and the GPU alike, when their trigger is pr
 - ``accumulator_not_rezeroed``: one accumulator serves every group of a row tile, so a
   group's rows get the previous groups' products added. Needs two non-empty groups in
   one row tile.
+- ``drhs_first_tile_unmasked``: drhs zeroes the rows of other groups in a group's last
+  row tile only, so the previous group's rows in the first tile of a group that
+  straddles a row tile boundary join its sum. Needs a group whose rows start inside
+  one row tile and end in a later one (not reachable at fewer than 65 rows).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -71,6 +77,75 @@ def _for_each_group_shared_accumulator(lo, hi, group_step, shape):
     )
 
 
+def _drhs_kernel_first_tile_unmasked(bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_rows: int,
+                                     stages: int, transforms: tuple[Any, ...]) -> None:
+    """``_drhs_kernel`` that masks the group's last row tile only."""
+    tile_m, tile_n = out_smem.shape
+    group, k_index, n_index = lax.axis_index("g"), lax.axis_index("k"), lax.axis_index("n")
+    start, end = bounds_gmem[group, 0], bounds_gmem[group, 1]
+    first_tile = start // tile_rows
+
+    def accumulate(acc_ref):
+        def step(indices, x_smem, dy_smem):
+            first_row = (first_tile + indices[0]) * tile_rows
+
+            @pl.when(first_row + tile_rows > end)  # BUG: (first_row < start) | dropped
+            def _mask():
+                mrd._zero_rows_outside(x_smem, first_row, start, end)
+                mrd._zero_rows_outside(dy_smem, first_row, start, end)
+                plgpu.commit_smem()
+
+            plgpu.wgmma(acc_ref, x_smem.transpose((1, 0)), dy_smem)
+            plgpu.wgmma_wait(1)
+
+        @pl.when(end > start)
+        def _run():
+            plgpu.emit_pipeline(
+                step,
+                grid=(pl.cdiv(end, tile_rows) - first_tile,),
+                in_specs=[
+                    plgpu.BlockSpec((tile_rows, tile_m), lambda r: (first_tile + r, k_index), transforms=transforms,
+                                    delay_release=1),
+                    plgpu.BlockSpec((tile_rows, tile_n), lambda r: (first_tile + r, n_index), transforms=transforms,
+                                    delay_release=1),
+                ],
+                max_concurrent_steps=stages,
+            )(lhs_gmem, dout_gmem)
+
+        return acc_ref[...]
+
+    acc = pl.run_scoped(accumulate, plgpu.ACC((tile_m, tile_n), jnp.float32))
+    mrd.store_tiles((out_gmem.at[group],), (out_smem,), (acc,), pl.ds(k_index * tile_m, tile_m),
+                    pl.ds(n_index * tile_n, tile_n))
+
+
+def _with_drhs(drhs_body: Callable[..., None]) -> Callable[..., jax.Array]:
+    """ragged_dot on the Mosaic GPU backends (kernels/ragged_dot.py's custom_vjp: the real
+    forward and dlhs) with drhs computed by ``drhs_body``."""
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+    def core(lhs, rhs, group_sizes, config, backend):
+        return mrd.grouped_call(lhs, rhs, group_sizes, transpose_rhs=False, config=config, backend=backend)
+
+    def core_fwd(lhs, rhs, group_sizes, config, backend):
+        return core(lhs, rhs, group_sizes, config, backend), (lhs, rhs, group_sizes)
+
+    def core_bwd(config, backend, residuals, g):
+        lhs, rhs, group_sizes = residuals
+        g = g.astype(lhs.dtype)
+        dlhs = mrd.grouped_call(g, rhs, group_sizes, transpose_rhs=True, config=config, backend=backend)
+        drhs = mrd.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config, backend=backend,
+                             body=drhs_body)
+        return dlhs, drhs, None
+
+    core.defvjp(core_fwd, core_bwd)
+
+    def run(lhs, rhs, group_sizes, *, config=None, backend="mosaic_gpu_interpret"):
+        return core(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config or mrd.Config(), get_backend(backend))
+
+    return run
+
+
 def _variant(**part: Any) -> Callable[..., jax.Array]:
     """A forward-only ragged_dot with ragged_dot.ragged_dot's signature and one part swapped."""
 
@@ -87,9 +162,26 @@ BACKENDS = MOSAIC_GPU
 EXAMPLES = 12
 
 
+def _row_owners(case: Case) -> np.ndarray:
+    """The group of each row (-1: in no group)."""
+    sizes = np.maximum(case.arrays["group_sizes"], 0)
+    m = case.arrays["lhs"].shape[0]
+    owners = np.repeat(np.arange(len(sizes)), sizes)[:m]
+    return np.concatenate([owners, np.full(m - len(owners), -1)])
+
+
 def _two_groups_share_a_tile(case: Case) -> bool:
-    """The spec's m (17, 40) fits one 64-row tile: two non-empty groups share it."""
-    return int((case.arrays["group_sizes"] > 0).sum()) >= 2
+    """Two non-empty groups own rows of one 64-row tile."""
+    owners = _row_owners(case)
+    return any(len(set(owners[i:i + 64]) - {-1}) >= 2 for i in range(0, len(owners), 64))
+
+
+def _group_straddles_a_tile(case: Case) -> bool:
+    """A group starts inside one 64-row tile (not at its first row) and ends in a later one."""
+    sizes = np.maximum(case.arrays["group_sizes"], 0)
+    ends = np.minimum(np.cumsum(sizes), case.arrays["lhs"].shape[0])
+    starts = np.concatenate([[0], ends[:-1]])
+    return bool(np.any((ends > starts) & (starts % 64 != 0) & (starts // 64 < (ends - 1) // 64)))
 
 
 # A K loop of two tiles: K 64 with 32-wide K tiles (the GPU's own space has tile_k 64 only).
@@ -105,13 +197,15 @@ _BROKEN = {
     "group_boundary_off_by_one": (_variant(rows_in_group=_rows_in_group_off_by_one), _two_groups_share_a_tile, None),
     "last_k_tile_dropped": (_variant(group_product=_group_product_short_k), _two_k_tiles, [_TWO_K_TILES]),
     "accumulator_not_rezeroed": (_variant(for_each_group=_for_each_group_shared_accumulator), _two_groups_share_a_tile, None),
+    "drhs_first_tile_unmasked": (_with_drhs(_drhs_kernel_first_tile_unmasked), _group_straddles_a_tile, None),
 }
 
 
 def _spec(name: str, fn: Callable[..., jax.Array], trigger: Callable[[Case], bool], configs: list | None) -> KernelSpec:
-    base = make_spec(fn, name=f"mosaic_gpu_ragged_dot[{name}]", differentiable=False)
+    base = make_spec(fn, name=f"mosaic_gpu_ragged_dot[{name}]", differentiable=name in _DIFFERENTIABLE)
     spec = dataclasses.replace(base, cases=lambda dtype, backend: base.cases(dtype, backend).filter(trigger))
     return spec if configs is None else dataclasses.replace(spec, configs=lambda case, backend: configs)
 
 
+_DIFFERENTIABLE = {"drhs_first_tile_unmasked"}
 VARIANTS = {name: (_spec(name, *parts), ("bfloat16",), EXAMPLES) for name, parts in _BROKEN.items()}
