@@ -5,15 +5,16 @@ kernel, but some bugs only show at scale: a pipeline slot reused after thousands
 steps, a group of 1024 rows, a reduction of 16384 terms. ``--shapes production``
 draws the named layouts below instead, each taken from a real model (the values
 drawn in them, adversarial kinds included, are the family's own, as in the small
-tier). A layout whose float64 oracle would not fit the device is skipped by rule and
-said so (``plan``): its footprint is ``ORACLE_ARRAYS`` float64 arrays the size of
-the oracle's largest intermediate (the number each family's oracle and bounds hold
-at once, read off the peak device memory of a production check on an H100: see
-docs/results.md), against what JAX may allocate on the device.
+tier). A layout whose check would not fit the device is skipped by rule and said so
+(``plan``): its footprint, bytes per element of the check's largest array (the
+oracle's, or the kernel's or xla_reference's where that is larger), set from the peak
+device memory of one production check per family on an H100 (docs/results.md) with
+about 20% to spare, against what JAX may allocate on the device.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -25,39 +26,28 @@ from pallascheck.kernels.backends import Backend
 from . import strategies
 from .spec import Case
 
-F64 = 8
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """One production layout: its name (model and shape), the fields of the family's
     Domain it sets (the spec's own domain keeps the rest: a narrowed domain of a
-    user's kernel stays narrowed), and the elements of the oracle's largest float64
-    intermediate."""
+    user's kernel stays narrowed), and the device bytes its check needs."""
 
     name: str
     fields: dict[str, Any]
-    largest: int
+    needs: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """A family's production layouts and how many of its largest intermediate its
-    oracle and bounds hold at once (``ORACLE_ARRAYS``)."""
-
-    layouts: tuple[Layout, ...]
-    oracle_arrays: int
-
-
-def _attention() -> Family:
+def _attention() -> tuple[Layout, ...]:
     def layout(name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...]) -> Layout:
         domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal,
                       sm_scales=(None,))
-        # sliced per (batch, kv head) on the device (attention_slices.py): [group, s, s]
-        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, (h // hkv) * s * s)
+        # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32
+        # (16.5 GiB at b2 h16 s4096, 33 bytes an element: 40 allowed), the oracle 16
+        # float64 [group, s, s] arrays of one slice (attention_slices.py)
+        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, 40 * b * h * s * s + 16 * 8 * (h // hkv) * s * s)
 
     both = (False, True)
-    return Family((
+    return (
         layout("llama-3 8B", 1, 4096, 32, 8, 128, (True,)),
         layout("llama-3 8B 8k", 1, 8192, 32, 8, 128, (True,)),
         layout("llama-3 70B", 1, 4096, 64, 8, 128, (True,)),
@@ -67,53 +57,55 @@ def _attention() -> Family:
         layout("BERT-large 2k", 4, 2048, 16, 16, 64, (False,)),
         layout("unaligned 4000", 2, 4000, 16, 16, 64, both),
         layout("MQA 16k", 1, 16384, 16, 1, 128, (True,)),
-    ), oracle_arrays=16)
+    )
 
 
-def _matmul() -> Family:
+def _matmul() -> tuple[Layout, ...]:
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), max(m * n, m * k, k * n))
+        # 15.8 GiB at 8192^3: 253 bytes per element of the largest array (300 allowed)
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), 300 * max(m * n, m * k, k * n))
 
-    return Family((
+    return (
         layout("square 8192", 8192, 8192, 8192),
         layout("llama-3 8B MLP up, 8k tokens", 8192, 4096, 14336),
         layout("llama-2 7B MLP up, unaligned tokens", 4000, 4096, 11008),
         layout("llama-3 70B MLP down, decode", 1, 28672, 8192),
         layout("llama-3 8B MLP up, decode batch 16", 16, 4096, 14336),
         layout("llama-3 8B MLP up, decode batch 64", 64, 4096, 14336),
-    ), oracle_arrays=12)
+    )
 
 
-def _ragged_dot() -> Family:
+def _ragged_dot() -> tuple[Layout, ...]:
     def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
+        # 1.9 GiB at m8192 k2048 n1024 g8: 122 bytes per element of the largest array (150 allowed)
         return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
-                      max(m * n, m * k, groups * k * n))
+                      150 * max(m * n, m * k, groups * k * n))
 
-    return Family((
+    return (
         layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
         layout("1024 rows per group", 8192, 2048, 1024, 8),
         layout("Qwen1.5-MoE 60 experts", 32768, 2048, 1408, 64),
         layout("DeepSeek-V3 256 experts", 16384, 7168, 256, 256),
         layout("64k tokens, 32 experts", 65536, 1024, 1024, 32),
-    ), oracle_arrays=12)
+    )
 
 
-def _gated_linear_unit() -> Family:
+def _gated_linear_unit() -> tuple[Layout, ...]:
     def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
-        t = 1
-        for n in tokens:
-            t *= n
+        t = math.prod(tokens)
+        # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
+        # array, the [t, 2f] projections (200 allowed)
         return Layout(f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,)),
-                      max(t * 2 * f, t * d, d * 2 * f))
+                      200 * max(t * 2 * f, t * d, d * 2 * f))
 
-    return Family((
+    return (
         layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
         layout("llama-2 13B, batch 2 x 2000", (2, 2000), 5120, 13824),
         layout("llama-3 8B, decode batch 16", (16,), 4096, 14336),
-    ), oracle_arrays=16)
+    )
 
 
-FAMILIES: dict[str, Callable[[], Family]] = {
+FAMILIES: dict[str, Callable[[], tuple[Layout, ...]]] = {
     "attention": _attention,
     "matmul": _matmul,
     "ragged_dot": _ragged_dot,
@@ -139,15 +131,13 @@ class Plan:
 
 def plan(family: str, backend: Backend) -> Plan:
     """The family's production layouts that fit ``backend``'s memory, and the rest."""
-    fam = FAMILIES[family]()
     limit = memory_limit(backend)
     fitting, skipped = [], []
-    for layout in fam.layouts:
-        needs = fam.oracle_arrays * F64 * layout.largest
-        if needs <= limit:
+    for layout in FAMILIES[family]():
+        if layout.needs <= limit:
             fitting.append(layout)
         else:
-            skipped.append(f"{layout.name}: its oracle needs ~{needs / 2**30:.0f} GiB, the device allows "
+            skipped.append(f"{layout.name}: its check needs ~{layout.needs / 2**30:.0f} GiB, the device allows "
                            f"{limit / 2**30:.0f} GiB")
     return Plan(tuple(fitting), tuple(skipped))
 
