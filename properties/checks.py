@@ -173,6 +173,23 @@ def check_gradients(
     return _raise_unless(_compare_trees(actual, expected, bounds, "gradients"), context, raise_on_failure)
 
 
+def check_gradient_dtypes(
+    actual: Mapping[str, Any], primals: Mapping[str, Any], *, context: Context, raise_on_failure: bool = True,
+) -> Outcome:
+    """Each gradient ``d<name>`` has the dtype of its primal ``<name>``, as JAX's VJPs
+    promise: a bf16 parameter's gradient returned in f32 is within any bound of the
+    oracle, yet every optimiser step downstream then sees another dtype."""
+    wrong = {k: (np.asarray(v).dtype.name, np.asarray(primals[k[1:]]).dtype.name) for k, v in actual.items()
+             if k.startswith("d") and k[1:] in primals and np.asarray(v).dtype != np.asarray(primals[k[1:]]).dtype}
+    if not wrong:
+        return Outcome("gradients", True, 0.0, f"{len(actual)} gradients in their primals' dtypes")
+    detail = "; ".join(f"{k} is {got}, its primal {k[1:]} is {want}" for k, (got, want) in sorted(wrong.items()))
+    worst = sorted(wrong)[0]
+    outcome = Outcome("gradients", False, np.inf, f"gradient dtype: {detail}",
+                      worst=Worst(worst, (), tuple(np.shape(actual[worst]))))
+    return _raise_unless(outcome, context, raise_on_failure)
+
+
 def _bitwise_equal(a: Any, b: Any) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()

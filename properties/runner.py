@@ -218,6 +218,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
 
         def gradients() -> checks.Outcome:
             exact = exact_gradients()
+            checks.check_gradient_dtypes(kernel_gradients(), case.arrays, context=ctx)
             return checks.check_gradients(kernel_gradients(), exact, g.bound(case, ref, exact, config, arith), context=ctx)
         timed("gradients", gradients)
     if "contract" in selected and (spec.contract is not None or gradient_contract):

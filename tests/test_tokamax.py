@@ -84,8 +84,10 @@ class InterpreterLimit(AssertionError):
 FINDINGS: dict[tuple[str, str], tuple[str, ...]] = {
     # test_norm_gradients_at_a_large_variance
     **{(f"tokamax:{k}:xla", d): ("gradients",) for k in ("layer_norm", "rms_norm") for d in ("float32", "bfloat16")},
-    # test_gated_linear_unit_rounds_the_projections
-    **{("tokamax:gated_linear_unit:xla", d): ("values", "contract") for d in ("bfloat16", "float16")},
+    # test_gated_linear_unit_rounds_the_projections (and, for bf16, the gradients it
+    # feeds: test_gated_linear_unit_gradients_see_the_rounded_projections)
+    ("tokamax:gated_linear_unit:xla", "bfloat16"): ("values", "contract", "gradients"),
+    ("tokamax:gated_linear_unit:xla", "float16"): ("values", "contract"),
     # test_linear_cross_entropy_in_the_input_dtype
     **{("tokamax:linear_softmax_cross_entropy_loss:xla", d): ("values", "contract", "gradients")
        for d in ("bfloat16", "float16")},
@@ -324,6 +326,20 @@ def test_gated_linear_unit_rounds_the_projections(dtype: str) -> None:
     spec = get_spec("tokamax:gated_linear_unit:xla")
     assert not _failure(spec, case, ("reference", "gradients"))
     _found(_failure(spec, case, ("values",)), ValuesFinding, "[values]")
+
+
+@pytest.mark.xfail(strict=True, raises=GradientFinding, reason="up rounded to the input dtype multiplies the gradient")
+def test_gated_linear_unit_gradients_see_the_rounded_projections() -> None:
+    """The first draw of seed 0 in bf16 (x [17, 100], weights [100, 2, 16], "large"
+    inputs, relu): dweights leaves its bound (error 8.80e21, bound 8.77e21, worst
+    element (31, 1, 2)). Tokamax's einsum returns gate and up in bf16 and the
+    backward multiplies the cotangent by that rounded up projection: an error the
+    f32-intermediate model does not allow; our xla_reference, which keeps them in f32,
+    uses 0.90 of its values bound on the same draw. Replay: pallascheck verify --kernel
+    tokamax:gated_linear_unit:xla --dtype bfloat16 --backend interpret --examples 1."""
+    tally = runner.run_property(get_spec("tokamax:gated_linear_unit:xla"), "bfloat16", Backend("interpret"),
+                                examples=1, seed=0, selected=("gradients",))
+    _found(tally.failure, GradientFinding, "[gradients]", "dweights:")
 
 
 def _norm_case(kind: str, std: float, dtype: str) -> Case:
