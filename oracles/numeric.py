@@ -61,10 +61,6 @@ def active_device() -> Any:
     return _DEVICE.get()
 
 
-def is_array(a: Any) -> bool:
-    return isinstance(a, (np.ndarray, jax.Array))
-
-
 def namespace(*arrays: Any) -> Any:
     """jax.numpy if any of ``arrays`` is a JAX array, else numpy: for helpers that
     serve both the host and the device oracles (oracles/algebra.py)."""
@@ -74,10 +70,6 @@ def namespace(*arrays: Any) -> Any:
 def f64(a: Any) -> Any:
     """``a`` upcast exactly to float64 where the oracles compute."""
     return xp.asarray(a, dtype=np.float64)
-
-
-def to_host(a: Any) -> np.ndarray:
-    return np.asarray(a)
 
 
 @contextlib.contextmanager
