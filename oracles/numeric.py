@@ -11,8 +11,8 @@ the CPU numpy is kept because it is faster there for the small shapes the CPU ch
 ``on_device`` enables float64 for its block only, never for the user's process;
 kernels called from inside it must run under :func:`kernel_side`, which restores
 32-bit JAX and the numpy namespace, so that a kernel is compiled as its user
-compiles it. Outputs of the oracles are numpy arrays or device arrays; the checks
-read them with ``numpy.asarray``.
+compiles it. The oracles return numpy arrays or device arrays; the checks compare a
+device oracle on its device (``properties/checks.compare``).
 
 The oracle's own error. On the device, float64 is IEEE, but XLA may contract a
 multiply and an add into one fused operation and sum a reduction in another order
