@@ -335,6 +335,17 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _add_target_options(parser: argparse.ArgumentParser, kernel_help: str) -> None:
+    """What verify and fuzz check: the shape tier, the kernels, where MODULE:NAME
+    kernels come from, the dtypes."""
+    parser.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
+                        help="shape tier: small (fast, reaches every code path) or production (real model sizes, "
+                             "GPU backends; layouts that do not fit the device are skipped, saying so)")
+    parser.add_argument("--kernel", action="append", help=f"only this kernel (repeatable): {kernel_help}")
+    parser.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
+    parser.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pallascheck.bench.autotune_workloads import WORKLOADS
 
@@ -350,14 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
     verify.add_argument("--examples", type=int, default=3, help=EXAMPLES_HELP)
     verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
-    verify.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
-                        help="shape tier: small (fast, reaches every code path) or production (real model sizes, "
-                             "GPU backends; layouts that do not fit the device are skipped, saying so)")
-    verify.add_argument("--kernel", action="append",
-                        help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec of an "
-                             "importable module (see --path); default: every registered kernel")
-    verify.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
-    verify.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+    _add_target_options(verify, "a registered name, or MODULE:NAME for a KernelSpec of an importable module (see "
+                                "--path); default: every registered kernel")
     verify.add_argument("--full", action="store_true", help="print every kernel x dtype x check row, not a line per kernel")
     verify.add_argument("--json", help="also write every row as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
@@ -381,13 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "worker seeing its own device)")
     fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task"))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
-    fuzz.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
-                      help="shape tier: small, or production (real model sizes; GPU backends)")
-    fuzz.add_argument("--kernel", action="append",
-                      help="only this kernel (repeatable): a registered name, or MODULE:NAME for a KernelSpec "
-                           "(or a VARIANTS entry) of an importable module (see --path)")
-    fuzz.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
-    fuzz.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+    _add_target_options(fuzz, "a registered name, or MODULE:NAME for a KernelSpec (or a VARIANTS entry) of an "
+                              "importable module (see --path)")
     fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
     fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
     fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
