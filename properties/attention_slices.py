@@ -148,6 +148,9 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
             return _assemble(ref, parts, "out")
         return run
 
-    sliced_expected = per_slice(expected_of)
-    return sliced_oracle, lambda ref: sliced_expected(ref.case, ref) if isinstance(ref, Sliced) else expected(ref), \
-        per_slice
+    expected_per_slice = per_slice(expected_of)
+
+    def sliced_expected(ref: Any) -> Any:
+        return expected_per_slice(ref.case, ref) if isinstance(ref, Sliced) else expected(ref)
+
+    return sliced_oracle, sliced_expected, per_slice
