@@ -150,10 +150,11 @@ def production_cases(family: str, family_cases: Callable[..., st.SearchStrategy[
 
     def production(dtype: str, backend: Backend, layout: str | None = None) -> st.SearchStrategy[Case]:
         """``layout``: only the layouts whose name contains it."""
-        fitting = [l for l in plan(family, backend).fitting if layout is None or layout in l.name]
+        planned = plan(family, backend)
+        fitting = [l for l in planned.fitting if layout is None or layout in l.name]
         if not fitting:
             raise ValueError(f"no production layout of {family}{f' named {layout!r}' if layout else ''} fits "
-                             f"{backend}'s memory; skipped: " + "; ".join(plan(family, backend).skipped))
+                             f"{backend}'s memory; skipped: " + "; ".join(planned.skipped))
         chosen = strategies.layout(f"{family}.production", st.sampled_from(fitting))
         return chosen.flatmap(
             lambda layout: family_cases(dtype, backend, domain=dataclasses.replace(domain, **layout.fields)))
