@@ -132,7 +132,7 @@ ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"
 DEVICE_ORACLE_ELEMENTS = 2**20
 
 
-def oracle_device(backend: Backend, case: Case | None = None) -> Any:
+def oracle_device(backend: Backend, case: Case) -> Any:
     """Where a check's oracles and bounds compute (oracles/numeric.py): JAX float64 on
     the kernel's GPU for a GPU backend's large cases (``DEVICE_ORACLE_ELEMENTS``),
     else numpy on the host. $PALLASCHECK_ORACLES=device or host overrides the choice
@@ -141,7 +141,7 @@ def oracle_device(backend: Backend, case: Case | None = None) -> Any:
     if choice not in ("", "device", "host"):
         raise ValueError(f"${ORACLES_ENV_VAR} must be 'device' or 'host', got {choice!r}")
     if not choice:
-        large = case is None or max((a.size for a in case.arrays.values()), default=0) >= DEVICE_ORACLE_ELEMENTS
+        large = max((a.size for a in case.arrays.values()), default=0) >= DEVICE_ORACLE_ELEMENTS
         choice = "device" if backend.platform != "cpu" and large else "host"
     return None if choice == "host" else jax.devices(backend.platform)[0]
 
