@@ -1,12 +1,12 @@
 """``pallascheck bench --check-time KERNEL``: how long checking one case takes.
 
 Draws ``cases`` cases of one production layout (``--layout``, a part of its name;
-properties/production.py) and runs every check of the production tier on each, as
-``verify --shapes production`` does: the
-first case pays the compilations (kernel, VJP, reference, oracle programs), the rest
-show the steady rate. Prints per case the wall time and where it went (per check:
-the "values" check includes the kernel's run, the oracle and the bound), and the peak
-device memory where the device reports it.
+properties/production.py), all with the same shapes and static parameters, and runs
+every check of the production tier on each, as ``verify --shapes production`` does:
+the first case pays the compilations (kernel, VJP, reference, oracle programs), the
+rest show the steady rate. Prints per case the wall time of its checks (drawing its
+input apart) and where it went (per check: the "values" check includes the kernel's
+run, the oracle and the bound), and the peak device memory where the device reports it.
 """
 from __future__ import annotations
 
@@ -30,23 +30,28 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
     strategy = spec.production(dtype, backend, layout=layout)
     rows: list[dict[str, Any]] = []
 
-    @settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate], derandomize=True,
+    # One Hypothesis example of distinct cases sharing a layout (shapes, static
+    # parameters: strategies.layout), as the cases of one example of verify and fuzz do.
+    @settings(max_examples=1, database=None, deadline=None, phases=[Phase.generate], derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def one(data: st.DataObject) -> None:
-        case = data.draw(strategy)
         config = spec.default_config_for(backend)
         context = checks.Context(kernel=kernel, dtype=dtype, backend=str(backend))
         start = time.perf_counter()
-        tally = runner.check_case(spec, case, config, backend, context=context,
-                                  selected=runner.tier_checks(runner.CHECKS, "production"))
-        seconds = time.perf_counter() - start
-        row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
-               "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
-               "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
-        rows.append(row)
-        print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
-              + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
+        drawn = data.draw(st.lists(strategy, min_size=cases, max_size=cases, unique_by=runner.fingerprint))
+        print(f"{cases} cases drawn in {time.perf_counter() - start:.1f} s", flush=True)
+        for case in drawn:
+            start = time.perf_counter()
+            tally = runner.check_case(spec, case, config, backend, context=context,
+                                      selected=runner.tier_checks(runner.CHECKS, "production"))
+            seconds = time.perf_counter() - start
+            row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
+                   "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
+                   "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
+            rows.append(row)
+            print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
+                  + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
 
     one()
     stats = jax.devices(backend.platform)[0].memory_stats() or {}

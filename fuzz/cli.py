@@ -30,7 +30,7 @@ from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner, watchdog
 from pallascheck.properties.spec import Case, bundled_names, is_module_target, registry, selected
 
-from . import corpus, report, verify
+from . import corpus, report, verify, workers
 from .mutation import command as mutate
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
@@ -384,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--jobs", type=int, default=0,
                       help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
                            "worker seeing its own device)")
-    fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task"))
+    fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task").replace(
+        f"{runner.HARDWARE_CASES_PER_LAYOUT['small']} on a GPU", f"{workers.HARDWARE_CAMPAIGN_CASES} on a GPU"))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     _add_target_options(fuzz, "a registered name, or MODULE:NAME for a KernelSpec (or a VARIANTS entry) of an "
                               "importable module (see --path)")

@@ -77,13 +77,20 @@ def _f64(a: Any) -> np.ndarray:
 
 def reference64(z, labels, *, eps: float, ignore_index: int, reduction: str):
     """The float64 function of the logits z [T, V] (numpy or jax.numpy; labels numpy)."""
+    ignored = labels == ignore_index
+    return loss64(z, np.where(ignored, 0, labels), ignored, max(int((~ignored).sum()), 1), eps, reduction)
+
+
+def loss64(z, safe_labels, ignored, count, eps: float, reduction: str):
+    """``reference64`` of the labels' parts: ``safe_labels`` (an ignored token's label
+    replaced by 0), ``ignored`` and ``count`` (tokens not ignored, at least 1). They
+    may be traced arrays: gradients.vjp64 compiles its VJP once per shape, not once
+    per case's labels."""
     xp = np if isinstance(z, np.ndarray) else jnp
     logsumexp = scipy.special.logsumexp if xp is np else jax.nn.logsumexp
     vocab = z.shape[1]
-    ignored = labels == ignore_index
-    safe = np.where(ignored, 0, labels)
     lse = logsumexp(z, axis=1)
-    target = xp.take_along_axis(z, safe[:, None], axis=1)[:, 0]
+    target = xp.take_along_axis(z, safe_labels[:, None], axis=1)[:, 0]
     loss = lse
     if eps != 1.0:  # skipped terms: no 0 * (-inf) for masked logits
         loss = loss - (1.0 - eps) * target
@@ -93,7 +100,7 @@ def reference64(z, labels, *, eps: float, ignore_index: int, reduction: str):
     if reduction == "none":
         return loss
     total = xp.sum(loss)
-    return total if reduction == "sum" else total / max(int((~ignored).sum()), 1)
+    return total if reduction == "sum" else total / count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,10 +326,15 @@ def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) 
     return Bounded(np.where(ref.ignored, 0.0, value), np.where(ref.ignored, 0.0, err))
 
 
+def label_parts(ref: CrossEntropyOracle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``loss64``'s label arrays: the labels with an ignored token's set to 0, the
+    ignored tokens, and their count."""
+    return np.where(ref.ignored, 0, ref.labels), ref.ignored, np.asarray(ref.count, dtype=np.float64)
+
+
 def oracle_vjp(ref: CrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
-    fn = lambda z: reference64(z, ref.labels, eps=ref.eps, ignore_index=ref.ignore_index, reduction=ref.reduction)  # noqa: E731
     g = _f64(cotangent).reshape(-1) if ref.reduction == "none" else _f64(cotangent)
-    (dz,) = vjp64(fn, (ref.z,), g)
+    (dz,) = vjp64(loss64, (ref.z,), g, constants=label_parts(ref), static=(ref.eps, ref.reduction))
     return {"dlogits": dz}
 
 

@@ -92,14 +92,23 @@ def bound(
     return algebra.round_to(out, operand_dtype, arith).err.reshape(ref.out.shape)
 
 
+# Module-level, with the activation static, so that gradients.vjp64 compiles their
+# VJPs once per shape, not once per case.
+def _glu64(x: Any, w: Any, activation: str) -> Any:
+    return activation_model(activation).fn(x @ w[:, 0]) * (x @ w[:, 1])
+
+
+def _gated64(gate: Any, up: Any, activation: str) -> Any:
+    return activation_model(activation).fn(gate) * up
+
+
 def oracle_vjp(x: Any, weights: Any, cotangent: Any, *, activation: str) -> dict[str, np.ndarray]:
     """dx and dweights of sum(out * cotangent); also dgate and dup (the cotangents of
     the two projections) that the gradient bound needs."""
-    act = activation_model(activation).fn
     x64, w = f64(x), f64(weights)
     x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
-    dx, dw = vjp64(lambda a, b: act(a @ b[:, 0]) * (a @ b[:, 1]), (x2, w), g)
-    dgate, dup = vjp64(lambda zg, zu: act(zg) * zu, (x2 @ w[:, 0], x2 @ w[:, 1]), g)
+    dx, dw = vjp64(_glu64, (x2, w), g, static=(activation,))
+    dgate, dup = vjp64(_gated64, (x2 @ w[:, 0], x2 @ w[:, 1]), g, static=(activation,))
     return {"dx": dx.reshape(x64.shape), "dweights": dw, "dgate": dgate, "dup": dup}
 
 

@@ -83,12 +83,16 @@ def contract_bound(ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: 
     return ce_oracle.contract_bound(ref.ce, arith=arith, logit_err=err)
 
 
+def _loss64(x: Any, w: Any, safe_labels: Any, ignored: Any, count: Any, eps: float, reduction: str) -> Any:
+    """The loss of the logits x @ w (cross_entropy.loss64), module-level so that
+    gradients.vjp64 compiles its VJP once per shape."""
+    return ce_oracle.loss64(x @ w, safe_labels, ignored, count, eps, reduction)
+
+
 def oracle_vjp(ref: LinearCrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     c = ref.ce
-    fn = lambda a, b: ce_oracle.reference64(a @ b, c.labels, eps=c.eps, ignore_index=c.ignore_index,  # noqa: E731
-                                            reduction=c.reduction)
     g = _f64(cotangent).reshape(-1) if c.reduction == "none" else _f64(cotangent)
-    dx, dw = vjp64(fn, (ref.x, ref.w), g)
+    dx, dw = vjp64(_loss64, (ref.x, ref.w), g, constants=ce_oracle.label_parts(c), static=(c.eps, c.reduction))
     return {"dx": dx, "dw": dw}
 
 

@@ -75,11 +75,15 @@ def bound(
     return algebra.round_to(y, out_dtype, arith).err
 
 
+def _matmul64(x: Any, y: Any, activation: str) -> Any:
+    """act(x @ y), module-level so that gradients.vjp64 compiles its VJP once per shape."""
+    return activation_model(activation).fn(x @ y)
+
+
 def oracle_vjp(x: Any, y: Any, cotangent: Any, *, activation: str = "none") -> dict[str, np.ndarray]:
     """dx, dy of sum(act(x @ y) * cotangent), and dz = cotangent * act'(x @ y)."""
-    act = activation_model(activation).fn
-    dx, dy = vjp64(lambda a, b: act(a @ b), (x, y), cotangent)
-    (dz,) = vjp64(act, (f64(x) @ f64(y),), cotangent)
+    dx, dy = vjp64(_matmul64, (x, y), cotangent, static=(activation,))
+    (dz,) = vjp64(activation_model(activation).fn, (f64(x) @ f64(y),), cotangent)
     return {"dx": dx, "dy": dy, "dz": dz}
 
 

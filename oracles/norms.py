@@ -122,10 +122,15 @@ def bound(ref: NormOracle, *, out_dtype: Any, arith: Arithmetic, compute_dtype: 
     return algebra.round_to(y, out_dtype, arith).err
 
 
+def _norm64(x: Any, scale: Any, offset: Any, kind: str, eps: float) -> Any:
+    """``reference64`` with the parameters last, module-level so that gradients.vjp64
+    compiles its VJP once per shape."""
+    return reference64(kind, x, scale, offset, eps)
+
+
 def oracle_vjp(ref: NormOracle, cotangent: Any, *, with_offset: bool) -> dict[str, np.ndarray]:
     g = _f64(cotangent).reshape(ref.x.shape)
-    fn = lambda x, s, o: reference64(ref.kind, x, s, o, ref.eps)  # noqa: E731
-    dx, dscale, doffset = vjp64(fn, (ref.x, ref.scale, ref.offset), g)
+    dx, dscale, doffset = vjp64(_norm64, (ref.x, ref.scale, ref.offset), g, static=(ref.kind, ref.eps))
     grads = {"dx": dx, "dscale": dscale}
     if with_offset:
         grads["doffset"] = doffset

@@ -26,7 +26,7 @@ from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
 
-from . import checks
+from . import checks, layout_programs
 from .spec import Case, KernelSpec
 
 CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
@@ -146,15 +146,6 @@ def oracle_device(backend: Backend, case: Case) -> Any:
     return None if choice == "host" else jax.devices(backend.platform)[0]
 
 
-def _kernel_side(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run outside the oracles' float64 scope (numeric.kernel_side)."""
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with numeric.kernel_side():
-            return fn(*args, **kwargs)
-    return run
-
-
 def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, context: checks.Context,
                 selected: Sequence[str], tally: Tally) -> Tally:
     arith = arithmetic_for(backend.name)
@@ -168,15 +159,20 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         outcome = dataclasses.replace(fn(), check=name)
         tally.add(outcome, time.perf_counter() - t0 + (values_setup_seconds if name == "values" else 0.0))
 
+    def kernel_side(fn: Callable[..., Any], *statics: Any) -> Any:
+        """``fn(case, *statics)`` outside the oracles' float64 scope, compiled per layout
+        on hardware (layout_programs.py)."""
+        with numeric.kernel_side():
+            return layout_programs.call(fn, backend, case, *statics)
+
     # Computed once, shared by the checks: the kernel's output (values, configs_agree,
     # run 0 of deterministic, the untransformed side of the relations) and the float64
     # gradients, the most expensive oracle ("reference" and "gradients").
-    kernel = _kernel_side(spec.kernel)
-    kernel_out = functools.cache(lambda: _np(kernel(case, config, backend)))
+    kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))
     exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
-    kernel_gradients = functools.cache(_kernel_side(
-        lambda: {k: _np(v) for k, v in spec.gradients.kernel_vjp(case, config, backend).items()}
-    ))
+    kernel_gradients = functools.cache(
+        lambda: {k: _np(v) for k, v in kernel_side(spec.gradients.kernel_vjp, config, backend).items()}
+    )
     contract_bound = functools.cache(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
@@ -193,7 +189,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     if "reference" in selected:
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
-            reference_out = _np(_kernel_side(spec.reference)(case))
+            reference_out = _np(kernel_side(spec.reference))
             o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
             if spec.contract is not None:
                 contract_used = checks.compare(reference_out, expected, contract_bound()).budget_used
@@ -201,7 +197,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
             if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
                 exact = exact_gradients()
-                got = {k: _np(v) for k, v in _kernel_side(g.reference_vjp)(case).items()}
+                got = {k: _np(v) for k, v in kernel_side(g.reference_vjp).items()}
                 o = o.merge(checks.check_gradients(got, exact, g.bound(case, ref, exact, None, arith), context=ref_ctx))
                 o.examples = 1
             return o
@@ -209,7 +205,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     default = spec.default_config_for(backend)
     if "configs_agree" in selected and config != default:
         def agree() -> checks.Outcome:
-            other = _np(kernel(case, default, backend))
+            other = _np(kernel_side(spec.kernel, default, backend))
             other_bound = spec.bound(case, ref, default, arith)
             return checks.check_configs_agree({config: (out, bound), default: (other, other_bound)}, context=ctx)
         timed("configs_agree", agree)
@@ -242,17 +238,18 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         timed("contract", contract)
     if "deterministic" in selected:
         def deterministic() -> checks.Outcome:
-            runs = [kernel_out, lambda: kernel(case, config, backend)]
+            runs = [kernel_out, lambda: kernel_side(spec.kernel, config, backend)]
             if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
-                runs.append(lambda: kernel(case, config, shuffled))
+                runs.append(lambda: kernel_side(spec.kernel, config, shuffled))
             return checks.check_same_bits(runs, context=ctx)
         timed("deterministic", deterministic)
     if "metamorphic" in selected:
         for relation in spec.relations:
             def metamorphic(relation=relation) -> checks.Outcome:
                 # a relation runs kernels and oracles both: on the host side, in numpy
-                lhs, rhs, rel_bound = _kernel_side(relation.run)(case, config, backend, kernel_out())
+                with numeric.kernel_side():
+                    lhs, rhs, rel_bound = relation.run(case, config, backend, kernel_out())
                 return checks.check_relation(_np(lhs), _np(rhs), rel_bound, relation=relation.name, context=ctx)
             timed("metamorphic", metamorphic)
     return tally
@@ -346,7 +343,8 @@ def tier_cases(spec: KernelSpec, shapes: str) -> Callable[[str, Backend], st.Sea
     return spec.production
 
 
-def _fingerprint(case: Case) -> tuple[str, ...]:
+def fingerprint(case: Case) -> tuple[str, ...]:
+    """A digest per array of ``case``: the cases of one layout are drawn distinct by it."""
     return tuple(hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest() for a in case.arrays.values())
 
 
@@ -383,7 +381,7 @@ def run_property(
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
     per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
     drawn = st.lists(
-        tier_cases(spec, shapes)(dtype, backend), min_size=per_layout, max_size=per_layout, unique_by=_fingerprint
+        tier_cases(spec, shapes)(dtype, backend), min_size=per_layout, max_size=per_layout, unique_by=fingerprint
     ).flatmap(
         lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )
