@@ -60,6 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.shapes == "production":
         from pallascheck.properties import production
 
+        production.share_devices(jobs)  # verify's workers all use the first device
         if backend.is_interpreted:
             raise SystemExit(f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
                              "kernel: hours per case at these sizes); use --backend mosaic_gpu or triton")
@@ -128,6 +129,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
     jobs = args.jobs or campaign.default_jobs(backend)
+    if backend.platform != "cpu":
+        from pallascheck.properties import production
+
+        production.share_devices(-(-jobs // max(campaign.gpu_devices(backend), 1)))  # workers round-robin the GPUs
     memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
     print(f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "

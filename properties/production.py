@@ -95,7 +95,8 @@ def _gated_linear_unit() -> tuple[Layout, ...]:
         t = math.prod(tokens)
         # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
         # array, the [t, 2f] projections (200 allowed)
-        return Layout(f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,)),
+        return Layout(f"{name}: tokens {tokens} d{d} f{f}",
+                      dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
                       200 * max(t * 2 * f, t * d, d * 2 * f))
 
     return (
@@ -113,13 +114,33 @@ FAMILIES: dict[str, Callable[[], tuple[Layout, ...]]] = {
 }
 
 
+# How many worker processes share each device (verify's and fuzz's --jobs on fewer
+# GPUs): each plans with its share of the device's memory. Two verify workers that
+# each planned with the whole H100 ran out of memory on a ragged_dot layout.
+SHARING_ENV_VAR = "PALLASCHECK_PROCESSES_PER_DEVICE"
+
+
+def share_devices(processes_per_device: int) -> None:
+    """Declare that this process's workers share each device ``processes_per_device``
+    ways (the workers inherit it through the environment)."""
+    os.environ[SHARING_ENV_VAR] = str(max(1, processes_per_device))
+
+
+def _sharing() -> int:
+    value = os.environ.get(SHARING_ENV_VAR, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"${SHARING_ENV_VAR} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def memory_limit(backend: Backend) -> int:
-    """Bytes JAX may allocate where the backend's oracles run (the device's allocator
-    limit on a GPU; the host's physical memory on the CPU)."""
+    """Bytes JAX may allocate where the backend's oracles run: the device's allocator
+    limit on a GPU, divided among the processes that share it; the host's physical
+    memory on the CPU."""
     if backend.platform != "cpu":
         stats = jax.devices(backend.platform)[0].memory_stats() or {}
         if "bytes_limit" in stats:
-            return int(stats["bytes_limit"])
+            return int(stats["bytes_limit"]) // _sharing()
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -137,8 +158,9 @@ def plan(family: str, backend: Backend) -> Plan:
         if layout.needs <= limit:
             fitting.append(layout)
         else:
+            shared = f" to each of the {_sharing()} processes sharing it" if _sharing() > 1 else ""
             skipped.append(f"{layout.name}: its check needs ~{layout.needs / 2**30:.0f} GiB, the device allows "
-                           f"{limit / 2**30:.0f} GiB")
+                           f"{limit / 2**30:.0f} GiB{shared}")
     return Plan(tuple(fitting), tuple(skipped))
 
 

@@ -44,3 +44,32 @@ def test_a_spec_without_a_production_tier_says_so() -> None:
         runner.tier_cases(get_spec("top_k"), "production")
     with pytest.raises(ValueError, match="shapes must be one of"):
         runner.tier_cases(get_spec("top_k"), "huge")
+
+
+@pytest.mark.parametrize("fan_in", [False, True])
+def test_production_glu_weights_keep_float16_outputs_in_range(fan_in: bool) -> None:
+    """At d 4096 the gate and up dots of "positive" entries are each about d/4: their
+    product overflows float16 unless the weights are drawn at a model's 1/sqrt(d)
+    scale, as the production tier draws them."""
+    from pallascheck.properties import gated_linear_unit_spec as glu_spec, strategies
+
+    domain = glu_spec.Domain(leading=((16,),), d=(4096,), f=(32,), fan_in_weights=fan_in)
+    strategy = glu_spec.cases("float16", Backend("interpret"), domain=domain)
+    largest = []
+
+    @settings(max_examples=2, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        case = data.draw(strategy)
+        largest.append(float(abs(get_spec("gated_linear_unit").oracle(case).out).max()))
+
+    with strategies.pinned_element_kind("positive"):
+        draw()
+    assert (max(largest) < 65504.0) == fan_in, largest
+
+
+def test_processes_sharing_a_device_must_be_counted_in_whole_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "half")
+    with pytest.raises(ValueError, match="PALLASCHECK_PROCESSES_PER_DEVICE must be a positive integer"):
+        production._sharing()
