@@ -28,6 +28,7 @@ import jax
 from jax.experimental import pallas as pl
 
 from . import compat, pinning
+from .block_bounds import check_block_indices
 
 ENV_VAR = "PALLASCHECK_BACKEND"
 NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
@@ -130,7 +131,7 @@ class Backend:
                 f"{kwargs.get('name', 'this kernel')} has no Mosaic GPU version; run it on "
                 f"one of {GENERIC} (see docs/backends.md)"
             )
-        return pl.pallas_call(
+        call = pl.pallas_call(
             kernel,
             interpret=self.interpret_arg(),
             compiler_params=self.compiler_params(
@@ -138,6 +139,15 @@ class Backend:
             ),
             **kwargs,
         )
+        if not self.is_interpreted:
+            return call
+
+        def checked(*operands: Any) -> Any:
+            # the interpreters clamp an out-of-range block index: check what hardware would not forgive
+            check_block_indices(kwargs.get("name", getattr(kernel, "__name__", "kernel")), kwargs.get("grid", ()),
+                                kwargs.get("in_specs"), kwargs.get("out_specs"), operands, kwargs["out_shape"])
+            return call(*operands)
+        return checked
 
 
 def _qualified(kind: type) -> str:

@@ -39,3 +39,24 @@ def test_scratch_is_poisoned_on_the_tpu_only() -> None:
         with Backend(name).placement():
             assert config.jax_pallas_poison_buffers.value is poisoned, name
     assert config.jax_pallas_poison_buffers.value is False
+
+
+@pytest.mark.parametrize("backend", ["interpret", "tpu_interpret"])
+def test_interpreters_refuse_a_block_index_past_the_array(backend: str) -> None:
+    """The interpreters clamp a block index past the last block (one block of 8 here:
+    index 1 would read the same block again); hardware would read past the array."""
+    def copy(index_map):
+        spec = pl.BlockSpec((None, 8), index_map)
+        return Backend(backend).pallas_call(
+            lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]), grid=(2,), in_specs=[spec],
+            out_specs=pl.BlockSpec((None, 8), lambda i: (i, 0)), out_shape=jax.ShapeDtypeStruct((2, 8), jnp.float32),
+            name="copy",
+        )
+
+    x = jnp.arange(16, dtype=jnp.float32).reshape(2, 8)
+    assert (jax.jit(copy(lambda i: (i, 0)))(x) == x).all()
+    with pytest.raises(IndexError, match=r"copy: the BlockSpec of input 0 maps grid point \(0,\) .* block index 1 "
+                                         r"along axis 1, outside its 1 block"):
+        jax.jit(copy(lambda i: (i, 1)))(x)
+    with pytest.raises(IndexError, match=r"grid point \(1,\) .* block index 2 along axis 0, outside its 2 block"):
+        copy(lambda i: (i + 1, 0))(x)
