@@ -55,6 +55,42 @@ def _layer_norm(x, scale, offset):
     return (c * rstd * scale.astype(F32) + offset.astype(F32)).astype(x.dtype)
 
 
+def _glu_silu(x, weights):
+    gate = jnp.dot(x, weights[:, 0, :], preferred_element_type=F32)
+    up = jnp.dot(x, weights[:, 1, :], preferred_element_type=F32)
+    return (gate * lax.logistic(gate) * up).astype(x.dtype)
+
+
+def _ragged_dot(lhs, rhs, group_sizes):
+    """Each row's product with its group's matrix: every group's product, the row's
+    one picked by a gather."""
+    ends = jnp.cumsum(group_sizes)
+    rows = jnp.arange(lhs.shape[0])
+    group = jnp.sum(rows[:, None] >= ends[None, :], axis=1)
+    products = jnp.einsum("mk,gkn->gmn", lhs, rhs, preferred_element_type=F32)
+    return jnp.take_along_axis(products, group[None, :, None], axis=0)[0].astype(lhs.dtype)
+
+
+def _glu_case(seed: int, dtype: str, kind: str) -> Case:
+    from pallascheck.properties.gated_linear_unit_spec import _reduction
+
+    t, d, f = 16, 64, 32
+    r = _reduction(kind, d, dtype)
+    return Case({"x": strategies.elements(seed, (t, d), dtype, kind, reduction=r),
+                 "weights": strategies.elements(seed + 1, (d, 2, f), dtype, kind, reduction=r),
+                 "cotangent": strategies.elements(seed + 2, (t, f), dtype, "normal")}, {"activation": "silu"})
+
+
+def _ragged_case(seed: int, dtype: str, kind: str) -> Case:
+    from pallascheck.properties.ragged_dot_spec import group_sizes
+
+    m, k, n, g = 40, 64, 32, 3
+    return Case({"lhs": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
+                 "rhs": strategies.elements(seed + 1, (g, k, n), dtype, kind, reduction=k),
+                 "group_sizes": group_sizes(seed + 2, m, g, "random"),
+                 "cotangent": strategies.elements(seed + 3, (m, n), dtype, "normal")}, {})
+
+
 def _matmul_case(seed: int, dtype: str, kind: str, activation: str) -> Case:
     m, k, n = 16, 64, 32
     return Case({"x": strategies.elements(seed, (m, k), dtype, kind, reduction=k),
@@ -77,6 +113,10 @@ KERNELS: dict[str, tuple[str, Callable[..., Any], tuple[str, ...], Callable[...,
                lambda c: Facts(order=blocked(c.block_k))),
     "matmul+relu": ("matmul", _matmul_relu, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "relu"),
                     lambda c: Facts(order=blocked(c.block_k))),
+    "gated_linear_unit (silu)": ("gated_linear_unit", _glu_silu, ("x", "weights"), _glu_case,
+                                 lambda c: Facts(order=blocked(c.block_k))),
+    "ragged_dot": ("ragged_dot", _ragged_dot, ("lhs", "rhs", "group_sizes"), _ragged_case,
+                   lambda c: Facts(order=blocked(c.block_k))),
     "rms_norm": ("rms_norm", _rms_norm, ("x", "scale"), lambda s, d, k: _norm_case(s, d, k, False), lambda c: Facts()),
     "layer_norm": ("layer_norm", _layer_norm, ("x", "scale", "offset"), lambda s, d, k: _norm_case(s, d, k, True),
                    lambda c: Facts()),

@@ -179,3 +179,16 @@ def test_facts_refuse_what_they_cannot_model() -> None:
         Facts(compute_dtype="float128")
     with pytest.raises(TypeError, match="order must be an Accumulation"):
         Facts(order="blocked")
+
+
+def test_an_integer_reduction_reduces_its_operands_masks_with_it() -> None:
+    """A row's group index as a count of group ends at or below it (the ragged-dot
+    reference's form): an integer reduce_sum over a [rows, groups] comparison."""
+    def scaled_by_group(x, ends):
+        group = jnp.sum(jnp.arange(x.shape[0])[:, None] >= ends[None, :], axis=1)
+        return x * group.astype(x.dtype)
+
+    x, ends = np.ones(6, np.float32), np.array([2, 4], np.int32)
+    d = derive.derive(scaled_by_group, [x, ends], facts=Facts(), arith=CPU)
+    np.testing.assert_array_equal(np.asarray(d.values[0]), [0, 0, 1, 1, 2, 2])
+    assert not np.asarray(d.unverifiable[0]).any()
