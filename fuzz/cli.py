@@ -31,7 +31,13 @@ from pallascheck.properties import checks, compilation, runner, watchdog
 from pallascheck.properties.spec import Case, bundled_names, is_module_target, registry, selected
 
 from . import corpus, report, verify, workers
-from .mutation import command as mutate
+
+try:  # mutate parses kernels with libcst; without it (a --no-deps install) the rest still runs
+    from .mutation import command as mutate
+except ModuleNotFoundError as _missing:
+    if _missing.name != "libcst":
+        raise
+    mutate = None
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
 
@@ -410,7 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.set_defaults(func=cmd_replay)
     report.add_parser(sub)
-    mutate.add_parser(sub)
+    if mutate is not None:
+        mutate.add_parser(sub)
+    else:
+        sub.add_parser("mutate", help="needs libcst (pip install libcst)")  # listed; main() says what to do
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
     bench.add_argument("--backend", default="mosaic_gpu", help=f"one of {NAMES}")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
@@ -470,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if mutate is None and argv[:1] == ["mutate"]:
+        raise SystemExit("pallascheck mutate parses kernels with libcst, which is not installed: pip install libcst")
     args = build_parser().parse_args(argv)
     if getattr(args, "examples", 1) < 1:
         raise SystemExit("pallascheck: --examples must be >= 1")

@@ -72,3 +72,18 @@ def test_unknown_kernel_lists_close_matches_and_creates_nothing(command, tmp_pat
 def test_unknown_kernel_with_no_close_match_lists_the_known_ones() -> None:
     message = targets.unknown_name("zzz", ["matmul", "attention"])
     assert message == "no kernel named 'zzz': known kernels: attention, matmul"
+
+
+def test_without_libcst_only_mutate_is_missing_and_says_what_to_install() -> None:
+    """A --no-deps install (a GPU image) may lack libcst: verify and fuzz still run."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['libcst'] = None\n"
+        "from pallascheck.fuzz import cli\n"
+        "cli.build_parser().parse_args(['verify', '--examples', '1'])\n"
+        "cli.main(['mutate', '--kernel', 'matmul'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "pip install libcst" in done.stderr, done.stderr
