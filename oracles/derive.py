@@ -468,11 +468,10 @@ def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """Integer/boolean arithmetic and float ops without rounding (neg, abs): the error
     passes unchanged (|-(x+d) - (-x)| = |d|, ||x+d| - |x|| <= |d|)."""
     value = _value(eqn, *[t.value for t in ins])
-    if "axes" in eqn.params:  # an integer reduction: an output inherits the masks of the elements it reduces
-        axes = tuple(eqn.params["axes"])
-        ins = [dataclasses.replace(t, bad=jnp.max(jnp.broadcast_to(t.bad, t.value.shape), axis=axes),
-                                   err=jnp.max(jnp.broadcast_to(t.err, t.value.shape), axis=axes),
-                                   dom=jnp.zeros(value.shape, jnp.int32)) for t in ins]
+    if "axes" in eqn.params:  # an integer reduce_sum: an output inherits the masks of the elements it sums
+        (x,) = ins
+        bad = jnp.max(jnp.broadcast_to(x.bad, x.value.shape), axis=tuple(eqn.params["axes"]))
+        return Tracked(value, jnp.zeros(value.shape, F64), bad, jnp.zeros(value.shape, jnp.int32), "float64")
     bad, dom = ev.inherit(ins, value.shape)
     if not _is_float(value.dtype):
         return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
