@@ -77,8 +77,14 @@ def _f64(a: Any) -> np.ndarray:
 
 def reference64(z, labels, *, eps: float, ignore_index: int, reduction: str):
     """The float64 function of the logits z [T, V] (numpy or jax.numpy; labels numpy)."""
-    ignored = labels == ignore_index
-    return loss64(z, np.where(ignored, 0, labels), ignored, max(int((~ignored).sum()), 1), eps, reduction)
+    return loss64(z, *label_parts(labels, ignore_index), eps, reduction)
+
+
+def label_parts(labels: Any, ignore_index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``loss64``'s label arrays: the labels with an ignored token's set to 0, the
+    ignored tokens, and the count of the others (at least 1, as float64)."""
+    ignored = np.asarray(labels) == ignore_index
+    return np.where(ignored, 0, labels), ignored, np.asarray(max(int((~ignored).sum()), 1), dtype=np.float64)
 
 
 def loss64(z, safe_labels, ignored, count, eps: float, reduction: str):
@@ -326,15 +332,9 @@ def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) 
     return Bounded(np.where(ref.ignored, 0.0, value), np.where(ref.ignored, 0.0, err))
 
 
-def label_parts(ref: CrossEntropyOracle) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``loss64``'s label arrays: the labels with an ignored token's set to 0, the
-    ignored tokens, and their count."""
-    return np.where(ref.ignored, 0, ref.labels), ref.ignored, np.asarray(ref.count, dtype=np.float64)
-
-
 def oracle_vjp(ref: CrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     g = _f64(cotangent).reshape(-1) if ref.reduction == "none" else _f64(cotangent)
-    (dz,) = vjp64(loss64, (ref.z,), g, constants=label_parts(ref), static=(ref.eps, ref.reduction))
+    (dz,) = vjp64(loss64, (ref.z,), g, constants=label_parts(ref.labels, ref.ignore_index), static=(ref.eps, ref.reduction))
     return {"dlogits": dz}
 
 

@@ -92,7 +92,7 @@ def _loss64(x: Any, w: Any, safe_labels: Any, ignored: Any, count: Any, eps: flo
 def oracle_vjp(ref: LinearCrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     c = ref.ce
     g = _f64(cotangent).reshape(-1) if c.reduction == "none" else _f64(cotangent)
-    dx, dw = vjp64(_loss64, (ref.x, ref.w), g, constants=ce_oracle.label_parts(c), static=(c.eps, c.reduction))
+    dx, dw = vjp64(_loss64, (ref.x, ref.w), g, constants=ce_oracle.label_parts(c.labels, c.ignore_index), static=(c.eps, c.reduction))
     return {"dx": dx, "dw": dw}
 
 
