@@ -30,7 +30,7 @@ from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import checks, compilation, runner, watchdog
 from pallascheck.properties.spec import Case, bundled_names, is_module_target, registry, selected
 
-from . import corpus, report, verify, workers
+from . import corpus, report, verify
 
 try:  # mutate parses kernels with libcst; without it (a --no-deps install) the rest still runs
     from .mutation import command as mutate
@@ -315,10 +315,11 @@ DESCRIPTION = (
     "with a float64 oracle under an error bound derived from its dtype, reduction lengths and accumulation "
     "order; Hypothesis draws the inputs, adversarial ones included. Start with `pallascheck verify`."
 )
-EXAMPLES_HELP = (f"Hypothesis examples per kernel x dtype property, each a layout (shapes, config) checking "
-                 f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.HARDWARE_CASES_PER_LAYOUT['small']} "
-                 f"on a GPU ({runner.HARDWARE_CASES_PER_LAYOUT['production']} at --shapes production) that share "
-                 "one compiled kernel (the meaning of pytest's --examples too)")
+def _examples_help(unit: str, on_hardware: dict[str, int]) -> str:
+    return (f"Hypothesis examples per kernel x dtype {unit}, each a layout (shapes, config) checking "
+            f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {on_hardware['small']} on a GPU "
+            f"({on_hardware['production']} at --shapes production) that share one compiled kernel (the meaning "
+            "of pytest's --examples too)")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -370,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the derived bound. Prints a legend, failures first, and one line per kernel; --full prints every "
         "kernel x dtype x check row. Exits 1 on any failure and saves each failing case for `pallascheck replay`.")
     verify.add_argument("--backend", default=None, help=f"one of {NAMES} (tpu_interpret:SEED); default $PALLASCHECK_BACKEND or interpret")
-    verify.add_argument("--examples", type=int, default=3, help=EXAMPLES_HELP)
+    verify.add_argument("--examples", type=int, default=3,
+                        help=_examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT))
     verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
     _add_target_options(verify, "a registered name, or MODULE:NAME for a KernelSpec of an importable module (see "
                                 "--path); default: every registered kernel")
@@ -395,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--jobs", type=int, default=0,
                       help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
                            "worker seeing its own device)")
-    fuzz.add_argument("--examples", type=int, default=8, help=EXAMPLES_HELP.replace("property", "task").replace(
-        f"{runner.HARDWARE_CASES_PER_LAYOUT['small']} on a GPU", f"{workers.HARDWARE_CAMPAIGN_CASES} on a GPU"))
+    fuzz.add_argument("--examples", type=int, default=8,
+                      help=_examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     _add_target_options(fuzz, "a registered name, or MODULE:NAME for a KernelSpec (or a VARIANTS entry) of an "
                               "importable module (see --path)")

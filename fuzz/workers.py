@@ -26,12 +26,6 @@ from typing import Any, Callable
 
 from .corpus import worst_pattern
 
-# A campaign on hardware checks 64 value draws per small-tier layout where verify checks
-# runner.HARDWARE_CASES_PER_LAYOUT (16): on an H100 a layout's compilations take 2-5 s
-# and each case of it 10-30 ms once compiled, so a layout of 16 cases spends most of
-# its time compiling, and a campaign is after volume.
-HARDWARE_CAMPAIGN_CASES = 64
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -220,7 +214,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
         tally = runner.run_property(
             spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
             shrink=True, failure_dir=failure_dir, search=search, shapes=task.shapes,
-            cases_per_layout=HARDWARE_CAMPAIGN_CASES if not backend.is_interpreted and task.shapes == "small" else None,
+            cases_per_layout=runner.layout_cases(backend, task.shapes, campaign=True),
         )
     # Shrinking saves each failing attempt under its check; the last one written is the
     # minimal case. Each distinct failure (Hypothesis may report several) is its own record.

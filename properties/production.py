@@ -153,12 +153,12 @@ class Plan:
 def plan(family: str, backend: Backend) -> Plan:
     """The family's production layouts that fit ``backend``'s memory, and the rest."""
     limit = memory_limit(backend)
+    shared = f" to each of the {_sharing()} processes sharing it" if _sharing() > 1 else ""
     fitting, skipped = [], []
     for layout in FAMILIES[family]():
         if layout.needs <= limit:
             fitting.append(layout)
         else:
-            shared = f" to each of the {_sharing()} processes sharing it" if _sharing() > 1 else ""
             skipped.append(f"{layout.name}: its check needs ~{layout.needs / 2**30:.0f} GiB, the device allows "
                            f"{limit / 2**30:.0f} GiB{shared}")
     return Plan(tuple(fitting), tuple(skipped))

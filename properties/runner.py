@@ -317,11 +317,18 @@ SHAPE_TIERS = ("small", "production")
 # On hardware a compile costs seconds and a small case milliseconds: one compiled
 # layout checks many value draws. A production case costs its oracle (about a second).
 HARDWARE_CASES_PER_LAYOUT = {"small": 16, "production": 4}
+# A fuzz campaign on hardware checks 64 value draws per small-tier layout: on an H100 a
+# layout's compilations take 2-5 s and each case of it 10-30 ms once compiled, so a
+# layout of 16 cases spends most of its time compiling, and a campaign is after volume.
+CAMPAIGN_HARDWARE_CASES_PER_LAYOUT = {"small": 64, "production": 4}
 
 
-def layout_cases(backend: Backend, shapes: str = "small") -> int:
-    """Cases per Hypothesis example (per compiled layout) on ``backend``."""
-    return CASES_PER_LAYOUT if backend.is_interpreted else HARDWARE_CASES_PER_LAYOUT[shapes]
+def layout_cases(backend: Backend, shapes: str = "small", *, campaign: bool = False) -> int:
+    """Cases per Hypothesis example (per compiled layout) on ``backend``; ``campaign``:
+    in a fuzz campaign."""
+    if backend.is_interpreted:
+        return CASES_PER_LAYOUT
+    return (CAMPAIGN_HARDWARE_CASES_PER_LAYOUT if campaign else HARDWARE_CASES_PER_LAYOUT)[shapes]
 
 
 def tier_checks(selected: Sequence[str], shapes: str) -> list[str]:
