@@ -74,7 +74,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for line in production.describe([n for n in selected(args.kernel) if n in production.FAMILIES
                                          and n not in missing], backend):
             print(line)
-    rows, failures = verify.run(verify.plan(str(backend), args.kernel, args.dtype, args.shapes), options, jobs)
+    units = verify.plan(str(backend), args.kernel, args.dtype, args.shapes, args.examples)
+    rows, failures = verify.run(units, options, jobs)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
     examples = sum(r.examples for r in rows)

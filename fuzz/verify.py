@@ -51,15 +51,20 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """One piece of verify work: ``kind`` is "property", "errors" or "distributed"."""
+    """One piece of verify work: ``kind`` is "property", "errors" or "distributed".
+    A property on hardware is split into ``parts`` (``property_parts``); this unit
+    is part ``part`` of them."""
 
     kind: str
     kernel: str
     dtype: str = "-"
+    part: int = 0
+    parts: int = 1
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:{self.kernel}:{self.dtype}"
+        key = f"{self.kind}:{self.kernel}:{self.dtype}"
+        return key if self.parts == 1 else f"{key}:{self.part + 1}/{self.parts}"
 
     @property
     def hang_report(self) -> str:
@@ -90,11 +95,41 @@ def without_production(kernels: Sequence[str] | None) -> list[str]:
     return [n for n, s in selected(kernels).items() if s.production is None]
 
 
+# On hardware a property's time is compiling its layouts, one after the other in one
+# process, while the GPU idles: `verify --backend mosaic_gpu --examples 15` on an H100
+# spent about 100 s in each of its 8 kernel x dtype properties, which no number of
+# jobs shortens. There a property runs as parts of at most this many examples, each
+# with its own seed (``part_seed``), in parallel. The parts depend on --examples only,
+# never on --jobs, so a printed replay command draws the same cases.
+HARDWARE_PART_EXAMPLES = 4
+
+
+def property_parts(backend: str, examples: int) -> int:
+    """How many parts a property of ``examples`` Hypothesis examples runs as."""
+    if get_backend(backend).is_interpreted:  # compiling uses the cores already: one part
+        return 1
+    return max(1, math.ceil(examples / HARDWARE_PART_EXAMPLES))
+
+
+def part_examples(examples: int, unit: Unit) -> int:
+    """The examples of ``unit``'s part: ``examples`` split as evenly as possible."""
+    return examples // unit.parts + (unit.part < examples % unit.parts)
+
+
+def part_seed(seed: int, unit: Unit) -> int:
+    """The Hypothesis seed of ``unit``'s part: ``seed`` itself for the first part (a
+    one-part property draws what it always drew), a hash of it for the others."""
+    if unit.part == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}/part {unit.part}".encode()).digest()[:8], "little")
+
+
 def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None,
-         shapes: str = "small") -> list[Unit]:
-    """The units for the selected kernels and dtypes that run on ``backend``, longest
-    first. The production tier has no bad-input or distributed units: those do not
-    depend on sizes, and the small tier runs them."""
+         shapes: str = "small", examples: int = 1) -> list[Unit]:
+    """The units for the selected kernels and dtypes that run on ``backend`` (a
+    property of ``examples`` examples in ``property_parts`` parts), longest first.
+    The production tier has no bad-input or distributed units: those do not depend on
+    sizes, and the small tier runs them."""
     from pallascheck.properties.collectives_checks import PROPERTIES
 
     specs = selected(kernels)
@@ -105,8 +140,9 @@ def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | No
     for name in [n for n in (kernels or specs) if n in specs and n not in missing]:
         if shapes == "small":
             units.append(Unit("errors", name))
-        units += [Unit("property", name, d) for d in specs[name].dtypes_for(get_backend(backend))
-                  if not dtypes or d in dtypes]
+        parts = property_parts(backend, examples)
+        units += [Unit("property", name, d, part, parts) for d in specs[name].dtypes_for(get_backend(backend))
+                  if not dtypes or d in dtypes for part in range(parts)]
     # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there.
     distributed = [n for n in PROPERTIES if (not kernels or n in kernels) and shapes == "small"]
     if distributed:
@@ -145,7 +181,8 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
                                 failure_dir=options.failures, report_path=unit.hang_report)
     with watchdog.watching(dog):
         tally = runner.run_property(
-            get_spec(name), dtype, backend, examples=options.examples, seed=options.seed,
+            get_spec(name), dtype, backend, examples=part_examples(options.examples, unit),
+            seed=part_seed(options.seed, unit),
             failure_dir=options.failures, replay_hint=replay, search=dog.search(), shapes=options.shapes,
         )
     rows = []
@@ -198,7 +235,8 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
 
     def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
         results[unit] = result
-        print(f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}: "
+        part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
+        print(f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: "
               f"{result[2]:.1f}s", file=sys.stderr, flush=True)
 
     for unit in units:  # reports left by an earlier run
@@ -212,7 +250,7 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
         while remaining:
             remaining = _run_pool(remaining, options, jobs, done)
     _save_durations({f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
-    rows = [row for unit in units for row in results[unit][0]]
+    rows = merge_parts([row for unit in units for row in results[unit][0]])
     failures = [message for unit in units for message in results[unit][1]]
     return rows, failures
 
@@ -248,6 +286,26 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[
 def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Row], list[str], float]:
     """The result of a unit whose worker process was lost."""
     return [Row(unit.kernel, unit.dtype, check, False, 0, float("inf"), None, seconds)], [message], seconds
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def merge_parts(rows: Sequence[Row]) -> list[Row]:
+    """One row per kernel x dtype x check: the rows of a property's parts combined
+    (passed by all, examples and seconds summed, the worst budgets), in first-seen order."""
+    merged: dict[tuple[str, str, str], Row] = {}
+    for row in rows:
+        key = (row.kernel, row.dtype, row.check)
+        if key not in merged:
+            merged[key] = row
+            continue
+        m = merged[key]
+        merged[key] = Row(row.kernel, row.dtype, row.check, m.passed and row.passed, m.examples + row.examples,
+                          max(m.budget_used, row.budget_used), _larger(m.probabilistic_budget, row.probabilistic_budget),
+                          m.seconds + row.seconds, _larger(m.contract_budget, row.contract_budget))
+    return list(merged.values())
 
 
 def slowest(rows: Sequence[Row], count: int) -> list[Row]:

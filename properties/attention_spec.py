@@ -23,7 +23,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import attention_slices, builders, production, relations, strategies
+from . import attention_slices, builders, layout_programs, production, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, Relation, config_fields
 
 HEADS = ((1, 1, 1), (2, 2, 1), (1, 4, 2), (2, 2, 2))  # (batch, heads_q, heads_kv): MHA, MQA, GQA
@@ -269,7 +269,7 @@ def _batch_head_permutation(run, bound, case: Case, config: Any, backend: Backen
     rng = np.random.default_rng(b * 31 + hkv)
     bp, kp = rng.permutation(b), rng.permutation(hkv)
     permuted, qp = _permuted_case(case, bp, kp)
-    lhs = np.asarray(run(permuted, config, backend))
+    lhs = np.asarray(layout_programs.run_kernel(run, permuted, config, backend))
     rhs = np.asarray(out)[bp][:, :, qp].astype(np.float64)
     return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)[bp][:, :, qp]
 
@@ -287,7 +287,7 @@ def _key_value_permutation(run, bound, case: Case, config: Any, backend: Backend
             x = x[..., perm]
         arrays[name] = x
     permuted = Case(arrays, case.params)
-    lhs = np.asarray(run(permuted, config, backend))
+    lhs = np.asarray(layout_programs.run_kernel(run, permuted, config, backend))
     rhs = np.asarray(out).astype(np.float64)
     return lhs, rhs, bound(permuted, config, backend) + bound(case, config, backend)
 

@@ -28,7 +28,7 @@ from pallascheck.oracles.activations import activation_model
 from pallascheck.oracles.elementwise import ElementwiseOracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for, gamma, unit_roundoff
 
-from . import builders, strategies
+from . import builders, layout_programs, strategies
 from .spec import Case, GradientSpec, KernelSpec, Relation, config_fields
 
 # (1,) and (7,): a lone element and a ragged vector; (3, 33) rows with an odd tail;
@@ -161,7 +161,7 @@ def element_permutation(run: Callable[[Case, Any, Backend], Any], bound_of: Boun
             return np.asarray(a).reshape(-1)[perm].reshape(shape)
 
         moved = Case({k: permuted(v) for k, v in case.arrays.items()}, case.params)
-        return (np.asarray(run(moved, config, backend)), permuted(out).astype(np.float64),
+        return (np.asarray(layout_programs.run_kernel(run, moved, config, backend)), permuted(out).astype(np.float64),
                 2.0 * permuted(bound_of(case, config, backend)))
 
     return Relation("element_permutation", relation)
@@ -176,7 +176,7 @@ def reflection(run: Callable[[Case, Any, Backend], Any], bound_of: BoundOf) -> R
     def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
         a, b, c = REFLECTIONS[case.params["activation"]]
         reflected = Case({**case.arrays, "x": -case.arrays["x"]}, case.params)
-        mirrored = a * np.asarray(run(reflected, config, backend)).astype(np.float64)
+        mirrored = a * np.asarray(layout_programs.run_kernel(run, reflected, config, backend)).astype(np.float64)
         linear = b * np.asarray(case.arrays["x"], dtype=np.float64)
         allowed = (bound_of(case, config, backend) + abs(a) * bound_of(reflected, config, backend)
                    + gamma(2, unit_roundoff(np.float64)) * (np.abs(mirrored) + np.abs(linear) + abs(c)))

@@ -9,6 +9,7 @@ import numpy as np
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
+from . import layout_programs
 from .spec import Case, Relation
 
 
@@ -25,7 +26,7 @@ def row_permutation(
         n = case.arrays[rows_of[0]].shape[0]
         perm = np.random.default_rng(n).permutation(n)
         permuted = Case({k: (v[perm] if k in rows_of else v) for k, v in case.arrays.items()}, case.params)
-        lhs = np.asarray(run(permuted, config, backend))
+        lhs = np.asarray(layout_programs.run_kernel(run, permuted, config, backend))
         rhs = np.asarray(out)[perm].astype(np.float64)
         return lhs, rhs, 2.0 * bound(case, config, backend)[perm]
 
@@ -53,7 +54,7 @@ def invariance_within_contract(
         arith = arithmetic_for(backend.name)
         ref, ref_moved = oracle(case), oracle(moved)
         allowed = contract(case, ref, arith) + contract(moved, ref_moved, arith) + np.abs(ref_moved.out - ref.out)
-        return np.asarray(run(moved, config, backend)), np.asarray(out), allowed
+        return np.asarray(layout_programs.run_kernel(run, moved, config, backend)), np.asarray(out), allowed
 
     return Relation(name, relation)
 
@@ -110,7 +111,7 @@ def power_of_two_scaling(
             return np.asarray(out), np.asarray(out).astype(np.float64), np.float64(0.0)
         scaled = Case({**case.arrays, lhs: (a.astype(np.float64) * 2).astype(a.dtype),
                        rhs: (b.astype(np.float64) * b_scale).astype(b.dtype)}, case.params)
-        got = np.asarray(run(scaled, config, backend)).astype(np.float64)
+        got = np.asarray(layout_programs.run_kernel(run, scaled, config, backend)).astype(np.float64)
         return got, np.asarray(out).astype(np.float64) * factor, np.float64(0.0)
 
     return Relation("power_of_two_scaling", relation)

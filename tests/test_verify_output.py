@@ -64,3 +64,29 @@ def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path
     assert summary[3].startswith(fail) and WRONG_FIRST_ELEMENT.name in summary[3], summary
     assert summary[4].startswith(ok) and f" {SOUND.name} " in summary[4], summary
     assert list((tmp_path / "failures").iterdir())  # the failing case is saved for replay
+
+
+def test_a_hardware_property_runs_in_parts_that_depend_on_examples_alone() -> None:
+    units = verify.plan("mosaic_gpu", ["matmul"], ["bfloat16"], examples=15)
+    parts = [u for u in units if u.kind == "property"]
+    assert sorted(u.part for u in parts) == [0, 1, 2, 3] and {u.parts for u in parts} == {4}
+    assert sorted(verify.part_examples(15, u) for u in parts) == [3, 4, 4, 4]
+    seeds = {verify.part_seed(7, u) for u in parts}
+    assert len(seeds) == 4 and verify.part_seed(7, min(parts, key=lambda u: u.part)) == 7
+    assert len({u.key for u in parts}) == 4 and len({u.hang_report for u in parts}) == 4
+    # the interpreters compile on every core already: one part, the whole property
+    (interpreted,) = [u for u in verify.plan("interpret", ["matmul"], ["bfloat16"], examples=15)
+                      if u.kind == "property"]
+    assert (interpreted.parts, verify.part_examples(15, interpreted), verify.part_seed(7, interpreted)) == (1, 15, 7)
+
+
+def test_the_rows_of_a_propertys_parts_merge_into_one_row_per_check() -> None:
+    parts = [
+        Row("matmul", "bfloat16", "values", True, 64, 0.5, 0.1, 2.0, contract_budget=0.25),
+        Row("matmul", "bfloat16", "gradients", True, 64, 0.3, None, 1.0),
+        Row("matmul", "bfloat16", "values", False, 48, 1.5, None, 3.0, contract_budget=0.75),
+        Row("matmul", "bfloat16", "gradients", True, 48, 0.2, None, 1.0, contract_budget=0.5),
+    ]
+    values, gradients = verify.merge_parts(parts)
+    assert values == Row("matmul", "bfloat16", "values", False, 112, 1.5, 0.1, 5.0, contract_budget=0.75)
+    assert gradients == Row("matmul", "bfloat16", "gradients", True, 112, 0.3, None, 2.0, contract_budget=0.5)
