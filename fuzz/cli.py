@@ -135,7 +135,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
-    jobs = args.jobs or campaign.default_jobs(backend)
+    jobs = args.jobs or campaign.default_jobs(backend, args.shapes)
     if backend.platform != "cpu":
         from pallascheck.properties import production
 
@@ -396,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--backend", default=None, help=f"one of {NAMES}; default $PALLASCHECK_BACKEND or interpret")
     fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
     fuzz.add_argument("--jobs", type=int, default=0,
-                      help="worker processes (default: every core on the CPU, one per GPU on a GPU backend, each "
-                           "worker seeing its own device)")
+                      help="worker processes (default: every core; on a GPU backend at --shapes production one "
+                           "per GPU; the workers take the GPUs in turn, each seeing its own)")
     fuzz.add_argument("--examples", type=int, default=8,
                       help=_examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT))
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")

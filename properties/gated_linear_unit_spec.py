@@ -76,7 +76,9 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         r = _reduction(kind, d, dtype)
         weights = strategies.elements(seed + 1, (d, 2, f), dtype, kind, reduction=r)
         if domain.fan_in_weights and kind not in ("large", "subnormal"):
-            weights = weights * 2.0 ** -round(np.log2(np.sqrt(d)))
+            # a power of two: exact, and cast back (numpy promotes a bfloat16 array
+            # times a Python float to float32, which the kernel refuses)
+            weights = (weights * 2.0 ** -round(np.log2(np.sqrt(d)))).astype(weights.dtype)
         return Case(
             arrays={
                 "x": strategies.elements(seed, lead + (d,), dtype, kind, reduction=r),

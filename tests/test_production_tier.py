@@ -3,6 +3,7 @@ models, drawn in the spec's own domain, and a memory rule that skips, saying so,
 layouts whose oracle would not fit the device."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -62,6 +63,7 @@ def test_production_glu_weights_keep_float16_outputs_in_range(fan_in: bool) -> N
     @given(st.data())
     def draw(data: st.DataObject) -> None:
         case = data.draw(strategy)
+        assert {a.dtype for a in case.arrays.values()} == {np.dtype(np.float16)}, case.describe()  # as the kernel requires
         largest.append(float(abs(get_spec("gated_linear_unit").oracle(case).out).max()))
 
     with strategies.pinned_element_kind("positive"):
