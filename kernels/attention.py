@@ -666,8 +666,10 @@ def _validate(q, k, v, bias, mask, causal, sm_scale) -> float:
 def xla_reference(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None) -> jax.Array:
     """What a user writes instead: plain jax.numpy in the input dtype, same semantics.
 
-    Logits and p.v are XLA dots accumulating in f32 and rounded to the input dtype;
-    sm_scale multiplies in the input dtype, the bias adds in it; the softmax runs in
+    Logits and p.v are XLA dots accumulating in f32 and rounded to the input dtype,
+    the logits after sm_scale multiplies them in f32 (rounded unscaled, float16 logits
+    of about 1e3 after scaling overflowed at s4096 d128: rows of NaN), the bias adds
+    in the input dtype; the softmax runs in
     the input dtype (jnp.sum accumulates its row sums in f32 and rounds once); a row
     with no visible key gives 0 (its max is replaced by 0 and its sum by 1).
     """
@@ -676,8 +678,8 @@ def xla_reference(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None)
     scale = 1.0 / math.sqrt(q.shape[3]) if sm_scale is None else sm_scale
     k = jnp.repeat(k, group, axis=2)
     v = jnp.repeat(v, group, axis=2)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32).astype(dtype)
-    s = s * jnp.asarray(scale, dtype)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    s = (s * jnp.float32(scale)).astype(dtype)
     if bias is not None:
         s = s + bias.astype(dtype)
     seq_q, seq_kv = q.shape[1], k.shape[1]

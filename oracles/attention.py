@@ -37,8 +37,8 @@ The per-key errors, step by step:
 All relative errors compose exactly ((1+a)(1+b) - 1), never by dropping products.
 
 xla_reference (plain jnp in the input dtype): the same ratio, with its own steps: the
-logit dot rounds to the input dtype, sm_scale rounded to the input dtype multiplies
-and the bias adds there (each one rounding); s - m rounds in the input dtype; exp is
+f32 logit dot times the f32 sm_scale rounds once to the input dtype and the bias adds
+there (one rounding); s - m rounds in the input dtype; exp is
 evaluated in f32 and rounded (t + u_in); l = jnp.sum in f32 (sequential, unknown
 order) rounded once (u_in, common to all keys); p = e / l rounds (u_in, numerator);
 the p.v dot accumulates in f32 (sequential) and rounds to the input dtype; e and p
@@ -180,7 +180,8 @@ def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
 
 def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool,
            qk_highest: bool = True, log2e: bool = False) -> Bounded:
-    """Step 1: s_hat = (q.k) * sm_scale (+ bias), each rounding in ``compute_dtype``;
+    """Step 1: s_hat = (q.k) * sm_scale (+ bias): the dot and the scaling in f32, then
+    one rounding to ``compute_dtype`` (none for f32) where the bias adds;
     the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
     (precision HIGHEST; ``qk_highest=False``: a kernel whose f32 q.k runs at the
     backend's default precision, tf32 on NVIDIA GPUs); xla_reference's dot runs at
@@ -192,11 +193,11 @@ def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype
         arith = dataclasses.replace(arith, matmul_input_f32="float32")
     qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
                      order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
-    if xp.dtype(compute_dtype) != xp.float32:
-        qk = algebra.round_to(qk, compute_dtype, arith)
-    scale_rep = float(np.asarray(ref.sm_scale, dtype=compute_dtype).astype(np.float64))
+    scale_rep = float(np.asarray(ref.sm_scale, dtype=F32).astype(np.float64))
     scale = Bounded(xp.full_like(ref.qk, ref.sm_scale), xp.full_like(ref.qk, abs(scale_rep - ref.sm_scale)))
-    s = algebra.multiply(qk, scale, arith=arith, dtype=compute_dtype)
+    s = algebra.multiply(qk, scale, arith=arith, dtype=F32)
+    if xp.dtype(compute_dtype) != xp.float32:
+        s = algebra.round_to(s, compute_dtype, arith)
     if ref.has_bias:
         s = algebra.add(s, Bounded.exact(ref.bias), arith=arith, dtype=compute_dtype)
     err = s.err
