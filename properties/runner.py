@@ -6,6 +6,7 @@ it with Hypothesis and aggregates outcomes per check. Both are used by
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -151,13 +152,6 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
     arith = arithmetic_for(backend.name)
     ctx = context.with_config(config)
     start = time.perf_counter()
-    ref = spec.oracle(case)
-    expected = spec.expected(ref)
-
-    def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
-        t0 = time.perf_counter()
-        outcome = dataclasses.replace(fn(), check=name)
-        tally.add(outcome, time.perf_counter() - t0 + (values_setup_seconds if name == "values" else 0.0))
 
     def kernel_side(fn: Callable[..., Any], *statics: Any) -> Any:
         """``fn(case, *statics)`` outside the oracles' float64 scope, compiled per layout
@@ -165,14 +159,58 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         with numeric.kernel_side():
             return layout_programs.call(fn, backend, case, *statics)
 
-    # Computed once, shared by the checks: the kernel's output (values, configs_agree,
-    # run 0 of deterministic, the untransformed side of the relations) and the float64
+    def kernel_side_started(fn: Callable[..., Any], *statics: Any) -> Callable[[], Any]:
+        """``kernel_side(fn, *statics)``'s result when asked. On hardware the call
+        starts now on a thread, so that a layout's first case compiles its kernel VJP
+        and xla_reference while this thread computes the oracles and compiles and runs
+        the forward (XLA's compiler and the GPU release the GIL); ``_check_case`` waits for
+        it before it returns or raises. The interpreters call it when asked, as before."""
+        if backend.is_interpreted:
+            return functools.cache(lambda: kernel_side(fn, *statics))
+
+        def run() -> Any:
+            with backend.placement():
+                return kernel_side(fn, *statics)
+
+        started.append(_KERNEL_SIDE_THREADS.submit(run))
+        return started[-1].result
+
+    started: list[concurrent.futures.Future] = []
+    try:
+        return _checks(spec, case, config, backend, ctx=ctx, selected=selected, tally=tally, arith=arith,
+                       start=start, kernel_side=kernel_side, kernel_side_started=kernel_side_started)
+    finally:  # nothing of this case runs on beside the next one (its memory, its GPU time)
+        concurrent.futures.wait(started)
+
+
+# Two: the kernel VJP and xla_reference (or its VJP) of one case at a time.
+_KERNEL_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pallascheck-kernel")
+
+
+def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx: checks.Context,
+            selected: Sequence[str], tally: Tally, arith: Any, start: float, kernel_side: Callable[..., Any],
+            kernel_side_started: Callable[..., Callable[[], Any]]) -> Tally:
+    def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
+        t0 = time.perf_counter()
+        outcome = dataclasses.replace(fn(), check=name)
+        tally.add(outcome, time.perf_counter() - t0 + (values_setup_seconds if name == "values" else 0.0))
+
+    has_gradients = spec.gradients is not None and "gradients" in selected
+    # Started first, where a thread runs them (see kernel_side_started); computed once
+    # and shared by the checks: the kernel's output (values, configs_agree, run 0 of
+    # deterministic, the untransformed side of the relations) and the float64
     # gradients, the most expensive oracle ("reference" and "gradients").
+    if has_gradients:
+        vjp_result = kernel_side_started(spec.gradients.kernel_vjp, config, backend)
+    if "reference" in selected:
+        reference_result = kernel_side_started(spec.reference)
+        if spec.gradients is not None and spec.gradients.reference_vjp is not None:
+            reference_vjp_result = kernel_side_started(spec.gradients.reference_vjp)
+    ref = spec.oracle(case)
+    expected = spec.expected(ref)
     kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))
     exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
-    kernel_gradients = functools.cache(
-        lambda: {k: _np(v) for k, v in kernel_side(spec.gradients.kernel_vjp, config, backend).items()}
-    )
+    kernel_gradients = functools.cache(lambda: {k: _np(v) for k, v in vjp_result().items()})
     contract_bound = functools.cache(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
@@ -184,12 +222,11 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         tally.probabilistic_budget = max(
             tally.probabilistic_budget, checks.compare(out, expected, prob).budget_used
         )
-    has_gradients = spec.gradients is not None and "gradients" in selected
     gradient_contract = has_gradients and spec.gradients.contract is not None
     if "reference" in selected:
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
-            reference_out = _np(kernel_side(spec.reference))
+            reference_out = _np(reference_result())
             o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
             if spec.contract is not None:
                 contract_used = checks.compare(reference_out, expected, contract_bound()).budget_used
@@ -197,7 +234,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
             if spec.gradients is not None and spec.gradients.reference_vjp is not None:
                 g = spec.gradients
                 exact = exact_gradients()
-                got = {k: _np(v) for k, v in kernel_side(g.reference_vjp).items()}
+                got = {k: _np(v) for k, v in reference_vjp_result().items()}
                 o = o.merge(checks.check_gradients(got, exact, g.bound(case, ref, exact, None, arith), context=ref_ctx))
                 o.examples = 1
             return o

@@ -52,3 +52,43 @@ def test_the_interpreters_call_eagerly() -> None:
     for seed in range(2):
         assert isinstance(layout_programs.call(identity, INTERPRETER, _case(seed)), np.ndarray)
     assert len(calls) == 2
+
+
+def test_on_hardware_the_vjp_runs_on_a_thread_beside_the_forward_and_a_wrong_one_still_fails() -> None:
+    """runner._check_case starts the kernel VJP (and xla_reference) on a thread; what
+    it returns is judged as before. A plain-jnp silu with a custom VJP stands in for a
+    kernel: a hardware backend's name (one such a spec runs on) is enough to take that
+    path on the CPU."""
+    hardware = Backend("triton")
+    import threading
+
+    import jax
+
+    from pallascheck.properties import runner
+    from pallascheck.specs import from_reference
+
+    traced_on = []
+
+    def silu(wrong_backward: bool):
+        @jax.custom_vjp
+        def f(x):
+            return x * jax.nn.sigmoid(x)
+
+        def backward(x, g):
+            traced_on.append(threading.current_thread().name)
+            s = jax.nn.sigmoid(x)
+            return (g * (s if wrong_backward else s * (1.0 + x * (1.0 - s))),)
+
+        f.defvjp(lambda x: (f(x), x), backward)
+        return lambda x, interpret=False: f(x)
+
+    def spec(wrong_backward: bool):
+        return from_reference(silu(wrong_backward), lambda x: x * jax.nn.sigmoid(x), name="silu",
+                              inputs={"x": (8, 32)}, dtypes=("float32",), differentiable=True)
+
+    good = runner.run_property(spec(False), "float32", hardware, examples=1, seed=0, cases_per_layout=3)
+    assert not good.failure, good.failure
+    assert good.outcomes["gradients"].examples == 3
+    assert traced_on and all(name.startswith("pallascheck-kernel") for name in traced_on), traced_on
+    bad = runner.run_property(spec(True), "float32", hardware, examples=1, seed=0, cases_per_layout=3)
+    assert bad.failure.startswith("[gradients]") and "dx: worst element" in bad.failure, bad.failure
