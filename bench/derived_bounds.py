@@ -159,7 +159,37 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: our matmul and the matmul variants of tests/broken, hand against derived")
     parser.add_argument("--tests", default="tests", help="with --kill-rates: the directory holding broken/")
     parser.add_argument("--examples", type=int, default=8, help="with --kill-rates: Hypothesis examples per dtype")
+    parser.add_argument("--families", nargs="*", help="instead: values and gradients rows of these specs "
+                        "(bench/derived_references.REFERENCES), --cases drawn cases per dtype")
+    parser.add_argument("--cases", type=int, default=6, help="with --families: cases per kernel x dtype")
+    parser.add_argument("--soundness", nargs="*", help="instead: these specs' values, gradients and contract "
+                        "checks over --examples Hypothesis examples per dtype, judged by derived bounds")
     args = parser.parse_args(argv)
+    if args.soundness is not None:
+        from pallascheck.bench.derived_references import REFERENCES
+
+        rows = soundness(args.soundness or list(REFERENCES), args.examples)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"jax": jax.__version__, "rows": rows}, f, indent=1)
+        return 0
+    if args.families is not None:
+        from pallascheck.bench.derived_references import REFERENCES
+
+        print("| kernel | dtype | part | median derived/hand | p10 | p90 | max | false alarms | unverifiable | elements |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        rows = []
+        for name in args.families or list(REFERENCES):
+            for dtype in get_spec(name).dtypes:
+                for r in measure_family(name, dtype, args.cases):
+                    rows.append(r)
+                    print(f"| {r['kernel']} | {r['dtype']} | {r['part']} | {r['median']:.2f} | {r['p10']:.2f} | "
+                          f"{r['p90']:.2f} | {r['max']:.2f} | {r['false_alarms']} | {r['unverifiable']} | "
+                          f"{r['elements']} |", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"jax": jax.__version__, "rows": rows}, f, indent=1)
+        return 0
     if args.kill_rates:
         rows = kill_rates(args.tests, args.examples)
         print("| kernel | hand-derived bounds | derived bounds |\n|---|---|---|")
@@ -258,6 +288,104 @@ def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:
             row[label] = failed.splitlines()[0] if failed else ""
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
+    return rows
+
+
+# ------------------------------------------------------------ every family: values and gradients
+
+
+def drawn_cases(spec: Any, dtype: str, count: int) -> list[Case]:
+    """``count`` cases of the spec's own strategy, derandomized (the same every run)."""
+    from hypothesis import HealthCheck, given, settings
+
+    cases: list[Case] = []
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec.cases(dtype, Backend("interpret")))
+    def collect(case: Case) -> None:
+        cases.append(case)
+
+    collect()
+    return cases[:count]
+
+
+def _compare(out: Any, expected: Any, hand: Any, derived: Any) -> dict[str, Any]:
+    out, expected, hand, derived = (np.asarray(a, np.float64).reshape(np.shape(expected))
+                                    for a in (out, expected, hand, derived))
+    finite = np.isfinite(expected)
+    checked = finite & ~np.isnan(derived)
+    both = checked & np.isfinite(hand) & np.isfinite(derived) & (hand > 0)
+    with np.errstate(invalid="ignore"):
+        alarm = checked & (np.abs(out - expected) > derived)
+    return {"ratios": (derived[both] / hand[both]).ravel(), "false_alarms": int(alarm.sum()),
+            "unverifiable": int((finite & np.isnan(derived)).sum()), "elements": int(expected.size)}
+
+
+def measure_family(name: str, dtype: str, count: int) -> list[dict[str, Any]]:
+    """Rows "values" and "gradients" of one kernel x dtype over ``count`` drawn cases,
+    at the default config: derived (bench/derived_references) / hand-derived bound."""
+    from pallascheck.bench.derived_references import REFERENCES, judged
+
+    spec = get_spec(name)
+    derived_spec = judged(spec, REFERENCES[name])
+    backend = Backend("interpret")
+    rows = {part: {"ratios": [], "false_alarms": 0, "unverifiable": 0, "elements": 0, "gap": 0.0}
+            for part in ("values", "gradients")}
+
+    def add(part: str, stats: dict[str, Any]) -> None:
+        row = rows[part]
+        row["ratios"].append(stats["ratios"])
+        for key in ("false_alarms", "unverifiable", "elements"):
+            row[key] += stats[key]
+
+    for case in drawn_cases(spec, dtype, count):
+        config = spec.default_config_for(backend)
+        ref = spec.oracle(case)
+        expected = spec.expected(ref)
+        out = spec.kernel(case, config, backend)
+        out = out[0] if isinstance(out, tuple) else out
+        add("values", _compare(out, expected, spec.bound(case, ref, config, CPU),
+                               derived_spec.bound(case, ref, config, CPU)))
+        if spec.gradients is None:
+            continue
+        exact = spec.gradients.oracle_vjp(case, ref)
+        grads = spec.gradients.kernel_vjp(case, config, backend)
+        hand = spec.gradients.bound(case, ref, exact, config, CPU)
+        derived = derived_spec.gradients.bound(case, ref, exact, config, CPU)
+        for g in hand:
+            if grads.get(g) is not None:
+                add("gradients", _compare(grads[g], exact[g], hand[g], derived[g]))
+    out_rows = []
+    for part, row in rows.items():
+        if not row["elements"]:
+            continue
+        r = np.concatenate(row["ratios"]) if row["ratios"] else np.zeros(0)
+        stats = ({"median": float(np.median(r)), "p10": float(np.percentile(r, 10)),
+                  "p90": float(np.percentile(r, 90)), "max": float(r.max())} if r.size else
+                 dict.fromkeys(("median", "p10", "p90", "max"), float("nan")))
+        out_rows.append({"kernel": name, "dtype": dtype, "part": part, "cases": count, **stats,
+                         **{k: row[k] for k in ("false_alarms", "unverifiable", "elements")}})
+    return out_rows
+
+
+def soundness(names: list[str], examples: int) -> list[dict[str, Any]]:
+    """``verify --examples N``'s draws (seed 0) of each kernel x dtype, its values,
+    gradients and contract checks judged by the derived bounds: a failure is a false alarm."""
+    from pallascheck.bench.derived_references import REFERENCES, judged
+    from pallascheck.properties import runner
+
+    rows = []
+    for name in names:
+        spec = judged(get_spec(name), REFERENCES[name])
+        for dtype in spec.dtypes:
+            tally = runner.run_property(spec, dtype, Backend("interpret"), examples=examples, seed=0,
+                                        selected=("values", "gradients", "contract"))
+            checked = {c: o.examples for c, o in tally.outcomes.items()}
+            budget = {c: round(o.budget_used, 3) for c, o in tally.outcomes.items()}
+            rows.append({"kernel": name, "dtype": dtype, "examples": examples, "cases": checked, "budget": budget,
+                         "failure": tally.failure.splitlines()[0] if tally.failure else ""})
+            print(rows[-1], flush=True)
     return rows
 
 

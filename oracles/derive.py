@@ -200,7 +200,9 @@ class _Evaluator:
         return algebra.underflow_floor(dtype, self.arith)
 
     def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
-        return algebra.rounding(magnitude, dtype, self.arith)
+        """One rounding; none of a result bounded by 0 (exactly 0, as 0 * l of a fully
+        masked row's empty sum): 0 is representable, it has no underflow floor."""
+        return jnp.where(magnitude == 0, 0.0, algebra.rounding(magnitude, dtype, self.arith))
 
     def transcendental(self, dtype: str) -> float:
         return self.arith.transcendental_rel(_narrower(dtype, "float32"))
@@ -569,6 +571,9 @@ def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.
         if transcendental:
             local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
             local = jnp.where(jnp.abs(value) + propagated <= largest_finite(dtype), local, jnp.inf)
+            # at an exact infinity every implementation returns the function's limit
+            # (exp(-inf) = 0 of a masked logit): no rounding, no underflow floor
+            local = jnp.where(jnp.isinf(x.value) & (x.err == 0), 0.0, local)
         else:
             local = ev.rounding(scale + propagated, dtype)
         return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
@@ -834,9 +839,11 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = jnp.sum(x.value, axis=axes)
     propagated = jnp.sum(x.err, axis=axes)
     depth = ev.facts.order_of("reduce_sum").depth(n)
-    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
+    reach = jnp.sum(x.magnitude, axis=axes)
+    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + max(n - 1, 0) * ev.floor(dtype)
+    local = jnp.where(reach == 0, 0.0, local)  # every term exactly 0: so is every partial sum
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
-                     _argmax_along(x.err, x.dom, axes), reach=jnp.sum(x.magnitude, axis=axes))
+                     _argmax_along(x.err, x.dom, axes), reach=reach)
 
 
 @rule("reduce_max", "reduce_min")
@@ -855,6 +862,31 @@ def _reduce_bool(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, x.value)
     return Tracked(value, jnp.zeros(value.shape, F64), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
                    "float64")
+
+
+@rule("top_k")
+def _top_k(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+    """The k largest along the last axis, sorted: copies, no arithmetic. The sorted
+    values are 1-Lipschitz in the sup norm of the row (each order statistic moves by
+    at most the row's largest error), so a value errs by at most that. The indices are
+    unverifiable where, with some error in the row, two of the k + 1 largest values are
+    within twice that error of each other: the kernel may order or pick them either way."""
+    (x,) = ins
+    k = eqn.params["k"]
+    values, indices = _value(eqn, x.value)
+    row_err = jnp.max(x.err, axis=-1, keepdims=True)
+    row_bad = jnp.max(x.bad, axis=-1, keepdims=True)
+    shape = values.shape
+    err = jnp.broadcast_to(row_err, shape)
+    dom = jnp.broadcast_to(_argmax_along(x.err, x.dom, (x.err.ndim - 1,))[..., None], shape)
+    bad = jnp.broadcast_to(row_bad, shape)
+    reach = min(k + 1, x.value.shape[-1])
+    leading = lax.top_k(x.value, reach)[0]
+    gaps = jnp.diff(leading, axis=-1) if reach > 1 else jnp.zeros(shape[:-1] + (0,), F64)
+    close = jnp.any((-gaps <= 2.0 * row_err) & (row_err > 0), axis=-1, keepdims=True)
+    index_bad = ev.flag(eqn, bad, jnp.broadcast_to(close, shape))
+    return [Tracked(values, err, bad.astype(jnp.int32), dom, x.carried),
+            Tracked(indices, jnp.zeros(shape, F64), index_bad, dom, "float64")]
 
 
 @rule("argmax", "argmin")
@@ -987,6 +1019,7 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
     inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
     local = jnp.where(magnitude <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
+    local = jnp.where(magnitude == 0, 0.0, local)  # every product exactly 0: so is the sum
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
 
 
