@@ -42,6 +42,8 @@ class Stated(NamedTuple):
     facts: Facts
     wrt: tuple[int, ...] = ()
     names: tuple[str, ...] = ()
+    # the oracle's output is the reference's value (else an encoding of it: top_k's bits)
+    comparable: bool = True
 
 
 def _blocks(n: int, block: int) -> list[slice]:
@@ -176,22 +178,25 @@ def _attention(case: Case, config: Any) -> Stated:
 # ------------------------------------------------------------------------ cross-entropy
 
 
-def cross_entropy_reference(*, label_smoothing: float, ignore_index: int, reduction: str,
-                            block_v: int) -> Callable[..., Any]:
-    """kernels/cross_entropy.py: (logits [T, V], labels [T]) -> loss. Per token the
-    online logsumexp over vocabulary tiles of ``block_v`` (running max m, sum s of
-    exp(z - m), target t, sd = sum(z - m)), finished as (log s + c1 (m - t)) + c2
-    (-(sd / V)); ``reduction`` of the f32 losses. Backward (custom_vjp, per token):
-    g ((exp((z - m) - log s) - c1 onehot) - c3), rounded to the logits' dtype."""
+class _TokenLoss(NamedTuple):
+    losses: Callable[..., Any]  # (z [T, V] f32, labels) -> (loss [T] (0 where ignored), (m, log s))
+    dlogits: Callable[..., Any]  # (z, labels, m, log s, g [T]) -> f32 dlogits
+
+
+def _token_loss(*, label_smoothing: float, ignore_index: int, block_v: int) -> _TokenLoss:
+    """kernels/cross_entropy.py per token: the online logsumexp over vocabulary tiles
+    of ``block_v`` (running max m, sum s of exp(z - m), target t, sd = sum(z - m)),
+    finished as (log s + c1 (m - t)) + c2 (-(sd / V)); its backward
+    g ((exp((z - m) - log s) - c1 onehot) - c3), 0 where g is."""
     c1, c2 = (float(np.float32(c)) for c in (1.0 - label_smoothing, label_smoothing))
 
-    def stats(z, labels):
-        t_, v_ = z.shape
-        m = jnp.full((t_, 1), NEG_INF, F32)
-        s, t, sd = (jnp.zeros((t_, 1), F32) for _ in range(3))
-        for cols in _blocks(v_, block_v):
-            tile = z[:, cols].astype(F32)
-            ids = jnp.arange(v_)[cols][None, :]
+    def losses(z, labels):
+        tokens, vocab = z.shape
+        m = jnp.full((tokens, 1), NEG_INF, F32)
+        s, t, sd = (jnp.zeros((tokens, 1), F32) for _ in range(3))
+        for cols in _blocks(vocab, block_v):
+            tile = z[:, cols]
+            ids = jnp.arange(vocab)[cols][None, :]
             m_new = jnp.maximum(m, jnp.max(tile, axis=1, keepdims=True))
             old, new = _guard(m), _guard(m_new)
             s = s * jnp.exp(m - new) + jnp.sum(jnp.exp(tile - new), axis=1, keepdims=True)
@@ -200,52 +205,118 @@ def cross_entropy_reference(*, label_smoothing: float, ignore_index: int, reduct
                 sd = sd + F32(cols.start) * (old - new)
                 sd = sd + jnp.sum(tile - new, axis=1, keepdims=True)
             m = m_new
-        return m[:, 0], s[:, 0], t[:, 0], sd[:, 0]
-
-    def losses(z, labels):
-        m, s, t, sd = stats(z, labels)
-        log_s = jnp.log(s)
+        log_s = jnp.log(s[:, 0])
         loss = log_s
         if c1 != 0.0:
-            loss = loss + F32(c1) * (m - t)
+            loss = loss + F32(c1) * (m[:, 0] - t[:, 0])
         if c2 != 0.0:
-            loss = loss + F32(c2) * -(sd / F32(z.shape[1]))
-        return jnp.where(labels == ignore_index, 0.0, loss), (m, log_s)
+            loss = loss + F32(c2) * -(sd[:, 0] / F32(vocab))
+        return jnp.where(labels == ignore_index, 0.0, loss), (m[:, 0], log_s)
+
+    def dlogits(z, labels, m, log_s, g):
+        g = jnp.where(labels == ignore_index, 0.0, g)[:, None]
+        ids = jnp.arange(z.shape[1])[None, :]
+        d = jnp.exp((z - m[:, None]) - log_s[:, None]) - jnp.where(ids == labels[:, None], F32(c1), 0.0)
+        if label_smoothing != 0.0:
+            d = d - F32(label_smoothing / z.shape[1])
+        return jnp.where(g == 0.0, 0.0, g * d)
+
+    return _TokenLoss(losses, dlogits)
+
+
+def _reduced(loss, labels, ignore_index: int, reduction: str):
+    """kernels/cross_entropy.reduce: f32 losses summed in any order, "mean" over the
+    tokens not ignored."""
+    if reduction == "none":
+        return loss
+    total = jnp.sum(loss)
+    if reduction == "sum":
+        return total
+    count = jnp.sum((labels != ignore_index).astype(jnp.int32))
+    return total / jnp.maximum(count, 1).astype(F32)
+
+
+def cross_entropy_reference(*, label_smoothing: float, ignore_index: int, reduction: str,
+                            block_v: int) -> Callable[..., Any]:
+    """kernels/cross_entropy.py: (logits, labels) -> loss; the per-token loss and its
+    backward (rounded to the logits' dtype) as a custom_vjp, then the reduction."""
+    parts = _token_loss(label_smoothing=label_smoothing, ignore_index=ignore_index, block_v=block_v)
 
     @jax.custom_vjp
     def token_losses(z, labels):
-        return losses(z, labels)[0]
+        return parts.losses(z.astype(F32), labels)[0]
 
     def fwd(z, labels):
-        loss, (m, log_s) = losses(z, labels)
+        loss, (m, log_s) = parts.losses(z.astype(F32), labels)
         return loss, (z, labels, m, log_s)
 
     def bwd(residuals, g):
         z, labels, m, log_s = residuals
-        c3_ = F32(label_smoothing / z.shape[1])
-        g = jnp.where(labels == ignore_index, 0.0, g)[:, None]
-        ids = jnp.arange(z.shape[1])[None, :]
-        d = jnp.exp((z.astype(F32) - m[:, None]) - log_s[:, None]) - jnp.where(ids == labels[:, None], F32(c1), 0.0)
-        if label_smoothing != 0.0:
-            d = d - c3_
-        d = jnp.where(g == 0.0, 0.0, g * d)
+        d = parts.dlogits(z.astype(F32), labels, m, log_s, g)
         return d.astype(z.dtype), np.zeros(labels.shape, jax.dtypes.float0)
 
     token_losses.defvjp(fwd, bwd)
 
     def cross_entropy(logits, labels):
-        z = logits.reshape(-1, logits.shape[-1])
         flat = labels.reshape(-1).astype(jnp.int32)
-        loss = token_losses(z, flat)
-        if reduction == "none":
-            return loss.reshape(labels.shape)
-        total = jnp.sum(loss)
-        if reduction == "sum":
-            return total
-        count = jnp.sum((flat != ignore_index).astype(jnp.int32))
-        return total / jnp.maximum(count, 1).astype(F32)
+        loss = token_losses(logits.reshape(-1, logits.shape[-1]), flat)
+        out = _reduced(loss, flat, ignore_index, reduction)
+        return out.reshape(labels.shape) if reduction == "none" else out
 
     return cross_entropy
+
+
+def linear_cross_entropy_reference(*, label_smoothing: float, ignore_index: int, reduction: str,
+                                   block_t: int, block_v: int, block_h: int) -> Callable[..., Any]:
+    """kernels/linear_cross_entropy.py: (x [T, H], w [H, V], labels) -> loss. The
+    logits z = sum over H chunks of ``block_h`` of x[:, chunk] @ w[chunk] (f32), then
+    the cross-entropy kernel's per-token loss. Backward (custom_vjp): dlogits in f32
+    rounded to the input dtype; dx summed over vocabulary tiles of ``block_v``, dw over
+    token blocks of ``block_t``, each a dot in f32, rounded once to the input dtype."""
+    parts = _token_loss(label_smoothing=label_smoothing, ignore_index=ignore_index, block_v=block_v)
+
+    def logits(x, w):
+        z = jnp.zeros((x.shape[0], w.shape[1]), F32)
+        for chunk in _blocks(x.shape[1], block_h):
+            z = z + jnp.dot(x[:, chunk], w[chunk], preferred_element_type=F32)
+        return z
+
+    @jax.custom_vjp
+    def token_losses(x, w, labels):
+        return parts.losses(logits(x, w), labels)[0]
+
+    def fwd(x, w, labels):
+        loss, (m, log_s) = parts.losses(logits(x, w), labels)
+        return loss, (x, w, labels, m, log_s)
+
+    def bwd(residuals, g):
+        x, w, labels, m, log_s = residuals
+        d = parts.dlogits(logits(x, w), labels, m, log_s, g).astype(x.dtype)
+        dx = jnp.zeros(x.shape, F32)
+        for cols in _blocks(w.shape[1], block_v):
+            dx = dx + jnp.dot(d[:, cols], w[:, cols].T, preferred_element_type=F32)
+        dw = jnp.zeros(w.shape, F32)
+        for rows in _blocks(x.shape[0], block_t):
+            dw = dw + jnp.dot(x[rows].T, d[rows], preferred_element_type=F32)
+        return dx.astype(x.dtype), dw.astype(w.dtype), np.zeros(labels.shape, jax.dtypes.float0)
+
+    token_losses.defvjp(fwd, bwd)
+
+    def linear_cross_entropy(x, w, labels):
+        flat = labels.astype(jnp.int32)
+        return _reduced(token_losses(x, w, flat), flat, ignore_index, reduction)
+
+    return linear_cross_entropy
+
+
+def _linear_cross_entropy(case: Case, config: Any) -> Stated:
+    a, p = case.arrays, case.params
+    (t, h), v = a["x"].shape, a["w"].shape[1]
+    fn = linear_cross_entropy_reference(
+        label_smoothing=p["label_smoothing"], ignore_index=p["ignore_index"], reduction=p["reduction"],
+        block_t=getattr(config, "block_t", None) or t, block_v=getattr(config, "block_v", None) or v,
+        block_h=getattr(config, "block_h", None) or h)
+    return Stated(fn, (a["x"], a["w"], a["labels"]), Facts(), (0, 1), ("dx", "dw"))
 
 
 def _cross_entropy(case: Case, config: Any) -> Stated:
@@ -260,9 +331,15 @@ def _cross_entropy(case: Case, config: Any) -> Stated:
 
 
 def _top_k(case: Case, config: Any) -> Stated:
-    """Selection only: the values are copies of the inputs (no arithmetic)."""
+    """Selection only: the values are copies of the inputs (no arithmetic), the output
+    the values and the indices side by side as the spec encodes them."""
     k = case.params["k"]
-    return Stated(lambda x: lax.top_k(x, k)[0], (case.arrays["logits"],), Facts())
+
+    def fn(x):
+        values, indices = lax.top_k(x, k)
+        return jnp.concatenate([values.astype(F32), indices.astype(F32)], axis=-1)
+
+    return Stated(fn, (case.arrays["logits"],), Facts(), comparable=False)
 
 
 # ------------------------------------------------------------------------ matmul family, norms
@@ -334,6 +411,7 @@ REFERENCES: dict[str, Callable[[Case, Any], Stated]] = {
     "layer_norm": _norm(True),
     "attention": _attention,
     "cross_entropy": _cross_entropy,
+    "linear_softmax_cross_entropy": _linear_cross_entropy,
     "top_k": _top_k,
 }
 
@@ -367,7 +445,8 @@ def judged(spec: KernelSpec, stated: Callable[[Case, Any], Stated]) -> KernelSpe
     def bound(case: Case, ref: Any, config: Any, arith: Arithmetic) -> np.ndarray:
         expected = np.asarray(spec.expected(ref), np.float64)
         d = derived(case, config, arith, False)
-        return _masked(d, 0).reshape(expected.shape) + reference_gap(d.values[0].reshape(expected.shape), expected)
+        gap = reference_gap(d.values[0], expected) if stated(case, None).comparable else 0.0
+        return _masked(d, 0).reshape(expected.shape) + gap
 
     def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
         s = stated(case, None)

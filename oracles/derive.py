@@ -831,17 +831,21 @@ def _argmax_along(err: jax.Array, dom: jax.Array, axes: Sequence[int]) -> jax.Ar
 @_int_or_exact
 def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """n terms summed in ``order``: sum of the terms' errors + gamma_k(u) sum|terms| +
-    an underflow floor per addition (algebra.reduce_sum)."""
+    an underflow floor per inexact addition (algebra.reduce_sum), k the order's depth
+    or, where fewer terms are nonzero, their count - 1."""
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     n = int(np.prod([x.value.shape[a] for a in axes])) if axes else 1
     dtype = ev.compute_dtype(eqn.outvars[0])
     value = jnp.sum(x.value, axis=axes)
     propagated = jnp.sum(x.err, axis=axes)
-    depth = ev.facts.order_of("reduce_sum").depth(n)
+    # An addition with an exactly-zero operand is exact, so a path from a term to the
+    # result passes at most (nonzero terms - 1) inexact additions, in any order: a
+    # one-hot pick (the target logit) is exact, an all-zero sum is exactly 0.
+    nonzero = jnp.sum(x.magnitude > 0, axis=axes)
+    depth = jnp.minimum(ev.facts.order_of("reduce_sum").depth(n), jnp.maximum(nonzero - 1, 0))
     reach = jnp.sum(x.magnitude, axis=axes)
-    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + max(n - 1, 0) * ev.floor(dtype)
-    local = jnp.where(reach == 0, 0.0, local)  # every term exactly 0: so is every partial sum
+    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + jnp.maximum(nonzero - 1, 0) * ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
                      _argmax_along(x.err, x.dom, axes), reach=reach)
 
