@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=2, help="cases per element kind")
     parser.add_argument("--json", help="also write the rows as JSON")
-    parser.add_argument("--kill-rates", action="store_true",
-                        help="instead: our matmul and the matmul variants of tests/broken, hand against derived")
+    parser.add_argument("--kill-rates", nargs="*",
+                        help="instead: our kernels and the variants of tests/broken (these modules of it; "
+                        "default all), hand against derived")
     parser.add_argument("--tests", default="tests", help="with --kill-rates: the directory holding broken/")
     parser.add_argument("--examples", type=int, default=8, help="with --kill-rates: Hypothesis examples per dtype")
     parser.add_argument("--families", nargs="*", help="instead: values and gradients rows of these specs "
@@ -190,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"jax": jax.__version__, "rows": rows}, f, indent=1)
         return 0
-    if args.kill_rates:
-        rows = kill_rates(args.tests, args.examples)
+    if args.kill_rates is not None:
+        rows = kill_rates(args.tests, args.examples, args.kill_rates or VARIANT_MODULES)
         print("| kernel | hand-derived bounds | derived bounds |\n|---|---|---|")
         for r in rows:
             print(f"| {r['variant']} | {r['hand'] or 'pass'} | {r['derived'] or 'pass'} |")
@@ -213,79 +214,52 @@ def main(argv: list[str] | None = None) -> int:
 # ------------------------------------------------------------ kill rates on tests/broken
 
 
-def _matmul_reference(activation: str, out_dtype: str) -> Callable[..., Any]:
-    from pallascheck.kernels.activations import get_activation
-
-    act = get_activation(activation)
-    return lambda x, y: act(jnp.dot(x, y, preferred_element_type=F32)).astype(out_dtype)
+VARIANT_MODULES = ("matmul_variants", "attention_variants", "loss_variants", "norms_variants", "moe_variants",
+                   "top_k_variants")
+BOUND_CHECKS = ("values", "gradients", "contract")
 
 
-def derived_matmul(spec: Any) -> Any:
-    """``spec`` (a matmul KernelSpec) with its value, contract and gradient bounds derived
-    from the reference act(x @ y) in f32: for a config the kernel's blocked K loop and
-    its dots' operands in the input dtype (its backward rounds dz to it), for
-    xla_reference (config None) the reference as written, in the input dtype."""
-    import dataclasses
-
-    from pallascheck.properties.derived_spec import AS_WRITTEN, CONTRACT
-
-    def facts(config: Any) -> Facts:
-        """"contract", "as_written" (xla_reference, config None), or the kernel's tiling."""
-        if config == "contract":
-            return CONTRACT
-        if config is None:
-            return AS_WRITTEN
-        return Facts(order=blocked(config.block_k), dot_operands="inputs")
-
-    def derived(case: Case, config: Any, arith: Any, grads: bool = False) -> derive.Derived:
-        p = case.params
-        fn = _matmul_reference(p["activation"], p["out_dtype"])
-        args = [case.arrays["x"], case.arrays["y"]]
-        chosen = dataclasses.replace(facts(config), out_dtype=p["out_dtype"])
-        if grads:  # the gradients are stored in x's and y's dtypes
-            fn, args, chosen = derive.vjp_function(fn, (0, 1)), args + [case.arrays["cotangent"]], \
-                dataclasses.replace(chosen, out_dtype=None)
-        return derive.derive(fn, args, facts=chosen, arith=arith)
-
-    def bound(case: Case, ref: Any, config: Any, arith: Any) -> np.ndarray:
-        d = derived(case, config, arith)
-        return np.where(d.unverifiable[0], np.nan, d.bounds[0])
-
-    def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> dict[str, np.ndarray]:
-        d = derived(case, config, arith, grads=True)
-        return {k: np.where(d.unverifiable[i], np.nan, d.bounds[i]) for i, k in enumerate(("dx", "dy"))}
-
-    gradients = spec.gradients and dataclasses.replace(
-        spec.gradients, bound=gradient_bound,
-        contract=lambda case, ref, grads, arith: gradient_bound(case, ref, grads, "contract", arith))
-    return dataclasses.replace(
-        spec, bound=bound, contract=lambda case, ref, arith: bound(case, ref, "contract", arith), gradients=gradients)
+def family_of(spec_name: str) -> str:
+    """The REFERENCES entry of a variant spec of tests/broken, from its name."""
+    base = spec_name.split("[")[0]
+    if base.startswith("lce_"):
+        return "linear_softmax_cross_entropy"
+    if base.startswith("ce_"):
+        return "cross_entropy"
+    return {"glu": "gated_linear_unit"}.get(base, base)
 
 
-def kill_rates(tests_dir: str, examples: int) -> list[dict[str, Any]]:
-    """Our matmul and each matmul variant of tests/broken judged by its hand-derived
-    spec and by the derived one, on the same draws: a failure of the shipped kernel is
-    a false alarm, of a variant a kill."""
+def kill_rates(tests_dir: str, examples: int, modules: Sequence[str] = VARIANT_MODULES) -> list[dict[str, Any]]:
+    """Our kernels and every variant of tests/broken judged by the hand-derived spec
+    and by the derived one (bench/derived_references.judged), on the same draws (seed
+    0, the variant's dtypes, at most ``examples`` Hypothesis examples each), through
+    the checks that use a bound (values, gradients, contract): a failure of a shipped
+    kernel is a false alarm, of a variant a kill. The metamorphic relations and the
+    determinism checks are left out: they judge by the hand bounds either way."""
+    import importlib
     import os
     import sys
 
+    from pallascheck.bench.derived_references import REFERENCES, judged
     from pallascheck.properties import runner
 
     sys.path.insert(0, os.path.abspath(tests_dir))
-    from broken import matmul_variants
-
     rows = []
-    shipped = [("shipped", get_spec("matmul"), strategies.DTYPES)]
-    broken = [(name, spec, dtypes) for name, (spec, dtypes, _) in matmul_variants.VARIANTS.items()]
-    for name, spec, dtypes in shipped + broken:
-        row = {"variant": f"matmul/{name}"}
-        for label, judged in (("hand", spec), ("derived", derived_matmul(spec))):
-            failures = [runner.run_property(judged, d, Backend("interpret"), examples=examples, seed=0).failure
-                        for d in dtypes]
+    entries = []
+    for module in modules:
+        variants = importlib.import_module(f"broken.{module}").VARIANTS
+        families = sorted({family_of(spec.name) for spec, _, _ in variants.values()})
+        entries += [(f"{f} (ours)", get_spec(f), get_spec(f).dtypes, examples) for f in families]
+        entries += [(name, spec, dtypes, min(n, examples)) for name, (spec, dtypes, n) in variants.items()]
+    for name, spec, dtypes, n in entries:
+        row = {"variant": name, "family": family_of(spec.name)}
+        for label, judge in (("hand", spec), ("derived", judged(spec, REFERENCES[family_of(spec.name)]))):
+            failures = [runner.run_property(judge, d, Backend("interpret"), examples=n, seed=0,
+                                            selected=BOUND_CHECKS).failure for d in dtypes]
             failed = next((f for f in failures if f), "")
             if failed.startswith("[crash]"):  # the judge broke, not the kernel caught
                 raise RuntimeError(f"{name} ({label}): {failed}")
-            row[label] = failed.splitlines()[0] if failed else ""
+            row[label] = failed.splitlines()[0][:120] if failed else ""
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
     return rows
