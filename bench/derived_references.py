@@ -386,18 +386,69 @@ def _ragged_dot(case: Case, config: Any) -> Stated:
     return Stated(fn, (a["lhs"], a["rhs"], a["group_sizes"]), _inputs_dtype(config), (0, 1), ("dlhs", "drhs"))
 
 
+def norm_reference(*, layer: bool, eps: float, names: Sequence[str], block_rows: int) -> Callable[..., Any]:
+    """kernels/norms.py over rows of D features, f32: mean = sum(x) / D, c = x - mean
+    (layer norm; else c = x), rstd = rsqrt(sum(c c) / D + eps), y = (c rstd) scale +
+    offset, stored in x's dtype. Backward (custom_vjp): xhat = c rstd, gs = g scale,
+    proj = sum(gs xhat) / D, dx = rstd (gs - sum(gs) / D - xhat proj) (no mean term for
+    RMS norm); dscale and doffset: partial sums over blocks of ``block_rows`` rows,
+    then the sum of the partials. scale and offset are optional (``names``)."""
+
+    def statistics(x2):
+        if layer:
+            mean = jnp.sum(x2, axis=1, keepdims=True) / x2.shape[1]
+            c = x2 - mean
+        else:
+            c = x2
+        return c, lax.rsqrt(jnp.sum(c * c, axis=1, keepdims=True) / x2.shape[1] + eps)
+
+    def unpack(values):
+        a = dict(zip(names, values))
+        x = a["x"]
+        x2 = x.reshape(-1, x.shape[-1]).astype(F32)
+        ones = jnp.ones((x.shape[-1],), F32)
+        return a, x, x2, a["scale"].astype(F32) if "scale" in a else ones
+
+    def forward(*values):
+        a, x, x2, scale = unpack(values)
+        c, rstd = statistics(x2)
+        y = (c * rstd) * scale
+        if "offset" in a:
+            y = y + a["offset"].astype(F32)
+        return y.reshape(x.shape).astype(x.dtype)
+
+    def backward(values, g):
+        a, x, x2, scale = unpack(values)
+        c, rstd = statistics(x2)
+        g2 = g.reshape(x2.shape).astype(F32)
+        xhat = c * rstd
+        gs = g2 * scale
+        d = x2.shape[1]
+        proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / d
+        inner = gs - jnp.sum(gs, axis=1, keepdims=True) / d - xhat * proj if layer else gs - xhat * proj
+        grads = {"x": (rstd * inner).reshape(x.shape).astype(x.dtype)}
+
+        def partial_sums(terms):
+            partials = [jnp.sum(terms[rows], axis=0) for rows in _blocks(terms.shape[0], block_rows)]
+            return jnp.sum(jnp.stack(partials), axis=0)
+
+        if "scale" in a:
+            grads["scale"] = partial_sums(g2 * xhat).astype(a["scale"].dtype)
+        if "offset" in a:
+            grads["offset"] = partial_sums(g2).astype(a["offset"].dtype)
+        return tuple(grads[n] for n in names)
+
+    norm = jax.custom_vjp(forward)
+    norm.defvjp(lambda *values: (forward(*values), values), backward)
+    return norm
+
+
 def _norm(layer: bool) -> Callable[[Case, Any], Stated]:
     def stated(case: Case, config: Any) -> Stated:
-        eps = case.params["eps"]
-
-        def fn(x, scale, *offset):
-            x32 = x.astype(F32)
-            c = x32 - jnp.sum(x32, axis=-1, keepdims=True) / x.shape[-1] if layer else x32
-            rstd = lax.rsqrt(jnp.sum(c * c, axis=-1, keepdims=True) / x.shape[-1] + eps)
-            y = c * rstd * scale.astype(F32)
-            return (y + offset[0].astype(F32) if offset else y).astype(x.dtype)
-
         names = [n for n in ("x", "scale", "offset") if n in case.arrays]
+        rows = int(np.prod(case.arrays["x"].shape[:-1]))
+        fn = norm_reference(layer=layer, eps=case.params["eps"], names=names,
+                            block_rows=getattr(config, "block_rows", None) or rows)
         return Stated(fn, tuple(case.arrays[n] for n in names), Facts(), tuple(range(len(names))),
                       tuple(f"d{n}" for n in names))
     return stated

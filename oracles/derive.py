@@ -159,6 +159,11 @@ class Derived:
         return final if final == inner else f"{final}; before it, by {inner}"
 
 
+def strategies_dtype(name: str) -> Any:
+    """The jnp dtype of a dtype name ("bfloat16", "float32", ...)."""
+    return jnp.dtype(name)
+
+
 def _var_dtype(var: Any) -> np.dtype:
     return np.dtype(var.aval.dtype)
 
@@ -235,7 +240,13 @@ class _Evaluator:
         dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
         if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
             return t
-        return Tracked(t.value, t.err + self.rounding(t.magnitude, dtype), t.bad, t.dom, dtype)
+        return Tracked(t.value, t.err + self.rounding_of(t, dtype), t.bad, t.dom, dtype)
+
+    def rounding_of(self, t: Tracked, dtype: str) -> jax.Array:
+        """The rounding of ``t`` to ``dtype``: none where its value is exact (no error)
+        and representable there (a bf16 cotangent scattered into an f32 buffer)."""
+        kept = (t.err == 0) & (t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value)
+        return jnp.where(kept, 0.0, self.rounding(t.magnitude, dtype))
 
     def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
                      inherited: jax.Array) -> Tracked:
@@ -432,7 +443,7 @@ def _stack(ts: Sequence[Tracked]) -> Tracked:
 _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
     "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
     "slice": None, "rev": None, "concatenate": None, "pad": None, "copy": None, "copy_p": None,
-    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None,
+    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None, "stack": None,
 }
 
 
@@ -783,7 +794,7 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
             return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
         target = dtype_name(new)
         if unit_roundoff(target) > unit_roundoff(x.carried):
-            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding(x.magnitude, target), x.bad, x.dom,
+            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
                              carried=target)
         return x
     value = x.value.astype(new)
@@ -987,7 +998,8 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """A dot of K terms (algebra.dot on computed operands): the operands' errors
     propagate as |a| @ eb + ea @ |b| + ea @ eb; operands the hardware rounds first
     (f32 -> tf32 on GPU at default precision) add 2u_op |a|@|b|; the accumulation in
-    ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb), plus 2K underflow floors and, with
+    ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb) (k no more than the nonzero
+    products less one), plus two underflow floors per nonzero product and, with
     denormals-are-zero, the products of subnormal operands; a result narrower than the
     accumulator rounds once more."""
     a, b = (ev.as_dot_operand(eqn, t) for t in ins)
@@ -1011,8 +1023,12 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     u_op = unit_roundoff("float32") if highest and op_dtype == "float32" else arith.operand_unit(op_dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
     order = ev.facts.order_of("dot_general") if arith.mma_order_known else SEQUENTIAL
-    acc = ev.gamma(order.depth(k), arith.mma_unit(acc_dtype))
-    local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * k * ev.floor(acc_dtype)
+    # products of an exact zero are exact zeros, and adding them is exact: an output
+    # element with c nonzero products passes at most c - 1 inexact additions
+    nonzero = dot((a.magnitude > 0).astype(F64), (b.magnitude > 0).astype(F64))
+    depth = jnp.minimum(order.depth(k), jnp.maximum(nonzero - 1, 0))
+    acc = ev.gamma(depth, arith.mma_unit(acc_dtype))
+    local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * nonzero * ev.floor(acc_dtype)
     if arith.flush_subnormals:
         local = (local + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
                  + dot(a.magnitude, algebra.subnormal_part(b.magnitude)))
@@ -1034,8 +1050,8 @@ def _worst_label(t: Tracked) -> jax.Array:
 
 @rule("scatter-add", "scatter_add")
 def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """Each destination adds its c updates in sequence: errors add, plus gamma_c(u)
-    times the sum of magnitudes (c counted by scattering ones)."""
+    """Each destination adds its updates in sequence: errors add, plus gamma_c(u)
+    times the sum of magnitudes, c the nonzero terms (operand and updates) less one."""
     operand, indices, updates = ins
     dtype = ev.compute_dtype(eqn.outvars[0])
     p = eqn.params
@@ -1046,7 +1062,10 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
     value = bind(operand.value, updates.value)
     propagated = bind(operand.err, updates.err)
-    count = bind(jnp.zeros_like(operand.err), jnp.ones_like(updates.err))
+    # additions of an exact zero are exact: a destination with c nonzero terms (its
+    # operand and its updates) passes c - 1 inexact additions
+    nonzero = bind((operand.magnitude > 0).astype(F64), (updates.magnitude > 0).astype(F64))
+    count = jnp.maximum(nonzero - 1, 0)
     local = (algebra.times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
              + count * ev.floor(dtype))
     spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0
