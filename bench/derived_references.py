@@ -376,11 +376,13 @@ def _glu(case: Case, config: Any) -> Stated:
 def _ragged_dot(case: Case, config: Any) -> Stated:
     def fn(lhs, rhs, group_sizes):
         """Each row's product with its group's matrix: every group's product, the row's
-        one picked by a gather."""
+        one picked by a gather (the row's group: the group ends at or before it)."""
         ends = jnp.cumsum(group_sizes)
         group = jnp.sum(jnp.arange(lhs.shape[0])[:, None] >= ends[None, :], axis=1)
         products = jnp.einsum("mk,gkn->gmn", lhs, rhs, preferred_element_type=F32)
-        return jnp.take_along_axis(products, group[None, :, None], axis=0)[0].astype(lhs.dtype)
+        # rows past the last group's end are 0 (the kernel writes zeros there)
+        return jnp.take_along_axis(products, group[None, :, None], axis=0, mode="fill",
+                                   fill_value=0)[0].astype(lhs.dtype)
 
     a = case.arrays
     return Stated(fn, (a["lhs"], a["rhs"], a["group_sizes"]), _inputs_dtype(config), (0, 1), ("dlhs", "drhs"))
