@@ -2,15 +2,17 @@
 
 For each kernel x dtype, cases of every element kind (strategies.elements) are drawn at
 one shape; the bound derived from a jax.numpy reference of the kernel's math
-(oracles/derive.py, facts that describe the kernel: f32 compute, the kernel's K-tile
-as the dot's blocked order) is compared element by element with the spec's
-hand-derived implementation bound at the default config, on the CPU interpreter's
-arithmetic. Reported: the median ratio derived / hand over elements and cases (with
-the 10th and 90th percentiles and the largest), and the elements where the kernel's
-own error exceeds the derived bound (false alarms).
+(bench/derived_references.py: f32 compute, the kernel's tiles as blocked loops or
+orders, its backward as a custom_vjp where it is its own algorithm) is compared
+element by element with the spec's hand-derived implementation bound at the default
+config, on the CPU interpreter's arithmetic. Reported: the median ratio derived / hand
+over elements and cases (with the 10th and 90th percentiles and the largest), and the
+elements where the kernel's own error exceeds the derived bound (false alarms).
 
     python -m pallascheck.bench.derived_bounds [--seeds N] [--json PATH]
-    python -m pallascheck.bench.derived_bounds --kill-rates [--examples N]
+    python -m pallascheck.bench.derived_bounds --families [NAME ...] [--cases N]
+    python -m pallascheck.bench.derived_bounds --soundness [NAME ...] [--examples N]
+    python -m pallascheck.bench.derived_bounds --kill-rates [MODULE ...] [--examples N]
 """
 from __future__ import annotations
 
@@ -19,56 +21,15 @@ import json
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import derive
-from pallascheck.oracles.derive import Facts
-from pallascheck.oracles.tolerance import CPU, blocked
+from pallascheck.oracles.tolerance import CPU
 from pallascheck.properties import strategies
 from pallascheck.properties.spec import Case, get_spec
 
-F32 = jnp.float32
 EPS = 1e-5
-
-
-def _matmul(x, y):
-    return jnp.dot(x, y, preferred_element_type=F32).astype(x.dtype)
-
-
-def _matmul_relu(x, y):
-    return jnp.maximum(jnp.dot(x, y, preferred_element_type=F32), 0.0).astype(x.dtype)
-
-
-def _rms_norm(x, scale):
-    x32 = x.astype(F32)
-    rstd = lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) / x.shape[-1] + EPS)
-    return (x32 * rstd * scale.astype(F32)).astype(x.dtype)
-
-
-def _layer_norm(x, scale, offset):
-    x32 = x.astype(F32)
-    c = x32 - jnp.sum(x32, axis=-1, keepdims=True) / x.shape[-1]
-    rstd = lax.rsqrt(jnp.sum(c * c, axis=-1, keepdims=True) / x.shape[-1] + EPS)
-    return (c * rstd * scale.astype(F32) + offset.astype(F32)).astype(x.dtype)
-
-
-def _glu_silu(x, weights):
-    gate = jnp.dot(x, weights[:, 0, :], preferred_element_type=F32)
-    up = jnp.dot(x, weights[:, 1, :], preferred_element_type=F32)
-    return (gate * lax.logistic(gate) * up).astype(x.dtype)
-
-
-def _ragged_dot(lhs, rhs, group_sizes):
-    """Each row's product with its group's matrix: every group's product, the row's
-    one picked by a gather."""
-    ends = jnp.cumsum(group_sizes)
-    rows = jnp.arange(lhs.shape[0])
-    group = jnp.sum(rows[:, None] >= ends[None, :], axis=1)
-    products = jnp.einsum("mk,gkn->gmn", lhs, rhs, preferred_element_type=F32)
-    return jnp.take_along_axis(products, group[None, :, None], axis=0)[0].astype(lhs.dtype)
 
 
 def _glu_case(seed: int, dtype: str, kind: str) -> Case:
@@ -107,36 +68,34 @@ def _norm_case(seed: int, dtype: str, kind: str, layer: bool) -> Case:
     return Case(arrays, {"eps": EPS})
 
 
-# kernel -> (spec name, reference, argument names, case maker, facts from the default config)
-KERNELS: dict[str, tuple[str, Callable[..., Any], tuple[str, ...], Callable[..., Case], Callable[[Any], Facts]]] = {
-    "matmul": ("matmul", _matmul, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "none"),
-               lambda c: Facts(order=blocked(c.block_k))),
-    "matmul+relu": ("matmul", _matmul_relu, ("x", "y"), lambda s, d, k: _matmul_case(s, d, k, "relu"),
-                    lambda c: Facts(order=blocked(c.block_k))),
-    "gated_linear_unit (silu)": ("gated_linear_unit", _glu_silu, ("x", "weights"), _glu_case,
-                                 lambda c: Facts(order=blocked(c.block_k))),
-    "ragged_dot": ("ragged_dot", _ragged_dot, ("lhs", "rhs", "group_sizes"), _ragged_case,
-                   lambda c: Facts(order=blocked(c.block_k))),
-    "rms_norm": ("rms_norm", _rms_norm, ("x", "scale"), lambda s, d, k: _norm_case(s, d, k, False), lambda c: Facts()),
-    "layer_norm": ("layer_norm", _layer_norm, ("x", "scale", "offset"), lambda s, d, k: _norm_case(s, d, k, True),
-                   lambda c: Facts()),
+# kernel -> (spec name, case maker); the reference and its facts: bench/derived_references
+KERNELS: dict[str, tuple[str, Callable[..., Case]]] = {
+    "matmul": ("matmul", lambda s, d, k: _matmul_case(s, d, k, "none")),
+    "matmul+relu": ("matmul", lambda s, d, k: _matmul_case(s, d, k, "relu")),
+    "gated_linear_unit (silu)": ("gated_linear_unit", _glu_case),
+    "ragged_dot": ("ragged_dot", _ragged_case),
+    "rms_norm": ("rms_norm", lambda s, d, k: _norm_case(s, d, k, False)),
+    "layer_norm": ("layer_norm", lambda s, d, k: _norm_case(s, d, k, True)),
 }
 KINDS = ("normal", "large", "offset_rows", "subnormal", "few_distinct", "positive")
 
 
 def measure(name: str, dtype: str, seeds: int) -> dict[str, Any]:
-    spec_name, reference, args, make_case, facts_of = KERNELS[name]
+    from pallascheck.bench.derived_references import REFERENCES
+
+    spec_name, make_case = KERNELS[name]
     spec = get_spec(spec_name)
     backend = Backend("interpret")
     config = spec.default_config_for(backend)
-    facts = facts_of(config)
     ratios, false_alarms, unverifiable, elements = [], 0, 0, 0
     for kind in KINDS:
         for seed in range(seeds):
             case = make_case(seed, dtype, kind)
             ref = spec.oracle(case)
             hand = np.asarray(spec.bound(case, ref, config, CPU), np.float64)
-            d = derive.derive(reference, [case.arrays[a] for a in args], facts=facts, arith=CPU)
+            stated = REFERENCES[spec_name](case, config)
+            facts = stated.facts
+            d = derive.derive(stated.fn, stated.args, facts=facts, arith=CPU)
             expected = np.asarray(spec.expected(ref), np.float64)
             out = np.asarray(spec.kernel(case, config, backend)).astype(np.float64)
             finite = np.isfinite(expected) & np.isfinite(hand) & np.isfinite(d.bounds[0]) & ~d.unverifiable[0]

@@ -14,7 +14,6 @@ checks are replaced (``judged``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
