@@ -510,9 +510,24 @@ def _int_or_exact(fn: Rule) -> Rule:
 @rule("add", "sub", "add_any")
 @_int_or_exact
 def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Errors add, plus one rounding, except where the result is exact: an operand
+    that is exactly 0 (a running sum's first term), or two exact operands of the same
+    sign (for a sub; opposite for an add) within a factor 2 of each other (Sterbenz's
+    lemma: z - max(z) of input logits)."""
     a, b = ins
     value = _value(eqn, a.value, b.value)
-    return ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+    out = ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+    dtype = ev.compute_dtype(eqn.outvars[0])
+
+    def exact(t: Tracked) -> jax.Array:
+        held = t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value
+        return (t.err == 0) & held & jnp.isfinite(t.value)
+
+    zero = ((a.value == 0) & (a.err == 0)) | ((b.value == 0) & (b.err == 0))
+    x, y = jnp.abs(a.value), jnp.abs(b.value)
+    same_sign = jnp.sign(a.value) == (jnp.sign(b.value) if eqn.primitive.name == "sub" else -jnp.sign(b.value))
+    sterbenz = exact(a) & exact(b) & same_sign & (x <= 2.0 * y) & (y <= 2.0 * x)
+    return dataclasses.replace(out, err=jnp.where(zero | sterbenz, jnp.broadcast_to(a.err + b.err, value.shape), out.err))
 
 
 @rule("mul")

@@ -233,3 +233,16 @@ def test_top_k_copies_values_and_flags_indices_of_near_ties() -> None:
     assert np.all(d.bounds[0] >= 12.0 * 2.0 ** -24 * np.array([[0.25], [1.0]]))
     assert d.unverifiable[1].tolist() == [[True, True], [False, False]]
     assert not d.unverifiable[0].any()
+
+
+def test_exact_additions_do_not_round() -> None:
+    """0 + x is x, and z - m of two exact floats within a factor 2 is exact (Sterbenz):
+    the cross-entropy's m - t at logits near 1e4 is exact, not u |m|."""
+    def fn(z):
+        t = 0.0 + z[:, 1]
+        return jnp.max(z, axis=1) - t, z[:, 0] - z[:, 1]
+
+    z = np.array([[12708.3, 12700.1], [3.0, -1.0]], np.float32)
+    d = derive.derive(fn, [z], facts=Facts(), arith=CPU)
+    for out in d.bounds:  # row 0 exact; row 1 is 3 - (-1): the signs differ, it is charged a rounding
+        assert out[0] == 0.0 and out[1] > 0.0
