@@ -159,6 +159,11 @@ class Derived:
         return final if final == inner else f"{final}; before it, by {inner}"
 
 
+def strategies_dtype(name: str) -> Any:
+    """The jnp dtype of a dtype name ("bfloat16", "float32", ...)."""
+    return jnp.dtype(name)
+
+
 def _var_dtype(var: Any) -> np.dtype:
     return np.dtype(var.aval.dtype)
 
@@ -200,7 +205,9 @@ class _Evaluator:
         return algebra.underflow_floor(dtype, self.arith)
 
     def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
-        return algebra.rounding(magnitude, dtype, self.arith)
+        """One rounding; none of a result bounded by 0 (exactly 0, as 0 * l of a fully
+        masked row's empty sum): 0 is representable, it has no underflow floor."""
+        return jnp.where(magnitude == 0, 0.0, algebra.rounding(magnitude, dtype, self.arith))
 
     def transcendental(self, dtype: str) -> float:
         return self.arith.transcendental_rel(_narrower(dtype, "float32"))
@@ -233,7 +240,13 @@ class _Evaluator:
         dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
         if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
             return t
-        return Tracked(t.value, t.err + self.rounding(t.magnitude, dtype), t.bad, t.dom, dtype)
+        return Tracked(t.value, t.err + self.rounding_of(t, dtype), t.bad, t.dom, dtype)
+
+    def rounding_of(self, t: Tracked, dtype: str) -> jax.Array:
+        """The rounding of ``t`` to ``dtype``: none where its value is exact (no error)
+        and representable there (a bf16 cotangent scattered into an f32 buffer)."""
+        kept = (t.err == 0) & (t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value)
+        return jnp.where(kept, 0.0, self.rounding(t.magnitude, dtype))
 
     def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
                      inherited: jax.Array) -> Tracked:
@@ -430,7 +443,7 @@ def _stack(ts: Sequence[Tracked]) -> Tracked:
 _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
     "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
     "slice": None, "rev": None, "concatenate": None, "pad": None, "copy": None, "copy_p": None,
-    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None,
+    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None, "stack": None,
 }
 
 
@@ -497,9 +510,24 @@ def _int_or_exact(fn: Rule) -> Rule:
 @rule("add", "sub", "add_any")
 @_int_or_exact
 def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Errors add, plus one rounding, except where the result is exact: an operand
+    that is exactly 0 (a running sum's first term), or two exact operands of the same
+    sign (for a sub; opposite for an add) within a factor 2 of each other (Sterbenz's
+    lemma: z - max(z) of input logits)."""
     a, b = ins
     value = _value(eqn, a.value, b.value)
-    return ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+    out = ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+    dtype = ev.compute_dtype(eqn.outvars[0])
+
+    def exact(t: Tracked) -> jax.Array:
+        held = t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value
+        return (t.err == 0) & held & jnp.isfinite(t.value)
+
+    zero = ((a.value == 0) & (a.err == 0)) | ((b.value == 0) & (b.err == 0))
+    x, y = jnp.abs(a.value), jnp.abs(b.value)
+    same_sign = jnp.sign(a.value) == (jnp.sign(b.value) if eqn.primitive.name == "sub" else -jnp.sign(b.value))
+    sterbenz = exact(a) & exact(b) & same_sign & (x <= 2.0 * y) & (y <= 2.0 * x)
+    return dataclasses.replace(out, err=jnp.where(zero | sterbenz, jnp.broadcast_to(a.err + b.err, value.shape), out.err))
 
 
 @rule("mul")
@@ -569,6 +597,9 @@ def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.
         if transcendental:
             local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
             local = jnp.where(jnp.abs(value) + propagated <= largest_finite(dtype), local, jnp.inf)
+            # at an exact infinity every implementation returns the function's limit
+            # (exp(-inf) = 0 of a masked logit): no rounding, no underflow floor
+            local = jnp.where(jnp.isinf(x.value) & (x.err == 0), 0.0, local)
         else:
             local = ev.rounding(scale + propagated, dtype)
         return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
@@ -778,7 +809,7 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
             return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
         target = dtype_name(new)
         if unit_roundoff(target) > unit_roundoff(x.carried):
-            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding(x.magnitude, target), x.bad, x.dom,
+            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
                              carried=target)
         return x
     value = x.value.astype(new)
@@ -826,17 +857,23 @@ def _argmax_along(err: jax.Array, dom: jax.Array, axes: Sequence[int]) -> jax.Ar
 @_int_or_exact
 def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """n terms summed in ``order``: sum of the terms' errors + gamma_k(u) sum|terms| +
-    an underflow floor per addition (algebra.reduce_sum)."""
+    an underflow floor per inexact addition (algebra.reduce_sum), k the order's depth
+    or, where fewer terms are nonzero, their count - 1."""
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     n = int(np.prod([x.value.shape[a] for a in axes])) if axes else 1
     dtype = ev.compute_dtype(eqn.outvars[0])
     value = jnp.sum(x.value, axis=axes)
     propagated = jnp.sum(x.err, axis=axes)
-    depth = ev.facts.order_of("reduce_sum").depth(n)
-    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), jnp.sum(x.magnitude, axis=axes)) + max(n - 1, 0) * ev.floor(dtype)
+    # An addition with an exactly-zero operand is exact, so a path from a term to the
+    # result passes at most (nonzero terms - 1) inexact additions, in any order: a
+    # one-hot pick (the target logit) is exact, an all-zero sum is exactly 0.
+    nonzero = jnp.sum(x.magnitude > 0, axis=axes)
+    depth = jnp.minimum(ev.facts.order_of("reduce_sum").depth(n), jnp.maximum(nonzero - 1, 0))
+    reach = jnp.sum(x.magnitude, axis=axes)
+    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + jnp.maximum(nonzero - 1, 0) * ev.floor(dtype)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
-                     _argmax_along(x.err, x.dom, axes), reach=jnp.sum(x.magnitude, axis=axes))
+                     _argmax_along(x.err, x.dom, axes), reach=reach)
 
 
 @rule("reduce_max", "reduce_min")
@@ -855,6 +892,31 @@ def _reduce_bool(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     value = _value(eqn, x.value)
     return Tracked(value, jnp.zeros(value.shape, F64), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
                    "float64")
+
+
+@rule("top_k")
+def _top_k(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
+    """The k largest along the last axis, sorted: copies, no arithmetic. The sorted
+    values are 1-Lipschitz in the sup norm of the row (each order statistic moves by
+    at most the row's largest error), so a value errs by at most that. The indices are
+    unverifiable where, with some error in the row, two of the k + 1 largest values are
+    within twice that error of each other: the kernel may order or pick them either way."""
+    (x,) = ins
+    k = eqn.params["k"]
+    values, indices = _value(eqn, x.value)
+    row_err = jnp.max(x.err, axis=-1, keepdims=True)
+    row_bad = jnp.max(x.bad, axis=-1, keepdims=True)
+    shape = values.shape
+    err = jnp.broadcast_to(row_err, shape)
+    dom = jnp.broadcast_to(_argmax_along(x.err, x.dom, (x.err.ndim - 1,))[..., None], shape)
+    bad = jnp.broadcast_to(row_bad, shape)
+    reach = min(k + 1, x.value.shape[-1])
+    leading = lax.top_k(x.value, reach)[0]
+    gaps = jnp.diff(leading, axis=-1) if reach > 1 else jnp.zeros(shape[:-1] + (0,), F64)
+    close = jnp.any((-gaps <= 2.0 * row_err) & (row_err > 0), axis=-1, keepdims=True)
+    index_bad = ev.flag(eqn, bad, jnp.broadcast_to(close, shape))
+    return [Tracked(values, err, bad.astype(jnp.int32), dom, x.carried),
+            Tracked(indices, jnp.zeros(shape, F64), index_bad, dom, "float64")]
 
 
 @rule("argmax", "argmin")
@@ -951,7 +1013,8 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """A dot of K terms (algebra.dot on computed operands): the operands' errors
     propagate as |a| @ eb + ea @ |b| + ea @ eb; operands the hardware rounds first
     (f32 -> tf32 on GPU at default precision) add 2u_op |a|@|b|; the accumulation in
-    ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb), plus 2K underflow floors and, with
+    ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb) (k no more than the nonzero
+    products less one), plus two underflow floors per nonzero product and, with
     denormals-are-zero, the products of subnormal operands; a result narrower than the
     accumulator rounds once more."""
     a, b = (ev.as_dot_operand(eqn, t) for t in ins)
@@ -975,8 +1038,12 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     u_op = unit_roundoff("float32") if highest and op_dtype == "float32" else arith.operand_unit(op_dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
     order = ev.facts.order_of("dot_general") if arith.mma_order_known else SEQUENTIAL
-    acc = ev.gamma(order.depth(k), arith.mma_unit(acc_dtype))
-    local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * k * ev.floor(acc_dtype)
+    # products of an exact zero are exact zeros, and adding them is exact: an output
+    # element with c nonzero products passes at most c - 1 inexact additions
+    nonzero = dot((a.magnitude > 0).astype(F64), (b.magnitude > 0).astype(F64))
+    depth = jnp.minimum(order.depth(k), jnp.maximum(nonzero - 1, 0))
+    acc = ev.gamma(depth, arith.mma_unit(acc_dtype))
+    local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * nonzero * ev.floor(acc_dtype)
     if arith.flush_subnormals:
         local = (local + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
                  + dot(a.magnitude, algebra.subnormal_part(b.magnitude)))
@@ -987,6 +1054,7 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
     inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
     local = jnp.where(magnitude <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
+    local = jnp.where(magnitude == 0, 0.0, local)  # every product exactly 0: so is the sum
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
 
 
@@ -997,8 +1065,8 @@ def _worst_label(t: Tracked) -> jax.Array:
 
 @rule("scatter-add", "scatter_add")
 def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """Each destination adds its c updates in sequence: errors add, plus gamma_c(u)
-    times the sum of magnitudes (c counted by scattering ones)."""
+    """Each destination adds its updates in sequence: errors add, plus gamma_c(u)
+    times the sum of magnitudes, c the nonzero terms (operand and updates) less one."""
     operand, indices, updates = ins
     dtype = ev.compute_dtype(eqn.outvars[0])
     p = eqn.params
@@ -1009,7 +1077,10 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
     value = bind(operand.value, updates.value)
     propagated = bind(operand.err, updates.err)
-    count = bind(jnp.zeros_like(operand.err), jnp.ones_like(updates.err))
+    # additions of an exact zero are exact: a destination with c nonzero terms (its
+    # operand and its updates) passes c - 1 inexact additions
+    nonzero = bind((operand.magnitude > 0).astype(F64), (updates.magnitude > 0).astype(F64))
+    count = jnp.maximum(nonzero - 1, 0)
     local = (algebra.times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
              + count * ev.floor(dtype))
     spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0

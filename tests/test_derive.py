@@ -148,7 +148,7 @@ def test_a_select_on_an_undecided_comparison_is_bounded_by_its_cases() -> None:
 
 def test_a_division_by_a_value_within_its_error_is_unverifiable() -> None:
     def fn(x):
-        return 1.0 / (x - 0.1)
+        return 1.0 / (x * 3.0 - 0.3)  # 3 x rounds: the divisor, about -7e-9, is within its error
 
     d = derive.derive(fn, [np.array([0.1, 2.0], np.float32)], facts=Facts(), arith=CPU)
     assert d.unverifiable[0].tolist() == [True, False]
@@ -192,3 +192,57 @@ def test_an_integer_reduction_reduces_its_operands_masks_with_it() -> None:
     d = derive.derive(scaled_by_group, [x, ends], facts=Facts(), arith=CPU)
     np.testing.assert_array_equal(np.asarray(d.values[0]), [0, 0, 1, 1, 2, 2])
     assert not np.asarray(d.unverifiable[0]).any()
+
+
+def test_a_fully_masked_row_is_exactly_zero_and_verifiable() -> None:
+    """exp(-inf) is exactly 0 and sums and products of exact zeros are exactly 0: an
+    online softmax's empty row (l == 0 decides it) must not be made unverifiable by
+    underflow floors charged to values that are exactly 0."""
+    def fn(s):
+        p = jnp.exp(s - jnp.where(jnp.isneginf(jnp.max(s, axis=1, keepdims=True)), 0.0, jnp.max(s, axis=1, keepdims=True)))
+        l = 0.5 * jnp.sum(p, axis=1)
+        return jnp.where(l == 0.0, 1.0, l)
+
+    s = np.array([[-np.inf, -np.inf], [0.0, -1.0]], np.float32)
+    d = derive.derive(fn, [s], facts=Facts(), arith=CPU)
+    assert not d.unverifiable[0].any()
+    assert d.bounds[0][0] == 0.0 and d.bounds[0][1] > 0.0
+
+
+def test_a_one_hot_sum_is_exact_and_a_dense_one_is_not() -> None:
+    """Additions of exact zeros are exact: picking one term by a mask and summing is
+    exact (the target logit of a cross-entropy), whatever the length of the row."""
+    def fn(z, labels):
+        picked = jnp.sum(jnp.where(jnp.arange(z.shape[1])[None, :] == labels[:, None], z, 0.0), axis=1)
+        return picked, jnp.sum(z, axis=1)
+
+    z = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    d = derive.derive(fn, [z, np.array([0, 5, 63], np.int32)], facts=Facts(), arith=CPU)
+    np.testing.assert_array_equal(d.bounds[0], 0.0)
+    assert np.all(d.bounds[1] > 0.0)
+
+
+def test_top_k_copies_values_and_flags_indices_of_near_ties() -> None:
+    def fn(x):
+        values, indices = lax.top_k(x * 3.0, 2)  # x * 3 rounds: every value carries an error
+        return values, indices
+
+    x = np.array([[1.0, 1.0 + 2.0 ** -23, 0.0], [4.0, 2.0, 0.0]], np.float32)  # row 0: within 2 errors
+    d = derive.derive(fn, [x], facts=Facts(), arith=CPU)
+    np.testing.assert_array_equal(d.values[0], [[3.0 * (1.0 + 2.0 ** -23), 3.0], [12.0, 6.0]])
+    assert np.all(d.bounds[0] >= 12.0 * 2.0 ** -24 * np.array([[0.25], [1.0]]))
+    assert d.unverifiable[1].tolist() == [[True, True], [False, False]]
+    assert not d.unverifiable[0].any()
+
+
+def test_exact_additions_do_not_round() -> None:
+    """0 + x is x, and z - m of two exact floats within a factor 2 is exact (Sterbenz):
+    the cross-entropy's m - t at logits near 1e4 is exact, not u |m|."""
+    def fn(z):
+        t = 0.0 + z[:, 1]
+        return jnp.max(z, axis=1) - t, z[:, 0] - z[:, 1]
+
+    z = np.array([[12708.3, 12700.1], [3.0, -1.0]], np.float32)
+    d = derive.derive(fn, [z], facts=Facts(), arith=CPU)
+    for out in d.bounds:  # row 0 exact; row 1 is 3 - (-1): the signs differ, it is charged a rounding
+        assert out[0] == 0.0 and out[1] > 0.0
