@@ -68,35 +68,78 @@ _pinned_kind: str | None = None
 _recorders: list[set[str]] = []
 
 
+_turn: "InTurn | None" = None
+
+
 def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[str]:
-    """One of ``allowed``; the pinned kind where one is pinned and allowed here."""
+    """One of ``allowed``; the pinned kind where one is pinned and allowed here, else
+    the active ``InTurn``'s choice where one is active (``drawing_in_turn``)."""
     allowed = tuple(allowed)
     for seen in _recorders:
         seen.update(allowed)
-    return st.just(_pinned_kind) if _pinned_kind in allowed else st.sampled_from(allowed)
+    if _pinned_kind in allowed:
+        return st.just(_pinned_kind)
+    if _turn is not None:
+        turn = _turn  # the draw may happen later: bind the turn active now
+        return st.just(allowed).map(turn.next)
+    return st.sampled_from(allowed)
+
+
+class InTurn:
+    """Choices in turn instead of at random, for runs that check one case per
+    Hypothesis example (``runner.CALLBACK_CASES_PER_LAYOUT``): each choice takes the
+    option of its family drawn least often so far (the first such one, in an order that
+    starts part ``part`` of ``parts`` of the way into the options), so that a set of options offered as often as it has members has had
+    every member drawn. A family is a set of options with the sets it contains or is
+    contained in: matmul's kinds without "large" (under gelu_tanh) share the counts of
+    its kinds, while attention's bias kinds and logits kinds, which share "normal"
+    only, count apart. The runs of one property in its dtypes are the parts: each
+    begins its turn elsewhere instead of repeating the first run's. Options are told apart by their repr
+    (kinds, configs); ``snapshot`` copies the state, so that the runner can redraw an
+    example exactly (Hypothesis replays a failing example)."""
+
+    def __init__(self, part: int = 0, parts: int = 1) -> None:
+        if not 0 <= part < parts:
+            raise ValueError(f"part must be in [0, parts = {parts}), got {part}")
+        self.part, self.parts = part, parts
+        self.families: list[set[str]] = []
+        self.counts: dict[tuple[int, str], int] = {}
+
+    def _family(self, keys: set[str]) -> int:
+        for i, family in enumerate(self.families):
+            if keys <= family or family <= keys:
+                family |= keys
+                return i
+        self.families.append(set(keys))
+        return len(self.families) - 1
+
+    def next[T](self, options: Sequence[T]) -> T:
+        if not options:
+            raise ValueError("options must not be empty")
+        family = self._family({repr(o) for o in options})
+        shift = self.part * len(options) // self.parts
+        chosen = min([*options[shift:], *options[:shift]], key=lambda o: self.counts.get((family, repr(o)), 0))
+        key = (family, repr(chosen))
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return chosen
+
+    def snapshot(self) -> "InTurn":
+        copy = InTurn(self.part, self.parts)
+        copy.families = [set(f) for f in self.families]
+        copy.counts = dict(self.counts)
+        return copy
 
 
 @contextlib.contextmanager
-def pinned_element_kind(kind: str | None) -> Iterator[None]:
-    """Within the block, every draw of ``element_kinds`` whose options include ``kind``
-    gives ``kind`` (None: no pin)."""
-    global _pinned_kind
-    previous, _pinned_kind = _pinned_kind, kind
+def drawing_in_turn(turn: InTurn) -> Iterator[None]:
+    """Within the block, ``element_kinds`` gives ``turn``'s choice (a pinned kind
+    still wins)."""
+    global _turn
+    previous, _turn = _turn, turn
     try:
         yield
     finally:
-        _pinned_kind = previous
-
-
-@contextlib.contextmanager
-def recording_element_kinds() -> Iterator[set[str]]:
-    """A set that collects every input kind offered to ``element_kinds`` within the block."""
-    seen: set[str] = set()
-    _recorders.append(seen)
-    try:
-        yield seen
-    finally:
-        _recorders.remove(seen)
+        _turn = previous
 
 
 # Arrays of at least this many elements draw their random numbers in float32, about
