@@ -63,11 +63,9 @@ def seeds() -> st.SearchStrategy[int]:
 # learns which kinds a spec draws from (``recording_element_kinds``): every spec draws
 # its input kinds (element kinds, adversarial logits, masks, biases) through
 # ``element_kinds``. Module state, because a campaign runs one arm at a time per
-# worker process.
+# worker process. A run of one case per example takes kinds in turn (``InTurn``).
 _pinned_kind: str | None = None
 _recorders: list[set[str]] = []
-
-
 _turn: "InTurn | None" = None
 
 
@@ -88,14 +86,14 @@ def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[s
 class InTurn:
     """Choices in turn instead of at random, for runs that check one case per
     Hypothesis example (``runner.CALLBACK_CASES_PER_LAYOUT``): each choice takes the
-    option of its family drawn least often so far (the first such one, in an order that
-    starts part ``part`` of ``parts`` of the way into the options), so that a set of options offered as often as it has members has had
-    every member drawn. A family is a set of options with the sets it contains or is
+    option of its family drawn least often so far (the first such one, in an order
+    that starts ``part``/``parts`` of the way into the options), so that a set of
+    options offered as often as it has members has had every member drawn. A family is a set of options with the sets it contains or is
     contained in: matmul's kinds without "large" (under gelu_tanh) share the counts of
     its kinds, while attention's bias kinds and logits kinds, which share "normal"
     only, count apart. The runs of one property in its dtypes are the parts: each
-    begins its turn elsewhere instead of repeating the first run's. Options are told apart by their repr
-    (kinds, configs); ``snapshot`` copies the state, so that the runner can redraw an
+    begins its turn elsewhere instead of repeating the first run's. Options are told
+    apart by their repr (kinds, configs); ``snapshot`` copies the state, so that the runner can redraw an
     example exactly (Hypothesis replays a failing example)."""
 
     def __init__(self, part: int = 0, parts: int = 1) -> None:
@@ -140,6 +138,29 @@ def drawing_in_turn(turn: InTurn) -> Iterator[None]:
         yield
     finally:
         _turn = previous
+
+
+@contextlib.contextmanager
+def pinned_element_kind(kind: str | None) -> Iterator[None]:
+    """Within the block, every draw of ``element_kinds`` whose options include ``kind``
+    gives ``kind`` (None: no pin)."""
+    global _pinned_kind
+    previous, _pinned_kind = _pinned_kind, kind
+    try:
+        yield
+    finally:
+        _pinned_kind = previous
+
+
+@contextlib.contextmanager
+def recording_element_kinds() -> Iterator[set[str]]:
+    """A set that collects every input kind offered to ``element_kinds`` within the block."""
+    seen: set[str] = set()
+    _recorders.append(seen)
+    try:
+        yield seen
+    finally:
+        _recorders.remove(seen)
 
 
 # Arrays of at least this many elements draw their random numbers in float32, about
