@@ -411,8 +411,8 @@ def run_property(
     )
     if per_layout == 1 and not search.targeted and search.database is None:
         dtypes = list(spec.dtypes_for(backend))
-        drawn = _in_turn(case_lists, lambda case: spec.configs(case, backend),
-                         strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1))
+        drawn = strategies.in_turn(case_lists, lambda case: spec.configs(case, backend),
+                                   strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1))
     else:
         drawn = case_lists.flatmap(
             lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
@@ -474,33 +474,6 @@ def run_property(
     except Exception as failure:  # noqa: BLE001 - a kernel that crashes is a failed check
         _book(tally, failure, context)
     return tally
-
-
-def _in_turn(case_lists: st.SearchStrategy[list[Case]], configs: Callable[[Case], Sequence[Any]],
-             turn: strategies.InTurn) -> st.SearchStrategy[tuple[list[Case], int]]:
-    """Examples whose input kinds and config are taken in ``turn`` (``strategies.InTurn``;
-    a part per dtype of the property) instead of at random: over a property's examples every kind of a
-    set and every config of a space is drawn before any is drawn twice. Each example
-    carries a drawn token; a token drawn again (Hypothesis replaying a failing
-    example) gets the turn its first draw had, so a failure replays exactly, and a
-    rerun draws the same (derandomized Hypothesis draws the same tokens in the same
-    order). Not with a database: a campaign's stored examples would replay under
-    other turns."""
-    before: dict[int, strategies.InTurn] = {}  # token -> the turn before its first draw
-
-    @st.composite
-    def drawn(draw: st.DrawFn) -> tuple[list[Case], int]:
-        token = draw(st.integers(0, 2**64 - 1))
-        if token in before:
-            current = before[token].snapshot()
-        else:
-            before[token], current = turn.snapshot(), turn
-        with strategies.drawing_in_turn(current):
-            cases = draw(case_lists)
-            space = list(configs(cases[0]))
-            return cases, space.index(current.next(space))
-
-    return drawn()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -138,6 +138,32 @@ def drawing_in_turn(turn: InTurn) -> Iterator[None]:
         yield
     finally:
         _turn = previous
+
+
+def in_turn[C](case_lists: st.SearchStrategy[list[C]], configs: Callable[[C], Sequence[Any]],
+               turn: InTurn) -> st.SearchStrategy[tuple[list[C], int]]:
+    """Examples of ``case_lists`` with a config index into the first case's
+    ``configs``, their input kinds and config taken in ``turn`` instead of at random
+    (``runner.run_property``, one case per example). Each example carries a drawn
+    token; a token drawn again (Hypothesis replaying a failing example) gets the turn
+    its first draw had, so a failure replays exactly, and a rerun draws the same
+    (derandomized Hypothesis draws the same tokens in the same order). Not for runs
+    with an example database: stored examples would replay under other turns."""
+    before: dict[int, InTurn] = {}  # token -> the turn before its first draw
+
+    @st.composite
+    def drawn(draw: st.DrawFn) -> tuple[list[C], int]:
+        token = draw(st.integers(0, 2**64 - 1))
+        if token in before:
+            current = before[token].snapshot()
+        else:
+            before[token], current = turn.snapshot(), turn
+        with drawing_in_turn(current):
+            cases = draw(case_lists)
+            space = list(configs(cases[0]))
+            return cases, space.index(current.next(space))
+
+    return drawn()
 
 
 @contextlib.contextmanager
