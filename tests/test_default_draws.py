@@ -1,4 +1,6 @@
-"""What verify's default budget (3 examples per spec and dtype, seed 0) draws.
+"""What verify's default budget (3 examples per spec and dtype, seed 0) draws, and
+what the suite's properties in the callback interpreters draw with one case per
+example (kinds and configs in turn: runner.CALLBACK_CASES_PER_LAYOUT).
 
 A mutant of a code path that no case reaches cannot die, so the draws are part of
 the checks' strength (docs/mutation.md): each dtype must draw its own layouts, and
@@ -9,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import runner
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties import checks, jax_bundled, runner, strategies, tokamax_client
+from pallascheck.properties.spec import get_spec, registry
 
 VERIFY_EXAMPLES = 3  # fuzz/cli.py: verify's --examples
 
@@ -51,9 +53,6 @@ CI_EXAMPLES = 4
 
 
 def _callback_properties() -> list[tuple[str, str]]:
-    from pallascheck.properties import jax_bundled, tokamax_client
-    from pallascheck.properties.spec import registry
-
     mosaic = [(name, "mosaic_gpu_interpret") for name, spec in registry().items()
               if spec.runs_on(Backend("mosaic_gpu_interpret"))]  # test_kernel_properties' CPU session
     outside = []  # test_bundled_kernels, test_tokamax: each kernel in its own interpreter
@@ -66,8 +65,6 @@ def _callback_properties() -> list[tuple[str, str]]:
 
 def _kinds_and_configs(monkeypatch, name: str, backend_name: str, cases_per_layout: int | None):
     """Over every dtype: the (offered kinds, kind) pairs drawn and the configs checked."""
-    from pallascheck.properties import strategies
-
     kinds: set[tuple[tuple[str, ...], str]] = set()
     configs: set[str] = set()
     offer = strategies.element_kinds
@@ -109,8 +106,6 @@ def test_one_case_per_example_draws_what_two_random_cases_drew(monkeypatch, name
 def test_in_turn_draws_replay_a_failing_example(monkeypatch) -> None:
     """Hypothesis replays a failing example to report it: the replay must draw the
     same case (else Hypothesis reports the test as flaky instead of the failure)."""
-    from pallascheck.properties import checks
-
     seen = []
 
     def fail_on_third(spec, case, config, backend, *, context, selected, tally=None):
