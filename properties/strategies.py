@@ -88,13 +88,15 @@ class InTurn:
     Hypothesis example (``runner.CALLBACK_CASES_PER_LAYOUT``): each choice takes the
     option of its family drawn least often so far (the first such one, in an order
     that starts ``part``/``parts`` of the way into the options), so that a set of
-    options offered as often as it has members has had every member drawn. A family is a set of options with the sets it contains or is
-    contained in: matmul's kinds without "large" (under gelu_tanh) share the counts of
-    its kinds, while attention's bias kinds and logits kinds, which share "normal"
-    only, count apart. The runs of one property in its dtypes are the parts: each
-    begins its turn elsewhere instead of repeating the first run's. Options are told
-    apart by their repr (kinds, configs); ``snapshot`` copies the state, so that the runner can redraw an
-    example exactly (Hypothesis replays a failing example)."""
+    options offered as often as it has members has had every member drawn.
+
+    A family is a set of options with the sets it contains or is contained in:
+    matmul's kinds without "large" (under gelu_tanh) share the counts of its kinds,
+    while attention's bias kinds and logits kinds, which share "normal" only, count
+    apart. The runs of one property in its dtypes are the parts: each begins its turn
+    elsewhere instead of repeating the first run's. Options are told apart by their
+    repr (kinds, configs); ``snapshot`` copies the state, so that an example can be
+    redrawn exactly (Hypothesis replays a failing example: ``in_turn``)."""
 
     def __init__(self, part: int = 0, parts: int = 1) -> None:
         if not 0 <= part < parts:
