@@ -318,7 +318,8 @@ DESCRIPTION = (
 )
 def _examples_help(unit: str, on_hardware: dict[str, int]) -> str:
     return (f"Hypothesis examples per kernel x dtype {unit}, each a layout (shapes, config) checking "
-            f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {on_hardware['small']} on a GPU "
+            f"{runner.CASES_PER_LAYOUT} cases in the interpreters ({runner.CALLBACK_CASES_PER_LAYOUT} in "
+            f"{' and '.join(runner.CALLBACK_INTERPRETERS)}), {on_hardware['small']} on a GPU "
             f"({on_hardware['production']} at --shapes production) that share one compiled kernel (the meaning "
             "of pytest's --examples too)")
 

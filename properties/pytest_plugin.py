@@ -69,7 +69,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--examples", type=int, default=None,
         help="Hypothesis examples per kernel x dtype property (each checks "
-        f"{runner.CASES_PER_LAYOUT} cases in the interpreters, more on hardware: runner.layout_cases); default: "
+        f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.CALLBACK_CASES_PER_LAYOUT} in "
+        f"{' and '.join(runner.CALLBACK_INTERPRETERS)}, more on hardware: runner.layout_cases); default: "
         "the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
     )
     group.addoption(

@@ -27,7 +27,7 @@ from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
 
-from . import checks, layout_programs
+from . import checks, layout_programs, strategies
 from .spec import Case, KernelSpec
 
 CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
@@ -345,10 +345,19 @@ def _report_targets(budgets: dict[str, float]) -> None:
 
 
 CASES_PER_LAYOUT = 2
-"""Cases checked per Hypothesis example in the interpreters. They share a layout
-(shapes, static parameters, config: see ``strategies.layout``) and so one compiled
-kernel, and differ in their values. Compilation is most of a check's cost in
+"""Cases checked per Hypothesis example in Pallas' generic interpreter. They share a
+layout (shapes, static parameters, config: see ``strategies.layout``) and so one
+compiled kernel, and differ in their values. Compilation is most of a check's cost in
 interpret mode; a second case of the same layout costs a run, not a compile."""
+
+CALLBACK_INTERPRETERS = ("tpu_interpret", "mosaic_gpu_interpret")
+CALLBACK_CASES_PER_LAYOUT = 1
+"""Cases per Hypothesis example in the interpreters that call back into Python for
+every ref operation (``CALLBACK_INTERPRETERS``): there a case's run costs about what
+its compile does, so a second case saves nothing. Input kinds and configs are then
+taken in turn, not at random (``strategies.InTurn``, ``run_property``), so
+that a property's examples draw every kind and config that two random cases each
+drew (tests/test_default_draws.py)."""
 
 SHAPE_TIERS = ("small", "production")
 # On hardware a compile costs seconds and a small case milliseconds: one compiled
@@ -363,6 +372,8 @@ CAMPAIGN_HARDWARE_CASES_PER_LAYOUT = {"small": 64, "production": 4}
 def layout_cases(backend: Backend, shapes: str = "small", *, campaign: bool = False) -> int:
     """Cases per Hypothesis example (per compiled layout) on ``backend``; ``campaign``:
     in a fuzz campaign."""
+    if backend.name in CALLBACK_INTERPRETERS:
+        return CALLBACK_CASES_PER_LAYOUT
     if backend.is_interpreted:
         return CASES_PER_LAYOUT
     return (CAMPAIGN_HARDWARE_CASES_PER_LAYOUT if campaign else HARDWARE_CASES_PER_LAYOUT)[shapes]
@@ -435,11 +446,17 @@ def run_property(
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
     per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
-    drawn = st.lists(
+    case_lists = st.lists(
         tier_cases(spec, shapes)(dtype, backend), min_size=per_layout, max_size=per_layout, unique_by=fingerprint
-    ).flatmap(
-        lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )
+    if per_layout == 1 and not search.targeted and search.database is None:
+        dtypes = list(spec.dtypes_for(backend))
+        drawn = strategies.in_turn(case_lists, lambda case: spec.configs(case, backend),
+                                   strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1))
+    else:
+        drawn = case_lists.flatmap(
+            lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
+        )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     phases += [Phase.target] if search.targeted else []
     # shrinking a production case costs a production case per step: the case found is

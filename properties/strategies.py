@@ -13,7 +13,7 @@ import concurrent.futures
 import contextlib
 import math
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -64,17 +64,109 @@ def seeds() -> st.SearchStrategy[int]:
 # learns which kinds a spec draws from (``recording_element_kinds``): every spec draws
 # its input kinds (element kinds, adversarial logits, masks, biases) through
 # ``element_kinds``. Module state, because a campaign runs one arm at a time per
-# worker process.
+# worker process. A run of one case per example takes kinds in turn (``InTurn``).
 _pinned_kind: str | None = None
 _recorders: list[set[str]] = []
+_turn: "InTurn | None" = None
 
 
 def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[str]:
-    """One of ``allowed``; the pinned kind where one is pinned and allowed here."""
+    """One of ``allowed``; the pinned kind where one is pinned and allowed here, else
+    the active ``InTurn``'s choice where one is active (``drawing_in_turn``)."""
     allowed = tuple(allowed)
     for seen in _recorders:
         seen.update(allowed)
-    return st.just(_pinned_kind) if _pinned_kind in allowed else st.sampled_from(allowed)
+    if _pinned_kind in allowed:
+        return st.just(_pinned_kind)
+    if _turn is not None:
+        turn = _turn  # the draw may happen later: bind the turn active now
+        return st.just(allowed).map(turn.next)
+    return st.sampled_from(allowed)
+
+
+class InTurn:
+    """Choices in turn instead of at random, for runs that check one case per
+    Hypothesis example (``runner.CALLBACK_CASES_PER_LAYOUT``): each choice takes the
+    option of its family drawn least often so far (the first such one, in an order
+    that starts ``part``/``parts`` of the way into the options), so that a set of
+    options offered as often as it has members has had every member drawn.
+
+    A family is a set of options with the sets it contains or is contained in:
+    matmul's kinds without "large" (under gelu_tanh) share the counts of its kinds,
+    while attention's bias kinds and logits kinds, which share "normal" only, count
+    apart. The runs of one property in its dtypes are the parts: each begins its turn
+    elsewhere instead of repeating the first run's. Options are told apart by their
+    repr (kinds, configs); ``snapshot`` copies the state, so that an example can be
+    redrawn exactly (Hypothesis replays a failing example: ``in_turn``)."""
+
+    def __init__(self, part: int = 0, parts: int = 1) -> None:
+        if not 0 <= part < parts:
+            raise ValueError(f"part must be in [0, parts = {parts}), got {part}")
+        self.part, self.parts = part, parts
+        self.families: list[set[str]] = []
+        self.counts: dict[tuple[int, str], int] = {}
+
+    def _family(self, keys: set[str]) -> int:
+        for i, family in enumerate(self.families):
+            if keys <= family or family <= keys:
+                family |= keys
+                return i
+        self.families.append(set(keys))
+        return len(self.families) - 1
+
+    def next[T](self, options: Sequence[T]) -> T:
+        if not options:
+            raise ValueError("options must not be empty")
+        family = self._family({repr(o) for o in options})
+        shift = self.part * len(options) // self.parts
+        chosen = min([*options[shift:], *options[:shift]], key=lambda o: self.counts.get((family, repr(o)), 0))
+        key = (family, repr(chosen))
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return chosen
+
+    def snapshot(self) -> "InTurn":
+        copy = InTurn(self.part, self.parts)
+        copy.families = [set(f) for f in self.families]
+        copy.counts = dict(self.counts)
+        return copy
+
+
+@contextlib.contextmanager
+def drawing_in_turn(turn: InTurn) -> Iterator[None]:
+    """Within the block, ``element_kinds`` gives ``turn``'s choice (a pinned kind
+    still wins)."""
+    global _turn
+    previous, _turn = _turn, turn
+    try:
+        yield
+    finally:
+        _turn = previous
+
+
+def in_turn[C](case_lists: st.SearchStrategy[list[C]], configs: Callable[[C], Sequence[Any]],
+               turn: InTurn) -> st.SearchStrategy[tuple[list[C], int]]:
+    """Examples of ``case_lists`` with a config index into the first case's
+    ``configs``, their input kinds and config taken in ``turn`` instead of at random
+    (``runner.run_property``, one case per example). Each example carries a drawn
+    token; a token drawn again (Hypothesis replaying a failing example) gets the turn
+    its first draw had, so a failure replays exactly, and a rerun draws the same
+    (derandomized Hypothesis draws the same tokens in the same order). Not for runs
+    with an example database: stored examples would replay under other turns."""
+    before: dict[int, InTurn] = {}  # token -> the turn before its first draw
+
+    @st.composite
+    def drawn(draw: st.DrawFn) -> tuple[list[C], int]:
+        token = draw(st.integers(0, 2**64 - 1))
+        if token in before:
+            current = before[token].snapshot()
+        else:
+            before[token], current = turn.snapshot(), turn
+        with drawing_in_turn(current):
+            cases = draw(case_lists)
+            space = list(configs(cases[0]))
+            return cases, space.index(current.next(space))
+
+    return drawn()
 
 
 @contextlib.contextmanager

@@ -1,2 +1,23 @@
 """The suite's options and fixtures (--backend, Hypothesis profiles, ``backend``,
-``examples``) come from pallascheck's pytest plugin (properties/pytest_plugin.py)."""
+``examples``) come from pallascheck's pytest plugin (properties/pytest_plugin.py).
+
+The order of the items is this suite's schedule for pytest-xdist's ``worksteal``
+(pyproject.toml): each worker starts on a contiguous half of the items, and a worker
+that runs out steals the last ones queued on the other. The tests whose kernels run
+in the interpreters that call back into Python are the longest ones (up to a minute
+each on 2 cores, cold: docs/results.md); each half starts with half of them, so that
+no worker is left running one of them alone at the end while the other idles."""
+from __future__ import annotations
+
+import pytest
+
+# Test ids naming a kernel that runs in the TPU or Mosaic GPU interpreter: the
+# interpreters themselves, JAX's TPU and Mosaic GPU ("_mgpu") kernels, Tokamax's Mosaic
+# ones, and the Mosaic GPU broken variants.
+CALLBACK_INTERPRETER_IDS = ("tpu_interpret", "mosaic_gpu_interpret", "jax:tpu.", "_mgpu", ":mosaic_")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    long = [item for item in items if any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
+    rest = [item for item in items if not any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
+    items[:] = long[0::2] + rest[0::2] + long[1::2] + rest[1::2]

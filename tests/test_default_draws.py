@@ -1,4 +1,6 @@
-"""What verify's default budget (3 examples per spec and dtype, seed 0) draws.
+"""What verify's default budget (3 examples per spec and dtype, seed 0) draws, and
+what the suite's properties in the callback interpreters draw with one case per
+example (kinds and configs in turn: runner.CALLBACK_CASES_PER_LAYOUT).
 
 A mutant of a code path that no case reaches cannot die, so the draws are part of
 the checks' strength (docs/mutation.md): each dtype must draw its own layouts, and
@@ -9,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import runner
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties import checks, jax_bundled, runner, strategies, tokamax_client
+from pallascheck.properties.spec import get_spec, registry
 
 VERIFY_EXAMPLES = 3  # fuzz/cli.py: verify's --examples
 
@@ -42,3 +44,78 @@ def test_each_dtype_draws_its_own_layouts(monkeypatch) -> None:
 def test_verify_draws_each_optional_operand_given_and_not(monkeypatch, name: str, operand: str) -> None:
     cases = [dict(shapes) for cases in _draws(monkeypatch, name).values() for shapes, _ in cases]
     assert any(operand in c for c in cases) and any(operand not in c for c in cases)
+
+
+# One case per example in the interpreters that call back into Python
+# (runner.CALLBACK_CASES_PER_LAYOUT): the suite's properties there, as the suite runs
+# them (ci profile: 4 examples per dtype, seed 0).
+CI_EXAMPLES = 4
+
+
+def _callback_properties() -> list[tuple[str, str]]:
+    mosaic = [(name, "mosaic_gpu_interpret") for name, spec in registry().items()
+              if spec.runs_on(Backend("mosaic_gpu_interpret"))]  # test_kernel_properties' CPU session
+    outside = []  # test_bundled_kernels, test_tokamax: each kernel in its own interpreter
+    for name in sorted(jax_bundled.BUNDLED) + sorted(tokamax_client.TOKAMAX):
+        interpreter = next((b for b in get_spec(name).backends if Backend(b).is_interpreted), None)
+        if interpreter in runner.CALLBACK_INTERPRETERS and name != "jax:gpu.attention_mgpu":
+            outside.append((name, interpreter))
+    return mosaic + outside
+
+
+def _kinds_and_configs(monkeypatch, name: str, backend_name: str, cases_per_layout: int | None):
+    """Over every dtype: the (offered kinds, kind) pairs drawn and the configs checked."""
+    kinds: set[tuple[tuple[str, ...], str]] = set()
+    configs: set[str] = set()
+    offer = strategies.element_kinds
+
+    def recorded(allowed=strategies.ELEMENT_KINDS):
+        allowed = tuple(allowed)
+        return offer(allowed).map(lambda kind: (kinds.add((allowed, kind)), kind)[1])
+
+    def record(spec, case, config, backend, *, context, selected, tally=None):
+        configs.add(repr(config))
+        return tally or runner.Tally()
+
+    monkeypatch.setattr(strategies, "element_kinds", recorded)
+    monkeypatch.setattr(runner, "check_case", record)
+    spec, backend = get_spec(name), Backend(backend_name)
+    for dtype in spec.dtypes_for(backend):
+        runner.run_property(spec, dtype, backend, examples=CI_EXAMPLES, seed=0, cases_per_layout=cases_per_layout)
+    return kinds, configs
+
+
+def _drawn_from(kinds: set[tuple[tuple[str, ...], str]], offered: tuple[str, ...]) -> set[str]:
+    """The kinds drawn from ``offered`` or from a set that contains it or that it
+    contains (matmul offers its kinds without "large" under gelu_tanh)."""
+    return {k for allowed, k in kinds if set(allowed) <= set(offered) or set(offered) <= set(allowed)}
+
+
+@pytest.mark.parametrize("name, backend", _callback_properties())
+def test_one_case_per_example_draws_what_two_random_cases_drew(monkeypatch, name: str, backend: str) -> None:
+    """Every input kind of every set offered is drawn, and every config that two
+    random cases per example drew (the generic interpreter's draws) is checked."""
+    assert runner.layout_cases(Backend(backend)) == runner.CALLBACK_CASES_PER_LAYOUT == 1
+    in_turn_kinds, in_turn_configs = _kinds_and_configs(monkeypatch, name, backend, None)
+    random_kinds, random_configs = _kinds_and_configs(monkeypatch, name, backend, runner.CASES_PER_LAYOUT)
+    for offered in {allowed for allowed, _ in in_turn_kinds | random_kinds}:
+        assert set(offered) <= _drawn_from(in_turn_kinds, offered), (offered, _drawn_from(in_turn_kinds, offered))
+    assert random_configs <= in_turn_configs, random_configs - in_turn_configs
+
+
+def test_in_turn_draws_replay_a_failing_example(monkeypatch) -> None:
+    """Hypothesis replays a failing example to report it: the replay must draw the
+    same case (else Hypothesis reports the test as flaky instead of the failure)."""
+    seen = []
+
+    def fail_on_third(spec, case, config, backend, *, context, selected, tally=None):
+        seen.append(runner.fingerprint(case))
+        if len(seen) >= 3 and seen[-1] == seen[2]:
+            raise checks.CheckFailure(checks.Outcome("values", False, 2.0, "planted"), context)
+        return tally or runner.Tally()
+
+    monkeypatch.setattr(runner, "check_case", fail_on_third)
+    tally = runner.run_property(get_spec("matmul"), "bfloat16", Backend("mosaic_gpu_interpret"),
+                                examples=CI_EXAMPLES, seed=0)
+    assert [f.check for f in tally.findings] == ["values"], tally.failure
+    assert seen[-1] == seen[2]  # the replay drew the third example's case again
