@@ -62,7 +62,8 @@ Algorithm (two Pallas kernels):
    own: its first ``count`` slots are unchanged by that (prefixes, above).
    On ``tpu``/``tpu_interpret`` the stop state lives in SMEM scalars (per-token
    counts and a done-counter, as on a TPU the scalar core branches); elsewhere it is
-   a vector and the branch reduces it.
+   a vector and the branch reduces it (``config.stop_state`` picks either on the
+   interpreters, which run both: the CPU checks the TPU's form too).
 2. Selection kernel on the candidates, compiled for each candidate width
    ``c * B`` with ``c`` a power of two; ``lax.switch`` on the largest per-token count
    picks one. Columns past a row's own ``count * B`` become the sentinel on load
@@ -112,7 +113,12 @@ from .backends import Backend, get_backend
 SENTINEL_KEY = -(2**31)  # INT32_MIN: ties with the key of one -NaN ...
 SENTINEL_INDEX = 2**31 - 1  # ... whose real index is smaller, so the sentinel still loses
 LAYOUTS = ("auto", "stacked", "unrolled")
+STOP_STATES = ("auto", "scalars", "vector")
 MAX_K = 1024  # the candidate tiles are next_pow2(k) * num_blocks wide
+# The interpreters compile the unrolled layout's m slot updates one by one: at
+# vocab 300, B = 8, 0.7 s at k = 5 and 3.4 s at k = 33 (the stacked layout: 0.5 s),
+# so the CPU checks it on the k up to this.
+UNROLLED_INTERPRETED_MAX_K = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +128,15 @@ class Config:
     block_tokens: int = 8  # token rows per program
     num_warps: int = 4  # GPU only
     layout: str = "auto"  # slot layout (see Slots): auto = unrolled on gpu, else stacked
+    # where the stop state lives: auto = SMEM scalars on tpu/tpu_interpret, else a vector
+    # (_superset_kernel); the interpreters run either, so the CPU checks both
+    stop_state: str = "auto"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"config.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.stop_state not in STOP_STATES:
+            raise ValueError(f"config.stop_state must be one of {STOP_STATES}, got {self.stop_state!r}")
         validation.require_positive_power_of_two("config.num_blocks", self.num_blocks)
         validation.require_positive_power_of_two("config.block_tokens", self.block_tokens)
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
@@ -152,7 +163,7 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
         short = [Config(8, (2, 3, 5), 1), Config(32, (4,), 2)] if vocab <= 4096 else []
         return short + [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
     # Few blocks first (deep slots, several stages); the unrolled layout is the GPU's.
-    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []
+    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= UNROLLED_INTERPRETED_MAX_K else []
     return [Config(8, (2, 3, 5), 1), Config(8, (3,), 2), Config(32, (4,), 2), Config()] + small
 
 
@@ -160,6 +171,14 @@ def default_config(backend: "str | Backend | None" = None) -> Config:
     """Config() everywhere but the GPU, where one token per program keeps the unrolled
     slots of the deepest stage (2k tiles of 128 int32) closer to the register file."""
     return Config(block_tokens=1) if get_backend(backend).is_triton else Config()
+
+
+def forms(config: Config, backend: "str | Backend | None" = None) -> tuple[bool, bool]:
+    """(stacked slots, stop state in SMEM scalars): what ``config`` runs on ``backend``."""
+    be = get_backend(backend)
+    stacked = config.layout == "stacked" or (config.layout == "auto" and not be.is_triton)
+    scalars = config.stop_state == "scalars" or (config.stop_state == "auto" and be.name in ("tpu", "tpu_interpret"))
+    return stacked, scalars
 
 
 def stages(k: int, m_schedule: tuple[int, ...]) -> tuple[int, ...]:
@@ -400,8 +419,7 @@ def _superset(bits, k: int, config: Config, backend: Backend, parts: Parts):
     schedule = stages(k, config.m_schedule)
     grid = (pl.cdiv(tokens, bt),)
     masked_io = backend.is_triton
-    smem_state = backend.name in ("tpu", "tpu_interpret")
-    stacked = config.layout == "stacked" or (config.layout == "auto" and not backend.is_triton)
+    stacked, smem_state = forms(config, backend)
     scratch = [pltpu.SMEM((bt,), jnp.int32), pltpu.SMEM((1,), jnp.int32)] if smem_state else []
     cand_key, cand_index, counts = backend.pallas_call(
         functools.partial(_superset_kernel, tokens=tokens, vocab=vocab, k=k, num_blocks=nb,
@@ -500,6 +518,9 @@ def top_k(
     if backend.is_triton and config.layout == "stacked":
         raise ValueError("config.layout 'stacked' does not lower on Triton (it slices register tiles); "
                          "use 'auto' or 'unrolled' on the gpu backend")
+    if backend.is_triton and config.stop_state == "scalars":
+        raise ValueError("config.stop_state 'scalars' does not lower on Triton (it keeps the stop state in SMEM); "
+                         "use 'auto' or 'vector' on the gpu backend")
     return _top_k(logits, k, config, backend, parts)
 
 
