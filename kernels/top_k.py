@@ -208,21 +208,16 @@ def total_order_keys(bits: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ flip, bits)
 
 
-def beats(key_a, index_a, key_b, index_b, lower_index_wins: bool = True):
-    """Pair a ranks above pair b: larger key, or the same key and a lower index
-    (a higher one with ``lower_index_wins=False``, which only test variants use)."""
-    tie_break = index_a < index_b if lower_index_wins else index_a > index_b
-    return (key_a > key_b) | ((key_a == key_b) & tie_break)
+def beats(key_a, index_a, key_b, index_b):
+    """Pair a ranks above pair b: larger key, or the same key and a lower index."""
+    return (key_a > key_b) | ((key_a == key_b) & (index_a < index_b))
 
 
-def largest_pair(keys, indices, lower_index_wins: bool = True):
+def largest_pair(keys, indices):
     """The largest pair along the last axis (keepdims): max key, then the lowest
     index holding it."""
     key = jnp.max(keys, axis=-1, keepdims=True)
-    if lower_index_wins:
-        index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
-    else:
-        index = jnp.max(jnp.where(keys == key, indices, -1), axis=-1, keepdims=True)
+    index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
     return key, index
 
 
@@ -252,10 +247,10 @@ class Slots:
     def stacked(self) -> bool:
         return not isinstance(self.keys, tuple)
 
-    def insert(self, key, index, lower_index_wins: bool) -> "Slots":
+    def insert(self, key, index) -> "Slots":
         """Insert one pair per lane; the smallest pair falls off the end."""
         if self.stacked:
-            win = beats(key[None], index[None], self.keys, self.indices, lower_index_wins)  # F..F T..T
+            win = beats(key[None], index[None], self.keys, self.indices)  # F..F T..T
             above = jnp.concatenate([jnp.zeros_like(win[:1]), win[:-1]], axis=0)
 
             def shifted(old, new):  # slot s takes slot s-1 below the insertion point
@@ -266,7 +261,7 @@ class Slots:
         # The stacked update written per slot: every compare reads the old slots, so
         # the m updates are independent (a sinking compare-exchange would chain them,
         # and Triton's compile time grows steeply with that chain's length).
-        wins = [beats(key, index, k_s, i_s, lower_index_wins) for k_s, i_s in zip(self.keys, self.indices)]
+        wins = [beats(key, index, k_s, i_s) for k_s, i_s in zip(self.keys, self.indices)]
 
         def shifted(old, new):
             return tuple(
@@ -279,23 +274,23 @@ class Slots:
     def slot(self, s: int):
         return self.keys[s], self.indices[s]
 
-    def count_beating(self, slots: int, key, index, lower_index_wins: bool):
+    def count_beating(self, slots: int, key, index):
         """Per row (keepdims), how many pairs in slots [0, slots) beat (key, index)."""
         if self.stacked:
-            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None], lower_index_wins)
+            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None])
             return jnp.sum(jnp.sum(wins.astype(jnp.int32), axis=0), axis=-1, keepdims=True)
         count = jnp.zeros(key.shape, jnp.int32)
         for s in range(slots):
-            wins = beats(self.keys[s], self.indices[s], key, index, lower_index_wins)
+            wins = beats(self.keys[s], self.indices[s], key, index)
             count += jnp.sum(wins.astype(jnp.int32), axis=-1, keepdims=True)
         return count
 
 
-def stops(slots: Slots, m: int, k: int, lower_index_wins: bool = True):
+def stops(slots: Slots, m: int, k: int):
     """Stage m's criterion per token row, shape (block_tokens, 1): at least k of the
     top-(m-1) slots' pairs beat the largest m-th pair over the blocks."""
-    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1), lower_index_wins)
-    return slots.count_beating(m - 1, pivot_key, pivot_index, lower_index_wins) >= k
+    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1))
+    return slots.count_beating(m - 1, pivot_key, pivot_index) >= k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +298,6 @@ class Parts:
     """The swappable pieces of the algorithm (test variants replace one each)."""
 
     keys: Callable[[jax.Array], jax.Array] = total_order_keys
-    lower_index_wins: bool = True  # the tie rule
     stops: Callable[..., jax.Array] = stops
     candidate_slots: Callable[[int, int], int] = candidate_slots
     mask_vocab_tail: bool = True
@@ -322,13 +316,12 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         def chunk(r, carry):
             start = pl.multiple_of(r * num_blocks, num_blocks)
             cols = start + lane
+            # unmasked (a test variant), the load reads past the vocab what the block holds there
             ok = row_ok & ((cols < vocab) | (not parts.mask_vocab_tail))
             x = block_io.load(bits_ref.at[:, pl.ds(start, num_blocks)], ok, masked_io=masked_io)
-            if not parts.mask_vocab_tail:  # what an unmasked kernel sees past the vocab
-                x = bits_ref[:, pl.ds(start, num_blocks)]
             key = jnp.where(ok, parts.keys(x), SENTINEL_KEY)
             index = jnp.where(ok, jnp.broadcast_to(cols, key.shape), SENTINEL_INDEX)
-            slots = Slots(*carry).insert(key, index, parts.lower_index_wins)
+            slots = Slots(*carry).insert(key, index)
             return slots.keys, slots.indices
 
         empty = Slots.empty(m, (bt, num_blocks), stacked)
@@ -361,7 +354,7 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         slots = block_top(m)
         count = parts.candidate_slots(m, k)
         write_candidates(slots, count)
-        done = parts.stops(slots, m, k, parts.lower_index_wins) if m < k else jnp.ones((bt, 1), jnp.bool_)
+        done = parts.stops(slots, m, k) if m < k else jnp.ones((bt, 1), jnp.bool_)
         done = done | ~row_ok  # rows past the end never hold the loop
         if smem_state:
             done_smem[0] = 0
@@ -399,7 +392,7 @@ def _select_kernel(key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: in
 
     def extract(j, carry):
         keys, indices, out = carry
-        key, index = largest_pair(keys, indices, parts.lower_index_wins)
+        key, index = largest_pair(keys, indices)
         taken = (keys == key) & (indices == index)
         return (jnp.where(taken, SENTINEL_KEY, keys), jnp.where(taken, SENTINEL_INDEX, indices),
                 jnp.where(column == j, index, out))
