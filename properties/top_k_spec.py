@@ -155,21 +155,25 @@ def _bound(case: Case, ref: oracle.TopKOracle, config: Any, arith: Arithmetic) -
 
 
 def mirrored(config: top_k.Config, k: int, backend: Backend) -> top_k.Config | None:
-    """``config`` in the other slot layout, where the interpreters compile the
-    unrolled one cheaply (k up to top_k.UNROLLED_INTERPRETED_MAX_K); None past it
-    and off the interpreters (a TPU or GPU lowers only the layout its backend picks)."""
+    """``config`` in the other slot layout and the other stop state, where the
+    interpreters compile the unrolled layout cheaply (k up to
+    top_k.UNROLLED_INTERPRETED_MAX_K); None past it and off the interpreters (a TPU or
+    GPU lowers only the forms its backend picks)."""
     if not backend.is_interpreted or k > top_k.UNROLLED_INTERPRETED_MAX_K:
         return None
-    stacked, _ = top_k.forms(config, backend)
-    return dataclasses.replace(config, layout="unrolled" if stacked else "stacked")
+    stacked, scalars = top_k.forms(config, backend)
+    return dataclasses.replace(config, layout="unrolled" if stacked else "stacked",
+                               stop_state="vector" if scalars else "scalars")
 
 
-def layouts_agree(run: Callable[[Case, Any, Backend], np.ndarray]) -> Relation:
-    """The other slot layout gives the same bits: stacked, as the interpreters and the
-    TPU run it, or unrolled, as Triton does. The config space draws the unrolled
-    layout in one config of five; this relation runs it on every case with
-    k <= top_k.UNROLLED_INTERPRETED_MAX_K (past it, the output is compared with
-    itself). Selection is exact: the bound is 0."""
+def forms_agree(run: Callable[[Case, Any, Backend], np.ndarray]) -> Relation:
+    """The kernel's other forms give the same bits: the slot layout (stacked, as the
+    interpreters and the TPU run it, or unrolled, as Triton does) and the stop state
+    (a vector, or SMEM scalars as on a TPU), both flipped in one more compiled kernel,
+    on every case with k <= top_k.UNROLLED_INTERPRETED_MAX_K (past it, the output is
+    compared with itself): the drawn config's slots and stages, so the deep configs
+    (8 blocks, several stages, rows that stop at different stages) run the other
+    forms too. Selection is exact: the bound is 0."""
 
     def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
         other = mirrored(config, case.params["k"], backend)
@@ -177,14 +181,7 @@ def layouts_agree(run: Callable[[Case, Any, Backend], np.ndarray]) -> Relation:
             return np.asarray(out), np.asarray(out), np.float64(0.0)
         return np.asarray(run(case, other, backend)), np.asarray(out), np.float64(0.0)
 
-    return Relation("layouts_agree", relation)
-
-
-# On the generic interpreter the configs drawn keep the stop state in a vector (as a
-# GPU does) and the default config, which configs_agree runs on every case whose
-# config is not it, in SMEM scalars (as a TPU does): no drawn config is the default,
-# so every case runs both forms, at no extra compile.
-INTERPRET_DEFAULT = top_k.Config(stop_state="scalars")
+    return Relation("forms_agree", relation)
 
 
 def _bad_inputs() -> list[BadInput]:
@@ -238,9 +235,8 @@ def make_spec(
         # the op's contract is the implementation bound, 0.
         contract=lambda case, ref, arith: oracle.bound(ref),
         **config_fields(blocks, configs, top_k.Config()),
-        **({"default_config_on": {"interpret": INTERPRET_DEFAULT}} if blocks is None else {}),
         relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),)
-        + ((layouts_agree(run),) if blocks is None else ()),
+        + ((forms_agree(run),) if blocks is None else ()),
         bad_inputs=bad_inputs or _bad_inputs,
         backends=backends,
     )
