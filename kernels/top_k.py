@@ -62,7 +62,8 @@ Algorithm (two Pallas kernels):
    own: its first ``count`` slots are unchanged by that (prefixes, above).
    On ``tpu``/``tpu_interpret`` the stop state lives in SMEM scalars (per-token
    counts and a done-counter, as on a TPU the scalar core branches); elsewhere it is
-   a vector and the branch reduces it.
+   a vector and the branch reduces it (``config.stop_state`` picks either on the
+   interpreters, which run both: the CPU checks the TPU's form too).
 2. Selection kernel on the candidates, compiled for each candidate width
    ``c * B`` with ``c`` a power of two; ``lax.switch`` on the largest per-token count
    picks one. Columns past a row's own ``count * B`` become the sentinel on load
@@ -112,7 +113,12 @@ from .backends import Backend, get_backend
 SENTINEL_KEY = -(2**31)  # INT32_MIN: ties with the key of one -NaN ...
 SENTINEL_INDEX = 2**31 - 1  # ... whose real index is smaller, so the sentinel still loses
 LAYOUTS = ("auto", "stacked", "unrolled")
+STOP_STATES = ("auto", "scalars", "vector")
 MAX_K = 1024  # the candidate tiles are next_pow2(k) * num_blocks wide
+# The interpreters compile the unrolled layout's m slot updates one by one: at
+# vocab 300, B = 8, 0.7 s at k = 5 and 3.4 s at k = 33 (the stacked layout: 0.5 s),
+# so the CPU checks it on the k up to this.
+UNROLLED_INTERPRETED_MAX_K = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +128,15 @@ class Config:
     block_tokens: int = 8  # token rows per program
     num_warps: int = 4  # GPU only
     layout: str = "auto"  # slot layout (see Slots): auto = unrolled on gpu, else stacked
+    # where the stop state lives: auto = SMEM scalars on tpu/tpu_interpret, else a vector
+    # (_superset_kernel); the interpreters run either, so the CPU checks both
+    stop_state: str = "auto"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"config.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.stop_state not in STOP_STATES:
+            raise ValueError(f"config.stop_state must be one of {STOP_STATES}, got {self.stop_state!r}")
         validation.require_positive_power_of_two("config.num_blocks", self.num_blocks)
         validation.require_positive_power_of_two("config.block_tokens", self.block_tokens)
         validation.require_positive_power_of_two("config.num_warps", self.num_warps)
@@ -152,7 +163,7 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
         short = [Config(8, (2, 3, 5), 1), Config(32, (4,), 2)] if vocab <= 4096 else []
         return short + [Config(128, (5, 9, 17, 33), bt) for bt in (1, 2, 4)] + [Config(256, (3, 5, 9, 17), 1)]
     # Few blocks first (deep slots, several stages); the unrolled layout is the GPU's.
-    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= 8 else []
+    small = [Config(8, (2, 3, 5), 1, layout="unrolled")] if k <= UNROLLED_INTERPRETED_MAX_K else []
     return [Config(8, (2, 3, 5), 1), Config(8, (3,), 2), Config(32, (4,), 2), Config()] + small
 
 
@@ -160,6 +171,14 @@ def default_config(backend: "str | Backend | None" = None) -> Config:
     """Config() everywhere but the GPU, where one token per program keeps the unrolled
     slots of the deepest stage (2k tiles of 128 int32) closer to the register file."""
     return Config(block_tokens=1) if get_backend(backend).is_triton else Config()
+
+
+def forms(config: Config, backend: "str | Backend | None" = None) -> tuple[bool, bool]:
+    """(stacked slots, stop state in SMEM scalars): what ``config`` runs on ``backend``."""
+    be = get_backend(backend)
+    stacked = config.layout == "stacked" or (config.layout == "auto" and not be.is_triton)
+    scalars = config.stop_state == "scalars" or (config.stop_state == "auto" and be.name in ("tpu", "tpu_interpret"))
+    return stacked, scalars
 
 
 def stages(k: int, m_schedule: tuple[int, ...]) -> tuple[int, ...]:
@@ -189,21 +208,16 @@ def total_order_keys(bits: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ flip, bits)
 
 
-def beats(key_a, index_a, key_b, index_b, lower_index_wins: bool = True):
-    """Pair a ranks above pair b: larger key, or the same key and a lower index
-    (a higher one with ``lower_index_wins=False``, which only test variants use)."""
-    tie_break = index_a < index_b if lower_index_wins else index_a > index_b
-    return (key_a > key_b) | ((key_a == key_b) & tie_break)
+def beats(key_a, index_a, key_b, index_b):
+    """Pair a ranks above pair b: larger key, or the same key and a lower index."""
+    return (key_a > key_b) | ((key_a == key_b) & (index_a < index_b))
 
 
-def largest_pair(keys, indices, lower_index_wins: bool = True):
+def largest_pair(keys, indices):
     """The largest pair along the last axis (keepdims): max key, then the lowest
     index holding it."""
     key = jnp.max(keys, axis=-1, keepdims=True)
-    if lower_index_wins:
-        index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
-    else:
-        index = jnp.max(jnp.where(keys == key, indices, -1), axis=-1, keepdims=True)
+    index = jnp.min(jnp.where(keys == key, indices, SENTINEL_INDEX), axis=-1, keepdims=True)
     return key, index
 
 
@@ -233,10 +247,10 @@ class Slots:
     def stacked(self) -> bool:
         return not isinstance(self.keys, tuple)
 
-    def insert(self, key, index, lower_index_wins: bool) -> "Slots":
+    def insert(self, key, index) -> "Slots":
         """Insert one pair per lane; the smallest pair falls off the end."""
         if self.stacked:
-            win = beats(key[None], index[None], self.keys, self.indices, lower_index_wins)  # F..F T..T
+            win = beats(key[None], index[None], self.keys, self.indices)  # F..F T..T
             above = jnp.concatenate([jnp.zeros_like(win[:1]), win[:-1]], axis=0)
 
             def shifted(old, new):  # slot s takes slot s-1 below the insertion point
@@ -247,7 +261,7 @@ class Slots:
         # The stacked update written per slot: every compare reads the old slots, so
         # the m updates are independent (a sinking compare-exchange would chain them,
         # and Triton's compile time grows steeply with that chain's length).
-        wins = [beats(key, index, k_s, i_s, lower_index_wins) for k_s, i_s in zip(self.keys, self.indices)]
+        wins = [beats(key, index, k_s, i_s) for k_s, i_s in zip(self.keys, self.indices)]
 
         def shifted(old, new):
             return tuple(
@@ -260,23 +274,23 @@ class Slots:
     def slot(self, s: int):
         return self.keys[s], self.indices[s]
 
-    def count_beating(self, slots: int, key, index, lower_index_wins: bool):
+    def count_beating(self, slots: int, key, index):
         """Per row (keepdims), how many pairs in slots [0, slots) beat (key, index)."""
         if self.stacked:
-            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None], lower_index_wins)
+            wins = beats(self.keys[:slots], self.indices[:slots], key[None], index[None])
             return jnp.sum(jnp.sum(wins.astype(jnp.int32), axis=0), axis=-1, keepdims=True)
         count = jnp.zeros(key.shape, jnp.int32)
         for s in range(slots):
-            wins = beats(self.keys[s], self.indices[s], key, index, lower_index_wins)
+            wins = beats(self.keys[s], self.indices[s], key, index)
             count += jnp.sum(wins.astype(jnp.int32), axis=-1, keepdims=True)
         return count
 
 
-def stops(slots: Slots, m: int, k: int, lower_index_wins: bool = True):
+def stops(slots: Slots, m: int, k: int):
     """Stage m's criterion per token row, shape (block_tokens, 1): at least k of the
     top-(m-1) slots' pairs beat the largest m-th pair over the blocks."""
-    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1), lower_index_wins)
-    return slots.count_beating(m - 1, pivot_key, pivot_index, lower_index_wins) >= k
+    pivot_key, pivot_index = largest_pair(*slots.slot(m - 1))
+    return slots.count_beating(m - 1, pivot_key, pivot_index) >= k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +298,6 @@ class Parts:
     """The swappable pieces of the algorithm (test variants replace one each)."""
 
     keys: Callable[[jax.Array], jax.Array] = total_order_keys
-    lower_index_wins: bool = True  # the tie rule
     stops: Callable[..., jax.Array] = stops
     candidate_slots: Callable[[int, int], int] = candidate_slots
     mask_vocab_tail: bool = True
@@ -303,13 +316,12 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         def chunk(r, carry):
             start = pl.multiple_of(r * num_blocks, num_blocks)
             cols = start + lane
+            # unmasked (a test variant), the load reads past the vocab what the block holds there
             ok = row_ok & ((cols < vocab) | (not parts.mask_vocab_tail))
             x = block_io.load(bits_ref.at[:, pl.ds(start, num_blocks)], ok, masked_io=masked_io)
-            if not parts.mask_vocab_tail:  # what an unmasked kernel sees past the vocab
-                x = bits_ref[:, pl.ds(start, num_blocks)]
             key = jnp.where(ok, parts.keys(x), SENTINEL_KEY)
             index = jnp.where(ok, jnp.broadcast_to(cols, key.shape), SENTINEL_INDEX)
-            slots = Slots(*carry).insert(key, index, parts.lower_index_wins)
+            slots = Slots(*carry).insert(key, index)
             return slots.keys, slots.indices
 
         empty = Slots.empty(m, (bt, num_blocks), stacked)
@@ -342,7 +354,7 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         slots = block_top(m)
         count = parts.candidate_slots(m, k)
         write_candidates(slots, count)
-        done = parts.stops(slots, m, k, parts.lower_index_wins) if m < k else jnp.ones((bt, 1), jnp.bool_)
+        done = parts.stops(slots, m, k) if m < k else jnp.ones((bt, 1), jnp.bool_)
         done = done | ~row_ok  # rows past the end never hold the loop
         if smem_state:
             done_smem[0] = 0
@@ -380,7 +392,7 @@ def _select_kernel(key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: in
 
     def extract(j, carry):
         keys, indices, out = carry
-        key, index = largest_pair(keys, indices, parts.lower_index_wins)
+        key, index = largest_pair(keys, indices)
         taken = (keys == key) & (indices == index)
         return (jnp.where(taken, SENTINEL_KEY, keys), jnp.where(taken, SENTINEL_INDEX, indices),
                 jnp.where(column == j, index, out))
@@ -400,8 +412,7 @@ def _superset(bits, k: int, config: Config, backend: Backend, parts: Parts):
     schedule = stages(k, config.m_schedule)
     grid = (pl.cdiv(tokens, bt),)
     masked_io = backend.is_triton
-    smem_state = backend.name in ("tpu", "tpu_interpret")
-    stacked = config.layout == "stacked" or (config.layout == "auto" and not backend.is_triton)
+    stacked, smem_state = forms(config, backend)
     scratch = [pltpu.SMEM((bt,), jnp.int32), pltpu.SMEM((1,), jnp.int32)] if smem_state else []
     cand_key, cand_index, counts = backend.pallas_call(
         functools.partial(_superset_kernel, tokens=tokens, vocab=vocab, k=k, num_blocks=nb,
@@ -500,6 +511,9 @@ def top_k(
     if backend.is_triton and config.layout == "stacked":
         raise ValueError("config.layout 'stacked' does not lower on Triton (it slices register tiles); "
                          "use 'auto' or 'unrolled' on the gpu backend")
+    if backend.is_triton and config.stop_state == "scalars":
+        raise ValueError("config.stop_state 'scalars' does not lower on Triton (it keeps the stop state in SMEM); "
+                         "use 'auto' or 'vector' on the gpu backend")
     return _top_k(logits, k, config, backend, parts)
 
 

@@ -41,7 +41,7 @@ from pallascheck.oracles import top_k as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
 from . import builders, relations, strategies
-from .spec import BadInput, Case, KernelSpec, config_fields
+from .spec import BadInput, Case, KernelSpec, Relation, config_fields
 
 # Hypothesis starts from the first entry of each bucket, so each bucket leads with a
 # hard case: several stages run and stop early, and the candidates reach deep slots.
@@ -154,6 +154,36 @@ def _bound(case: Case, ref: oracle.TopKOracle, config: Any, arith: Arithmetic) -
     return oracle.bound(ref)
 
 
+def mirrored(config: top_k.Config, k: int, backend: Backend) -> top_k.Config | None:
+    """``config`` in the other slot layout and the other stop state, where the
+    interpreters compile the unrolled layout cheaply (k up to
+    top_k.UNROLLED_INTERPRETED_MAX_K); None past it and off the interpreters (a TPU or
+    GPU lowers only the forms its backend picks)."""
+    if not backend.is_interpreted or k > top_k.UNROLLED_INTERPRETED_MAX_K:
+        return None
+    stacked, scalars = top_k.forms(config, backend)
+    return dataclasses.replace(config, layout="unrolled" if stacked else "stacked",
+                               stop_state="vector" if scalars else "scalars")
+
+
+def forms_agree(run: Callable[[Case, Any, Backend], np.ndarray]) -> Relation:
+    """The kernel's other forms give the same bits: the slot layout (stacked, as the
+    interpreters and the TPU run it, or unrolled, as Triton does) and the stop state
+    (a vector, or SMEM scalars as on a TPU), both flipped in one more compiled kernel,
+    on every case with k <= top_k.UNROLLED_INTERPRETED_MAX_K (past it, the output is
+    compared with itself): the drawn config's slots and stages, so the deep configs
+    (8 blocks, several stages, rows that stop at different stages) run the other
+    forms too. Selection is exact: the bound is 0."""
+
+    def relation(case: Case, config: Any, backend: Backend, out: np.ndarray):
+        other = mirrored(config, case.params["k"], backend)
+        if other is None:
+            return np.asarray(out), np.asarray(out), np.float64(0.0)
+        return np.asarray(run(case, other, backend)), np.asarray(out), np.float64(0.0)
+
+    return Relation("forms_agree", relation)
+
+
 def _bad_inputs() -> list[BadInput]:
     x = jnp.ones((2, 50), jnp.float32)
     return [
@@ -168,6 +198,8 @@ def _bad_inputs() -> list[BadInput]:
         BadInput("schedule not increasing", lambda: top_k.Config(m_schedule=(9, 5)), ValueError, r"config.m_schedule must be a strictly increasing"),
         BadInput("schedule below 2", lambda: top_k.Config(m_schedule=(1, 5)), ValueError, r"config.m_schedule must be .* >= 2"),
         BadInput("unknown layout", lambda: top_k.Config(layout="packed"), ValueError, r"config.layout must be one of"),
+        BadInput("unknown stop state", lambda: top_k.Config(stop_state="smem"), ValueError,
+                 r"config.stop_state must be one of"),
     ]
 
 
@@ -203,7 +235,8 @@ def make_spec(
         # the op's contract is the implementation bound, 0.
         contract=lambda case, ref, arith: oracle.bound(ref),
         **config_fields(blocks, configs, top_k.Config()),
-        relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),),
+        relations=(relations.row_permutation(("logits",), run, lambda case, config, backend: oracle.bound(_oracle(case))),)
+        + ((forms_agree(run),) if blocks is None else ()),
         bad_inputs=bad_inputs or _bad_inputs,
         backends=backends,
     )

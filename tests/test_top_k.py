@@ -101,6 +101,20 @@ def test_slot_layouts_agree_with_the_oracle(backend) -> None:
         _check(x, 8, stacked, backend)
 
 
+def test_stop_states_agree_with_the_oracle(backend) -> None:
+    """SMEM scalars are the TPU's stop state, a vector the GPU's; the interpreters run
+    both. Triton cannot keep scalars in SMEM, and must say so."""
+    x = draw_logits(7, (9, 300), "float32", "strided_ones")
+    config = top_k.Config(num_blocks=8, m_schedule=(2, 3, 5), block_tokens=2, stop_state="vector")
+    _check(x, 8, config, backend)
+    scalars = dataclasses.replace(config, stop_state="scalars")
+    if backend.is_triton:
+        with pytest.raises(ValueError, match="config.stop_state 'scalars' does not lower on Triton"):
+            top_k.top_k(jnp.asarray(x), 8, config=scalars, backend=backend)
+    else:
+        _check(x, 8, scalars, backend)
+
+
 def test_tpu_interpreter_races_and_grid_shuffles() -> None:
     """SMEM stop state, race detection on, two grid shuffles: identical bits."""
     x = draw_logits(11, (5, 100), "bfloat16", "log_probs")

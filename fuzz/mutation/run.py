@@ -201,6 +201,8 @@ class _Job:
     def next_task(self, settings: Settings) -> bool:
         if not self.units:
             return False
+        if self.unit is None:  # the first task: the job's time starts now, not at its worker's spawn
+            self.started = self.last_message = time.monotonic()
         self.unit = self.units.pop(0)
         self.digests[self.unit] = []
         self.worker.start(Task(*self.unit, "any", None, settings.seed,
@@ -232,12 +234,43 @@ def _setup(settings: Settings, mutant: Mutant | None) -> dict[str, Any]:
     return setup
 
 
-def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
-    folder = os.path.join(directory, f"worker-{slot}")
+def _spawn(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
+    """A job whose worker process starts (interpreter, JAX import) now; its first task
+    goes when ``next_task`` is called."""
+    folder = os.path.join(directory, f"worker-{slot}-{'baseline' if mutant is None else mutant.id}")
     os.makedirs(folder, exist_ok=True)
-    job = _Job(mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units))
+    return _Job(mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units))
+
+
+def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
+    job = _spawn(settings, mutant, slot, directory)
     job.next_task(settings)
     return job
+
+
+class _Retired:
+    """Workers told to exit, reaped when they have (a worker's exit takes a moment
+    that the next mutant need not wait for); ``close`` kills what is left."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+
+    def add(self, worker: Worker) -> None:
+        try:
+            worker.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.workers.append(worker)
+
+    def reap(self) -> None:
+        for worker in [w for w in self.workers if not w.process.is_alive()]:
+            worker.kill()  # joins it and closes its pipe
+            self.workers.remove(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+        self.workers.clear()
 
 
 def _step(
@@ -333,6 +366,11 @@ def run(
     interrupted = False
     baseline_seconds = 0.0
     jobs: dict[int, _Job] = {}
+    # Per slot, the next mutant's worker, spawned while the slot's current mutant runs:
+    # a worker's start (the interpreter, JAX's import) is seconds that then overlap
+    # another mutant's checks instead of adding to the run.
+    spares: dict[int, _Job] = {}
+    retired = _Retired()
     with tempfile.TemporaryDirectory(prefix="pallascheck-mutate-") as directory:
         try:
             progress(f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
@@ -351,13 +389,16 @@ def run(
                     record(Outcome(m, UNREACHED, message="no case drawn runs this line"))
                 else:
                     queue.append(m)
-            while queue or jobs:
+            while queue or jobs or spares:
                 over_budget = settings.budget_s is not None and time.monotonic() - start > settings.budget_s
                 if over_budget:
                     break
                 for slot in range(settings.jobs):
-                    if slot not in jobs and queue:
-                        jobs[slot] = _start(settings, queue.pop(0), slot, directory)
+                    if slot not in jobs and (slot in spares or queue):
+                        jobs[slot] = spares.pop(slot, None) or _spawn(settings, queue.pop(0), slot, directory)
+                        jobs[slot].next_task(settings)
+                    if slot not in spares and queue:
+                        spares[slot] = _spawn(settings, queue.pop(0), slot, directory)
                 for slot, job in list(jobs.items()):
                     unit, result, death = _step(job, settings, timeout)
                     outcome = None
@@ -371,15 +412,17 @@ def run(
                         outcome = _finish(job, SURVIVED, baseline, cases=job.cases)
                     if outcome is not None:
                         if death is None:
-                            job.worker.stop()
+                            retired.add(job.worker)
                         del jobs[slot]
                         record(outcome)
+                retired.reap()
                 time.sleep(0.05)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            for job in jobs.values():
+            for job in [*jobs.values(), *spares.values()]:
                 job.worker.kill()
+            retired.close()
             out.close()
     for m in mutants:
         if m.id not in outcomes:
