@@ -119,9 +119,7 @@ def part_examples(examples: int, unit: Unit) -> int:
 def part_seed(seed: int, unit: Unit) -> int:
     """The Hypothesis seed of ``unit``'s part: ``seed`` itself for the first part (a
     one-part property draws what it always drew), a hash of it for the others."""
-    if unit.part == 0:
-        return seed
-    return int.from_bytes(hashlib.sha256(f"{seed}/part {unit.part}".encode()).digest()[:8], "little")
+    return seed if unit.part == 0 else runner.derived_seed(seed, f"part {unit.part}")
 
 
 def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None,

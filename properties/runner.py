@@ -398,12 +398,18 @@ def tier_cases(spec: KernelSpec, shapes: str) -> Callable[[str, Backend], st.Sea
     return spec.production
 
 
+def derived_seed(seed: int, label: str) -> int:
+    """A seed of its own for ``label``'s run under ``seed``, the same in every process
+    (no ``hash()``), so that a replay draws the same."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{label}".encode()).digest()[:8], "little")
+
+
 def dtype_seed(seed: int, dtype: str) -> int:
     """The Hypothesis seed of ``seed``'s run in ``dtype``: one seed for every dtype
     would draw the same layouts in each (the strategies' choices do not depend on
     the dtype), so a run over three dtypes would see a third of the layouts it pays
-    for. Deterministic across processes (no ``hash()``), so a replay draws the same."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{dtype}".encode()).digest()[:8], "little")
+    for."""
+    return derived_seed(seed, dtype)
 
 
 def fingerprint(case: Case) -> tuple[str, ...]:

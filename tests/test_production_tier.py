@@ -10,22 +10,26 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, runner
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties.spec import Case, get_spec
 
 
-def test_production_cases_have_the_layouts_shapes() -> None:
-    spec = get_spec("attention")
-    strategy = spec.production("bfloat16", Backend("interpret"), layout="BERT-large")
-    seen = []
+def _drawn(strategy: st.SearchStrategy[Case], examples: int) -> list[Case]:
+    """The cases of ``examples`` Hypothesis examples of ``strategy``."""
+    cases = []
 
-    @settings(max_examples=1, database=None, phases=[Phase.generate], deadline=None,
+    @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def draw(data: st.DataObject) -> None:
-        case = data.draw(strategy)
-        seen.append((case.arrays["q"].shape, case.arrays["k"].shape, case.params["causal"]))
+        cases.append(data.draw(strategy))
 
     draw()
+    return cases
+
+
+def test_production_cases_have_the_layouts_shapes() -> None:
+    strategy = get_spec("attention").production("bfloat16", Backend("interpret"), layout="BERT-large")
+    seen = [(c.arrays["q"].shape, c.arrays["k"].shape, c.params["causal"]) for c in _drawn(strategy, 1)]
     assert seen == [((4, 2048, 16, 64), (4, 2048, 16, 64), False)]
 
 
@@ -56,18 +60,11 @@ def test_production_glu_weights_keep_float16_outputs_in_range(fan_in: bool) -> N
 
     domain = glu_spec.Domain(leading=((16,),), d=(4096,), f=(32,), fan_in_weights=fan_in)
     strategy = glu_spec.cases("float16", Backend("interpret"), domain=domain)
-    largest = []
-
-    @settings(max_examples=2, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def draw(data: st.DataObject) -> None:
-        case = data.draw(strategy)
-        assert {a.dtype for a in case.arrays.values()} == {np.dtype(np.float16)}, case.describe()  # as the kernel requires
-        largest.append(float(abs(get_spec("gated_linear_unit").oracle(case).out).max()))
-
     with strategies.pinned_element_kind("positive"):
-        draw()
+        cases = _drawn(strategy, 2)
+    for case in cases:  # as the kernel requires
+        assert {a.dtype for a in case.arrays.values()} == {np.dtype(np.float16)}, case.describe()
+    largest = [float(abs(get_spec("gated_linear_unit").oracle(case).out).max()) for case in cases]
     assert (max(largest) < 65504.0) == fan_in, largest
 
 

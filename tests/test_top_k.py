@@ -87,32 +87,23 @@ def test_nan_payloads_follow_the_total_order(dtype: str, backend) -> None:
     _check(x, row.size, top_k.Config(num_blocks=8, m_schedule=(2,)), backend)
 
 
-def test_slot_layouts_agree_with_the_oracle(backend) -> None:
-    """The unrolled layout is what the GPU runs; the interpreters run both. Triton
-    cannot lower the stacked one, which must then say so."""
-    x = draw_logits(5, (9, 300), "float32", "log_probs")
-    config = top_k.Config(num_blocks=8, m_schedule=(2, 3, 5), block_tokens=2, layout="unrolled")
+@pytest.mark.parametrize("field, first, other, seed, kind", [
+    # the unrolled slot layout is what the GPU runs, the stacked one the TPU's
+    ("layout", "unrolled", "stacked", 5, "log_probs"),
+    # a vector stop state is the GPU's, SMEM scalars the TPU's
+    ("stop_state", "vector", "scalars", 7, "strided_ones"),
+])
+def test_both_forms_of_a_config_field_agree_with_the_oracle(backend, field, first, other, seed, kind) -> None:
+    """The interpreters run both forms; Triton cannot lower the TPU's, and must say so."""
+    x = draw_logits(seed, (9, 300), "float32", kind)
+    config = top_k.Config(num_blocks=8, m_schedule=(2, 3, 5), block_tokens=2, **{field: first})
     _check(x, 8, config, backend)
-    stacked = dataclasses.replace(config, layout="stacked")
+    config = dataclasses.replace(config, **{field: other})
     if backend.is_triton:
-        with pytest.raises(ValueError, match="config.layout 'stacked' does not lower on Triton"):
-            top_k.top_k(jnp.asarray(x), 8, config=stacked, backend=backend)
+        with pytest.raises(ValueError, match=f"config.{field} '{other}' does not lower on Triton"):
+            top_k.top_k(jnp.asarray(x), 8, config=config, backend=backend)
     else:
-        _check(x, 8, stacked, backend)
-
-
-def test_stop_states_agree_with_the_oracle(backend) -> None:
-    """SMEM scalars are the TPU's stop state, a vector the GPU's; the interpreters run
-    both. Triton cannot keep scalars in SMEM, and must say so."""
-    x = draw_logits(7, (9, 300), "float32", "strided_ones")
-    config = top_k.Config(num_blocks=8, m_schedule=(2, 3, 5), block_tokens=2, stop_state="vector")
-    _check(x, 8, config, backend)
-    scalars = dataclasses.replace(config, stop_state="scalars")
-    if backend.is_triton:
-        with pytest.raises(ValueError, match="config.stop_state 'scalars' does not lower on Triton"):
-            top_k.top_k(jnp.asarray(x), 8, config=scalars, backend=backend)
-    else:
-        _check(x, 8, scalars, backend)
+        _check(x, 8, config, backend)
 
 
 def test_tpu_interpreter_races_and_grid_shuffles() -> None:
