@@ -8,7 +8,8 @@ random draws (uniform pairs, unpinned kinds and configs), each until its first
 failure or ``limit`` seconds. The time counts everything a user waits for: worker
 start-up, compilation, drawing, checking and shrinking the first failure. Variants
 run on the backend their kernels are written for (the Mosaic GPU ones in the Mosaic
-GPU interpreter), in the dtypes where they are wrong.
+GPU interpreter), in the dtypes where they are wrong; with ``--backend`` a GPU's
+variants run on that GPU, at the ``--shapes`` tier.
 """
 from __future__ import annotations
 
@@ -26,44 +27,52 @@ from pallascheck.properties.compilation import CACHE_ENV_VAR
 MODES = ("targeted", "random")
 
 
-def variants(tests_dir: str) -> list[dict[str, Any]]:
-    """Every broken variant: its target string, backend and wrong dtypes."""
+def variants(tests_dir: str, backend: Backend | None = None) -> list[dict[str, Any]]:
+    """Every broken variant: its target string, backend and wrong dtypes. With
+    ``backend`` (a GPU's), the variants whose kernels run there; else every variant,
+    on the CPU interpreter its kernels are written for."""
     sys.path.insert(0, os.path.abspath(tests_dir))
     broken = importlib.import_module("broken")
     rows = []
     for module_name in broken.MODULES:
         module = importlib.import_module(f"broken.{module_name}")
         backends = getattr(module, "BACKENDS", GENERIC)
-        backend = "interpret" if "interpret" in backends else "mosaic_gpu_interpret"
+        if backend is not None and backend.name not in backends:
+            continue
+        on = backend.name if backend is not None else "interpret" if "interpret" in backends else "mosaic_gpu_interpret"
         for name, (_, dtypes, _) in module.VARIANTS.items():
-            if backend in getattr(module, "NOT_ON", {}).get(name, {}):
+            if on in getattr(module, "NOT_ON", {}).get(name, {}):
                 continue
             rows.append({"variant": f"{module_name}/{name}", "target": f"broken.{module_name}:{name}",
-                         "backend": backend, "dtypes": list(dtypes)})
+                         "backend": on, "dtypes": list(dtypes)})
     return rows
 
 
-def time_to_find(row: dict[str, Any], mode: str, *, limit: float, jobs: int, tests_dir: str) -> float | None:
-    """Seconds to the first failure of ``row``'s variant (None: not within ``limit``)."""
+def time_to_find(row: dict[str, Any], mode: str, *, limit: float, jobs: int, tests_dir: str,
+                 shapes: str = "small") -> float | None:
+    """Seconds to the first failure of ``row``'s variant (None: not within ``limit``);
+    ``jobs`` 0: fuzz's default (``campaign.default_jobs``)."""
+    backend = Backend(row["backend"])
     with tempfile.TemporaryDirectory() as corpus:
         result = campaign.run(
-            [row["target"]], Backend(row["backend"]), corpus, seconds=limit, jobs=jobs,
+            [row["target"]], backend, corpus, seconds=limit, jobs=jobs or campaign.default_jobs(backend, shapes),
             targeted=mode == "targeted", dtypes=row["dtypes"], paths=[os.path.abspath(tests_dir)],
-            stop_on_first=True,
+            stop_on_first=True, shapes=shapes,
         )
     found = result.first_failure_seconds
     return found if found is not None and found <= limit else None
 
 
 def run(tests_dir: str, *, limit: float, jobs: int, only: list[str] | None = None,
-        modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
-    """``modes`` for every variant (or those named in ``only``), printing as it goes."""
+        modes: tuple[str, ...] = MODES, backend: Backend | None = None, shapes: str = "small") -> list[dict[str, Any]]:
+    """``modes`` for every variant (or those named in ``only``) on ``backend``
+    (``variants``) at the ``shapes`` tier, printing as it goes."""
     os.environ[CACHE_ENV_VAR] = ""  # every run compiles from nothing, as a first campaign does
-    rows = [r for r in variants(tests_dir) if not only or r["variant"] in only]
+    rows = [r for r in variants(tests_dir, backend) if not only or r["variant"] in only]
     print(f"{'variant':58s} " + " ".join(f"{m:>9s}" for m in modes), flush=True)
     for row in rows:
         for mode in modes:
-            row[mode] = time_to_find(row, mode, limit=limit, jobs=jobs, tests_dir=tests_dir)
+            row[mode] = time_to_find(row, mode, limit=limit, jobs=jobs, tests_dir=tests_dir, shapes=shapes)
         print(f"{row['variant']:58s} " + " ".join(f"{_fmt(row[m]):>9s}" for m in modes), flush=True)
     return rows
 

@@ -9,7 +9,8 @@
     pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
     pallascheck bench --harness [--no-pytest]
     pallascheck bench --tolerance-rules [--tests DIR] [--examples N] [--json PATH]
-    pallascheck bench --time-to-find [--tests DIR] [--limit S] [--jobs N] [--variant V ...] [--json PATH]
+    pallascheck bench --time-to-find [--backend B [--shapes small|production]] [--tests DIR] [--limit S] [--jobs N]
+                      [--variant V ...] [--json PATH]
     pallascheck bench --tokamax-autotune [--backend mosaic_gpu] [--op dot_product_attention|ragged_dot] [--json PATH [--resume]]
     pallascheck probe [--backend B] [--json PATH]
     pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
@@ -63,6 +64,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     missing = verify.not_on(str(backend), args.kernel)
     if missing:
         print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
+    elsewhere = verify.distributed_elsewhere(str(backend), args.kernel)
+    if elsewhere:
+        print(f"checked by a CPU run (pallascheck verify), in the TPU interpreter on CPU devices: "
+              f"{', '.join(elsewhere)}")
     if args.shapes == "production":
         from pallascheck.properties import production
 
@@ -228,19 +233,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.time_to_find:
         from pallascheck.bench import time_to_find
 
+        backend = _available_backend(args.backend) if args.backend else None
+        if args.shapes == "production" and (backend is None or backend.platform == "cpu"):
+            raise SystemExit("pallascheck: --time-to-find --shapes production needs a GPU backend: add --backend "
+                             "mosaic_gpu (or triton)")
         rows = time_to_find.run(args.tests, limit=args.limit, jobs=args.jobs, only=args.variant,
-                                modes=tuple(args.mode or time_to_find.MODES))
+                                modes=tuple(args.mode or time_to_find.MODES), backend=backend, shapes=args.shapes)
         result = time_to_find.summary(rows, args.limit)
         print("\n" + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "jobs": args.jobs, "summary": result,
-                           "rows": rows}, f, indent=1)
+                json.dump({"jax": jax.__version__, "cores": os.cpu_count(), "jobs": args.jobs, "shapes": args.shapes,
+                           "device": jax.devices()[0].device_kind, "summary": result, "rows": rows}, f, indent=1)
         return 0
     if args.check_time:
         from pallascheck.bench import check_time
 
-        backend = _available_backend(args.backend)
+        backend = _available_backend(args.backend or "mosaic_gpu")
         result = check_time.run(args.check_time, backend, dtype=args.dtype, layout=args.layout, cases=args.cases)
         print(f"{args.check_time} {args.dtype} on {result['device']} (jax {result['jax']}): first case "
               f"{result['first_seconds']:.2f} s, then median {result['median_seconds_after_first'] or 0:.2f} s; "
@@ -260,12 +269,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.tokamax_autotune:
         from pallascheck.bench import tokamax_autotune
 
-        backend = _available_backend(args.backend)
+        backend = _available_backend(args.backend or "mosaic_gpu")
         results = tokamax_autotune.run(backend, args.op, args.json, resume=args.resume)
         return 1 if any(op.get("pick_rejected") for r in results for op in r["ops"]) else 0
     from pallascheck.bench import ops as bench
 
-    backend = _available_backend(args.backend)
+    backend = _available_backend(args.backend or "mosaic_gpu")
     print(f"benchmark on {backend}: {jax.devices()[0].device_kind}, jax {jax.__version__}")
     rows = bench.run(backend, args.op)
     if args.json:
@@ -381,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--full", action="store_true", help="print every kernel x dtype x check row, not a line per kernel")
     verify.add_argument("--json", help="also write every row as JSON to this path")
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
-    verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, up to 4 on a GPU)")
+    verify.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU, three quarters of them on a GPU)")
     verify.add_argument("--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
                         help="seconds one case may take (its compiles included) before it is reported as a hang")
     verify.add_argument("--durations", type=int, default=0, help="also list the N slowest kernel x dtype x check rows (0: none)")
@@ -425,7 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         sub.add_parser("mutate", help="needs libcst (pip install libcst)")  # listed; main() says what to do
     bench = sub.add_parser("bench", help="time kernels against xla_reference (use on a GPU)")
-    bench.add_argument("--backend", default="mosaic_gpu", help=f"one of {NAMES}")
+    bench.add_argument("--backend", default=None, help=f"one of {NAMES} (default mosaic_gpu; with --time-to-find: "
+                       "the CPU interpreters each variant is written for, interpret or mosaic_gpu_interpret)")
+    bench.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
+                       help="with --time-to-find: the shape tier the campaigns draw from (production: a GPU backend)")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
@@ -440,14 +452,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "JAX's default tolerances on the broken variants and the shipped kernels (CPU)")
     bench.add_argument("--time-to-find", action="store_true",
                        help="seconds a fuzz campaign takes to find each broken variant of tests/broken, targeted "
-                            "against random (CPU interpreters)")
+                            "against random (the CPU interpreters, or --backend's GPU)")
     bench.add_argument("--tokamax-autotune", action="store_true",
                        help="run tokamax.autotune on attention and ragged_dot (Hopper GPU) and check every config it "
                             "timed with the numerics gate; --op dot_product_attention|ragged_dot picks one")
     bench.add_argument("--resume", action="store_true",
                        help="with --tokamax-autotune: keep the verdicts already in --json's file, gate only the rest")
     bench.add_argument("--limit", type=float, default=120.0, help="with --time-to-find: seconds per campaign")
-    bench.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="with --time-to-find: workers per campaign")
+    bench.add_argument("--jobs", type=int, default=0, help="with --time-to-find: workers per campaign (default: as "
+                       "fuzz's, every core, or one per GPU at --shapes production)")
     bench.add_argument("--variant", action="append", help="with --time-to-find: only this MODULE/NAME (repeatable)")
     bench.add_argument("--mode", action="append", choices=("targeted", "random"),
                        help="with --time-to-find: only this search mode (repeatable; default both)")

@@ -160,7 +160,7 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
     from . import targets
 
     targets.add_paths(setup["paths"])
-    compilation.configure(setup["backend"])
+    compilation.configure(setup["backend"], worker=True)
     conn.send(("ready", None))
     while (task := conn.recv()) is not None:
         conn.send(("done", run(task, conn, inflight, setup)))

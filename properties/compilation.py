@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 import jax
+import threadpoolctl
 
 from pallascheck.kernels.backends import parse
 
@@ -42,6 +43,13 @@ QUICK_CPU_FLAGS = ("--xla_backend_optimization_level=1", "--xla_llvm_disable_exp
 # (0 of 6 runs; 4 of 4 with this flag; tests/test_attention.py). The order of
 # independent operations changes no value.
 INTERPRETER_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+# Host BLAS threads of a worker process on a GPU backend. Below
+# runner.DEVICE_ORACLE_ELEMENTS the oracles are numpy on arrays of at most ~1e5
+# elements, where a BLAS thread per core gains nothing and its spinning threads take
+# the cores XLA compiles on. Measured on an H100 host (16 cores), 8 processes at once,
+# each a first layout then 128 cases: the first layout took 1.5-3.6 s with one BLAS
+# thread against 3.3-5.1 s with 16 (GLU), 2.8-5.4 s against 5.7-8.0 s (attention).
+WORKER_BLAS_THREADS = 1
 
 
 def enable_cache(directory: str | None = None) -> str | None:
@@ -77,12 +85,18 @@ def quick_cpu_compiles() -> None:
         os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
 
 
-def configure(backend_name: str) -> None:
+def configure(backend_name: str, *, worker: bool = False) -> None:
     """Set up compilation for a run on ``backend_name``: the cache always, quick
     XLA:CPU compiles where the kernels run on the CPU (GPU runs keep XLA's defaults so
-    the baselines they are compared with are compiled as users compile them)."""
+    the baselines they are compared with are compiled as users compile them).
+    ``worker``: this is one of the worker processes of ``verify``, ``fuzz`` or
+    ``mutate``, never a user's process: on a GPU backend its host BLAS gets one thread
+    (``WORKER_BLAS_THREADS``)."""
     enable_cache()
     if parse(backend_name).platform == "cpu":
         quick_cpu_compiles()
-    else:  # several processes share one GPU: each allocates what it uses
-        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        return
+    # several processes share one GPU: each allocates what it uses
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if worker:
+        threadpoolctl.threadpool_limits(WORKER_BLAS_THREADS, user_api="blas")

@@ -186,3 +186,17 @@ def test_two_distinct_failures_are_booked_each_under_its_check(tmp_path, capsys)
         header, *lines = capsys.readouterr().out.splitlines()
         verdict = next(line for line in lines if line.startswith("FAIL"))
         assert f"[{check}]" in header and verdict.startswith(f"FAIL [{check}]"), (header, verdict)
+
+
+def test_time_to_find_on_a_gpu_backend_takes_the_variants_written_for_it_there() -> None:
+    from pallascheck.bench import time_to_find
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    on_gpu = time_to_find.variants(tests_dir, Backend("mosaic_gpu"))
+    on_cpu = {r["variant"]: r["backend"] for r in time_to_find.variants(tests_dir)}
+    assert on_gpu and all(r["backend"] == "mosaic_gpu" for r in on_gpu)
+    # every variant the CPU run checks in the Mosaic GPU interpreter (the GPU may run more:
+    # NOT_ON), none of the generic ones
+    gpu = {r["variant"] for r in on_gpu}
+    assert {v for v, b in on_cpu.items() if b == "mosaic_gpu_interpret"} <= gpu
+    assert all(on_cpu.get(v, "mosaic_gpu_interpret") == "mosaic_gpu_interpret" for v in gpu)

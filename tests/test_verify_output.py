@@ -2,7 +2,14 @@
 first, one line per kernel by default and every row with --full."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
+
 from pallascheck.fuzz import verify
+from pallascheck.properties import compilation
 from pallascheck.fuzz.verify import Row
 
 ROWS = [
@@ -90,3 +97,23 @@ def test_the_rows_of_a_propertys_parts_merge_into_one_row_per_check() -> None:
     values, gradients = verify.merge_parts(parts)
     assert values == Row("matmul", "bfloat16", "values", False, 112, 1.5, 0.1, 5.0, contract_budget=0.75)
     assert gradients == Row("matmul", "bfloat16", "gradients", True, 112, 0.3, None, 2.0, contract_budget=0.5)
+
+
+def test_a_first_run_starts_the_distributed_unit_and_leaves_the_bad_input_checks_last(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no durations recorded: every unit is unknown
+    kinds = [u.kind for u in verify.plan("interpret", None, None)]
+    assert kinds[0] == "distributed", kinds
+    assert kinds.index("errors") > max(i for i, k in enumerate(kinds) if k == "property"), kinds
+    # a GPU run leaves them to the CPU run: they run in the TPU interpreter whatever --backend says
+    assert "distributed" not in {u.kind for u in verify.plan("mosaic_gpu", None, None)}
+    assert verify.distributed_elsewhere("mosaic_gpu", None) and not verify.distributed_elsewhere("interpret", None)
+
+
+@pytest.mark.parametrize("worker", [True, False])
+def test_only_a_workers_host_blas_is_limited_on_a_gpu_backend(tmp_path, worker: bool) -> None:
+    code = ("from pallascheck.properties import compilation; import threadpoolctl\n"
+            f"compilation.configure('mosaic_gpu', worker={worker})\n"
+            "print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))")
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR="", OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) == (compilation.WORKER_BLAS_THREADS if worker else 2), out
