@@ -13,7 +13,7 @@
                       [--variant V ...] [--json PATH]
     pallascheck bench --tokamax-autotune [--backend mosaic_gpu] [--op dot_product_attention|ragged_dot] [--json PATH [--resume]]
     pallascheck probe [--backend B] [--json PATH]
-    pallascheck autotune --workload W [--size small|bench] [--dtype D] [--backend B ...] [--out PATH]
+    pallascheck autotune --workload W [--size small|bench|production] [--dtype D] [--backend B ...] [--out PATH]
 
 The command lives in ``fuzz`` because it sits at the top of the dependency chain
 (kernels -> oracles -> properties -> bench, fuzz).
@@ -302,7 +302,14 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     from pallascheck.properties import strategies
 
     backends = [str(_available_backend(b)) for b in args.backend] if args.backend else autotune.default_backends()
-    fn, inputs = WORKLOADS[args.workload](args.size, args.dtype)
+    interpreted = [b for b in backends if get_backend(b).is_interpreted]
+    if args.size == "production" and interpreted:
+        raise SystemExit(f"pallascheck: --size production needs a GPU backend, not {', '.join(interpreted)} (an "
+                         "interpreter: hours per config at these sizes); use --backend mosaic_gpu or triton")
+    try:
+        fn, inputs = WORKLOADS[args.workload](args.size, args.dtype)
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
     kinds = () if args.no_adversarial else strategies.ELEMENT_KINDS
     result = autotune.autotune(fn, *inputs, backends=backends, repeats=args.repeats, timeout_s=args.timeout,
                                adversarial=kinds, progress=lambda line: print(line, flush=True))
@@ -370,7 +377,7 @@ def _add_target_options(parser: argparse.ArgumentParser, kernel_help: str) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pallascheck.bench.autotune_workloads import WORKLOADS
+    from pallascheck.bench.autotune_workloads import SIZES, WORKLOADS
 
     parser = _Parser(prog="pallascheck", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pallascheck {_version()}")
@@ -481,8 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(median and IQR) and write the result: chosen config, all timings, rejected configs with reasons. "
         "Pin it with `with pallascheck.use_configs(PATH):` or PALLASCHECK_CONFIGS=PATH.")
     tune.add_argument("--workload", required=True, choices=sorted(WORKLOADS), help="what to tune")
-    tune.add_argument("--size", default="small", choices=("small", "bench"),
-                      help="small: seconds in the CPU interpreters; bench: a GPU size")
+    tune.add_argument("--size", default="small", choices=SIZES,
+                      help="small: seconds in the CPU interpreters; bench: a GPU size; production: a layout of the "
+                      "production shape tier (matmul, attention, ragged_dot; GPU backends)")
     tune.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                       help="the workload's input dtype")
     tune.add_argument("--backend", action="append",

@@ -104,3 +104,19 @@ def test_damaged_result_is_refused_naming_file_and_field(tuned, damage, message)
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         pallascheck.autotune(product, X, Y, repeats=0)
+
+
+def test_production_size_takes_the_production_tiers_layout_and_needs_a_gpu(capsys):
+    from pallascheck.bench import autotune_workloads
+    from pallascheck.fuzz import cli
+    from pallascheck.properties import production
+
+    shapes = {name: [l for l in production.FAMILIES[name]() if l.name.startswith(layout + ":")][0].fields
+              for name, layout in autotune_workloads.PRODUCTION_LAYOUTS.items()}
+    _, (x, y) = autotune_workloads.WORKLOADS["matmul"]("production", "bfloat16")
+    assert (x.shape, y.shape) == ((shapes["matmul"]["m"][0], shapes["matmul"]["k"][0]),
+                                  (shapes["matmul"]["k"][0], shapes["matmul"]["n"][0]))
+    with pytest.raises(ValueError, match="rms_norm has no production layout"):
+        autotune_workloads.WORKLOADS["rms_norm"]("production", "bfloat16")
+    with pytest.raises(SystemExit, match="needs a GPU backend, not interpret"):
+        cli.main(["autotune", "--workload", "matmul", "--size", "production", "--backend", "interpret"])
