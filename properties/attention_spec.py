@@ -78,13 +78,13 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
 
     @st.composite
     def draw(draw_) -> Case:
-        b, h, hkv = draw_(strategies.layout("attention.heads", st.sampled_from(domain.heads)))
-        sq, skv, d = (draw_(strategies.layout(f"attention.{a}", strategies.dims(bucket)))
+        b, h, hkv = draw_(strategies.layout_choice("attention.heads", domain.heads))
+        sq, skv, d = (draw_(strategies.layout_choice(f"attention.{a}", bucket))
                       for a, bucket in (("sq", domain.seq_q), ("skv", domain.seq_kv or (0,)), ("d", domain.head_dims)))
-        causal = draw_(strategies.layout("attention.causal", st.sampled_from(domain.causal)))
+        causal = draw_(strategies.layout_choice("attention.causal", domain.causal))
         if domain.seq_kv is None or (causal and domain.causal_square):
             skv = sq
-        sm_scale = draw_(strategies.layout("attention.sm_scale", st.sampled_from(domain.sm_scales)))
+        sm_scale = draw_(strategies.layout_choice("attention.sm_scale", domain.sm_scales))
         # Which of bias and mask exist, and their broadcast layouts, are part of the
         # compiled kernel; what they hold is drawn per case.
         has_bias = domain.bias and draw_(strategies.layout("attention.has_bias", st.booleans()))
@@ -103,7 +103,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
             "cotangent": strategies.normal(rng, (b, sq, h, d)).astype(npd),
         }
         if bias_kind != "none":
-            shape = _layout(draw_(strategies.layout("attention.bias_layout", st.sampled_from(LAYOUTS))), b, h, sq, skv)
+            shape = _layout(draw_(strategies.layout_choice("attention.bias_layout", LAYOUTS)), b, h, sq, skv)
             bias = rng.standard_normal(shape)
             if bias_kind == "large_negative":  # some keys pushed ~1e4 below the rest
                 bias = np.where(rng.random(shape) < 0.3, -1e4, bias)
@@ -113,7 +113,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
                     bias[..., 0, :] = -np.inf
             arrays["bias"] = bias.astype(npd)
         if mask_kind != "none":
-            shape = _layout(draw_(strategies.layout("attention.mask_layout", st.sampled_from(LAYOUTS[:3]))), b, h, sq, skv)
+            shape = _layout(draw_(strategies.layout_choice("attention.mask_layout", LAYOUTS[:3])), b, h, sq, skv)
             mask = rng.random(shape) < rng.uniform(0.3, 0.9)
             if mask_kind == "rows_masked":
                 mask[..., rng.random(shape[-2]) < 0.3, :] = False

@@ -65,10 +65,10 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
 
     @st.composite
     def draw(draw_) -> Case:
-        lead = draw_(strategies.layout("gated_linear_unit.leading", st.sampled_from(domain.leading)))
-        d, f = (draw_(strategies.layout(f"gated_linear_unit.{a}", strategies.dims(bucket)))
+        lead = draw_(strategies.layout_choice("gated_linear_unit.leading", domain.leading))
+        d, f = (draw_(strategies.layout_choice(f"gated_linear_unit.{a}", bucket))
                 for a, bucket in (("d", domain.d), ("f", domain.f)))
-        activation = draw_(strategies.layout("gated_linear_unit.activation", st.sampled_from(matmul.supported_activations(backend))))
+        activation = draw_(strategies.layout_choice("gated_linear_unit.activation", matmul.supported_activations(backend)))
         # gelu_tanh promises accuracy only for |x @ W| <= matmul.GELU_TANH_RANGE.
         kinds = ("normal", "large", "subnormal", "few_distinct", "positive")
         kind = draw_(strategies.element_kinds([c for c in kinds if not (c == "large" and activation == "gelu_tanh")]))

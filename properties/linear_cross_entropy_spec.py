@@ -35,10 +35,10 @@ KINDS = ("normal", "large", "offset", "few_distinct", "positive")
 def cases(dtype: str, backend: Backend) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        t, h, v = (draw_(strategies.layout(f"linear_cross_entropy.{a}", strategies.dims(bucket)))
+        t, h, v = (draw_(strategies.layout_choice(f"linear_cross_entropy.{a}", bucket))
                    for a, bucket in (("t", TOKENS), ("h", HIDDEN), ("v", VOCABS)))
-        reduction = draw_(strategies.layout("linear_cross_entropy.reduction", st.sampled_from(lce.ce.REDUCTIONS)))
-        eps = draw_(strategies.layout("linear_cross_entropy.label_smoothing", st.sampled_from(SMOOTHING)))
+        reduction = draw_(strategies.layout_choice("linear_cross_entropy.reduction", lce.ce.REDUCTIONS))
+        eps = draw_(strategies.layout_choice("linear_cross_entropy.label_smoothing", SMOOTHING))
         kind = draw_(st.sampled_from(KINDS))
         seed = draw_(strategies.seeds())
         rng = np.random.default_rng(seed + 7)

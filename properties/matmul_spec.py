@@ -48,10 +48,10 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
 
     @st.composite
     def draw(draw_) -> Case:
-        m, n, k = (draw_(strategies.layout(f"matmul.{a}", strategies.dims(b)))
+        m, n, k = (draw_(strategies.layout_choice(f"matmul.{a}", b))
                    for a, b in (("m", domain.m), ("n", domain.n), ("k", domain.k)))
         activations = domain.activations or matmul.supported_activations(backend)
-        activation = draw_(strategies.layout("matmul.activation", st.sampled_from(activations)))
+        activation = draw_(strategies.layout_choice("matmul.activation", activations))
         out_dtype = draw_(strategies.layout(
             "matmul.out_dtype", st.sampled_from(sorted({"float32" if f32 else dtype for f32 in domain.out_float32}))))
         # gelu_tanh promises accuracy only for |x @ y| <= matmul.GELU_TANH_RANGE.

@@ -40,13 +40,13 @@ DOMAIN = Domain()
 def cases(kind: str, dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        shape = (draw_(strategies.layout(f"{kind}.leading", st.sampled_from(domain.leading)))
-                 + (draw_(strategies.layout(f"{kind}.d", strategies.dims(domain.features))),))
+        shape = (draw_(strategies.layout_choice(f"{kind}.leading", domain.leading))
+                 + (draw_(strategies.layout_choice(f"{kind}.d", domain.features)),))
         d = shape[-1]
         given = st.booleans() if domain.optional_params else st.just(True)
         has_scale = draw_(strategies.layout(f"{kind}.scale", given))
         has_offset = kind == "layer_norm" and draw_(strategies.layout(f"{kind}.offset", given))
-        eps = draw_(strategies.layout(f"{kind}.eps", st.sampled_from(domain.eps)))
+        eps = draw_(strategies.layout_choice(f"{kind}.eps", domain.eps))
         kind_of_x = draw_(strategies.element_kinds(domain.x_kinds))
         seed = draw_(strategies.seeds())
         arrays = {

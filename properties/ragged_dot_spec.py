@@ -88,9 +88,9 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
 
     @st.composite
     def draw(draw_) -> Case:
-        m, n, k = (draw_(strategies.layout(f"ragged_dot.{a}", strategies.dims(bucket)))
+        m, n, k = (draw_(strategies.layout_choice(f"ragged_dot.{a}", bucket))
                    for a, bucket in (("m", domain.m), ("n", domain.n), ("k", domain.k)))
-        groups = draw_(strategies.layout("ragged_dot.groups", st.sampled_from(domain.groups)))
+        groups = draw_(strategies.layout_choice("ragged_dot.groups", domain.groups))
         layout = draw_(st.sampled_from(domain.layouts))
         kind = draw_(strategies.element_kinds(("normal", "large", "subnormal", "few_distinct", "positive")))
         seed = draw_(strategies.seeds())

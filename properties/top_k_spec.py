@@ -120,9 +120,9 @@ NUMBER_KINDS = tuple(kind for kind in ELEMENT_KINDS if kind != "signed_zeros")
 def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw_) -> Case:
-        tokens, vocab = (draw_(strategies.layout(f"top_k.{a}", strategies.dims(bucket)))
+        tokens, vocab = (draw_(strategies.layout_choice(f"top_k.{a}", bucket))
                          for a, bucket in (("tokens", domain.tokens), ("vocab", domain.vocab)))
-        k = draw_(strategies.layout("top_k.k", st.sampled_from([k for k in domain.ks if k <= vocab])))
+        k = draw_(strategies.layout_choice("top_k.k", [k for k in domain.ks if k <= vocab]))
         kind = draw_(strategies.element_kinds(ELEMENT_KINDS if domain.total_order else NUMBER_KINDS))
         seed = draw_(strategies.seeds())
         x = logits(seed, (tokens, vocab), dtype, kind)

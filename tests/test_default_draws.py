@@ -8,7 +8,9 @@ the optional operands must be drawn given somewhere in every spec's default run.
 Only the draws are recorded here; no kernel runs."""
 from __future__ import annotations
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, jax_bundled, runner, strategies, tokamax_client
@@ -119,3 +121,21 @@ def test_in_turn_draws_replay_a_failing_example(monkeypatch) -> None:
                                 examples=CI_EXAMPLES, seed=0)
     assert [f.check for f in tally.findings] == ["values"], tally.failure
     assert seen[-1] == seen[2]  # the replay drew the third example's case again
+
+
+def test_each_layout_key_takes_its_options_in_turn() -> None:
+    # one case per example leaves it to chance whether a bucket is drawn at all: the
+    # Mosaic GPU ragged dot's m 150, its only size with three row tiles, was not, at
+    # verify's 3 examples per dtype. Two keys with the same options turn apart.
+    turn = strategies.InTurn()
+    seen: dict[str, list[int]] = {"m": [], "n": []}
+
+    @hypothesis.settings(max_examples=6, derandomize=True, database=None)
+    @hypothesis.given(st.data())
+    def draw(data: st.DataObject) -> None:
+        with strategies.drawing_in_turn(turn):
+            for key in seen:
+                seen[key].append(data.draw(strategies.layout_choice(f"turns.{key}", (17, 40, 150))))
+
+    draw()
+    assert set(seen["m"][:3]) == set(seen["n"][:3]) == {17, 40, 150}, seen
