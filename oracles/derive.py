@@ -137,6 +137,9 @@ class Tracked:
     # ("scaled"), |r| <= err; without them computed = value + r
     shifts: tuple[Shift, ...] = ()
     scaled: bool = False
+    # a lower bound on the computed value where one is known besides value - err (a
+    # sum of squares is never negative, whatever its error: var + eps >= eps); None: none
+    low: jax.Array | None = None
 
     @property
     def is_float(self) -> bool:
@@ -267,6 +270,18 @@ class _Evaluator(ShiftAlgebra):
         with self.growing(self.spread(t) if t.scaled else 0.0):
             return jnp.where(kept, 0.0, self.rounding(self.reach(t), dtype))
 
+    def lower(self, t: Tracked) -> jax.Array:
+        """The least value the kernel's computed ``t`` can take."""
+        f = self.folded(t)
+        with np.errstate(invalid="ignore"):
+            base = f.value - f.err
+        return base if t.low is None else jnp.maximum(base, t.low)
+
+    def at_least(self, t: Tracked, low: jax.Array) -> Tracked:
+        """``t`` known to be computed no lower than ``low`` (-inf: nothing known)."""
+        low = jnp.broadcast_to(low, jnp.shape(t.value))
+        return dataclasses.replace(t, low=low) if bool(jnp.any(jnp.isfinite(low))) else t
+
     def shifted(self, t: Tracked, shifts: Sequence[Shift], scaled: bool) -> Tracked:
         """``t`` (its error r in the frame of ``shifts``) with those names; unbounded where
         the computed value, with its factor or its named part, may overflow."""
@@ -391,6 +406,9 @@ class _Evaluator(ShiftAlgebra):
         carried = [t.carried for t, d in zip(ins, is_data) if d and t.is_float]
         widest = min(carried, key=unit_roundoff) if carried else "float64"
         outs = [Tracked(v, e, b, d, widest) for v, e, b, d in zip(values, errs, bads, doms)]
+        if any(t.low is not None for t, d in zip(ins, is_data) if d):  # known lower bounds move too
+            lows = apply(self.lower)
+            outs = [self.at_least(o, low) for o, low in zip(outs, lows if multiple else [lows])]
         if not named:
             return outs
         # the names move with the elements: the op applied to every coefficient and index
@@ -614,6 +632,10 @@ def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
     out = ev.finish(eqn, eqn.outvars[0], value, propagated, jnp.where(zero | sterbenz, 0.0, local),
                     *ev.inherit(ins, value.shape))
+    if eqn.primitive.name != "sub" and any(t.low is not None for t in ins):
+        # rounding is monotone: fl(a^ + b^) >= fl(low_a + low_b) >= s - (u|s| + floor)
+        s = ev.lower(ins[0]) + ev.lower(ins[1])
+        out = ev.at_least(out, jnp.where(jnp.isfinite(s), s - ev.rounding(jnp.abs(s), dtype), -jnp.inf))
     return ev.shifted(out, shifts, scaled)
 
 
@@ -646,6 +668,11 @@ def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     with ev.growing(spread if scaled else 0.0):
         local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
     out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, *ev.inherit(ins, value.shape))
+    # a computed square, or a product of factors computed nonnegative, is never negative
+    square = eqn.invars[0] is eqn.invars[1] and not isinstance(eqn.invars[0], jcore.Literal)
+    if square or any(t.low is not None for t in ins):
+        nonnegative = square | ((ev.lower(ins[0]) >= 0) & (ev.lower(ins[1]) >= 0))
+        out = ev.at_least(out, jnp.where(nonnegative, 0.0, -jnp.inf))
     return ev.shifted(out, shifts, scaled)
 
 
@@ -677,6 +704,9 @@ def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     spread = ev.spread_of(shifts, value.shape)
     dtype = ev.compute_dtype(eqn.outvars[0])
     room = jnp.abs(b.value) - b.err
+    if ins[1].low is not None:  # a divisor computed at least low > 0 is at least that far from 0
+        least = jnp.where(ev.unnamed(b), jnp.broadcast_to(ev.lower(ins[1]), room.shape), -jnp.inf)
+        room = jnp.where(least > 0, jnp.maximum(room, least), room)
     ok = room > 0
     quotient = jnp.abs(a.value / jnp.where(ok, b.value, 1.0))
     propagated = jnp.where(ok, (a.err + algebra.times(quotient, b.err)) / jnp.where(ok, room, 1.0), jnp.inf)
@@ -692,6 +722,8 @@ def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     with ev.growing(spread if scaled else 0.0):
         local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
     out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+    if any(t.low is not None for t in ins):
+        out = ev.at_least(out, jnp.where((ev.lower(ins[0]) >= 0) & (ev.lower(ins[1]) > 0), 0.0, -jnp.inf))
     return ev.shifted(out, shifts, scaled)
 
 
@@ -725,15 +757,24 @@ def _elementwise_max(arrays: Sequence[jax.Array]) -> jax.Array:
     return out
 
 
-def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]],
-           transcendental: bool = True) -> Rule:
-    """A unary float function. ``fn(x, err, value)`` returns (propagated error,
-    relative size the evaluation error scales with, unverifiable mask)."""
+def _elementwise_min(arrays: Sequence[jax.Array]) -> jax.Array:
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = jnp.minimum(out, a)
+    return out
+
+
+def _unary(fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcendental: bool = True,
+           bounded_below: bool = False) -> Rule:
+    """A unary float function. ``fn(x, err, value)`` (``bounded_below``: ``fn(x, err,
+    value, low)``, low the least computed operand, ``_Evaluator.lower``) returns
+    (propagated error, relative size the evaluation error scales with, unverifiable mask)."""
     def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         (x,) = ins
         value = _value(eqn, x.value)
+        extra = (ev.lower(x),) if bounded_below else ()
         with np.errstate(all="ignore"):
-            propagated, scale, bad_here = fn(x.value, x.err, value)
+            propagated, scale, bad_here = fn(x.value, x.err, value, *extra)
         dtype = ev.compute_dtype(eqn.outvars[0])
         bad, dom = ev.flag(eqn, x.bad, bad_here), x.dom
         propagated = jnp.where(bad_here, 0.0, propagated)
@@ -765,11 +806,14 @@ def _exp_rule(scale: float) -> Callable[..., tuple]:
 
 def _log_rule(shift: float) -> Callable[..., tuple]:
     """log is increasing and concave: over [x - e, x + e] it errs most at the low end,
-    -log1p(-e / (shift + x)); unverifiable where the low end reaches 0."""
-    def fn(x, e, v):
+    -log1p(-e / (shift + x)); unverifiable where the low end reaches 0. A known lower
+    bound of the operand raises the low end (then the high end may be the worse one)."""
+    def fn(x, e, v, low):
         base = shift + x
-        ok = base - e > 0
-        grow = -jnp.log1p(-e / jnp.where(ok, base, 1.0))
+        gap = jnp.minimum(e, x - low)  # how far below x the computed operand can be
+        ok = base - gap > 0
+        safe = jnp.where(ok & (base > 0), base, 1.0)
+        grow = jnp.maximum(-jnp.log1p(-gap / safe), jnp.log1p(e / safe))
         return jnp.where(e == 0, 0.0, grow), jnp.abs(v), ~ok & (e > 0)
     return fn
 
@@ -782,18 +826,24 @@ def _slope_at_nearest(deriv: Callable[[jax.Array], jax.Array]) -> Callable[..., 
     return fn
 
 
-def _sqrt(x, e, v):
-    low = x - e
+def _sqrt(x, e, v, low):
+    """sqrt increases and is concave: the worse end is the low one, max(x - e, a known
+    lower bound); unverifiable where that is negative."""
+    low = jnp.maximum(x - e, low)
     ok = (low >= 0) | (e == 0)
-    return v - jnp.sqrt(jnp.maximum(low, 0.0)), jnp.abs(v), ~ok
+    return jnp.maximum(v - jnp.sqrt(jnp.maximum(low, 0.0)), jnp.sqrt(x + e) - v), jnp.abs(v), ~ok
 
 
-def _rsqrt(x, e, v):
-    """rsqrt decreases: the worst point is x - e; unverifiable where it reaches 0."""
-    low = x - e
+def _rsqrt(x, e, v, low):
+    """rsqrt decreases and is convex: the worse end is the low one, max(x - e, a known
+    lower bound: rsqrt(var + eps) with var a sum of squares); unverifiable where it
+    reaches 0."""
+    low = jnp.maximum(x - e, low)
     ok = (low > 0) | ((e == 0) & (x > 0))
     worst = lax.rsqrt(jnp.where(low > 0, low, 1.0))
-    return jnp.where(e == 0, 0.0, worst - v), jnp.where(ok, jnp.maximum(worst, jnp.abs(v)), jnp.abs(v)), ~ok & (e > 0)
+    best = lax.rsqrt(jnp.where(ok, x + e, 1.0))
+    propagated = jnp.where(e == 0, 0.0, jnp.maximum(worst - v, v - best))
+    return propagated, jnp.where(ok, jnp.maximum(worst, jnp.abs(v)), jnp.abs(v)), ~ok & (e > 0)
 
 
 def _sin_cos(x, e, v):
@@ -833,13 +883,13 @@ def _log_of_named(plain: Rule) -> Rule:
 rule("exp")(_exp_of_named(1.0, _unary(_exp_rule(1.0))))
 rule("exp2")(_exp_of_named(math.log(2.0), _unary(_exp_rule(math.log(2.0)))))
 rule("expm1")(_unary(lambda x, e, v: (jnp.exp(x) * jnp.expm1(e), jnp.abs(v), _no(x))))
-rule("log")(_log_of_named(_unary(_log_rule(0.0))))
-rule("log1p")(_unary(_log_rule(1.0)))
+rule("log")(_log_of_named(_unary(_log_rule(0.0), bounded_below=True)))
+rule("log1p")(_unary(_log_rule(1.0), bounded_below=True))
 rule("tanh")(_unary(_slope_at_nearest(lambda t: 1.0 - jnp.tanh(t) ** 2)))
 rule("logistic")(_unary(_slope_at_nearest(lambda t: jax.nn.sigmoid(t) * jax.nn.sigmoid(-t))))
 rule("erf")(_unary(_slope_at_nearest(lambda t: 2.0 / math.sqrt(math.pi) * jnp.exp(-t * t))))
-rule("sqrt")(_unary(_sqrt))
-rule("rsqrt")(_unary(_rsqrt))
+rule("sqrt")(_unary(_sqrt, bounded_below=True))
+rule("rsqrt")(_unary(_rsqrt, bounded_below=True))
 rule("sin", "cos")(_unary(_sin_cos))
 
 
@@ -867,6 +917,8 @@ def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     k = max(m.bit_length() - 1 + bin(m).count("1") - 1, 1)
     local = ev.gamma(k, unit_roundoff(dtype)) * x.magnitude ** m + k * ev.floor(dtype)
     positive = ev.finish(eqn, eqn.outvars[0], x.value ** m, propagated, local, x.bad, x.dom)
+    if m % 2 == 0:  # an even power, computed as products of equal factors, is never negative
+        positive = ev.at_least(positive, jnp.zeros(positive.value.shape, F64))
     if n >= 0:
         return positive
     one = ev.exact(jnp.ones_like(x.value), dtype)
@@ -973,6 +1025,9 @@ def _select(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad = jnp.maximum(bad, undecided)
     carried = [c.carried for c in cases if c.is_float]
     out = Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
+    if any(c.low is not None for c in cases):  # the chosen case's lower bound; any case's where undecided
+        lows = [ev.lower(c) for c in cases]
+        out = ev.at_least(out, jnp.where(bounded, _elementwise_min(lows), lax.select_n(pred.value, *lows)))
     if not named:
         return out
     # the chosen case's names; where the decision is open the bound above is plain
@@ -998,6 +1053,10 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         if unit_roundoff(target) > unit_roundoff(x.carried):
             out = ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
                             carried=target)
+            if x.low is not None:  # rounding is monotone
+                least = ev.lower(x)
+                out = ev.at_least(out, jnp.where(jnp.isfinite(least), least - ev.rounding(jnp.abs(least), target),
+                                                 -jnp.inf))
             return ev.shifted(out, x.shifts, x.scaled)
         return x
     x = ev.folded(x)
@@ -1075,6 +1134,8 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         local = jnp.where(_on_grid(ev, x, axes, dtype), 0.0, local)
     out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
                     _argmax_along(x.err, x.dom, axes), reach=reach * jnp.exp(spread) if scaled else reach)
+    if ins[0].low is not None:  # every partial sum of terms computed nonnegative is nonnegative
+        out = ev.at_least(out, jnp.where(jnp.all(ev.lower(ins[0]) >= 0, axis=axes), 0.0, -jnp.inf))
     return ev.shifted(out, shifts, scaled)
 
 
