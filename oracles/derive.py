@@ -225,10 +225,14 @@ class _Evaluator(ShiftAlgebra):
         return algebra.underflow_floor(dtype, self.arith) * self.grow
 
     def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
-        """One rounding; none of a result bounded by 0 (exactly 0, as 0 * l of a fully
-        masked row's empty sum): 0 is representable, it has no underflow floor."""
+        """One rounding, and never more than the result's own size: 0 is representable,
+        so rounding to nearest, flushing to zero or truncating never moves a value
+        further than 0 is (a p of 1e-38 rounded to f16 errs by 1e-38, not by f16's
+        underflow floor 6e-5); a result bounded by 0 (0 * l of a fully masked row's empty
+        sum) is exactly 0."""
         grown = algebra.underflow_floor(dtype, self.arith) * (self.grow - 1.0)
-        return jnp.where(magnitude == 0, 0.0, algebra.rounding(magnitude, dtype, self.arith) + grown)
+        charged = algebra.rounding(magnitude, dtype, self.arith) + grown
+        return jnp.where(magnitude <= largest_finite(dtype), jnp.minimum(charged, magnitude), charged)
 
     def transcendental(self, dtype: str) -> float:
         return self.arith.transcendental_rel(_narrower(dtype, "float32"))
