@@ -19,7 +19,10 @@ float64 with float64 enabled in a scope only, carrying for every intermediate:
   branch there, so no bound exists. They propagate to every element that depends
   on them and are reported, never passed;
 - ``dom``: which primitive contributes most to ``err`` (a label per element), so a
-  failure can say what dominates the bound at the worst element.
+  failure can say what dominates the bound at the worst element;
+- ``shifts``: the error of a computed max carried as a named unknown instead of in
+  ``err`` (oracles/shifts.py), so that where the reference's exact arithmetic cancels
+  it (a softmax's exp(s - m) / sum, its m + log(sum)) the bound cancels it too.
 
 ``Facts`` are what only the kernel's author knows: the dtype its intermediates are
 computed in, the order of each reduction and dot, its transcendental accuracy.
@@ -42,7 +45,9 @@ from jax.extend import core as jcore
 from pallascheck.kernels.compat import float64_enabled
 
 from . import algebra, numeric
-from .tolerance import SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, unit_roundoff
+from .shifts import Shift, ShiftAlgebra
+from .tolerance import (SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, smallest_normal,
+                        unit_roundoff)
 
 F64 = np.float64
 INPUT = 0  # ``dom`` label of the inputs' own error (a subnormal flushed on read)
@@ -127,6 +132,14 @@ class Tracked:
     bad: jax.Array  # int32: 0 where verifiable, else the label of the deciding primitive
     dom: jax.Array
     carried: str
+    # named unknowns the computed value depends on (oracles/shifts.py): with them
+    # computed = value + sum c delta + r ("additive") or (value + r) e^(sum c delta)
+    # ("scaled"), |r| <= err; without them computed = value + r
+    shifts: tuple[Shift, ...] = ()
+    scaled: bool = False
+    # a lower bound on the computed value where one is known besides value - err (a
+    # sum of squares is never negative, whatever its error: var + eps >= eps); None: none
+    low: jax.Array | None = None
 
     @property
     def is_float(self) -> bool:
@@ -168,6 +181,10 @@ def _var_dtype(var: Any) -> np.dtype:
     return np.dtype(var.aval.dtype)
 
 
+def _var_shape(var: Any) -> tuple[int, ...]:
+    return tuple(var.aval.shape)
+
+
 def _is_float(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.floating)
 
@@ -176,8 +193,9 @@ def _narrower(a: str, b: str) -> str:
     return a if unit_roundoff(a) >= unit_roundoff(b) else b
 
 
-class _Evaluator:
+class _Evaluator(ShiftAlgebra):
     def __init__(self, facts: Facts, arith: Arithmetic):
+        super().__init__()
         if facts.transcendental_ulps is not None:
             arith = dataclasses.replace(arith, transcendental_ulps=facts.transcendental_ulps)
         self.facts, self.arith = facts, arith
@@ -201,13 +219,20 @@ class _Evaluator:
     def compute_dtype(self, var: Any) -> str:
         return self.facts.compute_dtype or dtype_name(_var_dtype(var))
 
-    def floor(self, dtype: str) -> float:
-        return algebra.underflow_floor(dtype, self.arith)
+    def floor(self, dtype: str) -> Any:
+        """The underflow floor of one rounding, in the frame of the result being computed
+        (``ShiftAlgebra.growing``)."""
+        return algebra.underflow_floor(dtype, self.arith) * self.grow
 
     def rounding(self, magnitude: jax.Array, dtype: str) -> jax.Array:
-        """One rounding; none of a result bounded by 0 (exactly 0, as 0 * l of a fully
-        masked row's empty sum): 0 is representable, it has no underflow floor."""
-        return jnp.where(magnitude == 0, 0.0, algebra.rounding(magnitude, dtype, self.arith))
+        """One rounding, and never more than the result's own size: 0 is representable,
+        so rounding to nearest, flushing to zero or truncating never moves a value
+        further than 0 is (a p of 1e-38 rounded to f16 errs by 1e-38, not by f16's
+        underflow floor 6e-5); a result bounded by 0 (0 * l of a fully masked row's empty
+        sum) is exactly 0."""
+        grown = algebra.underflow_floor(dtype, self.arith) * (self.grow - 1.0)
+        charged = algebra.rounding(magnitude, dtype, self.arith) + grown
+        return jnp.where(magnitude <= largest_finite(dtype), jnp.minimum(charged, magnitude), charged)
 
     def transcendental(self, dtype: str) -> float:
         return self.arith.transcendental_rel(_narrower(dtype, "float32"))
@@ -240,13 +265,37 @@ class _Evaluator:
         dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
         if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
             return t
-        return Tracked(t.value, t.err + self.rounding_of(t, dtype), t.bad, t.dom, dtype)
+        return dataclasses.replace(t, err=t.err + self.rounding_of(t, dtype), carried=dtype)
 
     def rounding_of(self, t: Tracked, dtype: str) -> jax.Array:
-        """The rounding of ``t`` to ``dtype``: none where its value is exact (no error)
-        and representable there (a bf16 cotangent scattered into an f32 buffer)."""
-        kept = (t.err == 0) & (t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value)
-        return jnp.where(kept, 0.0, self.rounding(t.magnitude, dtype))
+        """The rounding of ``t`` to ``dtype``: none where its value is exact (no error,
+        no name) and representable there (a bf16 cotangent scattered into an f32 buffer)."""
+        kept = (t.err == 0) & self.unnamed(t) & (t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value)
+        with self.growing(self.spread(t) if t.scaled else 0.0):
+            return jnp.where(kept, 0.0, self.rounding(self.reach(t), dtype))
+
+    def lower(self, t: Tracked) -> jax.Array:
+        """The least value the kernel's computed ``t`` can take."""
+        f = self.folded(t)
+        with np.errstate(invalid="ignore"):
+            base = f.value - f.err
+        return base if t.low is None else jnp.maximum(base, t.low)
+
+    def at_least(self, t: Tracked, low: jax.Array) -> Tracked:
+        """``t`` known to be computed no lower than ``low`` (-inf: nothing known)."""
+        low = jnp.broadcast_to(low, jnp.shape(t.value))
+        return dataclasses.replace(t, low=low) if bool(jnp.any(jnp.isfinite(low))) else t
+
+    def shifted(self, t: Tracked, shifts: Sequence[Shift], scaled: bool) -> Tracked:
+        """``t`` (its error r in the frame of ``shifts``) with those names; unbounded where
+        the computed value, with its factor or its named part, may overflow."""
+        t = self.normalised(dataclasses.replace(t, shifts=tuple(shifts), scaled=scaled))
+        if not t.shifts:
+            return t
+        d = self.spread(t)
+        reach = t.magnitude * jnp.exp(d) if t.scaled else t.magnitude + d
+        over = jnp.isfinite(t.value) & (reach > largest_finite(t.carried))
+        return self.normalised(dataclasses.replace(t, err=jnp.where(over, jnp.inf, t.err)))
 
     def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
                      inherited: jax.Array) -> Tracked:
@@ -314,6 +363,8 @@ class _Evaluator:
     def eqn(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         name = eqn.primitive.name
         sub = _subjaxpr(eqn)
+        if sub is None and name not in _KEEPS_NAMES and any(t.shifts for t in ins):
+            ins = [self.folded(t) for t in ins]  # a rule with no identity for named errors
         if name in _RULES:
             out = _RULES[name](self, eqn, ins)
             return out if isinstance(out, list) else [out]
@@ -343,9 +394,14 @@ class _Evaluator:
         params = dict(eqn.params)
         if "preferred_element_type" in params:
             params["preferred_element_type"] = None
+        named = [t for t, d in zip(ins, is_data) if d and t.shifts]
+        if named and (eqn.primitive.name not in _MOVES_NAMES or len({t.scaled for t in named}) > 1):
+            ins = [self.folded(t) for t in ins]
+            named = []
 
-        def apply(field: str) -> Any:
-            args = [getattr(t, field) if d else t.value for t, d in zip(ins, is_data)]
+        def apply(field: Any) -> Any:
+            get = field if callable(field) else (lambda t: getattr(t, field))
+            args = [get(t) if d else t.value for t, d in zip(ins, is_data)]
             return eqn.primitive.bind(*args, **params)
 
         value, err, bad, dom = (apply(f) for f in ("value", "err", "bad", "dom"))
@@ -353,18 +409,28 @@ class _Evaluator:
         values, errs, bads, doms = (list(x) if multiple else [x] for x in (value, err, bad, dom))
         carried = [t.carried for t, d in zip(ins, is_data) if d and t.is_float]
         widest = min(carried, key=unit_roundoff) if carried else "float64"
-        return [Tracked(v, e, b, d, widest) for v, e, b, d in zip(values, errs, bads, doms)]
+        outs = [Tracked(v, e, b, d, widest) for v, e, b, d in zip(values, errs, bads, doms)]
+        if any(t.low is not None for t, d in zip(ins, is_data) if d):  # known lower bounds move too
+            lows = apply(self.lower)
+            outs = [self.at_least(o, low) for o, low in zip(outs, lows if multiple else [lows])]
+        if not named:
+            return outs
+        # the names move with the elements: the op applied to every coefficient and index
+        shifts = tuple(Shift(k, apply(lambda t, k=k: self.terms([t], k)[0][0]),
+                             apply(lambda t, k=k: self.terms([t], k)[0][1])) for k in self.symbols(named))
+        return [self.normalised(dataclasses.replace(outs[0], shifts=shifts, scaled=named[0].scaled))]
 
     def scan(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         p = eqn.params
         n_consts, n_carry, length = *_scan_counts(p), p["length"]
         consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        xs = [self.folded(x) for x in xs]  # sliced and stacked without their names
         ys: list[list[Tracked]] = []
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
         for i in steps:
             outs = self.run(p["jaxpr"], [], consts + carry + [_index(x, i) for x in xs])
             carry, y = outs[:n_carry], outs[n_carry:]
-            ys.append(y)
+            ys.append([self.folded(t) for t in y])
         if p["reverse"]:
             ys.reverse()
         stacked = [_stack([y[j] for y in ys]) for j in range(len(ys[0]))] if ys else [
@@ -439,6 +505,14 @@ def _stack(ts: Sequence[Tracked]) -> Tracked:
                    jnp.stack([t.bad for t in ts]), jnp.stack([t.dom for t in ts]), ts[0].carried)
 
 
+# Shape ops that move elements one to one (or pad with a constant): a value's names move with it.
+_MOVES_NAMES = {"broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice", "rev",
+                "concatenate", "pad", "copy", "copy_p", "dynamic_slice"}
+# Rules that carry named errors (oracles/shifts.py) through; every other rule sees them folded.
+_KEEPS_NAMES = {"add", "sub", "add_any", "mul", "div", "neg", "stop_gradient", "exp", "exp2", "log",
+                "reduce_sum", "dot_general", "convert_element_type", "select_n", "max", "min", "reduce_max",
+                "reduce_min", "scan", "while", "cond", *_MOVES_NAMES}
+
 # Shape ops: the operand positions that are data (None: all); the rest are indices.
 _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
     "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
@@ -494,8 +568,26 @@ def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return Tracked(value.astype(F64), err, bad, dom, ins[0].carried)
 
 
-rule("neg", "abs", "not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
-     "stop_gradient", "iota", "population_count", "clz", "is_finite", "imag", "real")(_exact_op)
+rule("abs", "not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "iota",
+     "population_count", "clz", "is_finite", "imag", "real")(_exact_op)
+
+
+@rule("stop_gradient")
+def _stop_gradient(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """The identity (jax.nn.softmax's max goes through it, names and all)."""
+    return ins[0]
+
+
+@rule("neg")
+def _neg(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+    """Exact: -(v + c d + r) negates an additive value's coefficients, -(v + r) F keeps
+    a scaled value's factor."""
+    (x,) = ins
+    out = _exact_op(ev, eqn, ins)
+    if not x.shifts:
+        return out
+    sign = 1.0 if x.scaled else -1.0
+    return ev.shifted(out, tuple(Shift(s.symbol, sign * s.coef, s.index) for s in x.shifts), x.scaled)
 
 
 def _int_or_exact(fn: Rule) -> Rule:
@@ -513,58 +605,145 @@ def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """Errors add, plus one rounding, except where the result is exact: an operand
     that is exactly 0 (a running sum's first term), or two exact operands of the same
     sign (for a sub; opposite for an add) within a factor 2 of each other (Sterbenz's
-    lemma: z - max(z) of input logits)."""
+    lemma: z - max(z) of input logits). Named errors: additive operands' coefficients
+    add (m + log l: the max's unknown cancels); scaled operands with one factor share it,
+    (v_a + r_a) F + (v_b + r_b) F = (v_a + v_b + r_a + r_b) F."""
     a, b = ins
     value = _value(eqn, a.value, b.value)
-    out = ev.rounded_once(eqn, value, a.err + b.err, *ev.inherit(ins, value.shape))
+    shifts: tuple[Shift, ...] = ()
+    scaled = False
+    if a.shifts or b.shifts:
+        a, b = (ev.broadcast(t, value.shape) for t in (a, b))
+        if a.shifts and b.shifts and a.scaled != b.scaled:  # a factor and a named sum: no common form
+            a, b = (ev.folded(t) if t.scaled else t for t in (a, b))
+        scaled = a.scaled or b.scaled
+        sign = -1.0 if eqn.primitive.name == "sub" else 1.0
+        a, b, shifts = ev.common_factor(a, b) if scaled else ev.added(a, b, sign)
+    spread = ev.spread_of(shifts, value.shape)
     dtype = ev.compute_dtype(eqn.outvars[0])
 
-    def exact(t: Tracked) -> jax.Array:
+    def exact(t: Tracked) -> jax.Array:  # folded: a name makes an operand inexact
         held = t.value.astype(strategies_dtype(dtype)).astype(F64) == t.value
         return (t.err == 0) & held & jnp.isfinite(t.value)
 
-    zero = ((a.value == 0) & (a.err == 0)) | ((b.value == 0) & (b.err == 0))
+    fa, fb = ev.folded(a), ev.folded(b)
+    zero = ((fa.value == 0) & (fa.err == 0)) | ((fb.value == 0) & (fb.err == 0))
     x, y = jnp.abs(a.value), jnp.abs(b.value)
     same_sign = jnp.sign(a.value) == (jnp.sign(b.value) if eqn.primitive.name == "sub" else -jnp.sign(b.value))
-    sterbenz = exact(a) & exact(b) & same_sign & (x <= 2.0 * y) & (y <= 2.0 * x)
-    return dataclasses.replace(out, err=jnp.where(zero | sterbenz, jnp.broadcast_to(a.err + b.err, value.shape), out.err))
+    sterbenz = exact(fa) & exact(fb) & same_sign & (x <= 2.0 * y) & (y <= 2.0 * x)
+    propagated = a.err + b.err
+    with ev.growing(spread if scaled else 0.0):
+        local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
+    out = ev.finish(eqn, eqn.outvars[0], value, propagated, jnp.where(zero | sterbenz, 0.0, local),
+                    *ev.inherit(ins, value.shape))
+    if eqn.primitive.name != "sub" and any(t.low is not None for t in ins):
+        # rounding is monotone: fl(a^ + b^) >= fl(low_a + low_b) >= s - (u|s| + floor)
+        s = ev.lower(ins[0]) + ev.lower(ins[1])
+        out = ev.at_least(out, jnp.where(jnp.isfinite(s), s - ev.rounding(jnp.abs(s), dtype), -jnp.inf))
+    return ev.shifted(out, shifts, scaled)
 
 
 @rule("mul")
 @_int_or_exact
 def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding."""
+    """|a^ b^ - ab| <= |a| eb + |b| ea + ea eb, then one rounding. Named errors: an
+    additive operand times an exact one scales its coefficients (c1 (m - t)); scaled
+    operands multiply their factors (alpha l: e^(d_old - d_new) e^(-d_old))."""
     a, b = ins
     value = a.value * b.value
+    shifts: tuple[Shift, ...] = ()
+    scaled = False
+    if a.shifts or b.shifts:
+        a, b = (ev.broadcast(t, value.shape) for t in (a, b))
+        if (a.shifts and not a.scaled) or (b.shifts and not b.scaled):
+            first = bool(a.shifts) and not a.scaled
+            x, k = (a, b) if first else (b, a)
+            k = ev.folded(k)
+            x = ev.fold_where(x, k.err > 0)  # (v + c d + r)(k + e): no name survives an inexact factor
+            shifts = tuple(Shift(s.symbol, s.coef * k.value, s.index) for s in x.shifts)
+            a, b = (x, k) if first else (k, x)
+        else:
+            a, b, shifts = ev.added(a, b, 1.0)
+            scaled = True
+    spread = ev.spread_of(shifts, value.shape)
     propagated = (algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err)
                   + algebra.times(a.err, b.err))
-    return ev.rounded_once(eqn, value, propagated, *ev.inherit(ins, value.shape))
+    dtype = ev.compute_dtype(eqn.outvars[0])
+    with ev.growing(spread if scaled else 0.0):
+        local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
+    out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, *ev.inherit(ins, value.shape))
+    # a computed square, or a product of factors computed nonnegative, is never negative
+    square = eqn.invars[0] is eqn.invars[1] and not isinstance(eqn.invars[0], jcore.Literal)
+    if square or any(t.low is not None for t in ins):
+        nonnegative = square | ((ev.lower(ins[0]) >= 0) & (ev.lower(ins[1]) >= 0))
+        out = ev.at_least(out, jnp.where(nonnegative, 0.0, -jnp.inf))
+    return ev.shifted(out, shifts, scaled)
 
 
 @rule("div")
 @_int_or_exact
 def _div(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unverifiable where b^ may be 0."""
+    """|a^/b^ - a/b| <= (ea + |a/b| eb) / (|b| - eb); unverifiable where b^ may be 0.
+    XLA divides by a constant as a product with its rounded reciprocal (x / 3 is
+    x * fl(1/3), measured on XLA:CPU): where the divisor is exact and its reciprocal
+    not representable, the reciprocal's rounding adds |a^| (u |1/b| + floor) before the
+    product's rounding. Named errors: an additive numerator over an exact divisor
+    divides its coefficients (sd / V); scaled operands divide their factors (acc / l:
+    both e^(-d), the quotient has none)."""
     a, b = ins
     value = a.value / b.value  # a zero divisor: the infinity or NaN the kernel must reproduce
+    shifts: tuple[Shift, ...] = ()
+    scaled = False
+    if a.shifts or b.shifts:
+        a, b = (ev.broadcast(t, value.shape) for t in (a, b))
+        if b.shifts and not b.scaled:
+            b = ev.folded(b)
+        if a.shifts and not a.scaled:
+            b = ev.folded(b)
+            a = ev.fold_where(a, b.err > 0)
+            shifts = tuple(Shift(s.symbol, s.coef / b.value, s.index) for s in a.shifts)
+        else:
+            a, b, shifts = ev.added(a, b, -1.0)
+            scaled = True
+    spread = ev.spread_of(shifts, value.shape)
+    dtype = ev.compute_dtype(eqn.outvars[0])
     room = jnp.abs(b.value) - b.err
+    if ins[1].low is not None:  # a divisor computed at least low > 0 is at least that far from 0
+        least = jnp.where(ev.unnamed(b), jnp.broadcast_to(ev.lower(ins[1]), room.shape), -jnp.inf)
+        room = jnp.where(least > 0, jnp.maximum(room, least), room)
     ok = room > 0
     quotient = jnp.abs(a.value / jnp.where(ok, b.value, 1.0))
     propagated = jnp.where(ok, (a.err + algebra.times(quotient, b.err)) / jnp.where(ok, room, 1.0), jnp.inf)
     propagated = jnp.where((b.err == 0) & (a.err == 0), 0.0, propagated)
+    nonzero = (b.value != 0) & jnp.isfinite(b.value)
+    recip = 1.0 / jnp.where(nonzero, b.value, 1.0)
+    rounded = (b.err == 0) & nonzero & (recip.astype(strategies_dtype(dtype)).astype(F64) != recip)
+    recip_err = jnp.where(rounded, ev.rounding(jnp.abs(recip), dtype), 0.0)
+    propagated = propagated + algebra.times(a.magnitude if scaled else ev.reach(a), recip_err)
     bad, dom = ev.inherit(ins, value.shape)
     bad = ev.flag(eqn, bad, ~ok & (b.err > 0))
-    return ev.rounded_once(eqn, value, jnp.where(bad > 0, 0.0, propagated), bad, dom)
+    propagated = jnp.where(bad > 0, 0.0, propagated)
+    with ev.growing(spread if scaled else 0.0):
+        local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
+    out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+    if any(t.low is not None for t in ins):
+        out = ev.at_least(out, jnp.where((ev.lower(ins[0]) >= 0) & (ev.lower(ins[1]) > 0), 0.0, -jnp.inf))
+    return ev.shifted(out, shifts, scaled)
 
 
 @rule("max", "min")
 @_int_or_exact
 def _max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """max and min are 1-Lipschitz in each operand jointly: the larger error; no rounding."""
+    """max and min are 1-Lipschitz in each operand jointly: the larger error; no rounding.
+    Of a named operand (a running max, max(m_old, max(tile))) the result's error is
+    named anew (oracles/shifts.py)."""
+    named = any(t.shifts for t in ins)
+    ins = [ev.folded(t) for t in ins]
     value = _value(eqn, *[t.value for t in ins])
     bad, dom = ev.inherit(ins, value.shape)
     err = jnp.maximum(*[jnp.broadcast_to(t.err, value.shape) for t in ins])
-    return Tracked(value, err, bad, dom, min((t.carried for t in ins), key=unit_roundoff))
+    out = Tracked(value, err, bad, dom, min((t.carried for t in ins), key=unit_roundoff))
+    return ev.named(out) if named else out
 
 
 @rule("clamp")
@@ -582,21 +761,30 @@ def _elementwise_max(arrays: Sequence[jax.Array]) -> jax.Array:
     return out
 
 
-def _unary(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]],
-           transcendental: bool = True) -> Rule:
-    """A unary float function. ``fn(x, err, value)`` returns (propagated error,
-    relative size the evaluation error scales with, unverifiable mask)."""
+def _elementwise_min(arrays: Sequence[jax.Array]) -> jax.Array:
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = jnp.minimum(out, a)
+    return out
+
+
+def _unary(fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcendental: bool = True,
+           bounded_below: bool = False) -> Rule:
+    """A unary float function. ``fn(x, err, value)`` (``bounded_below``: ``fn(x, err,
+    value, low)``, low the least computed operand, ``_Evaluator.lower``) returns
+    (propagated error, relative size the evaluation error scales with, unverifiable mask)."""
     def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         (x,) = ins
         value = _value(eqn, x.value)
+        extra = (ev.lower(x),) if bounded_below else ()
         with np.errstate(all="ignore"):
-            propagated, scale, bad_here = fn(x.value, x.err, value)
+            propagated, scale, bad_here = fn(x.value, x.err, value, *extra)
         dtype = ev.compute_dtype(eqn.outvars[0])
         bad, dom = ev.flag(eqn, x.bad, bad_here), x.dom
         propagated = jnp.where(bad_here, 0.0, propagated)
         if transcendental:
             local = ev.transcendental(dtype) * (scale + propagated) + ev.floor(dtype)
-            local = jnp.where(jnp.abs(value) + propagated <= largest_finite(dtype), local, jnp.inf)
+            local = jnp.where((jnp.abs(value) + propagated) * ev.grow <= largest_finite(dtype), local, jnp.inf)
             # at an exact infinity every implementation returns the function's limit
             # (exp(-inf) = 0 of a masked logit): no rounding, no underflow floor
             local = jnp.where(jnp.isinf(x.value) & (x.err == 0), 0.0, local)
@@ -622,11 +810,14 @@ def _exp_rule(scale: float) -> Callable[..., tuple]:
 
 def _log_rule(shift: float) -> Callable[..., tuple]:
     """log is increasing and concave: over [x - e, x + e] it errs most at the low end,
-    -log1p(-e / (shift + x)); unverifiable where the low end reaches 0."""
-    def fn(x, e, v):
+    -log1p(-e / (shift + x)); unverifiable where the low end reaches 0. A known lower
+    bound of the operand raises the low end (then the high end may be the worse one)."""
+    def fn(x, e, v, low):
         base = shift + x
-        ok = base - e > 0
-        grow = -jnp.log1p(-e / jnp.where(ok, base, 1.0))
+        gap = jnp.minimum(e, x - low)  # how far below x the computed operand can be
+        ok = base - gap > 0
+        safe = jnp.where(ok & (base > 0), base, 1.0)
+        grow = jnp.maximum(-jnp.log1p(-gap / safe), jnp.log1p(e / safe))
         return jnp.where(e == 0, 0.0, grow), jnp.abs(v), ~ok & (e > 0)
     return fn
 
@@ -639,18 +830,24 @@ def _slope_at_nearest(deriv: Callable[[jax.Array], jax.Array]) -> Callable[..., 
     return fn
 
 
-def _sqrt(x, e, v):
-    low = x - e
+def _sqrt(x, e, v, low):
+    """sqrt increases and is concave: the worse end is the low one, max(x - e, a known
+    lower bound); unverifiable where that is negative."""
+    low = jnp.maximum(x - e, low)
     ok = (low >= 0) | (e == 0)
-    return v - jnp.sqrt(jnp.maximum(low, 0.0)), jnp.abs(v), ~ok
+    return jnp.maximum(v - jnp.sqrt(jnp.maximum(low, 0.0)), jnp.sqrt(x + e) - v), jnp.abs(v), ~ok
 
 
-def _rsqrt(x, e, v):
-    """rsqrt decreases: the worst point is x - e; unverifiable where it reaches 0."""
-    low = x - e
+def _rsqrt(x, e, v, low):
+    """rsqrt decreases and is convex: the worse end is the low one, max(x - e, a known
+    lower bound: rsqrt(var + eps) with var a sum of squares); unverifiable where it
+    reaches 0."""
+    low = jnp.maximum(x - e, low)
     ok = (low > 0) | ((e == 0) & (x > 0))
     worst = lax.rsqrt(jnp.where(low > 0, low, 1.0))
-    return jnp.where(e == 0, 0.0, worst - v), jnp.where(ok, jnp.maximum(worst, jnp.abs(v)), jnp.abs(v)), ~ok & (e > 0)
+    best = lax.rsqrt(jnp.where(ok, x + e, 1.0))
+    propagated = jnp.where(e == 0, 0.0, jnp.maximum(worst - v, v - best))
+    return propagated, jnp.where(ok, jnp.maximum(worst, jnp.abs(v)), jnp.abs(v)), ~ok & (e > 0)
 
 
 def _sin_cos(x, e, v):
@@ -658,16 +855,45 @@ def _sin_cos(x, e, v):
     return jnp.minimum(e, 2.0), jnp.abs(v), _no(x)
 
 
-rule("exp")(_unary(_exp_rule(1.0)))
-rule("exp2")(_unary(_exp_rule(math.log(2.0))))
+def _exp_of_named(scale: float, plain: Rule) -> Rule:
+    """exp(s (v + c d + r)) = exp(s (v + r)) e^(s c d): an additive operand's names become
+    the result's factor, and the rule's own error (on v, r) is charged in its frame."""
+    def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+        (x,) = ins
+        if not x.shifts or x.scaled:
+            return plain(ev, eqn, [ev.folded(x)])
+        shifts = tuple(Shift(s.symbol, scale * s.coef, s.index) for s in x.shifts)
+        with ev.growing(ev.spread_of(shifts, x.value.shape)):
+            out = plain(ev, eqn, [x])
+        return ev.shifted(out, shifts, True)
+    return apply
+
+
+def _log_of_named(plain: Rule) -> Rule:
+    """log((v + r) F) = log(v + r) + log F: a scaled operand's factor becomes the result's
+    additive names (log l, l carrying e^(-d), carries -d); the evaluation's relative error
+    applies to the whole computed log, at most |log(v + r)| + D."""
+    def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
+        (x,) = ins
+        if not x.shifts or not x.scaled:
+            return plain(ev, eqn, [ev.folded(x)])
+        out = plain(ev, eqn, [x])
+        extra = ev.transcendental(ev.compute_dtype(eqn.outvars[0])) * ev.spread(x)
+        out = dataclasses.replace(out, err=out.err + jnp.where(jnp.isfinite(out.value), extra, 0.0))
+        return ev.shifted(out, x.shifts, False)
+    return apply
+
+
+rule("exp")(_exp_of_named(1.0, _unary(_exp_rule(1.0))))
+rule("exp2")(_exp_of_named(math.log(2.0), _unary(_exp_rule(math.log(2.0)))))
 rule("expm1")(_unary(lambda x, e, v: (jnp.exp(x) * jnp.expm1(e), jnp.abs(v), _no(x))))
-rule("log")(_unary(_log_rule(0.0)))
-rule("log1p")(_unary(_log_rule(1.0)))
+rule("log")(_log_of_named(_unary(_log_rule(0.0), bounded_below=True)))
+rule("log1p")(_unary(_log_rule(1.0), bounded_below=True))
 rule("tanh")(_unary(_slope_at_nearest(lambda t: 1.0 - jnp.tanh(t) ** 2)))
 rule("logistic")(_unary(_slope_at_nearest(lambda t: jax.nn.sigmoid(t) * jax.nn.sigmoid(-t))))
 rule("erf")(_unary(_slope_at_nearest(lambda t: 2.0 / math.sqrt(math.pi) * jnp.exp(-t * t))))
-rule("sqrt")(_unary(_sqrt))
-rule("rsqrt")(_unary(_rsqrt))
+rule("sqrt")(_unary(_sqrt, bounded_below=True))
+rule("rsqrt")(_unary(_rsqrt, bounded_below=True))
 rule("sin", "cos")(_unary(_sin_cos))
 
 
@@ -695,6 +921,8 @@ def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     k = max(m.bit_length() - 1 + bin(m).count("1") - 1, 1)
     local = ev.gamma(k, unit_roundoff(dtype)) * x.magnitude ** m + k * ev.floor(dtype)
     positive = ev.finish(eqn, eqn.outvars[0], x.value ** m, propagated, local, x.bad, x.dom)
+    if m % 2 == 0:  # an even power, computed as products of equal factors, is never negative
+        positive = ev.at_least(positive, jnp.zeros(positive.value.shape, F64))
     if n >= 0:
         return positive
     one = ev.exact(jnp.ones_like(x.value), dtype)
@@ -779,22 +1007,40 @@ def _select(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     pred, cases = ins[0], ins[1:]
     value = _value(eqn, pred.value, *[c.value for c in cases])
     shape = value.shape
-    values = [jnp.broadcast_to(c.value, shape) for c in cases]
-    errs = [jnp.broadcast_to(c.err, shape) for c in cases]
+    cases = [ev.broadcast(c, shape) for c in cases]
+    named = [c for c in cases if c.shifts]
+    if len({c.scaled for c in named}) > 1:  # a factor and a named sum: no common form
+        cases = [ev.folded(c) if c.scaled else c for c in cases]
+        named = [c for c in cases if c.shifts]
+    values = [c.value for c in cases]
+    errs = [c.err for c in cases]
     err = lax.select_n(pred.value, *errs)
     dom = lax.select_n(pred.value, *[jnp.broadcast_to(c.dom, shape) for c in cases])
     bad = lax.select_n(pred.value, *[jnp.broadcast_to(c.bad, shape) for c in cases])
     undecided = jnp.broadcast_to(pred.bad, shape)
+    bounded = jnp.zeros(shape, bool)
     if jnp.issubdtype(value.dtype, jnp.floating):
         with np.errstate(invalid="ignore"):
-            spread = _elementwise_max([jnp.abs(v - value) + e for v, e in zip(values, errs)])
+            spread = _elementwise_max([jnp.abs(v - value) + ev.folded(c).err for v, c in zip(values, cases)])
         bounded = (undecided > 0) & jnp.isfinite(spread)
         err = jnp.where(bounded, spread, err)
         dom = jnp.where(bounded, undecided, dom)  # the decision's label: its comparison dominates here
         undecided = jnp.where(bounded, 0, undecided)
     bad = jnp.maximum(bad, undecided)
     carried = [c.carried for c in cases if c.is_float]
-    return Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
+    out = Tracked(value, err, bad, dom, min(carried, key=unit_roundoff) if carried else "float64")
+    if any(c.low is not None for c in cases):  # the chosen case's lower bound; any case's where undecided
+        lows = [ev.lower(c) for c in cases]
+        out = ev.at_least(out, jnp.where(bounded, _elementwise_min(lows), lax.select_n(pred.value, *lows)))
+    if not named:
+        return out
+    # the chosen case's names; where the decision is open the bound above is plain
+    shifts = []
+    for k in ev.symbols(named):
+        terms = ev.terms(cases, k)
+        coef = jnp.where(bounded, 0.0, lax.select_n(pred.value, *[c for c, _ in terms]))
+        shifts.append(Shift(k, coef, lax.select_n(pred.value, *[i for _, i in terms])))
+    return ev.shifted(out, shifts, named[0].scaled)
 
 
 @rule("convert_element_type")
@@ -809,9 +1055,15 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
             return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
         target = dtype_name(new)
         if unit_roundoff(target) > unit_roundoff(x.carried):
-            return ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
-                             carried=target)
+            out = ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
+                            carried=target)
+            if x.low is not None:  # rounding is monotone
+                least = ev.lower(x)
+                out = ev.at_least(out, jnp.where(jnp.isfinite(least), least - ev.rounding(jnp.abs(least), target),
+                                                 -jnp.inf))
+            return ev.shifted(out, x.shifts, x.scaled)
         return x
+    x = ev.folded(x)
     value = x.value.astype(new)
     bad, dom = x.bad, x.dom
     if x.is_float:
@@ -858,31 +1110,71 @@ def _argmax_along(err: jax.Array, dom: jax.Array, axes: Sequence[int]) -> jax.Ar
 def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     """n terms summed in ``order``: sum of the terms' errors + gamma_k(u) sum|terms| +
     an underflow floor per inexact addition (algebra.reduce_sum), k the order's depth
-    or, where fewer terms are nonzero, their count - 1."""
+    or, where fewer terms are nonzero, their count - 1; no rounding at all where the
+    exact terms lie on a common grid (``_on_grid``). Named errors: additive terms'
+    coefficients add, scaled terms with one factor keep it (sum p_j, p_j = exp(s_j - m))."""
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     n = int(np.prod([x.value.shape[a] for a in axes])) if axes else 1
     dtype = ev.compute_dtype(eqn.outvars[0])
+    shifts: tuple[Shift, ...] = ()
+    if x.shifts:
+        x, shifts = ev.uniform(x, axes, same_coef=x.scaled)
+    scaled = x.scaled
     value = jnp.sum(x.value, axis=axes)
+    spread = ev.spread_of(shifts, value.shape)
     propagated = jnp.sum(x.err, axis=axes)
     # An addition with an exactly-zero operand is exact, so a path from a term to the
     # result passes at most (nonzero terms - 1) inexact additions, in any order: a
     # one-hot pick (the target logit) is exact, an all-zero sum is exactly 0.
-    nonzero = jnp.sum(x.magnitude > 0, axis=axes)
+    terms = ev.reach(x)
+    nonzero = jnp.sum(terms > 0, axis=axes)
     depth = jnp.minimum(ev.facts.order_of("reduce_sum").depth(n), jnp.maximum(nonzero - 1, 0))
-    reach = jnp.sum(x.magnitude, axis=axes)
-    local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + jnp.maximum(nonzero - 1, 0) * ev.floor(dtype)
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
-                     _argmax_along(x.err, x.dom, axes), reach=reach)
+    reach = jnp.sum(terms, axis=axes)
+    with ev.growing(spread if scaled else 0.0):
+        local = (algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach)
+                 + jnp.maximum(nonzero - 1, 0) * ev.floor(dtype))
+    if not x.shifts:
+        local = jnp.where(_on_grid(ev, x, axes, dtype), 0.0, local)
+    out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
+                    _argmax_along(x.err, x.dom, axes), reach=reach * jnp.exp(spread) if scaled else reach)
+    if ins[0].low is not None:  # every partial sum of terms computed nonnegative is nonnegative
+        out = ev.at_least(out, jnp.where(jnp.all(ev.lower(ins[0]) >= 0, axis=axes), 0.0, -jnp.inf))
+    return ev.shifted(out, shifts, scaled)
+
+
+def _on_grid(ev: _Evaluator, x: Tracked, axes: tuple[int, ...], dtype: str) -> jax.Array:
+    """Where a sum of exact terms is exact in any order. Every term is a multiple of
+    2^g, g the lowest set bit over the terms; if sum |terms| <= 2^p 2^g (p the dtype's
+    significand bits), every partial sum, in any order, is a multiple of 2^g of at most
+    p significant bits: representable, so no addition rounds (the mean of a row of
+    equal bf16 values: 100 copies of -7712 sum to -771200 exactly in f32). With
+    flush-to-zero 2^g must be normal (a nonzero partial sum is then no subnormal)."""
+    v = x.value
+    exact = jnp.all((x.err == 0) & jnp.isfinite(v), axis=axes)
+    mantissa, exponent = jnp.frexp(jnp.abs(v))
+    digits = (mantissa * 2.0 ** 53).astype(jnp.int64)  # |v| = digits 2^(exponent - 53), exactly
+    lowest = jnp.frexp((digits & -digits).astype(F64))[1] - 1
+    g = jnp.where(v == 0, 10_000, exponent - 53 + lowest)
+    grid = jnp.min(g, axis=axes)
+    p = -int(round(math.log2(unit_roundoff(dtype))))
+    tiny = math.log2(smallest_normal(dtype))
+    coarsest = tiny if ev.arith.flush_subnormals else tiny - (p - 1)
+    total = jnp.sum(jnp.abs(v), axis=axes)
+    fits = total <= jnp.ldexp(1.0, jnp.clip(grid, -2000, 2000) + p)
+    return exact & fits & (grid >= coarsest) & (total <= largest_finite(dtype))
 
 
 @rule("reduce_max", "reduce_min")
 def _reduce_max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    (x,) = ins
+    """The largest error along the axes (1-Lipschitz in the sup norm); the result's
+    error is named (oracles/shifts.py): the max a softmax subtracts cancels."""
+    x = ev.folded(ins[0])
     axes = tuple(eqn.params["axes"])
     value = _value(eqn, x.value)
-    return Tracked(value, jnp.max(x.err, axis=axes), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
-                   x.carried)
+    out = Tracked(value, jnp.max(x.err, axis=axes), jnp.max(x.bad, axis=axes, initial=0),
+                  _argmax_along(x.err, x.dom, axes), x.carried)
+    return ev.named(out)
 
 
 @rule("reduce_and", "reduce_or", "reduce_xor")
@@ -1016,8 +1308,45 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     ``order`` adds gamma_k(u_acc) (|a|+ea)@(|b|+eb) (k no more than the nonzero
     products less one), plus two underflow floors per nonzero product and, with
     denormals-are-zero, the products of subnormal operands; a result narrower than the
-    accumulator rounds once more."""
-    a, b = (ev.as_dot_operand(eqn, t) for t in ins)
+    accumulator rounds once more. Named errors: a scaled operand whose factor is the
+    same along the contraction (p of one query row: e^(-d) of its max) passes it to the
+    result, the products and sums charged in its frame (the other operand plain)."""
+    a, b = ins
+    if not (a.shifts or b.shifts):
+        return _dot(ev, eqn, ev.as_dot_operand(eqn, a), ev.as_dot_operand(eqn, b))
+    a, b = (ev.folded(t) if t.shifts and not t.scaled else t for t in (a, b))
+    if a.shifts and b.shifts:
+        b = ev.folded(b)
+    a, b = ev.as_dot_operand(eqn, a), ev.as_dot_operand(eqn, b)
+    if not (a.shifts or b.shifts):
+        return _dot(ev, eqn, a, b)
+    (contract_a, contract_b), (batch_a, batch_b) = eqn.params["dimension_numbers"]
+    first = bool(a.shifts)
+    carrier, contract, batch = (a, contract_a, batch_a) if first else (b, contract_b, batch_b)
+    carrier, reduced = ev.uniform(carrier, tuple(contract), same_coef=True)
+    a, b = (carrier, b) if first else (a, carrier)
+    # the reduced names hold the carrier's batch and free axes in its own order; the
+    # result is (batch, free of a, free of b)
+    kept = [d for d in range(carrier.value.ndim) if d not in contract]
+    order = [kept.index(d) for d in batch] + [kept.index(d) for d in kept if d not in batch]
+    other = b if first else a
+    other_free = other.value.ndim - len(contract_a) - len(batch_a)
+    out_shape = tuple(_var_shape(eqn.outvars[0]))
+
+    def placed(x: jax.Array) -> jax.Array:
+        x = jnp.transpose(x, order)
+        at = x.ndim if first else len(batch)
+        x = jnp.expand_dims(x, tuple(range(at, at + other_free)))
+        return jnp.broadcast_to(x, out_shape)
+
+    shifts = tuple(Shift(s.symbol, placed(s.coef), placed(s.index)) for s in reduced)
+    with ev.growing(ev.spread_of(shifts, out_shape)):
+        out = _dot(ev, eqn, a, b)
+    return ev.shifted(out, shifts, True)
+
+
+def _dot(ev: _Evaluator, eqn: Any, a: Tracked, b: Tracked) -> Tracked:
+    """The dot of operands as the kernel feeds them (``_dot_general``)."""
     (contract_a, contract_b), _ = eqn.params["dimension_numbers"]
     k = int(np.prod([a.value.shape[i] for i in contract_a]))
 
@@ -1053,7 +1382,7 @@ def _dot_general(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     bad_a = jnp.where(dot((a.bad > 0).astype(F64), jnp.ones_like(b.value)) > 0, jnp.max(a.bad, initial=0), 0)
     bad_b = jnp.where(dot(jnp.ones_like(a.value), (b.bad > 0).astype(F64)) > 0, jnp.max(b.bad, initial=0), 0)
     inherited = jnp.where(dot(a.err, abs_b) >= dot(abs_a, b.err), _worst_label(a), _worst_label(b))
-    local = jnp.where(magnitude <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
+    local = jnp.where(magnitude * ev.grow <= largest_finite(acc_dtype), local, jnp.inf)  # a partial sum may overflow
     local = jnp.where(magnitude == 0, 0.0, local)  # every product exactly 0: so is the sum
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.maximum(bad_a, bad_b), inherited)
 
@@ -1135,7 +1464,7 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
             inputs.append(t)
         floats = [t.carried for t in inputs if t.is_float]
         ev.narrowest_input = max(floats, key=unit_roundoff) if floats else "float64"
-        outs = ev.run(jaxpr, [], inputs)
+        outs = [ev.folded(o) for o in ev.run(jaxpr, [], inputs)]
         result = [], [], [], [], []
         culprits = []
         for var, out in zip(jaxpr.jaxpr.outvars, outs):
