@@ -277,8 +277,7 @@ class _Evaluator(ShiftAlgebra):
     def lower(self, t: Tracked) -> jax.Array:
         """The least value the kernel's computed ``t`` can take."""
         f = self.folded(t)
-        with np.errstate(invalid="ignore"):
-            base = f.value - f.err
+        base = f.value - f.err
         return base if t.low is None else jnp.maximum(base, t.low)
 
     def at_least(self, t: Tracked, low: jax.Array) -> Tracked:
