@@ -90,15 +90,17 @@ def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
     return [n for n, s in selected(kernels).items() if not s.runs_on(chosen)]
 
 
+def _selected_distributed(kernels: Sequence[str] | None) -> list[str]:
+    from pallascheck.properties.collectives_checks import PROPERTIES
+
+    return [n for n in PROPERTIES if not kernels or n in kernels]
+
+
 def distributed_elsewhere(backend: str, kernels: Sequence[str] | None) -> list[str]:
     """The selected distributed kernels a run on ``backend`` leaves to a CPU run: they
     run in the TPU interpreter on CPU devices whatever --backend says, so on a GPU
     they would check nothing of the GPU and take its host's cores from the compiles."""
-    from pallascheck.properties.collectives_checks import PROPERTIES
-
-    if get_backend(backend).platform == "cpu":
-        return []
-    return [n for n in PROPERTIES if not kernels or n in kernels]
+    return [] if get_backend(backend).platform == "cpu" else _selected_distributed(kernels)
 
 
 def without_production(kernels: Sequence[str] | None) -> list[str]:
@@ -139,8 +141,6 @@ def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | No
     property of ``examples`` examples in ``property_parts`` parts), longest first.
     The production tier has no bad-input or distributed units: those do not depend on
     sizes, and the small tier runs them."""
-    from pallascheck.properties.collectives_checks import PROPERTIES
-
     specs = selected(kernels)
     missing = set(not_on(backend, kernels))
     if shapes == "production":
@@ -154,8 +154,8 @@ def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | No
                   if not dtypes or d in dtypes for part in range(parts)]
     # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there,
     # in a run on the CPU (``distributed_elsewhere``).
-    distributed = [n for n in PROPERTIES if (not kernels or n in kernels) and shapes == "small"
-                   and get_backend(backend).platform == "cpu"]
+    on_cpu = get_backend(backend).platform == "cpu"
+    distributed = _selected_distributed(kernels) if shapes == "small" and on_cpu else []
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
     previous = _load_durations()
