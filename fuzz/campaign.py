@@ -94,6 +94,7 @@ class Campaign:
         self.retired_checks: dict[tuple[str, str], list[str]] = {}
         self.retired: set[tuple[str, str]] = set()
         self.seed = first_seed
+        self.tasks_started: collections.Counter[tuple[str, str]] = collections.Counter()
         self.seconds_before = 0.0
         self.started = time.time()
         if saved is not None:
@@ -144,7 +145,11 @@ class Campaign:
             pair, kind, slot = self.bandit.choose(pairs)
             kind, slot = (kind, slot) if climb else ("any", None)
         else:
-            pair, kind, slot = self.rng.choice(pairs), "any", None
+            # Untargeted runs serve the pairs in turn (the least-served first, ties drawn), so a
+            # soak's cases per kernel x dtype come out even instead of as a uniform draw's spread.
+            fewest = min(self.tasks_started[p] for p in pairs)
+            pair, kind, slot = self.rng.choice([p for p in pairs if self.tasks_started[p] == fewest]), "any", None
+        self.tasks_started[pair] += 1
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
         return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes)

@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "importable module (see --path)")
     fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
     fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
-    fuzz.add_argument("--random", action="store_true", help="untargeted: uniform pairs, unpinned draws (the baseline)")
+    fuzz.add_argument("--random", action="store_true", help="untargeted: the pairs in turn, unpinned draws (the baseline, and a soak)")
     fuzz.add_argument("--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
                       help="seconds a worker may go without progress (a case, or a task's first compile) before it "
                            "counts as hung")

@@ -171,6 +171,17 @@ def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
     assert sum(p[0] == pairs[1] for p in picks) > 40 and sum(p[1] == "large" for p in picks) > 25
 
 
+def test_an_untargeted_campaign_serves_every_pair_in_turn(tmp_path) -> None:
+    # A soak reports cases per kernel x dtype: a uniform draw of pairs left some with half
+    # the tasks of others, so untargeted runs take the least-served pair next.
+    run = campaign.Campaign(["matmul", "rms_norm"], Backend("interpret"), str(tmp_path), examples=1, targeted=False,
+                            dtypes=None, paths=(), first_seed=0, resume=False)
+    assert len(run.pairs) == 6
+    for rounds in (1, 2, 3):
+        served = [run.next_task() for _ in run.pairs]
+        assert {(t.target, t.dtype) for t in served} == set(run.pairs), f"round {rounds}"
+
+
 def test_two_distinct_failures_are_booked_each_under_its_check(tmp_path, capsys) -> None:
     # Hypothesis shrinks the crash's input into the wrong-value bug and reports both at
     # once ("Hypothesis found 2 distinct failures"): two records, two replays.
