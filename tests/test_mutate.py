@@ -186,3 +186,20 @@ def test_mutate_works_on_a_users_kernel_and_spec(tmp_path, capsys) -> None:
     assert {r["operator"] for r in rows} == {"index_offset", "running_stat"}
     assert len(rows) >= 4 and all(r["status"] == "killed" for r in rows), rows
     assert "mutation score 100.0%" in printed
+
+
+def test_recorded_outputs_are_values_inside_a_compiled_layout_program() -> None:
+    # On hardware the checks call the kernel inside jax.jit (one program per layout):
+    # recording its tracers instead of its values failed every baseline on the GPU.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pallascheck.fuzz.mutation import worker
+
+    outputs: list = []
+    kernel = worker._recorded(lambda x: {"y": x * 2}, outputs)
+    jax.jit(kernel)(jnp.arange(3.0))
+    kernel(jnp.ones(2))
+    jax.effects_barrier()
+    assert [np.asarray(o["y"]).tolist() for o in outputs] == [[0.0, 2.0, 4.0], [2.0, 2.0]]

@@ -100,19 +100,28 @@ def _digest_update(h: Any, value: Any) -> None:
         h.update(a.tobytes())
 
 
+def _recorded(fn: Callable[..., Any], outputs: list[Any]) -> Callable[..., Any]:
+    """``fn`` appending every result to ``outputs``. On hardware the checks call the
+    kernel inside a compiled layout program, where its result is a tracer: the values
+    are then taken as the program runs (``after`` waits for them)."""
+    import jax
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(out)):
+            jax.debug.callback(outputs.append, out)
+        else:
+            outputs.append(out)
+        return out
+    return recorded
+
+
 def _recording(spec: Any, outputs: list[Any]) -> Any:
     """The spec with its kernel and kernel VJP appending every result to ``outputs``."""
-    def record(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            out = fn(*args, **kwargs)
-            outputs.append(out)
-            return out
-        return recorded
-
     gradients = spec.gradients
     if gradients is not None:
-        gradients = dataclasses.replace(gradients, kernel_vjp=record(gradients.kernel_vjp))
-    return dataclasses.replace(spec, kernel=record(spec.kernel), gradients=gradients)
+        gradients = dataclasses.replace(gradients, kernel_vjp=_recorded(gradients.kernel_vjp, outputs))
+    return dataclasses.replace(spec, kernel=_recorded(spec.kernel, outputs), gradients=gradients)
 
 
 _STATE: dict[str, Any] = {"lines": set()}  # this process's lines run (the baseline), and whether its mutant is in
@@ -125,6 +134,8 @@ def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any])
 
 
 def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
     from pallascheck.kernels.backends import get_backend
     from pallascheck.properties import runner
     from pallascheck.properties.spec import Case
@@ -148,6 +159,7 @@ def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, 
         conn.send(("case", None))
 
     def after(case: Case, config: Any, tally: runner.Tally) -> None:
+        jax.effects_barrier()  # the values a compiled layout program hands to ``outputs``
         h = hashlib.sha1()
         h.update(json.dumps([dict(case.params), runner.config_to_json(config)], sort_keys=True, default=str).encode())
         _digest_update(h, dict(case.arrays))
