@@ -463,7 +463,7 @@ def run_property(
     if few_layouts and not search.targeted and search.database is None:
         dtypes = list(spec.dtypes_for(backend))
         drawn = strategies.in_turn(case_lists, lambda case: spec.configs(case, backend),
-                                   strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1))
+                                   strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1, seed))
     else:
         drawn = case_lists.flatmap(
             lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))

@@ -57,8 +57,9 @@ def layout[T](key: str, strategy: st.SearchStrategy[T]) -> st.SearchStrategy[T]:
 
 
 def layout_choice[T](key: str, options: Sequence[T]) -> st.SearchStrategy[T]:
-    """``layout(key, st.sampled_from(options))``, except in a run of one case per
-    example (``drawing_in_turn``), where the options are taken in turn, per ``key``.
+    """``layout(key, st.sampled_from(options))``, except in a run of few examples
+    (``drawing_in_turn``: one case per example in the callback interpreters, and on
+    hardware), where the options are taken in turn, per ``key``.
     A handful of examples leaves it to chance whether a bucket is drawn at all: in the
     Mosaic GPU interpreter, at verify's 3 examples per dtype, the ragged dot drew m 17
     and 40 and never the 150 rows that make three row tiles, so mutants of its row-tile
@@ -82,7 +83,7 @@ def seeds() -> st.SearchStrategy[int]:
 # learns which kinds a spec draws from (``recording_element_kinds``): every spec draws
 # its input kinds (element kinds, adversarial logits, masks, biases) through
 # ``element_kinds``. Module state, because a campaign runs one arm at a time per
-# worker process. A run of one case per example takes kinds in turn (``InTurn``).
+# worker process. A run of few examples takes kinds in turn (``InTurn``).
 _pinned_kind: str | None = None
 _recorders: list[set[str]] = []
 _turn: "InTurn | None" = None
@@ -103,8 +104,9 @@ def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[s
 
 
 class InTurn:
-    """Choices in turn instead of at random, for runs that check one case per
-    Hypothesis example (``runner.CALLBACK_CASES_PER_LAYOUT``): each choice takes the
+    """Choices in turn instead of at random, for runs of few examples (one case per
+    example in the callback interpreters, ``runner.CALLBACK_CASES_PER_LAYOUT``; one
+    compiled layout per example on hardware): each choice takes the
     option of its family drawn least often so far (the first such one, in an order
     that starts ``part``/``parts`` of the way into the options), so that a set of
     options offered as often as it has members has had every member drawn.
@@ -115,12 +117,17 @@ class InTurn:
     apart. The runs of one property in its dtypes are the parts: each begins its turn
     elsewhere instead of repeating the first run's. Options are told apart by their
     repr (kinds, configs); ``snapshot`` copies the state, so that an example can be
-    redrawn exactly (Hypothesis replays a failing example: ``in_turn``)."""
+    redrawn exactly (Hypothesis replays a failing example: ``in_turn``).
 
-    def __init__(self, part: int = 0, parts: int = 1) -> None:
+    ``seed``, the run's Hypothesis seed, moves every turn's start on by ``seed``
+    options: runs of one property that differ only in their seed (verify's parts on
+    hardware, a campaign's tasks) would otherwise all draw the same first options.
+    Seed 0 (verify's and the suite's) starts where ``part`` says."""
+
+    def __init__(self, part: int = 0, parts: int = 1, seed: int = 0) -> None:
         if not 0 <= part < parts:
             raise ValueError(f"part must be in [0, parts = {parts}), got {part}")
-        self.part, self.parts = part, parts
+        self.part, self.parts, self.seed = part, parts, seed
         self.families: list[set[str]] = []
         self.counts: dict[tuple[int, str], int] = {}
 
@@ -138,14 +145,14 @@ class InTurn:
         if not options:
             raise ValueError("options must not be empty")
         family = self._family({label + repr(o) for o in options})
-        shift = self.part * len(options) // self.parts
+        shift = (self.part * len(options) // self.parts + self.seed) % len(options)
         chosen = min([*options[shift:], *options[:shift]], key=lambda o: self.counts.get((family, label + repr(o)), 0))
         key = (family, label + repr(chosen))
         self.counts[key] = self.counts.get(key, 0) + 1
         return chosen
 
     def snapshot(self) -> "InTurn":
-        copy = InTurn(self.part, self.parts)
+        copy = InTurn(self.part, self.parts, self.seed)
         copy.families = [set(f) for f in self.families]
         copy.counts = dict(self.counts)
         return copy
@@ -167,7 +174,7 @@ def in_turn[C](case_lists: st.SearchStrategy[list[C]], configs: Callable[[C], Se
                turn: InTurn) -> st.SearchStrategy[tuple[list[C], int]]:
     """Examples of ``case_lists`` with a config index into the first case's
     ``configs``, their input kinds and config taken in ``turn`` instead of at random
-    (``runner.run_property``, one case per example). Each example carries a drawn
+    (``runner.run_property``, runs of few examples). Each example carries a drawn
     token; a token drawn again (Hypothesis replaying a failing example) gets the turn
     its first draw had, so a failure replays exactly, and a rerun draws the same
     (derandomized Hypothesis draws the same tokens in the same order). Not for runs

@@ -159,3 +159,21 @@ def test_hardware_draws_take_layouts_and_configs_in_turn(monkeypatch) -> None:
         runner.run_property(spec, dtype, backend, examples=VERIFY_EXAMPLES, seed=0)
     assert max(skv for skv, _, _ in drawn) == 200
     assert any(c == 2 for _, c, _ in drawn) and any(c == 2 for _, _, c in drawn)
+
+
+def test_runs_that_differ_in_their_seed_start_their_turns_apart(monkeypatch) -> None:
+    # verify splits a hardware property into parts with seeds of their own, and a
+    # campaign's tasks differ in their seed: each beginning its turn at the same
+    # option would draw the same few layouts in every part and every task.
+    drawn: dict[int, list[tuple]] = {}
+
+    def record(spec, case, config, backend, *, context, selected, tally=None):
+        drawn.setdefault(context_seed, []).append((case.arrays["q"].shape[1], case.arrays["k"].shape[1]))
+        return tally or runner.Tally()
+
+    monkeypatch.setattr(runner, "check_case", record)
+    spec, backend = get_spec("attention"), Backend("mosaic_gpu")
+    for context_seed in (0, 1):
+        runner.run_property(spec, "bfloat16", backend, examples=2, seed=context_seed)
+    assert drawn[0] != drawn[1], drawn
+    assert strategies.InTurn(seed=1).next((17, 40, 150)) == 40 and strategies.InTurn().next((17, 40, 150)) == 17
