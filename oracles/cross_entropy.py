@@ -60,7 +60,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.special
 
 from . import algebra
 from .algebra import Bounded, underflow_floor
@@ -91,17 +90,29 @@ def loss64(z, safe_labels, ignored, count, eps: float, reduction: str):
     """``reference64`` of the labels' parts: ``safe_labels`` (an ignored token's label
     replaced by 0), ``ignored`` and ``count`` (tokens not ignored, at least 1). They
     may be traced arrays: gradients.vjp64 compiles its VJP once per shape, not once
-    per case's labels."""
+    per case's labels.
+
+    The loss is ``log s + (1 - eps)(M - z_y) + eps mean(M - z)`` with M the row's max
+    and s = sum exp(z - M), never ``lse - z_y`` with lse = M + log s rounded: at
+    logits of 1e38 float64 spaces 2e22 apart, so M + log s rounds to M and the loss
+    of a row whose max is its target and one more logit (exactly ln 2) came out 0.
+    M - z_y of two inputs in a format of at most 24 bits is exact in float64 wherever
+    it matters (an exponent gap over 29 bits makes it M's own size). M is a shift
+    the loss does not depend on: it is held constant for the VJP."""
     xp = np if isinstance(z, np.ndarray) else jnp
-    logsumexp = scipy.special.logsumexp if xp is np else jax.nn.logsumexp
     vocab = z.shape[1]
-    lse = logsumexp(z, axis=1)
-    target = xp.take_along_axis(z, safe_labels[:, None], axis=1)[:, 0]
-    loss = lse
+    top = xp.max(z, axis=1, keepdims=True)
+    top = xp.where(xp.isfinite(top), top, 0.0)  # a row of -inf: no -inf - -inf
+    if xp is jnp:
+        top = jax.lax.stop_gradient(top)
+    with np.errstate(divide="ignore"):
+        loss = xp.log(xp.sum(xp.exp(z - top), axis=1))
+    top = top[:, 0]
     if eps != 1.0:  # skipped terms: no 0 * (-inf) for masked logits
-        loss = loss - (1.0 - eps) * target
+        target = xp.take_along_axis(z, safe_labels[:, None], axis=1)[:, 0]
+        loss = loss + (1.0 - eps) * (top - target)
     if eps != 0.0:
-        loss = loss - eps * xp.sum(z, axis=1) / vocab
+        loss = loss + eps * xp.sum(top[:, None] - z, axis=1) / vocab
     loss = xp.where(ignored, 0.0, loss)
     if reduction == "none":
         return loss
@@ -117,7 +128,6 @@ class CrossEntropyOracle:
     eps: float
     ignore_index: int
     reduction: str
-    lse: np.ndarray  # [T]
     token_loss: np.ndarray  # [T]
 
     @property
@@ -137,7 +147,7 @@ def oracle(logits: Any, labels: Any, *, eps: float, ignore_index: int, reduction
     out = reference64(z, y, reduction=reduction, **kw)
     if reduction == "none":
         out = out.reshape(np.shape(labels))
-    return CrossEntropyOracle(_f64(out), z, y, eps, ignore_index, reduction, scipy.special.logsumexp(z, axis=1), token)
+    return CrossEntropyOracle(_f64(out), z, y, eps, ignore_index, reduction, token)
 
 
 def _constant(exact: float) -> Bounded:
@@ -350,11 +360,11 @@ def dlogits_f32(
     big, log_s = _log_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     with np.errstate(invalid="ignore", over="ignore"):
         shifted = z - big.value[:, None]
-        lse = big.value[:, None] + log_s.value[:, None]
-        p = np.exp(z - lse)
+        # never z - (M + log s): at logits of 1e38 that sum rounds to M in float64
+        p = np.exp(shifted - log_s.value[:, None])
         # fl(fl(z - m) - log s): each difference rounds once, log s errs by its bound,
         # computed logits move z by err_j and m by at most big.err
-        arg_err = log_s.err[:, None] * (1 + U32) + U32 * (np.abs(shifted) + np.abs(z - lse))
+        arg_err = log_s.err[:, None] * (1 + U32) + U32 * (np.abs(shifted) + np.abs(shifted - log_s.value[:, None]))
         if logit_err is not None:
             arg_err = arg_err + (logit_err + big.err[:, None]) * (1 + 2.0 * U32)
         rel = np.expm1(arg_err) * (1 + t) + t

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -70,6 +71,29 @@ def test_exact_loss_at_large_logits(backend) -> None:
     # The inputs do stress the loss: the textbook lse - z_y (xla_reference) misses it.
     textbook = np.asarray(ce.xla_reference(jnp.asarray(LARGE_LOGITS), labels, reduction="none"))
     assert np.abs(textbook - loss)[1:].min() > 1e-3, textbook
+
+
+# Logits near bf16's largest finite value, the row's max tied at two columns (the target
+# one): the loss is exactly ln 2 and dlogits at the target g (1/2 - 1), where the other
+# logits lie 1e36 below. float64 spaces numbers of 1.7e38 2e22 apart, so an oracle that
+# forms lse = M + log s and subtracts z_y computes a loss of 0 and a softmax of 1 at
+# both maxima: a GPU soak's Triton runs failed the correct kernel so (values at 1e5
+# times the bound, gradients at 80x, where the bound charged nothing for rounding).
+def test_tied_max_near_the_largest_logit(backend) -> None:
+    big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max) / 2
+    logits = np.full((3, 40), big / 2, np.float32)
+    logits[:, [7, 29]] = big
+    labels = np.asarray([7, 29, 3], np.int32)  # the last: a label below the max
+    case = Case({"logits": logits.astype(ml_dtypes.bfloat16), "labels": labels,
+                 "cotangent": np.asarray([1.0, -0.75, 0.5], np.float32), "shift": np.zeros(3)},
+                {"label_smoothing": 0.0, "ignore_index": IGNORE_INDEX, "reduction": "none"})
+    ref = SPEC.oracle(case)
+    assert np.array_equal(SPEC.expected(ref)[:2], [np.log(2.0)] * 2), SPEC.expected(ref)
+    assert np.isclose(ce_oracle.oracle_vjp(ref, case.arrays["cotangent"])["dlogits"][1, 29], -0.75 * -0.5)
+    config = SPEC.configs(case, backend)[0]
+    tally = runner.check_case(SPEC, case, config, backend, context=checks.Context("cross_entropy", "bfloat16", str(backend)),
+                              selected=("values", "gradients"))
+    assert all(o.passed for o in tally.outcomes.values())
 
 
 # The fused kernel forms its logits as x @ w: with x = [1, 1] and w = [offset row; small
