@@ -87,6 +87,19 @@ def times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return xp.where(xp.isnan(product) & ((a == 0) | (b == 0)), 0.0, product)
 
 
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for error terms, with 0 * inf = 0 in every product (``times``): an
+    unbounded error times an exactly-zero weight adds nothing, where the plain product
+    made the whole row NaN (a linear cross-entropy's dx and dw bounds did in a GPU
+    soak, and a NaN bound fails any error, the kernel's exact zeros included)."""
+    xp = namespace(a, b)
+    a, b = xp.asarray(a, dtype=np.float64), xp.asarray(b, dtype=np.float64)
+    finite = lambda m: xp.where(xp.isinf(m), 0.0, m)  # noqa: E731
+    unbounded = xp.isinf(a).astype(np.float64) @ (b != 0).astype(np.float64) \
+        + (a != 0).astype(np.float64) @ xp.isinf(b).astype(np.float64)
+    return xp.where(unbounded > 0, np.inf, finite(a) @ finite(b))
+
+
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
     """One rounding of the computed value to ``dtype`` (u|y| plus the subnormal floor)."""
     return Bounded(x.value, x.err + rounding(x.magnitude, dtype, arith))

@@ -123,8 +123,9 @@ def gradient_bound(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dty
 
     exact = oracle_vjp(ref, cotangent)
     w_abs, x_abs = np.abs(w), np.abs(x)
-    dx = contract(d.err @ w_abs.T, d_abs @ w_abs.T, d_sub @ w_abs.T + d_abs @ algebra.subnormal_part(w).T,
+    mm = algebra.matmul  # d's error and magnitude may be unbounded where a weight is 0
+    dx = contract(mm(d.err, w_abs.T), mm(d_abs, w_abs.T), mm(d_sub, w_abs.T) + mm(d_abs, algebra.subnormal_part(w).T),
                   exact["dx"], w.shape[1], block_v, operand_dtype)
-    dw = contract(x_abs.T @ d.err, x_abs.T @ d_abs, algebra.subnormal_part(x).T @ d_abs + x_abs.T @ d_sub,
+    dw = contract(mm(x_abs.T, d.err), mm(x_abs.T, d_abs), mm(algebra.subnormal_part(x).T, d_abs) + mm(x_abs.T, d_sub),
                   exact["dw"], x.shape[0], block_t, operand_dtype)
     return {"dx": dx, "dw": dw}

@@ -14,6 +14,7 @@ from pallascheck.bench.losses import linear_memory
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels import linear_cross_entropy as lce
 from pallascheck.oracles import cross_entropy as ce_oracle
+from pallascheck.oracles import linear_cross_entropy as lce_oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import checks, runner
 from pallascheck.properties.cross_entropy_spec import IGNORE_INDEX, SPEC, logits_of
@@ -94,6 +95,21 @@ def test_tied_max_near_the_largest_logit(backend) -> None:
     tally = runner.check_case(SPEC, case, config, backend, context=checks.Context("cross_entropy", "bfloat16", str(backend)),
                               selected=("values", "gradients"))
     assert all(o.passed for o in tally.outcomes.values())
+
+
+def test_unbounded_logit_error_times_a_zero_weight_leaves_the_gradient_bound_a_number() -> None:
+    """Logits near 1e37 make some dlogits errors unbounded (inf); where a weight or an
+    input is exactly 0 their product adds nothing, so no element of the dx and dw
+    bounds is NaN (a NaN bound failed a correct Triton kernel in a GPU soak)."""
+    x = np.zeros((3, 4), np.float32)
+    x[:, 0], x[1, 1] = 1e18, 1.0
+    w = np.zeros((4, 6), np.float32)
+    w[0], w[1, 2] = np.linspace(-1e19, 1e19, 6), 0.5
+    ref = lce_oracle.oracle(x, w, np.asarray([0, 2, 5], np.int32), eps=0.0, ignore_index=IGNORE_INDEX, reduction="mean")
+    bound = lce_oracle.gradient_bound(ref, np.float32(1.0), operand_dtype=np.float32, arith=arithmetic_for("interpret"),
+                                      block_h=32, block_v=64, block_t=32)
+    assert not any(np.isnan(b).any() for b in bound.values()), bound
+    assert all(np.isinf(b).any() for b in bound.values())  # the case does reach unbounded errors
 
 
 # The fused kernel forms its logits as x @ w: with x = [1, 1] and w = [offset row; small
