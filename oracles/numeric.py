@@ -28,7 +28,9 @@ from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from jax import lax
 
 from pallascheck.kernels.compat import float64_enabled
 
@@ -69,7 +71,23 @@ def namespace(*arrays: Any) -> Any:
 
 def f64(a: Any) -> Any:
     """``a`` upcast exactly to float64 where the oracles compute."""
+    if _DEVICE.get() is not None and isinstance(a, jax.Array) and a.dtype != np.float64 \
+            and jnp.issubdtype(a.dtype, jnp.floating):
+        return _upcast_exactly(a)
     return xp.asarray(a, dtype=np.float64)
+
+
+def _upcast_exactly(a: jax.Array) -> jax.Array:
+    """``a`` in float64 with its subnormals kept: XLA:CPU converts with
+    denormals-are-zero, a float32 or bfloat16 subnormal becomes 0 (numpy's conversion,
+    on the host, keeps it). A subnormal is its mantissa bits times the dtype's
+    smallest subnormal, which float64 holds exactly."""
+    info = ml_dtypes.finfo(a.dtype)
+    bits = lax.bitcast_convert_type(a, np.dtype(f"uint{info.bits}"))
+    exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
+    magnitude = (bits & ((1 << info.nmant) - 1)).astype(np.float64) * float(info.smallest_subnormal)
+    negative = (bits >> (info.bits - 1)) == 1
+    return jnp.where(exponent == 0, jnp.where(negative, -magnitude, magnitude), a.astype(np.float64))
 
 
 @contextlib.contextmanager
@@ -96,3 +114,4 @@ def kernel_side() -> Iterator[None]:
             yield
     finally:
         _DEVICE.reset(token)
+
