@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+import dataclasses
+from typing import Any, Callable, Iterator, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,8 @@ import numpy as np
 from jax import lax
 
 from pallascheck.kernels.compat import float64_enabled
+
+_T = TypeVar("_T")
 
 _DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("pallascheck_oracle_device", default=None)
 
@@ -115,3 +118,15 @@ def kernel_side() -> Iterator[None]:
     finally:
         _DEVICE.reset(token)
 
+
+def pytree(*meta: str) -> Callable[[type[_T]], type[_T]]:
+    """Class decorator: an oracle's dataclass as a JAX pytree, its arrays the leaves and
+    its ``meta`` fields (shapes, scales, group ranges) static, so that a device oracle
+    computed by one compiled program is passed whole to the bound's program
+    (properties/device_programs.py)."""
+    def register(cls: type[_T]) -> type[_T]:
+        data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
+        jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+        return cls
+
+    return register
