@@ -55,7 +55,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import algebra
+from . import algebra, numeric
 from .numeric import f64, xp
 from .algebra import Bounded
 from .gradients import vjp64
@@ -110,6 +110,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh, optimize=True), (0, 2, 1, 3))
 
 
+@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape")
 @dataclasses.dataclass(frozen=True)
 class AttentionOracle:
     out: np.ndarray  # [b, sq, h, d] float64

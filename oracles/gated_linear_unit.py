@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra
+from . import algebra, numeric
 from .numeric import f64, xp
 from .activations import activation_model
 from .gradients import vjp64
@@ -23,6 +23,7 @@ F32 = xp.float32
 
 
 
+@numeric.pytree("d")
 @dataclasses.dataclass(frozen=True)
 class GluOracle:
     out: np.ndarray  # act(gate) * up, shape [..., f]

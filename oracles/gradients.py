@@ -17,7 +17,7 @@ import numpy as np
 
 from pallascheck.kernels.compat import float64_enabled
 
-from .numeric import active_device
+from .numeric import active_device, f64
 
 
 @functools.lru_cache(maxsize=256)
@@ -42,7 +42,7 @@ def vjp64(
     than a closure, so that its compiled VJP is reused."""
     device = active_device()
     with float64_enabled(), jax.default_device(device or jax.devices("cpu")[0]):
-        args = [jax.numpy.asarray(p, dtype=np.float64) for p in primals]
-        grads = _compiled(fn, tuple(static))(args, jax.numpy.asarray(cotangent, dtype=np.float64), tuple(constants))
+        args = [f64(p) for p in primals]
+        grads = _compiled(fn, tuple(static))(args, f64(cotangent), tuple(constants))
         # on the host the bounds compute in numpy; on a device the arrays stay there
         return tuple(g if device is not None else np.asarray(g, dtype=np.float64) for g in grads)

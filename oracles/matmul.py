@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra
+from . import algebra, numeric
 from .numeric import f64, xp
 from .activations import activation_model
 from .gradients import vjp64
@@ -16,6 +16,7 @@ from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 F32 = xp.float32
 
 
+@numeric.pytree("k")
 @dataclasses.dataclass(frozen=True)
 class MatmulOracle:
     out: np.ndarray  # act(x @ y), float64

@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+import dataclasses
+from typing import Any, Callable, Iterator, TypeVar
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from jax import lax
 
 from pallascheck.kernels.compat import float64_enabled
+
+_T = TypeVar("_T")
 
 _DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("pallascheck_oracle_device", default=None)
 
@@ -69,7 +74,23 @@ def namespace(*arrays: Any) -> Any:
 
 def f64(a: Any) -> Any:
     """``a`` upcast exactly to float64 where the oracles compute."""
+    if _DEVICE.get() is not None and isinstance(a, jax.Array) and a.dtype != np.float64 \
+            and jnp.issubdtype(a.dtype, jnp.floating):
+        return _upcast_exactly(a)
     return xp.asarray(a, dtype=np.float64)
+
+
+def _upcast_exactly(a: jax.Array) -> jax.Array:
+    """``a`` in float64 with its subnormals kept: XLA:CPU converts with
+    denormals-are-zero, a float32 or bfloat16 subnormal becomes 0 (numpy's conversion,
+    on the host, keeps it). A subnormal is its mantissa bits times the dtype's
+    smallest subnormal, which float64 holds exactly."""
+    info = ml_dtypes.finfo(a.dtype)
+    bits = lax.bitcast_convert_type(a, np.dtype(f"uint{info.bits}"))
+    exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
+    magnitude = (bits & ((1 << info.nmant) - 1)).astype(np.float64) * float(info.smallest_subnormal)
+    negative = (bits >> (info.bits - 1)) == 1
+    return jnp.where(exponent == 0, jnp.where(negative, -magnitude, magnitude), a.astype(np.float64))
 
 
 @contextlib.contextmanager
@@ -96,3 +117,16 @@ def kernel_side() -> Iterator[None]:
             yield
     finally:
         _DEVICE.reset(token)
+
+
+def pytree(*meta: str) -> Callable[[type[_T]], type[_T]]:
+    """Class decorator: an oracle's dataclass as a JAX pytree, its arrays the leaves and
+    its ``meta`` fields (shapes, scales, group ranges) static, so that a device oracle
+    computed by one compiled program is passed whole to the bound's program
+    (properties/device_programs.py)."""
+    def register(cls: type[_T]) -> type[_T]:
+        data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
+        jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))
+        return cls
+
+    return register

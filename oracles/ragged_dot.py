@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import algebra
+from . import algebra, numeric
 from .numeric import f64, xp
 from .tolerance import SEQUENTIAL, Arithmetic
 
@@ -28,6 +28,7 @@ def group_ranges(group_sizes: Any, m: int) -> list[tuple[int, int]]:
     return [(int(s), int(e)) for s, e in zip(starts, ends)]
 
 
+@numeric.pytree("ranges", "k")
 @dataclasses.dataclass(frozen=True)
 class RaggedDotOracle:
     out: np.ndarray  # [m, n] float64

@@ -11,22 +11,21 @@ gradient sums across slices, so a case is never sliced along an axis its bias
 broadcasts over.
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
-gradient functions; on the host, and for cases below ``SLICE_ELEMENTS``, they run
-unchanged. On the device each wrapped function (the oracle and one bound, for one
-slice's shapes, config and arithmetic) is one compiled float64 program: XLA fuses its
-elementwise work, and every slice and every case of the layout reuses it.
+gradient functions; on the host they run unchanged, on the device as compiled
+programs (properties/device_programs.py): for cases below ``SLICE_ELEMENTS`` one per
+function and layout, else one per function and slice layout (the oracle and one
+bound, for one slice's shapes, config and arithmetic), which every slice and every
+case of the layout reuses.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Mapping
-
-import jax
 
 from pallascheck.oracles import numeric
 from pallascheck.oracles.numeric import xp
 
+from . import device_programs
 from .spec import Case
 
 # [b, h, sq, skv] elements above which a device oracle slices (2^25: 268 MB per float64
@@ -100,52 +99,34 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
-def _params_key(case: Case) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(case.params.items()))
-
-
-@functools.lru_cache(maxsize=64)
-def _program(fn: Callable[..., Any], oracle: Callable[[Case], Any], params: tuple[tuple[str, Any], ...],
-             statics: tuple[Any, ...]) -> Callable[..., Any]:
-    """``fn(case, oracle(case), *rest)`` compiled for one slice: ``rest`` is
-    ``statics`` (config, arithmetic: hashable) with the gradients mapping, if any, put
-    back where ``statics`` holds None."""
-
-    def program(arrays: Mapping[str, Any], grads: Mapping[str, Any] | None) -> Any:
-        case = Case(dict(arrays), dict(params))
-        rest = [grads if r is None else r for r in statics]
-        return fn(case, oracle(case), *rest)
-
-    # Without constant folding: a causal case's visibility is a function of iotas
-    # alone, and XLA's folding of its [group, sq, skv] reductions at compile time
-    # took 4.5 s of an H100 case's first compile (s 4096) for no gain at run time.
-    return jax.jit(program, compiler_options={"xla_disable_hlo_passes": "constant_folding"})
-
-
 def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
     ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too)."""
 
+    whole_oracle = device_programs.per_layout(oracle)
+
     def sliced_oracle(case: Case) -> Any:
         plan = _plan(case)
-        return oracle(case) if plan is None else Sliced(case, plan)
+        return whole_oracle(case) if plan is None else Sliced(case, plan)
 
     def expected_of(case: Case, ref: Any) -> Any:
         return expected(ref)
 
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
+        whole = device_programs.per_layout(fn)
+        # a slice's oracle is computed inside the slice's program
+        of_slice = device_programs.per_layout(lambda case, *rest: fn(case, oracle(case), *rest))
+
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
-                return fn(case, ref, *rest)
+                return whole(case, ref, *rest)
             group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
-            grads = next((r for r in rest if isinstance(r, Mapping)), None)
-            statics = tuple(None if isinstance(r, Mapping) else r for r in rest)
-            program = _program(fn, oracle, _params_key(case), statics)
             parts = []
             for i, j in ref.slices:
                 sub = _sub_case(case, i, j)
-                parts.append(program(sub.arrays, None if grads is None else _slice_grads(grads, i, j, group)))
+                parts.append(of_slice(sub, *[_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r
+                                             for r in rest]))
             if isinstance(parts[0], Mapping):
                 return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
             return _assemble(ref, parts, "out")

@@ -18,7 +18,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import production, strategies
+from . import device_programs, production, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract
 
 LEADING_SHAPES = ((17,), (2, 20))  # T = 17 or 40 tokens: never a multiple of the row tile
@@ -156,8 +156,9 @@ def make_spec(
     """The GLU spec for ``kernel`` (gated_linear_unit's signature); ``differentiable=False``
     drops the gradient checks. xla_reference's autodiff graph (no rounding of dz,
     two dots summed for dx) is not the kernel's, so only its forward is checked."""
-    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
-                             contract=any_order_gradient_contract(_gradient_bound))
+    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
+    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), device_programs.per_layout(_oracle_vjp),
+                             gradient_bound, contract=any_order_gradient_contract(gradient_bound))
     return KernelSpec(
         name=name,
         dtypes=DTYPES,
@@ -166,10 +167,10 @@ def make_spec(
         kernel=functools.partial(_run, kernel),
         reference=lambda case: glu.xla_reference(jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]),
                                                  activation=case.params["activation"]),
-        oracle=_oracle,
+        oracle=device_programs.per_layout(_oracle),
         expected=lambda ref: ref.out,
-        bound=_bound,
-        contract=any_order_contract(_bound),
+        bound=bound,
+        contract=any_order_contract(bound),
         configs=lambda case, backend: glu.configs(
             int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["weights"].shape[2], case.arrays["x"].shape[-1],
             backend, itemsize=case.arrays["x"].dtype.itemsize,

@@ -27,7 +27,7 @@ from pallascheck.kernels.backends import Backend
 
 from .spec import Case
 
-_TRACER_ERRORS = (
+TRACER_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,
@@ -56,7 +56,7 @@ def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any) ->
         return fn(case, *statics)
     try:
         return program(case.arrays)
-    except _TRACER_ERRORS:
+    except TRACER_ERRORS:
         _eager.add(fn)
         return fn(case, *statics)
 

@@ -15,7 +15,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 
-from . import builders, production, relations, strategies
+from . import builders, device_programs, production, relations, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (1, 17, 64)
@@ -178,9 +178,10 @@ def make_spec(
         return matmul.configs(x.shape[0], y.shape[1], x.shape[1], backend, itemsize=x.dtype.itemsize,
                               out_itemsize=jnp.dtype(case.params["out_dtype"]).itemsize)
 
+    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
     gradients = GradientSpec(
-        functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound, reference_vjp=_reference_vjp,
-        contract=any_order_gradient_contract(_gradient_bound),
+        functools.partial(_kernel_vjp, kernel), device_programs.per_layout(_oracle_vjp), gradient_bound,
+        reference_vjp=_reference_vjp, contract=any_order_gradient_contract(gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -189,10 +190,10 @@ def make_spec(
         production=production.production_cases("matmul", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=_reference,
-        oracle=_oracle,
+        oracle=device_programs.per_layout(_oracle),
         expected=lambda ref: ref.out,
-        bound=_bound,
-        contract=any_order_contract(_bound),
+        bound=bound,
+        contract=any_order_contract(bound),
         backends=backends,
         **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,

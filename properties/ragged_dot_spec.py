@@ -15,7 +15,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 
-from . import builders, production, strategies
+from . import builders, device_programs, production, strategies
 from .spec import BadInput, Case, GradientSpec, KernelSpec, any_order_contract, any_order_gradient_contract, config_fields
 
 M_DIMS = (17, 40)  # never a multiple of the 16/32/64 row tiles
@@ -200,11 +200,12 @@ def make_spec(
         return ragged_dot.configs(lhs.shape[0], rhs.shape[2], lhs.shape[1], backend,
                                   itemsize=lhs.dtype.itemsize, groups=rhs.shape[0])
 
+    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
     gradients = GradientSpec(
         lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
-        _oracle_vjp, _gradient_bound,
+        device_programs.per_layout(_oracle_vjp), gradient_bound,
         reference_vjp=lambda case: _vjp(ragged_dot.xla_reference, case),
-        contract=any_order_gradient_contract(_gradient_bound),
+        contract=any_order_gradient_contract(gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -213,10 +214,10 @@ def make_spec(
         production=production.production_cases("ragged_dot", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
-        oracle=_oracle,
+        oracle=device_programs.per_layout(_oracle),
         expected=lambda ref: ref.out,
-        bound=_bound,
-        contract=any_order_contract(_bound),
+        bound=bound,
+        contract=any_order_contract(bound),
         backends=backends,
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,

@@ -100,12 +100,17 @@ def _tokamax(module: str = "") -> Any:
                                   name="tokamax") from None
 
 
-def _xla(call: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+def _xla(call: Callable[..., jax.Array], static: tuple[str, ...] = ()) -> Callable[..., jax.Array]:
     """``call`` taking (and dropping) the builders' ``interpret`` keyword: an XLA
-    implementation has no Pallas call to interpret."""
+    implementation has no Pallas call to interpret. It runs as one ``jax.jit`` program
+    per layout (shapes, dtypes and the ``static`` keywords), as its users run it.
+    Called eagerly, each of its operations compiles as a program of its own for every
+    new shape: test_tokamax.py compiled for 24.7 s so, 14.8 s under ``jit``."""
+    compiled = jax.jit(call, static_argnames=static)
+
     def dropping(*args: Any, interpret: Any, **kwargs: Any) -> jax.Array:
         del interpret
-        return call(*args, **kwargs)
+        return compiled(*args, **kwargs)
 
     return dropping
 
@@ -142,7 +147,7 @@ def layer_norm(kind: str) -> KernelSpec:
         def call(x: jax.Array, scale: Any, *, eps: float) -> jax.Array:
             return tokamax.layer_norm(x, scale, None, epsilon=eps, subtract_mean=False, implementation="xla")
 
-    return norms_spec.norm_like(_xla(call), name=f"tokamax:{kind}:xla", kind=kind, optional_params=True,
+    return norms_spec.norm_like(_xla(call, ("eps",)), name=f"tokamax:{kind}:xla", kind=kind, optional_params=True,
                                 backends=XLA, interpret="interpret")
 
 
@@ -197,8 +202,8 @@ def attention_xla(implementation: str) -> KernelSpec:
         impl, blocks = (chunked,), attention_spec.Blocks(block_k=32, qk_precision="default")
     else:
         impl, blocks = "xla", attention_spec.Blocks(qk_precision="default")
-    return _api_spec(_xla(_api_call(impl)), f"tokamax:dot_product_attention:{implementation}", blocks=blocks,
-                     dtypes=ON_CPU, backends=XLA, interpret="interpret")
+    return _api_spec(_xla(_api_call(impl), ("causal",)), f"tokamax:dot_product_attention:{implementation}",
+                     blocks=blocks, dtypes=ON_CPU, backends=XLA, interpret="interpret")
 
 
 def _api_call(implementation: Any) -> Callable[..., jax.Array]:
@@ -393,10 +398,12 @@ def gated_linear_unit() -> KernelSpec:
     def call(x: jax.Array, weights: jax.Array, *, activation: str) -> jax.Array:
         return tokamax.gated_linear_unit(x, weights, activation=ACTIVATIONS[activation], implementation="xla")
 
+    compiled = _xla(call, ("activation",))
+
     def adapted(x: jax.Array, weights: jax.Array, *, activation: str, config: Any = None,
                 backend: Any = None) -> jax.Array:
         del config  # one fixed (unknown) order
-        return builders.call_on(_xla(call), get_backend(backend), XLA, "interpret", x, weights,
+        return builders.call_on(compiled, get_backend(backend), XLA, "interpret", x, weights,
                                 activation=activation)
 
     def bad() -> list[BadInput]:
@@ -508,12 +515,14 @@ def linear_softmax_cross_entropy(implementation: str) -> KernelSpec:
         return tokamax.linear_softmax_cross_entropy_loss(x, labels, w, reduction=reduction,
                                                          implementation=implementation)
 
+    compiled = _xla(call, ("reduction",))
+
     def adapted(x: jax.Array, w: jax.Array, labels: jax.Array, *, config: Any = None, backend: Any = None,
                 label_smoothing: float, ignore_index: int, reduction: str) -> jax.Array:
         del config, ignore_index  # one fixed (unknown) order; no label is ignore_index
         if label_smoothing != 0.0:
             raise ValueError(f"Tokamax has no label smoothing, got {label_smoothing}")
-        return builders.call_on(_xla(call), get_backend(backend), XLA, "interpret", x, labels, w,
+        return builders.call_on(compiled, get_backend(backend), XLA, "interpret", x, labels, w,
                                 reduction=reduction)
 
     def bad() -> list[BadInput]:
