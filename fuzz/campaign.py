@@ -32,10 +32,16 @@ from pallascheck.properties.spec import Case
 
 from . import bandit, targets
 from .corpus import CASES, EVENTS, FAILURES, Corpus, crash_pattern, signature
-from .workers import Death, Task, Worker
+from .workers import Death, Task, Worker, failed_dir
 
 STATE_VERSION = 1
 EXPLORE_EVERY = 2  # in a targeted campaign, one task in this many draws without climbing
+# How long past its time a campaign waits for the tasks in flight. A task that found a
+# failure shrinks it, and on a GPU one shrink ran past five minutes (`fuzz --minutes
+# 8` went on to 541 s); a task still running then is stopped and its failures booked
+# from the cases it saved, unminimised (``Campaign.salvage``). A minute covers a
+# production case's first compile (about 15 s on an H100) and its checks.
+OVERRUN_S = 60.0
 
 
 @dataclasses.dataclass
@@ -47,6 +53,7 @@ class CampaignResult:
     repeats: int = 0  # findings whose signature the corpus already had
     first_failure_seconds: float | None = None  # from this run's start
     interrupted: bool = False
+    stopped_in_flight: int = 0  # tasks still running OVERRUN_S after the time given, stopped
 
 
 @dataclasses.dataclass
@@ -191,6 +198,23 @@ class Campaign:
         self.log_task(task, 0, {}, [found])
         return found
 
+    def salvage(self, task: Task, failed_dir: str) -> list[dict[str, Any]]:
+        """Book the failures a task stopped in flight had saved under ``failed_dir``
+        (runner.save_failure: while Hypothesis shrinks, the smallest failing case so
+        far), unminimised; the task's other cases are booked already."""
+        found = []
+        for name in sorted(os.listdir(failed_dir)) if os.path.isdir(failed_dir) else []:
+            path = os.path.join(failed_dir, name)
+            try:
+                meta = Case.load(path).params["__failure__"]
+            except Exception:  # noqa: BLE001 - a case cut off mid-write by the kill: nothing to replay
+                continue
+            kind = "crash" if meta["check"] == "crash" else "value"
+            found.append(self.record(task, kind, meta["check"], "-", meta["message"], path, minimised=False))
+        if found:
+            self.log_task(task, 0, {}, found)
+        return found
+
     def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
                *, minimised: bool, worst: dict[str, Any] | None = None, budget: float | None = None) -> dict[str, Any]:
         """Keep one failure in the corpus. ``worst``: where the failing check's budget
@@ -313,6 +337,8 @@ def run(
             if (stop_on_first and result.new_failures) or (
                     not busy and ((time.monotonic() >= deadline and started) or not campaign.open_pairs())):
                 break
+            if busy and time.monotonic() >= deadline + OVERRUN_S:
+                break
             time.sleep(0.05)
     except KeyboardInterrupt:
         result.interrupted = True
@@ -320,8 +346,12 @@ def run(
         for worker in workers:
             if worker.task is None:
                 worker.stop()
-            else:  # a task in flight is lost, not its findings: those are on disk already
-                worker.kill()
+                continue
+            worker.kill()  # a task in flight is stopped, not what it found
+            result.stopped_in_flight += 1
+            for failure in campaign.salvage(worker.task, failed_dir(worker.inflight)):
+                if failure["new"]:
+                    result.new_failures.append(failure)
         result.seconds = time.monotonic() - campaign.run_start
         campaign.save()
         campaign.corpus.close()

@@ -162,6 +162,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     status = "interrupted" if result.interrupted else "done"
     print(f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
           f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones")
+    if result.stopped_in_flight:
+        print(f"{result.stopped_in_flight} tasks still running {campaign.OVERRUN_S:.0f} s after the time given were "
+              "stopped; the failures they had saved are booked unminimised")
     for found in result.new_failures:
         print(f"\n[{found['kind']}] {found['kernel']} {found['dtype']} [{found['check']}]: "
               f"{corpus.headline(found['message'])}"

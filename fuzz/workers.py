@@ -144,6 +144,12 @@ class Worker:
         self.kill()
 
 
+def failed_dir(inflight: str) -> str:
+    """Where a worker's task saves its failing cases (runner.save_failure), beside the
+    worker's in-flight case ``inflight``; emptied when a task starts."""
+    return os.path.join(os.path.dirname(inflight), "failed")
+
+
 def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunner) -> None:
     """The worker: import once, then run tasks until told to stop (None)."""
     import signal
@@ -180,7 +186,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
     spec = targets.resolve(task.target)
     backend = get_backend(setup["backend"])
     config_counts = [0]
-    failure_dir = os.path.join(os.path.dirname(inflight), "failed")
+    failure_dir = failed_dir(inflight)
 
     def before(case: Case, config: Any) -> None:
         config_counts[0] = max(config_counts[0], len(list(spec.configs(case, backend))))

@@ -59,3 +59,18 @@ def _crash_or_wrong(x, interpret=None):
 
 
 CRASH_OR_WRONG = _spec(_crash_or_wrong, "relu_that_crashes_or_is_wrong")
+
+
+_calls = [0]
+
+
+def _wrong_then_slow(x, interpret=None):
+    """Wrong at the first element; every call after the first takes 6 s (under the
+    10 s case limit), so shrinking the first failure outlasts a campaign's time."""
+    _calls[0] += 1
+    if _calls[0] > 1:
+        time.sleep(6)
+    return _wrong_first_element(x)
+
+
+WRONG_THEN_SLOW = _spec(_wrong_then_slow, "relu_wrong_then_slow")

@@ -124,6 +124,19 @@ def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
         assert f["check"] in retired[(f["kernel"], f["dtype"])]
 
 
+def test_a_task_shrinking_past_the_time_is_stopped_and_its_failure_kept(tmp_path, backend, monkeypatch) -> None:
+    """A campaign waits OVERRUN_S past its time for the tasks in flight, then stops
+    them and books the failures they saved, unminimised (a GPU campaign's shrink ran
+    minutes past its --minutes)."""
+    backend = _generic(backend)
+    monkeypatch.setattr(campaign, "OVERRUN_S", 30.0)
+    result = _run(["fuzz_targets:WRONG_THEN_SLOW"], backend, tmp_path, seconds=1)
+    assert result.stopped_in_flight == 1 and result.seconds < 60, result
+    (found,) = result.new_failures
+    assert found["check"] == "values" and not found["minimised"], found
+    assert os.path.exists(tmp_path / "failures" / found["signature"] / "case.npz")
+
+
 def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> None:
     backend = _generic(backend)
     targets = ["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"]
