@@ -18,57 +18,25 @@ whose arguments cannot be hashed.
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Mapping
-
-import jax
-import numpy as np
+from typing import Any, Callable
 
 from pallascheck.oracles import numeric
 
-from .layout_programs import TRACER_ERRORS
-from .spec import Case
+from . import layout_programs
 
-_eager: set[Callable[..., Any]] = set()  # spec functions that read values on the host
-_ARGUMENT = object()  # in a program's statics: the place of an argument holding arrays
-
-
-def _holds_arrays(arg: Any) -> bool:
-    return isinstance(arg, Mapping) or any(isinstance(a, (np.ndarray, jax.Array)) for a in jax.tree_util.tree_leaves(arg))
-
-
-@functools.lru_cache(maxsize=256)
-def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], statics: tuple[Any, ...]) -> Callable[..., Any]:
-    """``fn(case, *rest)`` compiled: ``rest`` is ``statics`` with the arguments that
-    hold arrays put back in their places (``_ARGUMENT``)."""
-
-    def program(arrays: Mapping[str, Any], dynamic: tuple[Any, ...]) -> Any:
-        given = iter(dynamic)
-        rest = [next(given) if s is _ARGUMENT else s for s in statics]
-        return fn(Case(dict(arrays), dict(params)), *rest)
-
-    # Without constant folding: a causal attention case's visibility is a function of
-    # iotas alone, and XLA's folding of its [group, sq, skv] reductions at compile time
-    # took 4.5 s of an H100 case's first compile (s 4096) for no gain at run time.
-    return jax.jit(program, compiler_options={"xla_disable_hlo_passes": "constant_folding"})
+# Without constant folding: a causal attention case's visibility is a function of
+# iotas alone, and XLA's folding of its [group, sq, skv] reductions at compile time
+# took 4.5 s of an H100 case's first compile (s 4096) for no gain at run time.
+_OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
 
 
 def per_layout(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn(case, *rest)``, on the oracle device one compiled program per layout."""
+    """``fn(case, *rest)``, on the oracle device one compiled program per layout
+    (``layout_programs.compiled``)."""
 
-    def run(case: Case, *rest: Any) -> Any:
-        if numeric.active_device() is None or fn in _eager:
+    def run(case: Any, *rest: Any) -> Any:
+        if numeric.active_device() is None:
             return fn(case, *rest)
-        dynamic = tuple(r for r in rest if _holds_arrays(r))
-        statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
-        try:
-            program = _program(fn, tuple(sorted(case.params.items())), statics)
-        except TypeError:  # unhashable arguments: no cache key
-            return fn(case, *rest)
-        try:
-            return program(case.arrays, dynamic)
-        except TRACER_ERRORS:
-            _eager.add(fn)
-            return fn(case, *rest)
+        return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS)
 
     return run

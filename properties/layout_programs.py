@@ -19,46 +19,74 @@ before, and so does one whose case parameters cannot be hashed.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
 
 from pallascheck.kernels.backends import Backend
 
 from .spec import Case
 
-TRACER_ERRORS = (
+_TRACER_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,
     jax.errors.TracerIntegerConversionError,
 )
 _eager: set[Callable[..., Any]] = set()  # spec functions that read values on the host
+_ARGUMENT = object()  # in a program's statics: the place of an argument holding arrays
 
 
-@functools.lru_cache(maxsize=512)
-def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], statics: tuple[Any, ...]) -> Callable[..., Any]:
-    def program(arrays: dict[str, Any]) -> Any:
-        return fn(Case(dict(arrays), dict(params)), *statics)
+def _holds_arrays(arg: Any) -> bool:
+    return isinstance(arg, Mapping) or any(isinstance(a, (np.ndarray, jax.Array)) for a in jax.tree_util.tree_leaves(arg))
 
-    return jax.jit(program)
+
+# Room for the kernel-side programs and the device oracles' (properties/device_programs.py)
+# of every layout a run keeps using.
+@functools.lru_cache(maxsize=1024)
+def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], statics: tuple[Any, ...],
+             options: tuple[tuple[str, str], ...]) -> Callable[..., Any]:
+    """``fn(case, *rest)`` compiled: ``rest`` is ``statics`` with the arguments that
+    hold arrays put back in their places (``_ARGUMENT``)."""
+
+    def program(arrays: Mapping[str, Any], dynamic: tuple[Any, ...]) -> Any:
+        given = iter(dynamic)
+        rest = [next(given) if s is _ARGUMENT else s for s in statics]
+        return fn(Case(dict(arrays), dict(params)), *rest)
+
+    return jax.jit(program, compiler_options=dict(options) or None)
+
+
+def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: Mapping[str, str] | None = None) -> Any:
+    """``fn(case, *rest)`` as one ``jax.jit`` program per layout: the case's parameters,
+    its arrays' shapes and dtypes, and the hashable arguments in ``rest``; the
+    arguments holding arrays (an oracle pytree, a mapping of gradients) are the
+    program's inputs. A function that reads its arrays' values on the host (a tracer
+    error under ``jit``) runs eagerly from then on, and so does a call whose
+    arguments cannot be hashed."""
+    if fn in _eager:
+        return fn(case, *rest)
+    dynamic = tuple(r for r in rest if _holds_arrays(r))
+    statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
+    options = tuple(sorted((compiler_options or {}).items()))
+    try:
+        program = _program(fn, tuple(sorted(case.params.items())), statics, options)
+    except TypeError:  # unhashable parameters: no cache key
+        return fn(case, *rest)
+    try:
+        return program(case.arrays, dynamic)
+    except _TRACER_ERRORS:
+        _eager.add(fn)
+        return fn(case, *rest)
 
 
 def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any) -> Any:
     """``fn(case, *statics)``: on a hardware backend one compiled program per layout
     (``statics``: the config and backend, hashable), else eagerly."""
-    if backend.is_interpreted or fn in _eager:
+    if backend.is_interpreted:
         return fn(case, *statics)
-    params = tuple(sorted(case.params.items()))
-    try:
-        program = _program(fn, params, statics)
-    except TypeError:  # unhashable parameters: no cache key
-        return fn(case, *statics)
-    try:
-        return program(case.arrays)
-    except TRACER_ERRORS:
-        _eager.add(fn)
-        return fn(case, *statics)
+    return compiled(fn, case, *statics)
 
 
 def run_kernel(run: Callable[..., Any], case: Case, config: Any, backend: Backend) -> Any:
