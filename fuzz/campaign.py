@@ -55,6 +55,16 @@ class CampaignResult:
     interrupted: bool = False
     stopped_in_flight: int = 0  # tasks still running OVERRUN_S after the time given, stopped
 
+    def count(self, found: list[dict[str, Any]], seconds: float) -> None:
+        """Count the failures a task booked, ``seconds`` into this run."""
+        for failure in found:
+            if failure["new"]:
+                self.new_failures.append(failure)
+                if self.first_failure_seconds is None:
+                    self.first_failure_seconds = seconds
+            else:
+                self.repeats += 1
+
 
 @dataclasses.dataclass
 class Limits:
@@ -316,13 +326,7 @@ def run(
                         result.tasks += 1
                         found = [campaign.died(task, death)]
                     workers[i] = worker = new_worker(i)
-                for failure in found:
-                    if failure["new"]:
-                        result.new_failures.append(failure)
-                        if result.first_failure_seconds is None:
-                            result.first_failure_seconds = time.monotonic() - campaign.run_start
-                    else:
-                        result.repeats += 1
+                result.count(found, time.monotonic() - campaign.run_start)
                 # At least one task runs, however short the time given.
                 stop = (stop_on_first and result.new_failures) or (time.monotonic() >= deadline and started)
                 if worker.task is None and worker.ready and not stop:
@@ -349,9 +353,8 @@ def run(
                 continue
             worker.kill()  # a task in flight is stopped, not what it found
             result.stopped_in_flight += 1
-            for failure in campaign.salvage(worker.task, failed_dir(worker.inflight)):
-                if failure["new"]:
-                    result.new_failures.append(failure)
+            result.count(campaign.salvage(worker.task, failed_dir(worker.inflight)),
+                         time.monotonic() - campaign.run_start)
         result.seconds = time.monotonic() - campaign.run_start
         campaign.save()
         campaign.corpus.close()
