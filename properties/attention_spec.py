@@ -55,6 +55,10 @@ class Domain:
     causal: tuple[bool, ...] = (False, True)
     sm_scales: tuple[float | None, ...] = SM_SCALES  # None: 1/sqrt(head_dim)
     bias: bool = True
+    # the bias layouts drawn (LAYOUTS' names); the production tier keeps to those its
+    # device oracle can slice (properties/production.py)
+    bias_layouts: tuple[str, ...] = LAYOUTS
+    bias_always: bool = False  # every layout has a bias (else half of them)
     mask: bool = True
     # causal cases draw seq_kv = seq_q: for kernels aligned top-left, where the two
     # alignments agree (ours is bottom-right)
@@ -87,7 +91,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
         sm_scale = draw_(strategies.layout_choice("attention.sm_scale", domain.sm_scales))
         # Which of bias and mask exist, and their broadcast layouts, are part of the
         # compiled kernel; what they hold is drawn per case.
-        has_bias = domain.bias and draw_(strategies.layout("attention.has_bias", st.booleans()))
+        has_bias = domain.bias and (domain.bias_always or draw_(strategies.layout("attention.has_bias", st.booleans())))
         has_mask = domain.mask and draw_(strategies.layout("attention.has_mask", st.booleans()))
         bias_kind = draw_(strategies.element_kinds(BIASES[1:])) if has_bias else "none"
         mask_kind = draw_(strategies.element_kinds(MASKS[1:])) if has_mask else "none"
@@ -103,7 +107,7 @@ def cases(dtype: str, backend: Backend, domain: Domain = DOMAIN) -> st.SearchStr
             "cotangent": strategies.normal(rng, (b, sq, h, d)).astype(npd),
         }
         if bias_kind != "none":
-            shape = _layout(draw_(strategies.layout_choice("attention.bias_layout", LAYOUTS)), b, h, sq, skv)
+            shape = _layout(draw_(strategies.layout_choice("attention.bias_layout", domain.bias_layouts)), b, h, sq, skv)
             bias = rng.standard_normal(shape)
             if bias_kind == "large_negative":  # some keys pushed ~1e4 below the rest
                 bias = np.where(rng.random(shape) < 0.3, -1e4, bias)

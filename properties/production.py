@@ -38,13 +38,25 @@ class Layout:
 
 
 def _attention() -> tuple[Layout, ...]:
-    def layout(name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...]) -> Layout:
+    def layout(name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...],
+               biases: tuple[str, ...] = ()) -> Layout:
+        """``biases``: the bias layouts drawn, one in every case (none: no bias). The
+        device oracle slices a large case by batch row and kv head, never along an axis
+        its bias broadcasts over (attention_slices.py), and unsliced it would not fit:
+        a layout draws only the biases that let it slice on both, b x h x s x s
+        elements."""
         domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal,
-                      sm_scales=(None,))
+                      sm_scales=(None,), bias=bool(biases), bias_layouts=biases or ("full",), bias_always=True)
         # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32
         # (16.5 GiB at b2 h16 s4096, 33 bytes an element: 40 allowed), the oracle 16
-        # float64 [group, s, s] arrays of one slice (attention_slices.py)
-        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, 40 * b * h * s * s + 16 * 8 * (h // hkv) * s * s)
+        # float64 [group, s, s] arrays of one slice (attention_slices.py). A bias adds
+        # its gradient six times in float64 (the oracle's, the kernel's bound, the
+        # contract, xla_reference's bound, the kernel's and the bias upcast for the
+        # compare and the slices: 48 bytes an element) and twice in the input dtype
+        # (the kernel's and xla_reference's: 4): 52, 56 allowed
+        per_element = 40 + (56 if biases else 0)
+        needs = per_element * b * h * s * s + 16 * 8 * (h // hkv) * s * s
+        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs)
 
     both = (False, True)
     return (
@@ -57,6 +69,9 @@ def _attention() -> tuple[Layout, ...]:
         layout("BERT-large 2k", 4, 2048, 16, 16, 64, (False,)),
         layout("unaligned 4000", 2, 4000, 16, 16, 64, both),
         layout("MQA 16k", 1, 16384, 16, 1, 128, (True,)),
+        # relative-position biases: T5's per head, a full one per batch row and head
+        layout("per-head bias (T5-style), GQA 2k", 1, 2048, 32, 8, 128, both, ("full", "per_head")),
+        layout("full bias, unaligned 2000", 2, 2000, 16, 16, 64, both, ("full",)),
     )
 
 
