@@ -105,6 +105,10 @@ class Campaign:
             raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
         self.examples = examples
         self.shapes = state.get("shapes", shapes)
+        untiered = [name for name in names if self.shapes == "production" and targets.resolve(name).production is None]
+        if untiered:
+            raise ValueError(f"no production shape tier: {', '.join(untiered)} (leave them out, or fuzz them at "
+                             f"--shapes small)")
         self.targeted = targeted
         self.rng = random.Random(first_seed)
         self.bandit = bandit.Bandit(self.pairs, self.rng)

@@ -140,6 +140,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
+    if args.shapes == "production" and not args.kernel and named:  # every kernel: those with a production tier
+        untiered = verify.without_production(named)
+        print(f"no production shape tier: {', '.join(untiered) or 'none'}")
+        named = [n for n in named if n not in untiered]
     jobs = args.jobs or campaign.default_jobs(backend, args.shapes)
     if backend.platform != "cpu":
         from pallascheck.properties import production

@@ -224,3 +224,10 @@ def test_time_to_find_on_a_gpu_backend_takes_the_variants_written_for_it_there()
     gpu = {r["variant"] for r in on_gpu}
     assert {v for v, b in on_cpu.items() if b == "mosaic_gpu_interpret"} <= gpu
     assert all(on_cpu.get(v, "mosaic_gpu_interpret") == "mosaic_gpu_interpret" for v in gpu)
+
+
+def test_a_production_campaign_refuses_a_kernel_without_that_tier(tmp_path) -> None:
+    """A task of a kernel with no production tier would die in its worker, booked as
+    a crash of the kernel (a Triton production soak lost 7 of its 12 tasks so)."""
+    with pytest.raises(ValueError, match="no production shape tier: top_k, rms_norm"):
+        _run(["matmul", "top_k", "rms_norm"], Backend("interpret"), tmp_path, seconds=1, shapes="production")
