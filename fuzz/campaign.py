@@ -351,14 +351,22 @@ def run(
     except KeyboardInterrupt:
         result.interrupted = True
     finally:
+        # Every idle worker is asked first and all get one 5 s wait together: one at a
+        # time, the waits add up (12 workers, up to a minute past OVERRUN_S; a GPU soak
+        # was still ending 15 s past it when its outer timeout stopped it).
+        idle = [worker for worker in workers if worker.task is None]
+        for worker in idle:
+            worker.request_stop()
         for worker in workers:
             if worker.task is None:
-                worker.stop()
                 continue
             worker.kill()  # a task in flight is stopped, not what it found
             result.stopped_in_flight += 1
             result.count(campaign.salvage(worker.task, failed_dir(worker.inflight)),
                          time.monotonic() - campaign.run_start)
+        deadline = time.monotonic() + 5.0
+        for worker in idle:
+            worker.stop(deadline)
         result.seconds = time.monotonic() - campaign.run_start
         campaign.save()
         campaign.corpus.close()

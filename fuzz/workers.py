@@ -134,13 +134,19 @@ class Worker:
         self.process.join(timeout=10)
         self.conn.close()
 
-    def stop(self) -> None:
-        """Ask an idle worker to exit; kill it if it does not."""
+    def request_stop(self) -> None:
+        """Ask an idle worker to exit (``stop`` waits for it)."""
         try:
             self.conn.send(None)
         except (BrokenPipeError, OSError):
             pass
-        self.process.join(timeout=5)
+
+    def stop(self, deadline: float | None = None) -> None:
+        """Ask an idle worker to exit and wait for it until ``deadline`` (``time.monotonic()``;
+        default 5 s from now); kill it if it has not."""
+        self.request_stop()
+        deadline = time.monotonic() + 5.0 if deadline is None else deadline
+        self.process.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
 
