@@ -72,3 +72,23 @@ def test_processes_sharing_a_device_must_be_counted_in_whole_numbers(monkeypatch
     monkeypatch.setenv(production.SHARING_ENV_VAR, "half")
     with pytest.raises(ValueError, match="PALLASCHECK_PROCESSES_PER_DEVICE must be a positive integer"):
         production._sharing()
+
+
+@pytest.mark.parametrize("kernel_takes_a_bias", [True, False])
+def test_attention_bias_layouts_draw_only_biases_the_device_oracle_slices(kernel_takes_a_bias: bool) -> None:
+    """Every case of a bias layout holds a bias of b x h x s x s elements (a broadcast
+    one keeps the oracle from slicing, and unsliced it does not fit a GPU); a kernel
+    whose domain takes no bias gets none. Drawn at the layout's fields with tiny sizes."""
+    import dataclasses
+
+    from pallascheck.properties import attention_spec
+
+    (layout,) = [l for l in production.FAMILIES["attention"]() if l.name.startswith("per-head bias")]
+    tiny = dict(heads=((1, 4, 2),), seq_q=(8,), head_dims=(16,))
+    domain = dataclasses.replace(attention_spec.DOMAIN, bias=kernel_takes_a_bias)
+    domain = dataclasses.replace(domain, **{**layout.fields, **tiny})
+    cases = _drawn(attention_spec.cases("float32", Backend("interpret"), domain=domain), 6)
+    shapes = {c.arrays["bias"].shape if "bias" in c.arrays else None for c in cases}
+    assert shapes == ({(1, 4, 8, 8)} if kernel_takes_a_bias else {None}), shapes
+    plain = [l for l in production.FAMILIES["attention"]() if "bias" not in l.name]
+    assert plain and all(l.fields["bias"] is False for l in plain)
