@@ -105,7 +105,7 @@ class Campaign:
             raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
         self.examples = examples
         self.shapes = state.get("shapes", shapes)
-        untiered = [name for name in names if self.shapes == "production" and targets.resolve(name).production is None]
+        untiered = [n for n in names if targets.resolve(n).production is None] if self.shapes == "production" else []
         if untiered:
             raise ValueError(f"no production shape tier: {', '.join(untiered)} (leave them out, or fuzz them at "
                              f"--shapes small)")
@@ -357,16 +357,14 @@ def run(
         idle = [worker for worker in workers if worker.task is None]
         for worker in idle:
             worker.request_stop()
-        for worker in workers:
-            if worker.task is None:
-                continue
+        for worker in [worker for worker in workers if worker.task is not None]:
             worker.kill()  # a task in flight is stopped, not what it found
             result.stopped_in_flight += 1
             result.count(campaign.salvage(worker.task, failed_dir(worker.inflight)),
                          time.monotonic() - campaign.run_start)
         deadline = time.monotonic() + 5.0
         for worker in idle:
-            worker.stop(deadline)
+            worker.wait(deadline)
         result.seconds = time.monotonic() - campaign.run_start
         campaign.save()
         campaign.corpus.close()

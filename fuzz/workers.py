@@ -141,13 +141,16 @@ class Worker:
         except (BrokenPipeError, OSError):
             pass
 
-    def stop(self, deadline: float | None = None) -> None:
-        """Ask an idle worker to exit and wait for it until ``deadline`` (``time.monotonic()``;
-        default 5 s from now); kill it if it has not."""
-        self.request_stop()
-        deadline = time.monotonic() + 5.0 if deadline is None else deadline
+    def wait(self, deadline: float) -> None:
+        """Wait until ``deadline`` (``time.monotonic()``) for a worker asked to stop;
+        kill it if it has not exited."""
         self.process.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit; kill it if it has not within 5 s."""
+        self.request_stop()
+        self.wait(time.monotonic() + 5.0)
 
 
 def failed_dir(inflight: str) -> str:
