@@ -12,12 +12,18 @@ the program's arguments. XLA fuses the elementwise work, and every case of the l
 reuses the program. The program is only traced and called inside ``on_device``, so
 inside its float64 scope; its inputs are upcast there exactly (``numeric.f64``).
 
+The runner asks for a case's oracle and bounds from several threads at once
+(runner.py), so that their programs compile at the same time; they run one at a time
+(``_RUN_ALONE``): the production tier's memory rule (properties/production.py) counts
+one oracle program's float64 intermediates, not ten.
+
 On the host (numpy oracles) ``fn`` runs as it is. A function that reads its arrays'
 values on the host (ragged_dot's group sizes) runs eagerly, as before, and so does one
 whose arguments cannot be hashed.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from pallascheck.oracles import numeric
@@ -28,6 +34,7 @@ from . import layout_programs
 # iotas alone, and XLA's folding of its [group, sq, skv] reductions at compile time
 # took 4.5 s of an H100 case's first compile (s 4096) for no gain at run time.
 _OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
+_RUN_ALONE = threading.Lock()
 
 
 def per_layout(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -37,6 +44,6 @@ def per_layout(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(case: Any, *rest: Any) -> Any:
         if numeric.active_device() is None:
             return fn(case, *rest)
-        return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS)
+        return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
 
     return run

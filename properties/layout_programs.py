@@ -18,8 +18,10 @@ before, and so does one whose case parameters cannot be hashed.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Mapping
+import threading
+from typing import Any, Callable, ContextManager, Mapping
 
 import jax
 import numpy as np
@@ -58,27 +60,59 @@ def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], static
     return jax.jit(program, compiler_options=dict(options) or None)
 
 
-def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: Mapping[str, str] | None = None) -> Any:
+_compiled_once: set[tuple[Any, ...]] = set()  # (program, argument signature) compiled ahead of a run
+_compiling = threading.Lock()
+
+
+def _compile(program: Callable[..., Any], *args: Any) -> None:
+    """Compile ``program`` for ``args``' shapes once, ahead of running it: jax.jit keeps
+    the executable, and the call that follows reuses it."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    key = (program, tree, tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in leaves))
+    with _compiling:
+        if key in _compiled_once:
+            return
+    program.lower(*args).compile()
+    with _compiling:
+        _compiled_once.add(key)
+
+
+def _traced(*args: Any) -> bool:
+    return any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args))
+
+
+def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: Mapping[str, str] | None = None,
+             run_alone: ContextManager[Any] | None = None) -> Any:
     """``fn(case, *rest)`` as one ``jax.jit`` program per layout: the case's parameters,
     its arrays' shapes and dtypes, and the hashable arguments in ``rest``; the
     arguments holding arrays (an oracle pytree, a mapping of gradients) are the
     program's inputs. A function that reads its arrays' values on the host (a tracer
     error under ``jit``) runs eagerly from then on, and so does a call whose
-    arguments cannot be hashed."""
+    arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
+    its end) but not while it compiles, so that programs called from several threads
+    compile at once and run one at a time, each with the device's memory to itself."""
+    alone = run_alone if run_alone is not None else contextlib.nullcontext()
     if fn in _eager:
-        return fn(case, *rest)
+        with alone:
+            return fn(case, *rest)
     dynamic = tuple(r for r in rest if _holds_arrays(r))
     statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
     options = tuple(sorted((compiler_options or {}).items()))
     try:
         program = _program(fn, tuple(sorted(case.params.items())), statics, options)
     except TypeError:  # unhashable parameters: no cache key
-        return fn(case, *rest)
+        with alone:
+            return fn(case, *rest)
     try:
-        return program(case.arrays, dynamic)
+        if run_alone is None or _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
+            return program(case.arrays, dynamic)
+        _compile(program, case.arrays, dynamic)
+        with run_alone:
+            return jax.block_until_ready(program(case.arrays, dynamic))
     except _TRACER_ERRORS:
         _eager.add(fn)
-        return fn(case, *rest)
+        with alone:
+            return fn(case, *rest)
 
 
 def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any) -> Any:

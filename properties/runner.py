@@ -175,21 +175,47 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         started.append(_KERNEL_SIDE_THREADS.submit(run))
         return started[-1].result
 
+    def oracle_side_started(fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn()``, an oracle or a bound, when asked. With device oracles the call starts
+        now on a thread, so that a layout's first case compiles its float64 programs at
+        the same time (a production attention case on an H100: 11 programs, 23-26 s of
+        compiling one after another); they still run one at a time
+        (properties/device_programs.py). Those started first are started first: a bound
+        of the exact gradients waits for them on its thread, never the other way round.
+        Host oracles are computed when asked, as before."""
+        device = numeric.active_device()
+        if device is None:
+            return functools.cache(fn)
+
+        def run() -> Any:
+            with numeric.on_device(device):
+                return fn()
+
+        started.append(_ORACLE_SIDE_THREADS.submit(run))
+        return started[-1].result
+
     started: list[concurrent.futures.Future] = []
     try:
         return _checks(spec, case, config, backend, ctx=ctx, selected=selected, tally=tally, arith=arith,
-                       start=start, kernel_side=kernel_side, kernel_side_started=kernel_side_started)
+                       start=start, kernel_side=kernel_side, kernel_side_started=kernel_side_started,
+                       oracle_side_started=oracle_side_started)
     finally:  # nothing of this case runs on beside the next one (its memory, its GPU time)
+        for future in started:
+            future.cancel()  # those not begun: a failed check needs them no more
         concurrent.futures.wait(started)
 
 
 # Two: the kernel VJP and xla_reference (or its VJP) of one case at a time.
 _KERNEL_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pallascheck-kernel")
+# One per oracle-side call a case makes at most (_checks: expected, the exact gradients,
+# eight bounds), so that all of them compile at once.
+_ORACLE_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=10, thread_name_prefix="pallascheck-oracle")
 
 
 def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx: checks.Context,
             selected: Sequence[str], tally: Tally, arith: Any, start: float, kernel_side: Callable[..., Any],
-            kernel_side_started: Callable[..., Callable[[], Any]]) -> Tally:
+            kernel_side_started: Callable[..., Callable[[], Any]],
+            oracle_side_started: Callable[[Callable[[], Any]], Callable[[], Any]]) -> Tally:
     def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
         t0 = time.perf_counter()
         outcome = dataclasses.replace(fn(), check=name)
@@ -207,52 +233,68 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
         if spec.gradients is not None and spec.gradients.reference_vjp is not None:
             reference_vjp_result = kernel_side_started(spec.gradients.reference_vjp)
     ref = spec.oracle(case)
-    expected = spec.expected(ref)
+    # Every oracle-side call this case makes, started at once (oracle_side_started):
+    # what the exact gradients' bounds need is started before them.
+    g = spec.gradients
+    soon = oracle_side_started
+    expected_result = soon(lambda: spec.expected(ref))
+    reference_vjp = "reference" in selected and g is not None and g.reference_vjp is not None
+    if has_gradients or reference_vjp:
+        exact_gradients = soon(lambda: g.oracle_vjp(case, ref))
+    if {"values", "configs_agree"} & set(selected):
+        bound_result = soon(lambda: spec.bound(case, ref, config, arith))
+    if "values" in selected:
+        prob_bound = soon(lambda: spec.bound(case, ref, config, arith.with_probabilistic()))
+    if "reference" in selected:
+        reference_bound = soon(lambda: spec.bound(case, ref, None, arith))
+    if reference_vjp:
+        reference_gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), None, arith))
+    if spec.contract is not None and {"reference", "contract"} & set(selected):
+        contract_bound = soon(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
+    default = spec.default_config_for(backend)
+    if "configs_agree" in selected and config != default:
+        default_bound = soon(lambda: spec.bound(case, ref, default, arith))
+    if has_gradients:
+        gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), config, arith))
+    gradient_contract = has_gradients and g.contract is not None
+    if "contract" in selected and gradient_contract:
+        gradient_contract_bound = soon(lambda: g.contract(case, ref, exact_gradients(), arith))
+    expected = expected_result()
     kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))
-    exact_gradients = functools.cache(lambda: spec.gradients.oracle_vjp(case, ref))
     kernel_gradients = functools.cache(lambda: {k: _np(v) for k, v in vjp_result().items()})
-    contract_bound = functools.cache(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     if {"values", "configs_agree"} & set(selected):
         out = kernel_out()
-        bound = spec.bound(case, ref, config, arith)
+        bound = bound_result()
     values_setup_seconds = time.perf_counter() - start  # oracle + kernel run + bound
     if "values" in selected:
         timed("values", lambda: checks.check_values(out, expected, bound, context=ctx))
-        prob = spec.bound(case, ref, config, arith.with_probabilistic())
         tally.probabilistic_budget = max(
-            tally.probabilistic_budget, checks.compare(out, expected, prob).budget_used
+            tally.probabilistic_budget, checks.compare(out, expected, prob_bound()).budget_used
         )
-    gradient_contract = has_gradients and spec.gradients.contract is not None
     if "reference" in selected:
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
             reference_out = _np(reference_result())
-            o = checks.check_values(reference_out, expected, spec.bound(case, ref, None, arith), context=ref_ctx)
+            o = checks.check_values(reference_out, expected, reference_bound(), context=ref_ctx)
             if spec.contract is not None:
                 contract_used = checks.compare(reference_out, expected, contract_bound()).budget_used
                 tally.add_contract_budget("reference", contract_used)
-            if spec.gradients is not None and spec.gradients.reference_vjp is not None:
-                g = spec.gradients
-                exact = exact_gradients()
+            if reference_vjp:
                 got = {k: _np(v) for k, v in reference_vjp_result().items()}
-                o = o.merge(checks.check_gradients(got, exact, g.bound(case, ref, exact, None, arith), context=ref_ctx))
+                o = o.merge(checks.check_gradients(got, exact_gradients(), reference_gradient_bound(),
+                                                   context=ref_ctx))
                 o.examples = 1
             return o
         timed("reference", reference)
-    default = spec.default_config_for(backend)
     if "configs_agree" in selected and config != default:
         def agree() -> checks.Outcome:
             other = _np(kernel_side(spec.kernel, default, backend))
-            other_bound = spec.bound(case, ref, default, arith)
-            return checks.check_configs_agree({config: (out, bound), default: (other, other_bound)}, context=ctx)
+            return checks.check_configs_agree({config: (out, bound), default: (other, default_bound())}, context=ctx)
         timed("configs_agree", agree)
     if has_gradients:
-        g = spec.gradients
-
         def gradients() -> checks.Outcome:
-            exact = exact_gradients()
             checks.check_gradient_dtypes(kernel_gradients(), case.arrays, context=ctx)
-            return checks.check_gradients(kernel_gradients(), exact, g.bound(case, ref, exact, config, arith), context=ctx)
+            return checks.check_gradients(kernel_gradients(), exact_gradients(), gradient_bound(), context=ctx)
         timed("gradients", gradients)
     if "contract" in selected and (spec.contract is not None or gradient_contract):
         def contract() -> checks.Outcome:
@@ -261,9 +303,8 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
                 parts.append(checks.compare(kernel_out(), expected, contract_bound()))
                 tally.add_contract_budget("values", parts[-1].budget_used)
             if gradient_contract:
-                exact = exact_gradients()
                 parts.append(checks.check_gradients(
-                    kernel_gradients(), exact, spec.gradients.contract(case, ref, exact, arith), context=ctx,
+                    kernel_gradients(), exact_gradients(), gradient_contract_bound(), context=ctx,
                     raise_on_failure=False,
                 ))
                 tally.add_contract_budget("gradients", parts[-1].budget_used)

@@ -61,18 +61,12 @@ def test_device_oracles_match_the_host(name: str) -> None:
     assert len(seen) == 3
 
 
-# no bias: sliced by batch and kv head; a per-key bias: by batch only; a bias shared by
-# the batch: by kv head only
-@pytest.mark.parametrize("bias_shape", [None, (2, 1, 1, 40), (1, 4, 33, 40)])
-def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A large attention case is computed on the device one (batch, kv head) slice at a
-    time (properties/attention_slices.py): the same values and bounds as the whole."""
+def _attention_case(bias_shape: tuple[int, ...] | None):
+    """b2, 4 q heads on 2 kv heads, causal and masked: sliced by batch and kv head."""
     import ml_dtypes
 
-    from pallascheck.properties import attention_slices
     from pallascheck.properties.spec import Case
 
-    spec, arith = get_spec("attention"), arithmetic_for("interpret")
     rng = np.random.default_rng(0)
     bf16 = ml_dtypes.bfloat16
     arrays = {"q": rng.standard_normal((2, 33, 4, 16)), "k": rng.standard_normal((2, 40, 2, 16)),
@@ -80,7 +74,19 @@ def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytes
     arrays = {k: v.astype(bf16) for k, v in arrays.items()} | {"mask": rng.random((2, 4, 33, 40)) < 0.7}
     if bias_shape:
         arrays["bias"] = rng.standard_normal(bias_shape).astype(bf16)
-    case = Case(arrays, {"causal": True, "sm_scale": None})
+    return Case(arrays, {"causal": True, "sm_scale": None})
+
+
+# no bias: sliced by batch and kv head; a per-key bias: by batch only; a bias shared by
+# the batch: by kv head only
+@pytest.mark.parametrize("bias_shape", [None, (2, 1, 1, 40), (1, 4, 33, 40)])
+def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large attention case is computed on the device one (batch, kv head) slice at a
+    time (properties/attention_slices.py): the same values and bounds as the whole."""
+    from pallascheck.properties import attention_slices
+
+    spec, arith = get_spec("attention"), arithmetic_for("interpret")
+    case = _attention_case(bias_shape)
     results, kinds = [], []
     for threshold in (2**62, 1):  # never sliced, always sliced
         monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
@@ -113,3 +119,42 @@ def test_compare_on_the_device_is_compare_on_the_host() -> None:
     assert (device.passed, device.budget_used, device.detail, device.worst) == \
         (host.passed, host.budget_used, host.detail, host.worst)
     assert not host.passed and host.worst.index == (3, 4)
+
+
+def _budgets(spec, case, config, backend: Backend, oracles: str, monkeypatch: pytest.MonkeyPatch):
+    from pallascheck.properties import checks, runner
+
+    monkeypatch.setenv(runner.ORACLES_ENV_VAR, oracles)
+    tally = runner.check_case(spec, case, config, backend, context=checks.Context(spec.name, "bfloat16", "interpret"))
+    return {k: o.budget_used for k, o in tally.outcomes.items()} | \
+        {f"contract {k}": b for k, b in tally.contract_budgets.items()} | {"probabilistic": tally.probabilistic_budget}
+
+
+@pytest.mark.parametrize("name", ["attention", "matmul"])
+def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With device oracles the runner asks for a case's oracle and bounds from several
+    threads at once, compiled together and run one at a time (runner.py,
+    properties/device_programs.py): every check sees the budgets the host's numpy
+    oracles give. Attention is sliced, every slice's programs shared by the threads."""
+    from pallascheck.properties import attention_slices
+
+    spec, backend = get_spec(name), Backend("interpret")
+    monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", 1)
+    seen = []
+
+    @settings(max_examples=2, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(spec.cases("bfloat16", backend))
+    def compare(drawn):
+        case = _attention_case(None) if name == "attention" else drawn
+        configs = spec.configs(case, backend)
+        config = next((c for c in configs if c != spec.default_config_for(backend)), configs[0])
+        host = _budgets(spec, case, config, backend, "host", monkeypatch)
+        device = _budgets(spec, case, config, backend, "device", monkeypatch)
+        assert not jax.config.jax_enable_x64
+        assert set(host) >= {"values", "reference", "gradients", "contract"} and set(device) == set(host)
+        for key in host:
+            assert device[key] == pytest.approx(host[key], rel=1e-6, abs=1e-12), key
+        seen.append(case)
+
+    compare()
+    assert len(seen) == 2
