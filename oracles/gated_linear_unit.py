@@ -166,8 +166,10 @@ def gradient_bound(
                           flushed_magnitude=flushed)
         return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
 
-    dx = product(grads["dx"].reshape(t_rows, d), dz_err @ xp.abs(w2).T, dz_mag @ xp.abs(w2).T,
-                 sub(dz_value) @ xp.abs(w2).T + dz_mag @ sub(w2).T, 2 * f)
-    dw = product(grads["dweights"].reshape(d, 2 * f), xp.abs(x2).T @ dz_err, xp.abs(x2).T @ dz_mag,
-                 sub(x2).T @ dz_mag + xp.abs(x2).T @ sub(dz_value), t_rows)
+    mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; x and W may hold zeros
+    abs_w, abs_x = xp.abs(w2).T, xp.abs(x2).T
+    dx = product(grads["dx"].reshape(t_rows, d), mm(dz_err, abs_w), mm(dz_mag, abs_w),
+                 sub(dz_value) @ abs_w + mm(dz_mag, sub(w2).T), 2 * f)
+    dw = product(grads["dweights"].reshape(d, 2 * f), mm(abs_x, dz_err), mm(abs_x, dz_mag),
+                 mm(sub(x2).T, dz_mag) + abs_x @ sub(dz_value), t_rows)
     return {"dx": dx.reshape(x64.shape), "dweights": dw.reshape(w.shape)}

@@ -128,10 +128,11 @@ def gradient_bound(
 
     def product(a: algebra.Bounded, b: np.ndarray, exact: np.ndarray, n: int, a_on_left: bool):
         a_abs, a_sub, b_abs, b_sub = a.magnitude, algebra.subnormal_part(a.value), xp.abs(b), algebra.subnormal_part(b)
+        mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; y may hold zeros
         if a_on_left:
-            propagated, magnitude, flushed = a.err @ b_abs, a_abs @ b_abs, a_sub @ b_abs + a_abs @ b_sub
+            propagated, magnitude, flushed = mm(a.err, b_abs), mm(a_abs, b_abs), a_sub @ b_abs + mm(a_abs, b_sub)
         else:
-            propagated, magnitude, flushed = b_abs @ a.err, b_abs @ a_abs, b_sub @ a_abs + b_abs @ a_sub
+            propagated, magnitude, flushed = mm(b_abs, a.err), mm(b_abs, a_abs), mm(b_sub, a_abs) + b_abs @ a_sub
         d = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
                         flushed_magnitude=flushed)
         return algebra.round_to(algebra.Bounded(exact, d.err + propagated), operand_dtype, arith).err
