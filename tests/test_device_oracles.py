@@ -179,38 +179,34 @@ def test_error_products_add_nothing_where_an_unbounded_error_meets_a_zero() -> N
     np.testing.assert_array_equal(plain, finite @ b)
 
 
-def test_glu_gradient_bound_stays_a_number_where_dz_may_overflow() -> None:
-    """up = 1e37 and a cotangent of 100 make g * up overflow f32: dz's error is
-    unbounded there. Where a weight or an input is exactly 0 the products of that error
-    add nothing, so no dx or dweights bound is NaN (a NaN bound fails every kernel)."""
-    from pallascheck.oracles import gated_linear_unit as glu_oracle
-
+def _overflowing_dz(family: str):
+    """Inputs of ``family``'s oracle where dz may overflow f32, with exact zeros in x and
+    the weights: for GLU up = 1e37 times a cotangent of 100; for matmul a cotangent near
+    float32's largest value, which dz = g * act'(z) may round past."""
     x = np.zeros((3, 4), np.float32)
-    x[:, 0], x[1, 1] = 1e18, 1.0
-    w = np.zeros((4, 2, 6), np.float32)
-    w[0, 0], w[0, 1], w[1, 1, 2] = -1e-18, 1e19, 0.5
-    g = np.full((3, 6), 100.0, np.float32)
-    ref = glu_oracle.oracle(x, w, activation="silu")
-    grads = glu_oracle.oracle_vjp(x, w, g, activation="silu")
-    bound = glu_oracle.gradient_bound(ref, grads, x, w, g, activation="silu", operand_dtype=np.float32,
-                                      arith=arithmetic_for("interpret"), block_k=None)
-    assert not any(np.isnan(b).any() for b in bound.values()), bound
-    assert all(np.isinf(b).any() for b in bound.values())  # the case does reach unbounded errors
-
-
-def test_matmul_gradient_bound_stays_a_number_where_dz_may_overflow() -> None:
-    """A cotangent near float32's largest value: dz = g * act'(z) may round past it, so
-    its error is unbounded; inputs holding exact zeros add nothing of it to dx and dy."""
-    from pallascheck.oracles import matmul as matmul_oracle
-
-    x = np.zeros((3, 4), np.float32)
+    if family == "gated_linear_unit":
+        x[:, 0], x[1, 1] = 1e18, 1.0
+        w = np.zeros((4, 2, 6), np.float32)
+        w[0, 0], w[0, 1], w[1, 1, 2] = -1e-18, 1e19, 0.5
+        return x, w, np.full((3, 6), 100.0, np.float32)
     x[:, 0], x[1, 1] = 2.0, 1.0
     y = np.zeros((4, 5), np.float32)
     y[0], y[1, 2] = 1.0, 0.5
-    g = np.full((3, 5), 3.4e38, np.float32)
-    ref = matmul_oracle.oracle(x, y, activation="silu")
-    grads = matmul_oracle.oracle_vjp(x, y, g, activation="silu")
-    bound = matmul_oracle.gradient_bound(ref, grads, x, y, g, activation="silu", operand_dtype=np.float32,
-                                         arith=arithmetic_for("interpret"), block_k=None)
+    return x, y, np.full((3, 5), 3.4e38, np.float32)
+
+
+@pytest.mark.parametrize("family", ["gated_linear_unit", "matmul"])
+def test_gradient_bound_stays_a_number_where_dz_may_overflow(family: str) -> None:
+    """Where dz may overflow its error is unbounded; where an input or a weight is
+    exactly 0 the products of that error add nothing, so no gradient bound is NaN (a
+    NaN bound fails every kernel)."""
+    import importlib
+
+    module = importlib.import_module(f"pallascheck.oracles.{family}")
+    x, w, g = _overflowing_dz(family)
+    ref = module.oracle(x, w, activation="silu")
+    grads = module.oracle_vjp(x, w, g, activation="silu")
+    bound = module.gradient_bound(ref, grads, x, w, g, activation="silu", operand_dtype=np.float32,
+                                  arith=arithmetic_for("interpret"), block_k=None)
     assert not any(np.isnan(b).any() for b in bound.values()), bound
     assert all(np.isinf(b).any() for b in bound.values())  # the case does reach unbounded errors
