@@ -90,7 +90,7 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     error under ``jit``) runs eagerly from then on, and so does a call whose
     arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
     its end) but not while it compiles, so that programs called from several threads
-    compile at once and run one at a time, each with the device's memory to itself."""
+    compile at once and run one at a time."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
     if fn in _eager:
         with alone:
