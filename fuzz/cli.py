@@ -4,7 +4,7 @@
                        [--case-timeout S]
     pallascheck fuzz [--backend B] [--minutes M] [--jobs N] [--kernel K ...] [--dtype D ...] [--corpus DIR]
                      [--resume] [--random] [--case-timeout S] [--memory-gb G]
-    pallascheck replay FILE.npz [--backend B] [--path DIR]
+    pallascheck replay FILE.npz [--backend B] [--path DIR] [--repeat N]
     pallascheck report CORPUS [--out DIR]
     pallascheck bench [--backend B] [--op FAMILY] [--json PATH]
     pallascheck bench --harness [--no-pytest]
@@ -212,16 +212,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): "
               f"{meta['message']}", flush=True)
     context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}")
+    failed = 0
+    for run in range(args.repeat):
+        if args.repeat > 1:
+            print(f"run {run + 1} of {args.repeat}:", flush=True)
+        failed += not _replay_once(spec, case, config, backend, context, selected)
+    if args.repeat > 1:
+        verdict = ("it fails every time" if failed == args.repeat else "it never fails" if not failed else
+                   "intermittent: the same case, config and program pass and fail (state kept between calls, "
+                   "a race, or the hardware)")
+        print(f"failed {failed} of {args.repeat} runs in this process: {verdict}")
+    return 1 if failed else 0
+
+
+def _replay_once(spec: Any, case: Case, config: Any, backend: Any, context: checks.Context,
+                 selected: tuple[str, ...]) -> bool:
+    """One check of the replayed case, its verdict printed; returns whether it passed."""
     try:
         tally = runner.check_case(spec, case, config, backend, context=context, selected=selected)
     except checks.CheckFailure as failure:
         print(f"FAIL [{runner.failed_check(failure)}]\n{failure}")
-        return 1
+        return False
     except Exception as crash:  # noqa: BLE001 - the kernel raised: the finding a crash case records
         print(f"FAIL [crash]\n  {type(crash).__name__}: {crash}")
-        return 1
+        return False
     print("PASS: " + ", ".join(f"{k} (budget {verify.fmt_budget(o.budget_used)})" for k, o in tally.outcomes.items()))
-    return 0
+    return True
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -441,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file", metavar="FILE", help="a saved case (.npz) from verify's --failures or a fuzz corpus")
     replay.add_argument("--backend", default=None, help="default: the backend the case was saved on")
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
+    replay.add_argument("--repeat", type=int, default=1,
+                        help="check the case this many times in one process and say whether it fails every time "
+                             "(a failure that comes and goes is intermittent)")
     replay.set_defaults(func=cmd_replay)
     report.add_parser(sub)
     if mutate is not None:
@@ -515,8 +534,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if mutate is None and argv[:1] == ["mutate"]:
         raise SystemExit("pallascheck mutate parses kernels with libcst, which is not installed: pip install libcst")
     args = build_parser().parse_args(argv)
-    if getattr(args, "examples", 1) < 1:
-        raise SystemExit("pallascheck: --examples must be >= 1")
+    for name in ("examples", "repeat"):
+        if getattr(args, name, 1) < 1:
+            raise SystemExit(f"pallascheck: --{name} must be >= 1")
     return args.func(args)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -74,3 +75,24 @@ def _wrong_then_slow(x, interpret=None):
 
 
 WRONG_THEN_SLOW = _spec(_wrong_then_slow, "relu_wrong_then_slow")
+
+
+_flaky_calls = [0]
+
+
+def _relu_on_the_host(x: np.ndarray) -> np.ndarray:
+    _flaky_calls[0] += 1
+    out = np.maximum(x, 0)
+    if _flaky_calls[0] == 1:
+        out[(0,) * x.ndim] += 1
+    return out
+
+
+def _wrong_on_its_first_call(x, interpret=None):
+    """Wrong on its first run, then right with the same input, compiled or not (the
+    host callback runs every time): what state kept between calls or a race looks
+    like from outside."""
+    return jax.pure_callback(_relu_on_the_host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+WRONG_ON_ITS_FIRST_CALL = _spec(_wrong_on_its_first_call, "relu_wrong_on_its_first_call")

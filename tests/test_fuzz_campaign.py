@@ -231,3 +231,25 @@ def test_a_production_campaign_refuses_a_kernel_without_that_tier(tmp_path) -> N
     a crash of the kernel (a Triton production soak lost 7 of its 12 tasks so)."""
     with pytest.raises(ValueError, match="no production shape tier: top_k, rms_norm"):
         _run(["matmul", "top_k", "rms_norm"], Backend("interpret"), tmp_path, seconds=1, shapes="production")
+
+
+def test_replay_repeat_tells_an_intermittent_failure_from_a_steady_one(tmp_path, backend, capsys) -> None:
+    """``replay --repeat N`` checks a saved case N times in one process and says whether
+    it failed every time, never, or now and then."""
+    from pallascheck.properties import strategies
+
+    backend = _generic(backend)
+    case = Case({"x": strategies.elements(0, (4, 8), "float32", "normal")}, {"activation": "relu"})
+    meta = {"dtype": "float32", "backend": str(backend), "check": "values", "config": None, "message": "-"}
+    verdicts = {}
+    for target in ("fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:WRONG_ON_ITS_FIRST_CALL", "fuzz_targets:SOUND"):
+        path = str(tmp_path / f"{target.split(':')[1]}.npz")
+        Case(case.arrays, {**case.params, "__failure__": {**meta, "kernel": target}}).save(path)
+        rc = cli.main(["replay", path, "--path", TESTS, "--repeat", "4"])
+        verdicts[target] = (rc, capsys.readouterr().out.strip().splitlines()[-1])
+    assert verdicts["fuzz_targets:WRONG_FIRST_ELEMENT"] == (1, "failed 4 of 4 runs in this process: it fails every time")
+    rc, line = verdicts["fuzz_targets:WRONG_ON_ITS_FIRST_CALL"]
+    assert rc == 1 and line.startswith("failed 1 of 4 runs in this process: intermittent")
+    assert verdicts["fuzz_targets:SOUND"] == (0, "failed 0 of 4 runs in this process: it never fails")
+    with pytest.raises(SystemExit, match="--repeat must be >= 1"):
+        cli.main(["replay", path, "--repeat", "0"])
