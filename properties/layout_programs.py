@@ -19,6 +19,7 @@ before, and so does one whose case parameters cannot be hashed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 from typing import Any, Callable, ContextManager, Mapping
@@ -44,11 +45,21 @@ def _holds_arrays(arg: Any) -> bool:
     return isinstance(arg, Mapping) or any(isinstance(a, (np.ndarray, jax.Array)) for a in jax.tree_util.tree_leaves(arg))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """A spec function's ``jax.jit`` program for one layout, and the argument
+    signatures it was compiled for ahead of a run (``_compile``): kept with the program,
+    so they go when the cache drops it."""
+
+    run: Callable[..., Any]
+    compiled_for: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
+
+
 # Room for the kernel-side programs and the device oracles' (properties/device_programs.py)
 # of every layout a run keeps using.
 @functools.lru_cache(maxsize=1024)
 def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], statics: tuple[Any, ...],
-             options: tuple[tuple[str, str], ...]) -> Callable[..., Any]:
+             options: tuple[tuple[str, str], ...]) -> _Program:
     """``fn(case, *rest)`` compiled: ``rest`` is ``statics`` with the arguments that
     hold arrays put back in their places (``_ARGUMENT``)."""
 
@@ -57,24 +68,23 @@ def _program(fn: Callable[..., Any], params: tuple[tuple[str, Any], ...], static
         rest = [next(given) if s is _ARGUMENT else s for s in statics]
         return fn(Case(dict(arrays), dict(params)), *rest)
 
-    return jax.jit(program, compiler_options=dict(options) or None)
+    return _Program(jax.jit(program, compiler_options=dict(options) or None))
 
 
-_compiled_once: set[tuple[Any, ...]] = set()  # (program, argument signature) compiled ahead of a run
-_compiling = threading.Lock()
+_compiling = threading.Lock()  # guards every _Program.compiled_for
 
 
-def _compile(program: Callable[..., Any], *args: Any) -> None:
+def _compile(program: _Program, *args: Any) -> None:
     """Compile ``program`` for ``args``' shapes once, ahead of running it: jax.jit keeps
     the executable, and the call that follows reuses it."""
     leaves, tree = jax.tree_util.tree_flatten(args)
-    key = (program, tree, tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in leaves))
+    signature = (tree, tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in leaves))
     with _compiling:
-        if key in _compiled_once:
+        if signature in program.compiled_for:
             return
-    program.lower(*args).compile()
+    program.run.lower(*args).compile()
     with _compiling:
-        _compiled_once.add(key)
+        program.compiled_for.add(signature)
 
 
 def _traced(*args: Any) -> bool:
@@ -105,10 +115,10 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
             return fn(case, *rest)
     try:
         if run_alone is None or _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
-            return program(case.arrays, dynamic)
+            return program.run(case.arrays, dynamic)
         _compile(program, case.arrays, dynamic)
         with run_alone:
-            return jax.block_until_ready(program(case.arrays, dynamic))
+            return jax.block_until_ready(program.run(case.arrays, dynamic))
     except _TRACER_ERRORS:
         _eager.add(fn)
         with alone:
