@@ -50,6 +50,16 @@ INTERPRETER_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 # each a first layout then 128 cases: the first layout took 1.5-3.6 s with one BLAS
 # thread against 3.3-5.1 s with 16 (GLU), 2.8-5.4 s against 5.7-8.0 s (attention).
 WORKER_BLAS_THREADS = 1
+# XLA:GPU flags of a worker process (never a user's process, never a benchmark's).
+# XLA autotunes every new GEMM shape of xla_reference and of the device oracles by
+# compiling and timing candidate kernels; a check compiles hundreds of shapes and
+# runs each a few times, so autotuning is most of their compile time and buys
+# nothing. Off, XLA picks its default algorithm: each dot still accumulates in its
+# output type, so what a bound charges is unchanged (every budget of the runs below
+# is the same to the last digit). `verify --backend mosaic_gpu --examples 15` on an
+# H100, empty cache, no durations file: 83.2 and 87.0 s with autotuning (849 and 900 s
+# of unit time), 66.6 and 68.4 s without (656 and 674 s), runs interleaved.
+GPU_WORKER_FLAGS = ("--xla_gpu_autotune_level=0",)
 
 
 def enable_cache(directory: str | None = None) -> str | None:
@@ -75,28 +85,28 @@ def enable_cache(directory: str | None = None) -> str | None:
     return directory
 
 
-def quick_cpu_compiles() -> None:
-    """Add QUICK_CPU_FLAGS and INTERPRETER_FLAGS to $XLA_FLAGS (kept if the user set
-    them otherwise). Only effective before JAX creates its CPU client; child processes
-    inherit it."""
+def add_xla_flags(flags: tuple[str, ...]) -> None:
+    """Add ``flags`` to $XLA_FLAGS, each unless the user set that flag otherwise. Only
+    effective before JAX creates the backend's client; child processes inherit it."""
     current = os.environ.get("XLA_FLAGS", "")
-    extra = [f for f in QUICK_CPU_FLAGS + INTERPRETER_FLAGS if f.split("=")[0] not in current]
+    extra = [f for f in flags if f.split("=")[0] not in current]
     if extra:
         os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
 
 
 def configure(backend_name: str, *, worker: bool = False) -> None:
     """Set up compilation for a run on ``backend_name``: the cache always, quick
-    XLA:CPU compiles where the kernels run on the CPU (GPU runs keep XLA's defaults so
-    the baselines they are compared with are compiled as users compile them).
+    XLA:CPU compiles where the kernels run on the CPU (a GPU run's own process keeps
+    XLA's defaults, so that the baselines it times are compiled as users compile them).
     ``worker``: this is one of the worker processes of ``verify``, ``fuzz`` or
     ``mutate``, never a user's process: on a GPU backend its host BLAS gets one thread
-    (``WORKER_BLAS_THREADS``)."""
+    (``WORKER_BLAS_THREADS``) and XLA does not autotune (``GPU_WORKER_FLAGS``)."""
     enable_cache()
     if parse(backend_name).platform == "cpu":
-        quick_cpu_compiles()
+        add_xla_flags(QUICK_CPU_FLAGS + INTERPRETER_FLAGS)
         return
     # several processes share one GPU: each allocates what it uses
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if worker:
         threadpoolctl.threadpool_limits(WORKER_BLAS_THREADS, user_api="blas")
+        add_xla_flags(GPU_WORKER_FLAGS)

@@ -110,10 +110,21 @@ def test_a_first_run_starts_the_distributed_unit_and_leaves_the_bad_input_checks
 
 
 @pytest.mark.parametrize("worker", [True, False])
-def test_only_a_workers_host_blas_is_limited_on_a_gpu_backend(tmp_path, worker: bool) -> None:
-    code = ("from pallascheck.properties import compilation; import threadpoolctl\n"
+def test_only_a_workers_host_blas_and_xla_autotuning_are_limited_on_a_gpu_backend(tmp_path, worker: bool) -> None:
+    code = ("from pallascheck.properties import compilation; import os, threadpoolctl\n"
             f"compilation.configure('mosaic_gpu', worker={worker})\n"
+            "print(os.environ.get('XLA_FLAGS', ''))\n"
             "print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))")
-    env = dict(os.environ, PALLASCHECK_CACHE_DIR="", OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR="", OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2",
+               XLA_FLAGS="--xla_gpu_enable_command_buffer=")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert int(out.stdout.split()[-1]) == (compilation.WORKER_BLAS_THREADS if worker else 2), out
+    flags, threads = out.stdout.splitlines()[-2:]
+    assert int(threads) == (compilation.WORKER_BLAS_THREADS if worker else 2), out
+    expected = ["--xla_gpu_enable_command_buffer=", *(compilation.GPU_WORKER_FLAGS if worker else ())]
+    assert flags.split() == expected, out  # the user's flags kept, ours added to a worker's only
+
+
+def test_a_workers_xla_flags_leave_a_flag_the_user_set(monkeypatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")
+    compilation.add_xla_flags(compilation.GPU_WORKER_FLAGS)
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_autotune_level=4"
