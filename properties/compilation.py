@@ -54,9 +54,8 @@ WORKER_BLAS_THREADS = 1
 # XLA autotunes every new GEMM shape of xla_reference and of the device oracles by
 # compiling and timing candidate kernels; a check compiles hundreds of shapes and
 # runs each a few times, so autotuning is most of their compile time and buys
-# nothing. Off, XLA picks its default algorithm: each dot still accumulates in its
-# output type, so what a bound charges is unchanged (every budget of the runs below
-# is the same to the last digit). `verify --backend mosaic_gpu --examples 15` on an
+# nothing. Off, XLA takes its default GEMM kernel: the same products, summed in
+# another order at most (every budget of the runs below is the same to the last digit). `verify --backend mosaic_gpu --examples 15` on an
 # H100, empty cache, no durations file: 83.2 and 87.0 s with autotuning (849 and 900 s
 # of unit time), 66.6 and 68.4 s without (656 and 674 s), runs interleaved.
 GPU_WORKER_FLAGS = ("--xla_gpu_autotune_level=0",)
