@@ -76,10 +76,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise SystemExit(f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
                              "kernel: hours per case at these sizes); use --backend mosaic_gpu or triton")
         print(f"no production shape tier: {', '.join(verify.without_production(args.kernel)) or 'none'}")
-        for line in production.describe([n for n in selected(args.kernel) if n in production.FAMILIES
-                                         and n not in missing], backend):
-            print(line)
-    units = verify.plan(str(backend), args.kernel, args.dtype, args.shapes, args.examples)
+        kernels = _fitting([n for n in selected(args.kernel) if n not in missing], backend)
+    else:
+        kernels = args.kernel
+    units = verify.plan(str(backend), kernels, args.dtype, args.shapes, args.examples)
     rows, failures = verify.run(units, options, jobs)
     elapsed = time.perf_counter() - start
     ok = all(r.passed for r in rows)
@@ -149,6 +149,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         from pallascheck.properties import production
 
         production.share_devices(-(-jobs // max(campaign.gpu_devices(backend), 1)))  # workers round-robin the GPUs
+        if args.shapes == "production":
+            named = _fitting(named, backend)
     memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
     print(f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
@@ -177,6 +179,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 130
     return 1 if result.new_failures else 0
+
+
+def _fitting(names: list[str], backend: Backend) -> list[str]:
+    """``names`` whose production layouts fit the memory each process may use
+    (``production.planned``, its lines printed); exits, saying why, where none does."""
+    from pallascheck.properties import production
+
+    kept, lines = production.planned(names, backend)
+    for line in lines:
+        print(line)
+    if names and not kept:
+        raise SystemExit("pallascheck: nothing to check: no selected kernel has a production layout that fits "
+                         f"{backend}'s memory (above)")
+    return kept
 
 
 def _progress_printer() -> Callable[[str], None]:

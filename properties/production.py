@@ -203,11 +203,20 @@ def production_cases(family: str, family_cases: Callable[..., st.SearchStrategy[
     return production
 
 
-def describe(families: Sequence[str], backend: Backend) -> list[str]:
-    """Lines for the output: per family, the layouts drawn and those skipped by rule."""
-    lines = []
-    for family in families:
+def planned(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str]]:
+    """``names`` without the production families none of whose layouts fit
+    ``backend``'s memory (this process's share of it), and lines for the output: per
+    family the layouts drawn and those skipped by the memory rule, then the families
+    left out and what to do. A family left in would fail every task of a run, a crash
+    booked against a kernel that is not at fault."""
+    lines, unfit = [], []
+    for family in [n for n in names if n in FAMILIES]:
         p = plan(family, backend)
         lines.append(f"{family}: {len(p.fitting)} production layouts: " + ", ".join(l.name for l in p.fitting))
         lines += [f"  skipped by the memory rule: {line}" for line in p.skipped]
-    return lines
+        if not p.fitting:
+            unfit.append(family)
+    if unfit:
+        fewer = " (fewer --jobs give each process a larger share)" if _sharing() > 1 else ""
+        lines.append(f"not checked: {', '.join(unfit)}: no production layout fits{fewer}")
+    return [n for n in names if n not in unfit], lines

@@ -44,6 +44,25 @@ def test_layouts_that_do_not_fit_are_skipped_saying_why(monkeypatch: pytest.Monk
         get_spec("matmul").production("bfloat16", Backend("interpret"))
 
 
+def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    # 20 GiB, an H100's share with 3 jobs: matmul's decode layouts fit, none of the GLU's.
+    # Before, every GLU task of a 3-job production fuzz there died drawing its first
+    # case and was booked as the kernel's failure.
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "3")
+    kept, lines = production.planned(["matmul", "gated_linear_unit", "top_k"], Backend("interpret"))
+    assert kept == ["matmul", "top_k"], lines
+    assert lines[-1] == ("not checked: gated_linear_unit: no production layout fits "
+                         "(fewer --jobs give each process a larger share)"), lines
+    assert any("skipped by the memory rule: llama-3 8B, decode batch 16" in line for line in lines), lines
+    from pallascheck.fuzz import cli
+
+    with pytest.raises(SystemExit, match="nothing to check: no selected kernel has a production layout that fits"):
+        cli._fitting(["gated_linear_unit"], Backend("interpret"))
+    assert "not checked: gated_linear_unit" in capsys.readouterr().out
+
+
 def test_a_spec_without_a_production_tier_says_so() -> None:
     with pytest.raises(ValueError, match="top_k has no production shape tier"):
         runner.tier_cases(get_spec("top_k"), "production")
