@@ -52,12 +52,12 @@ INTERPRETER_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 WORKER_BLAS_THREADS = 1
 # XLA:GPU flags of a worker process (never a user's process, never a benchmark's).
 # XLA autotunes every new GEMM shape of xla_reference and of the device oracles by
-# compiling and timing candidate kernels; a check compiles hundreds of shapes and
-# runs each a few times, so autotuning is most of their compile time and buys
-# nothing. Off, XLA takes its default GEMM kernel: the same products, summed in
-# another order at most (every budget of the runs below is the same to the last digit). `verify --backend mosaic_gpu --examples 15` on an
-# H100, empty cache, no durations file: 83.2 and 87.0 s with autotuning (849 and 900 s
-# of unit time), 66.6 and 68.4 s without (656 and 674 s), runs interleaved.
+# compiling and timing candidate kernels, for programs a check runs a few times. Off,
+# XLA takes its default GEMM kernel: the same products, summed in another order at
+# most (every budget of the runs below is the same to the last digit).
+# `verify --backend mosaic_gpu --examples 15` on an H100, empty cache, no durations
+# file, runs interleaved: 83.2 and 87.0 s with autotuning (849 and 900 s of unit
+# time), 66.6 and 68.4 s without (656 and 674 s).
 GPU_WORKER_FLAGS = ("--xla_gpu_autotune_level=0",)
 
 
