@@ -180,9 +180,10 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         now on a thread, so that a layout's first case compiles its float64 programs at
         the same time (a production attention case on an H100: 11 programs, 23-26 s of
         compiling one after another); they still run one at a time
-        (properties/device_programs.py). Those started first are started first: a bound
-        of the exact gradients waits for them on its thread, never the other way round.
-        Host oracles are computed when asked, as before."""
+        (properties/device_programs.py). The calls are submitted in the order they
+        depend on each other: a bound that needs the exact gradients waits for them on
+        its own thread, and they were submitted before it, so they never wait for a
+        thread it holds. Host oracles are computed when asked, as before."""
         device = numeric.active_device()
         if device is None:
             return functools.cache(fn)
