@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import jax
 import numpy as np
 
 from .numeric import namespace
@@ -78,35 +77,30 @@ def rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray
 
 
 def times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a * b for error terms, with 0 * inf = 0: an exactly-zero factor contributes
-    nothing however unbounded the other is."""
+    """a * b for non-negative error terms, with 0 * inf = inf: an unbounded error
+    means the value may have overflowed to inf, and the kernel's exact zero times it
+    is then NaN (IEEE), so the product stays unbounded; ``checks.compare`` admits any
+    result under an infinite bound. A NaN factor is kept (a bug in a model to show)."""
     xp = namespace(a, b)
     a, b = xp.asarray(a, dtype=np.float64), xp.asarray(b, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         product = a * b
-    # 0 * inf, or a NaN factor (kept: a bug to show)
-    return xp.where(xp.isnan(product) & ((a == 0) | (b == 0)), 0.0, product)
+    return xp.where(xp.isnan(product) & ~xp.isnan(a) & ~xp.isnan(b), np.inf, product)
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b for error terms, with 0 * inf = 0 in every product (``times``): an
-    unbounded error times an exactly-zero weight adds nothing, where the plain product
-    made the whole row NaN (a linear cross-entropy's dx and dw bounds did in a GPU
-    soak, and a NaN bound fails any error, the kernel's exact zeros included)."""
+    """a @ b for non-negative error terms, with 0 * inf = inf in every product (as
+    ``times``). Of non-negative terms only 0 * inf makes a NaN (inf + inf is inf), so
+    a NaN entry of the plain product whose row of a and column of b hold no NaN is
+    unbounded. (A NaN bound fails every error, the kernel's exact zeros included: a
+    linear cross-entropy's dx and dw bounds did in a GPU soak, before 0 * inf had a
+    value here.)"""
     xp = namespace(a, b)
     a, b = xp.asarray(a, dtype=np.float64), xp.asarray(b, dtype=np.float64)
-
-    def guarded(a: Any, b: Any) -> Any:
-        finite = lambda m: xp.where(xp.isinf(m), 0.0, m)  # noqa: E731
-        unbounded = xp.isinf(a).astype(np.float64) @ (b != 0).astype(np.float64) \
-            + (a != 0).astype(np.float64) @ xp.isinf(b).astype(np.float64)
-        return xp.where(unbounded > 0, np.inf, finite(a) @ finite(b))
-
-    # Nothing unbounded (nearly always): the plain product, without the two indicator
-    # products (on the device a production GLU's gradient bound has six such products).
-    if xp is np:
-        return guarded(a, b) if np.isinf(a).any() or np.isinf(b).any() else a @ b
-    return jax.lax.cond(xp.isinf(a).any() | xp.isinf(b).any(), guarded, xp.matmul, a, b)
+    with np.errstate(invalid="ignore"):
+        product = a @ b
+    nan_in = xp.isnan(a).any(axis=-1)[..., :, None] | xp.isnan(b).any(axis=-2)[..., None, :]
+    return xp.where(xp.isnan(product) & ~nan_in, np.inf, product)
 
 
 def round_to(x: Bounded, dtype: Any, arith: Arithmetic) -> Bounded:
@@ -140,7 +134,7 @@ def dot(
     operand_rel = 2.0 * u_op + u_op * u_op
     acc = arith.gamma(order.depth(n), arith.mma_unit(acc_dtype))
     floor = 2 * n * underflow_floor(acc_dtype, arith)
-    err = operand_rel * magnitude + times(acc, (1.0 + operand_rel) * magnitude) + floor
+    err = times(operand_rel, magnitude) + times(acc, (1.0 + operand_rel) * magnitude) + floor
     if arith.flush_subnormals:
         err = err + _f64(flushed_magnitude)
     return Bounded(_f64(value), err)

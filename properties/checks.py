@@ -104,7 +104,10 @@ def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check:
 
     Where ``expected`` is NaN or infinite the kernel must produce exactly that
     (NaN for NaN, the same infinity); a non-finite result where the oracle is
-    finite is an error of infinite size. An oracle computed on a device
+    finite is an error of infinite size, which fails unless the bound there is
+    infinite too: a bound model is infinite only where a rounding may overflow,
+    and an overflowed intermediate makes any value, inf or NaN (inf - inf in a
+    later sum), the kernel's correct result. An oracle computed on a device
     (oracles/numeric.py) is compared there: only the worst element comes back.
     """
     xp = namespace(expected, bound)
@@ -145,7 +148,7 @@ def _ratio(xp: Any, actual: Any, expected: Any, bound: Any) -> tuple[Any, Any, A
     special_ok = xp.where(xp.isnan(expected), xp.isnan(actual), xp.where(finite, True, actual == expected))
     error = xp.where(finite, xp.abs(actual - expected), 0.0)
     error = xp.where(finite & ~xp.isfinite(actual), np.inf, error)
-    ratio = xp.where(error == 0, 0.0, error / bound)
+    ratio = xp.where((error == 0) | (finite & (bound == np.inf)), 0.0, error / bound)
     ratio = xp.where(special_ok, ratio, np.inf)
     # a NaN bound (e.g. inf * 0 in a bound model) bounds nothing: fail there, by name,
     # instead of a NaN budget that max() and argmax() would pass over

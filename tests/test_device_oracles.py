@@ -160,16 +160,18 @@ def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(name: str,
     assert len(seen) == 2
 
 
-def test_error_products_add_nothing_where_an_unbounded_error_meets_a_zero() -> None:
-    """``algebra.matmul`` of error terms: 0 * inf = 0, inf * nonzero = inf, else the
-    plain product; the same on the host and on the device (a branch there)."""
+def test_error_products_stay_unbounded_where_an_unbounded_error_meets_a_zero() -> None:
+    """``algebra.matmul`` of error terms: 0 * inf = inf (the kernel's 0 times an
+    overflowed inf is NaN), inf * nonzero = inf, a NaN kept, else the plain product;
+    the same on the host and on the device."""
     from pallascheck.oracles import algebra
 
-    a = np.array([[np.inf, 1.0], [0.0, 2.0]])
+    a = np.array([[np.inf, 1.0], [0.0, 2.0], [np.nan, 0.0]])
     b = np.array([[0.0, 3.0], [1.0, 0.0]])
     finite = np.array([[1.0, 2.0], [3.0, 4.0]])
-    want = np.array([[1.0, np.inf], [2.0, 0.0]])
+    want = np.array([[np.inf, np.inf], [2.0, 0.0], [np.nan, np.nan]])
     np.testing.assert_array_equal(algebra.matmul(a, b), want)
+    np.testing.assert_array_equal(algebra.times(a[:, :1], b[:1].T[:1]), [[np.inf], [0.0], [np.nan]])
     with numeric.on_device(jax.devices("cpu")[0]):
         on_device = np.asarray(algebra.matmul(numeric.f64(a), numeric.f64(b)))
         jitted = np.asarray(jax.jit(algebra.matmul)(numeric.f64(a), numeric.f64(b)))
@@ -197,9 +199,9 @@ def _overflowing_dz(family: str):
 
 @pytest.mark.parametrize("family", ["gated_linear_unit", "matmul"])
 def test_gradient_bound_stays_a_number_where_dz_may_overflow(family: str) -> None:
-    """Where dz may overflow its error is unbounded; where an input or a weight is
-    exactly 0 the products of that error add nothing, so no gradient bound is NaN (a
-    NaN bound fails every kernel)."""
+    """Where dz may overflow its error is unbounded, and so is every product of it, an
+    exact zero's included (0 times an overflowed inf is NaN in the kernel): no gradient
+    bound is NaN (a NaN bound fails every kernel)."""
     import importlib
 
     module = importlib.import_module(f"pallascheck.oracles.{family}")
