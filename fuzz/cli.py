@@ -135,21 +135,29 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
     backend = _available_backend(args.backend)
-    named = args.kernel or ([] if args.resume else list(registry()))
+    # a resumed campaign keeps its tier and kernels: the memory rule below must see them
+    saved = corpus.read_state(args.corpus) if args.resume else None
+    shapes = saved.get("shapes", args.shapes) if saved else args.shapes
+    if args.kernel:
+        named = list(args.kernel)
+    elif args.resume:
+        named = list((saved or {}).get("targets", []))
+    else:
+        named = list(registry())
     missing = verify.not_on(str(backend), [n for n in named if n in registry() or n in bundled_names()])
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
-    if args.shapes == "production" and not args.kernel and named:  # every kernel: those with a production tier
+    if shapes == "production" and not args.kernel and not saved and named:  # every kernel: those with a production tier
         untiered = verify.without_production(named)
         print(f"no production shape tier: {', '.join(untiered) or 'none'}")
         named = [n for n in named if n not in untiered]
-    jobs = args.jobs or campaign.default_jobs(backend, args.shapes)
+    jobs = args.jobs or campaign.default_jobs(backend, shapes)
     if backend.platform != "cpu":
         from pallascheck.properties import production
 
         production.share_devices(-(-jobs // max(campaign.gpu_devices(backend), 1)))  # workers round-robin the GPUs
-        if args.shapes == "production":
+        if shapes == "production":
             named = _fitting(named, backend)
     memory = int(args.memory_gb * 2**30) if args.memory_gb else campaign.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
@@ -161,7 +169,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=jobs,
             targeted=not args.random, dtypes=args.dtype, paths=args.path or (), first_seed=args.seed,
             resume=args.resume, limits=campaign.Limits(args.case_timeout, memory), progress=progress,
-            shapes=args.shapes,
+            shapes=shapes,
         )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None

@@ -74,6 +74,16 @@ def signature(kernel: str, dtype: str, check: str, kind: str, pattern: str) -> s
     return f"{name}-{digest}"
 
 
+def read_state(path: str) -> dict[str, Any] | None:
+    """The campaign state saved in the corpus directory ``path``, None if there is
+    none (the directory is not created)."""
+    try:
+        with open(os.path.join(path, STATE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
 class Corpus:
     """The files of one campaign directory (created if missing)."""
 
@@ -95,11 +105,7 @@ class Corpus:
         return path
 
     def load_state(self) -> dict[str, Any] | None:
-        try:
-            with open(self.file(STATE)) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
+        return read_state(self.path)
 
     def save_state(self, state: dict[str, Any]) -> None:
         """Written to a temporary file and renamed: a kill mid-write keeps the last state."""

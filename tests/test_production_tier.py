@@ -63,6 +63,26 @@ def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(monke
     assert "not checked: gated_linear_unit" in capsys.readouterr().out
 
 
+def test_a_resumed_production_campaign_keeps_to_the_memory_rule(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """``fuzz --resume`` takes the tier and kernels from the saved campaign, so the rule
+    above applies to it too: before, a resumed production GLU campaign on 3 jobs skipped
+    it (the command line's tier is the default, small) and booked the kernel as crashed."""
+    import json
+
+    from pallascheck.fuzz import campaign, cli, corpus
+
+    (tmp_path / corpus.STATE).write_text(json.dumps({"shapes": "production", "targets": ["gated_linear_unit"],
+                                                     "backend": "mosaic_gpu"}))
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)  # an H100 shared by 3 jobs
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
+    monkeypatch.setattr(cli, "_available_backend", lambda name: Backend("mosaic_gpu"))
+    monkeypatch.setattr(campaign, "gpu_devices", lambda backend: 1)
+    with pytest.raises(SystemExit, match="nothing to check"):
+        cli.main(["fuzz", "--resume", "--corpus", str(tmp_path), "--jobs", "3", "--minutes", "1"])
+    assert "not checked: gated_linear_unit: no production layout fits" in capsys.readouterr().out
+
+
 def test_a_spec_without_a_production_tier_says_so() -> None:
     with pytest.raises(ValueError, match="top_k has no production shape tier"):
         runner.tier_cases(get_spec("top_k"), "production")
