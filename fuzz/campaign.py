@@ -184,20 +184,28 @@ class Campaign:
         found = []
         for failure in result["failures"]:
             check = failure["check"]
+            self.retire(pair, check)
             if check == "crash":
                 pattern = crash_pattern(failure["message"].split("\n", 1)[-1])
-                self.retired.add(pair)
             else:
                 pattern = failure["pattern"] or "-"
-                retired = self.retired_checks.setdefault(pair, [])
-                retired += [check] if check not in retired else []
-                if not set(runner.CHECKS) - set(retired):
-                    self.retired.add(pair)
             found.append(self.record(task, "value" if check != "crash" else "crash", check, pattern,
                                      failure["message"], failure["case"], minimised=True,
                                      worst=failure["worst"], budget=failure["budget"]))
         self.log_task(task, result["cases"], result["budgets"], found)
         return found
+
+    def retire(self, pair: tuple[str, str], check: str) -> None:
+        """A failure found by ``check`` is not hunted again for ``pair``: a crash
+        retires the pair, a failing check retires that check (and the pair once every
+        check has failed)."""
+        if check == "crash":
+            self.retired.add(pair)
+            return
+        retired = self.retired_checks.setdefault(pair, [])
+        retired += [check] if check not in retired else []
+        if not set(runner.CHECKS) - set(retired):
+            self.retired.add(pair)
 
     def died(self, task: Task, death: Death) -> dict[str, Any]:
         """Book a task whose worker was lost: its in-flight case is the reproducer."""
@@ -224,6 +232,7 @@ class Campaign:
             except Exception:  # noqa: BLE001 - a case cut off mid-write by the kill: nothing to replay
                 continue
             kind = "crash" if meta["check"] == "crash" else "value"
+            self.retire((task.target, task.dtype), meta["check"])
             found.append(self.record(task, kind, meta["check"], "-", meta["message"], path, minimised=False))
         if found:
             self.log_task(task, 0, {}, found)

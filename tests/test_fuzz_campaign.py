@@ -127,7 +127,8 @@ def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
 def test_a_task_shrinking_past_the_time_is_stopped_and_its_failure_kept(tmp_path, backend, monkeypatch) -> None:
     """A campaign waits OVERRUN_S past its time for the tasks in flight, then stops
     them and books the failures they saved, unminimised (a GPU campaign's shrink ran
-    minutes past its --minutes)."""
+    minutes past its --minutes). The check that found it is retired in the saved state,
+    as a finished task's is, so that a resumed campaign does not hunt it again."""
     backend = _generic(backend)
     monkeypatch.setattr(campaign, "OVERRUN_S", 30.0)
     result = _run(["fuzz_targets:WRONG_THEN_SLOW"], backend, tmp_path, seconds=1)
@@ -135,6 +136,8 @@ def test_a_task_shrinking_past_the_time_is_stopped_and_its_failure_kept(tmp_path
     (found,) = result.new_failures
     assert found["check"] == "values" and not found["minimised"], found
     assert os.path.exists(tmp_path / "failures" / found["signature"] / "case.npz")
+    state = json.loads((tmp_path / "campaign.json").read_text())
+    assert [[found["kernel"], found["dtype"]], ["values"]] in state["retired_checks"], state["retired_checks"]
 
 
 def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> None:
