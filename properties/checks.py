@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -241,6 +241,40 @@ def _leaves(result: Any) -> list[np.ndarray]:
     if isinstance(result, (tuple, list)):
         return [np.asarray(r) for r in result]
     return [np.asarray(result)]
+
+
+def changed_elements(a: Any, b: Any) -> int:
+    """How many elements of ``b`` differ in their bits from ``a``'s (every element where
+    the shapes or dtypes differ)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.size, b.size)
+    a_bytes, b_bytes = (np.ascontiguousarray(x).reshape(-1).view(np.uint8).reshape(x.size, -1) for x in (a, b))
+    return int(np.count_nonzero((a_bytes != b_bytes).any(axis=1)))
+
+
+def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outcome]) -> str:
+    """What ``reruns`` (outputs of the kernel run again on the failing case's inputs,
+    or the exceptions those runs raised) say of a failure: a steady one (the same bits
+    each time), or an output that changes from run to run, which no rounding explains.
+    ``judge`` checks a rerun's output as the failing one was checked."""
+    leaves = _leaves(failing)
+    notes, changed, passed = [], 0, []
+    for again in reruns:
+        if isinstance(again, BaseException):
+            notes.append(f"raised {type(again).__name__}: {again}")
+            continue
+        count = sum(changed_elements(a, b) for a, b in zip(leaves, _leaves(again)))
+        changed += count
+        passed.append(judge(again).passed)
+        notes.append(f"{count} of {sum(a.size for a in leaves)} elements differ from the failing run's bits, "
+                     + ("passes" if passed[-1] else "fails"))
+    said = f"run {len(reruns)} more times on the same inputs: " + "; ".join(notes)
+    if not changed:
+        return f"{said} (a steady failure)" if len(passed) == len(reruns) else said
+    return (f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
+            f"a race in the kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' "
+            f"reruns a saved case)")
 
 
 def check_same_bits(
