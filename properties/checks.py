@@ -273,8 +273,9 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
     if not changed:
         return f"{said} (a steady failure)" if len(passed) == len(reruns) else said
     return (f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
-            f"a race in the kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' "
-            f"reruns a saved case)")
+            f"a read of memory the kernel never wrote (an accumulator or buffer not initialised), a race in the "
+            f"kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' reruns a "
+            f"saved case)")
 
 
 def check_same_bits(
