@@ -345,11 +345,10 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
 # failure is reported. An uninitialised read, a race in a kernel or a fault of the
 # runtime gives an output that changes from run to run (the Mosaic GPU matmul variant
 # that adds a shared-memory tile it never wrote to its sum: every element, every run,
-# on an H100); a failure
-# no replay in a fresh process shows (two GLU production failures on an H100,
-# docs/results.md) can then be told from a steady one. The failure stands either way.
-# The interpreters compute the same bits each time, and rerunning there would cost
-# compiles: they report as before.
+# on an H100); a failure no replay in a fresh process shows (two GLU production
+# failures on an H100, docs/results.md) can then be told from a steady one. The
+# failure stands either way. The interpreters compute the same bits each time, and
+# rerunning there would cost compiles: they report as before.
 RERUNS_ON_FAILURE = 2
 
 

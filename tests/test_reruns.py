@@ -6,6 +6,7 @@ here are plain jax.numpy); the interpreters report as before."""
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 
 import jax
 from jax.experimental import io_callback
@@ -16,11 +17,11 @@ import pytest
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.properties.spec import Case
+from pallascheck.properties.spec import Case, KernelSpec
 from pallascheck.specs import from_reference
 
 
-def _silu_spec(factor: "callable"):
+def _silu_spec(factor: Callable[[], float]) -> KernelSpec:
     """silu whose output is scaled by ``factor()``, read from the host at each run of
     the compiled program: a kernel whose output may change between runs."""
     def kernel(x, interpret=False):
@@ -31,7 +32,7 @@ def _silu_spec(factor: "callable"):
                           dtypes=("float32",))
 
 
-def _values_failure(factor: "callable", backend: Backend) -> str:
+def _values_failure(factor: Callable[[], float], backend: Backend) -> str:
     spec = _silu_spec(factor)
     case = Case({"x": np.random.default_rng(0).standard_normal((8, 32)).astype(np.float32)}, {})
     context = checks.Context("silu", "float32", str(backend))
