@@ -97,6 +97,7 @@ def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Bac
                   config=config, backend=backend)
 
 
+@device_programs.per_layout
 def _oracle(case: Case) -> oracle.GluOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["weights"], activation=case.params["activation"])
 
@@ -105,6 +106,7 @@ def _block_k(config: Any) -> int | None:
     return None if config is None else config.block_k
 
 
+@device_programs.per_layout
 def _bound(case: Case, ref: oracle.GluOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(ref, activation=case.params["activation"], operand_dtype=case.arrays["x"].dtype,
                         arith=arith, block_k=_block_k(config))
@@ -118,11 +120,13 @@ def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backe
     return {"dx": dx, "dweights": dw}
 
 
+@device_programs.per_layout
 def _oracle_vjp(case: Case, ref: oracle.GluOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["weights"], a["cotangent"], activation=case.params["activation"])
 
 
+@device_programs.per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(ref, grads, a["x"], a["weights"], a["cotangent"],
@@ -156,9 +160,8 @@ def make_spec(
     """The GLU spec for ``kernel`` (gated_linear_unit's signature); ``differentiable=False``
     drops the gradient checks. xla_reference's autodiff graph (no rounding of dz,
     two dots summed for dx) is not the kernel's, so only its forward is checked."""
-    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
-    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), device_programs.per_layout(_oracle_vjp),
-                             gradient_bound, contract=any_order_gradient_contract(gradient_bound))
+    gradients = GradientSpec(functools.partial(_kernel_vjp, kernel), _oracle_vjp,
+                             _gradient_bound, contract=any_order_gradient_contract(_gradient_bound))
     return KernelSpec(
         name=name,
         dtypes=DTYPES,
@@ -167,10 +170,10 @@ def make_spec(
         kernel=functools.partial(_run, kernel),
         reference=lambda case: glu.xla_reference(jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]),
                                                  activation=case.params["activation"]),
-        oracle=device_programs.per_layout(_oracle),
+        oracle=_oracle,
         expected=lambda ref: ref.out,
-        bound=bound,
-        contract=any_order_contract(bound),
+        bound=_bound,
+        contract=any_order_contract(_bound),
         configs=lambda case, backend: glu.configs(
             int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["weights"].shape[2], case.arrays["x"].shape[-1],
             backend, itemsize=case.arrays["x"].dtype.itemsize,

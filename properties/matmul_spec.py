@@ -87,6 +87,7 @@ def _reference(case: Case) -> jax.Array:
     )
 
 
+@device_programs.per_layout
 def _oracle(case: Case) -> oracle.MatmulOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["y"], activation=case.params["activation"])
 
@@ -96,6 +97,7 @@ def _block_k(config: Any, case: Case) -> int | None:
     return None if config is None else config.block_k or case.arrays["x"].shape[1]
 
 
+@device_programs.per_layout
 def _bound(case: Case, ref: oracle.MatmulOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref, activation=case.params["activation"], operand_dtype=case.arrays["x"].dtype,
@@ -122,11 +124,13 @@ def _reference_vjp(case: Case) -> dict[str, jax.Array]:
     return _vjp(lambda x, y: matmul.xla_reference(x, y, activation=p["activation"], out_dtype=p["out_dtype"]), case)
 
 
+@device_programs.per_layout
 def _oracle_vjp(case: Case, ref: oracle.MatmulOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["y"], a["cotangent"], activation=case.params["activation"])
 
 
+@device_programs.per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(
@@ -178,10 +182,9 @@ def make_spec(
         return matmul.configs(x.shape[0], y.shape[1], x.shape[1], backend, itemsize=x.dtype.itemsize,
                               out_itemsize=jnp.dtype(case.params["out_dtype"]).itemsize)
 
-    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
     gradients = GradientSpec(
-        functools.partial(_kernel_vjp, kernel), device_programs.per_layout(_oracle_vjp), gradient_bound,
-        reference_vjp=_reference_vjp, contract=any_order_gradient_contract(gradient_bound),
+        functools.partial(_kernel_vjp, kernel), _oracle_vjp, _gradient_bound,
+        reference_vjp=_reference_vjp, contract=any_order_gradient_contract(_gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -190,10 +193,10 @@ def make_spec(
         production=production.production_cases("matmul", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=_reference,
-        oracle=device_programs.per_layout(_oracle),
+        oracle=_oracle,
         expected=lambda ref: ref.out,
-        bound=bound,
-        contract=any_order_contract(bound),
+        bound=_bound,
+        contract=any_order_contract(_bound),
         backends=backends,
         **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,

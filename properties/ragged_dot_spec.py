@@ -123,6 +123,7 @@ def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Bac
     return kernel(*_args(case), config=config, backend=backend)
 
 
+@device_programs.per_layout
 def _oracle(case: Case) -> oracle.RaggedDotOracle:
     a = case.arrays
     return oracle.oracle(a["lhs"], a["rhs"], a["group_sizes"])
@@ -133,6 +134,7 @@ def _block_k(config: Any, case: Case) -> int | None:
     return None if config is None else config.block_k or case.arrays["lhs"].shape[1]
 
 
+@device_programs.per_layout
 def _bound(case: Case, ref: oracle.RaggedDotOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(ref, operand_dtype=case.arrays["lhs"].dtype, arith=arith, block_k=_block_k(config, case))
 
@@ -144,11 +146,13 @@ def _vjp(fn: Callable[..., jax.Array], case: Case) -> dict[str, jax.Array]:
     return {"dlhs": dlhs, "drhs": drhs}
 
 
+@device_programs.per_layout
 def _oracle_vjp(case: Case, ref: oracle.RaggedDotOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["lhs"], a["rhs"], a["group_sizes"], a["cotangent"])
 
 
+@device_programs.per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(ref, grads, a["lhs"], a["rhs"], a["cotangent"],
@@ -200,12 +204,11 @@ def make_spec(
         return ragged_dot.configs(lhs.shape[0], rhs.shape[2], lhs.shape[1], backend,
                                   itemsize=lhs.dtype.itemsize, groups=rhs.shape[0])
 
-    bound, gradient_bound = device_programs.per_layout(_bound), device_programs.per_layout(_gradient_bound)
     gradients = GradientSpec(
         lambda case, config, backend: _vjp(functools.partial(kernel, config=config, backend=backend), case),
-        device_programs.per_layout(_oracle_vjp), gradient_bound,
+        _oracle_vjp, _gradient_bound,
         reference_vjp=lambda case: _vjp(ragged_dot.xla_reference, case),
-        contract=any_order_gradient_contract(gradient_bound),
+        contract=any_order_gradient_contract(_gradient_bound),
     )
     return KernelSpec(
         name=name,
@@ -214,10 +217,10 @@ def make_spec(
         production=production.production_cases("ragged_dot", cases, domain),
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
-        oracle=device_programs.per_layout(_oracle),
+        oracle=_oracle,
         expected=lambda ref: ref.out,
-        bound=bound,
-        contract=any_order_contract(bound),
+        bound=_bound,
+        contract=any_order_contract(_bound),
         backends=backends,
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,
