@@ -2,7 +2,7 @@
 hang or crash, keep every finding once, and resume where the last run stopped.
 
 A campaign runs tasks (one Hypothesis run of ``examples`` examples of one arm, each
-checking ``runner.CASES_PER_LAYOUT`` cases) in
+one compiled layout checking ``runner.layout_cases`` cases, or ``layout_cases``) in
 worker processes (``workers``), ``jobs`` at a time. Targeted (the default), each
 task reports every check's budget used (error / bound) to ``hypothesis.target``,
 and a bandit (``bandit``) over (kernel, dtype), input kind and config slot spends
@@ -78,6 +78,7 @@ class Campaign:
     def __init__(
         self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
         dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool, shapes: str = "small",
+        layout_cases: int | None = None,
     ):
         targets.add_paths(paths)
         targets.check_names(targets_)  # before the corpus directory is created
@@ -109,6 +110,8 @@ class Campaign:
         if untiered:
             raise ValueError(f"no production shape tier: {', '.join(untiered)} (leave them out, or fuzz them at "
                              f"--shapes small)")
+        # cases per compiled layout: the one given, else the saved campaign's, else the tier's
+        self.layout_cases = layout_cases if layout_cases is not None else state.get("layout_cases")
         self.targeted = targeted
         self.rng = random.Random(first_seed)
         self.bandit = bandit.Bandit(self.pairs, self.rng)
@@ -143,7 +146,7 @@ class Campaign:
             "version": STATE_VERSION, "backend": str(self.backend), "jax": jax.__version__,
             "started": self.started, "seconds": self.elapsed(), "targeted": self.targeted,
             "targets": self.targets, "dtypes": self.dtypes, "paths": self.paths, "examples": self.examples,
-            "shapes": self.shapes,
+            "shapes": self.shapes, "layout_cases": self.layout_cases,
             "next_seed": self.seed, "cases": self.cases, "arms": arms, "bandit": self.bandit.state(),
             "retired": [list(p) for p in sorted(self.retired)],
             "retired_checks": [[list(p), c] for p, c in sorted(self.retired_checks.items())],
@@ -173,7 +176,8 @@ class Campaign:
         self.tasks_started[pair] += 1
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes)
+        return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes,
+                    self.layout_cases)
 
     def finish(self, task: Task, result: dict[str, Any]) -> list[dict[str, Any]]:
         """Book a finished task; returns the records of the failures it found, each
@@ -291,10 +295,12 @@ def run(
     stop_on_first: bool = False,
     progress: Callable[[str], None] | None = None,
     shapes: str = "small",
+    layout_cases: int | None = None,
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
     ``jobs`` worker processes; ``examples`` Hypothesis examples per task, drawn from
-    the ``shapes`` tier. ``stop_on_first``: stop at the first failure
+    the ``shapes`` tier, each checking ``layout_cases`` cases of one compiled layout
+    (None: ``runner.layout_cases``). ``stop_on_first``: stop at the first failure
     (time-to-first-failure measurements)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
@@ -302,8 +308,10 @@ def run(
         raise ValueError(f"examples must be >= 1, got {examples!r}")
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
+    if layout_cases is not None and layout_cases < 1:
+        raise ValueError(f"cases per layout (--cases) must be >= 1, got {layout_cases!r}")
     campaign = Campaign(targets_, backend, corpus, examples=examples, targeted=targeted, dtypes=dtypes,
-                        paths=paths, first_seed=first_seed, resume=resume, shapes=shapes)
+                        paths=paths, first_seed=first_seed, resume=resume, shapes=shapes, layout_cases=layout_cases)
     result = CampaignResult()
     setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
     devices = gpu_devices(backend)

@@ -169,7 +169,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             named, backend, args.corpus, seconds=60.0 * args.minutes, examples=args.examples, jobs=jobs,
             targeted=not args.random, dtypes=args.dtype, paths=args.path or (), first_seed=args.seed,
             resume=args.resume, limits=campaign.Limits(args.case_timeout, memory), progress=progress,
-            shapes=shapes,
+            shapes=shapes, layout_cases=args.cases,
         )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
@@ -464,6 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "per GPU; the workers take the GPUs in turn, each seeing its own)")
     fuzz.add_argument("--examples", type=int, default=8,
                       help=_examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT))
+    fuzz.add_argument("--cases", type=int, default=None,
+                      help="cases per Hypothesis example, all of its one compiled layout (default: as --examples "
+                           "says). A layout's first case pays its compiles (about 15 s at --shapes production on "
+                           "an H100) and each later one about a second there: more cases per layout is a soak's "
+                           "volume, fewer is more layouts and configs per minute (a search). A resumed campaign "
+                           "keeps its own unless given")
     fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
     _add_target_options(fuzz, "a registered name, or MODULE:NAME for a KernelSpec (or a VARIANTS entry) of an "
                               "importable module (see --path)")

@@ -41,6 +41,7 @@ class Task:
     checks: tuple[str, ...]
     targeted: bool
     shapes: str = "small"  # the shape tier (runner.SHAPE_TIERS)
+    cases: int | None = None  # cases per example (per compiled layout); None: the backend's and tier's
 
 
 @dataclasses.dataclass
@@ -229,7 +230,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
         tally = runner.run_property(
             spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
             shrink=True, failure_dir=failure_dir, search=search, shapes=task.shapes,
-            cases_per_layout=runner.layout_cases(backend, task.shapes, campaign=True),
+            cases_per_layout=task.cases or runner.layout_cases(backend, task.shapes, campaign=True),
         )
     # Shrinking saves each failing attempt under its check; the last one written is the
     # minimal case. Each distinct failure (Hypothesis may report several) is its own record.

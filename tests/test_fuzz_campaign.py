@@ -165,13 +165,19 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["fuzz", "--help"])
     help_text = capsys.readouterr().out
-    for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random"):
+    for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random", "--cases"):
         assert flag in help_text
     argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "1",
             "--jobs", "1", "--corpus", str(tmp_path)]
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
-    assert event["outcome"] == "pass" and event["cases"] == 2
+    assert event["outcome"] == "pass" and event["cases"] == runner.CASES_PER_LAYOUT
+    # --cases: that many value draws per layout, kept by a resumed campaign that names none
+    assert cli.main(argv + ["--resume", "--cases", "3"]) == 0
+    assert cli.main(argv + ["--resume"]) == 0
+    assert [e["cases"] for e in _lines(tmp_path / "events.jsonl")[1:]] == [3, 3]
+    with pytest.raises(SystemExit, match="--cases"):
+        cli.main(["fuzz", "--kernel", "rms_norm", "--cases", "0", "--corpus", str(tmp_path / "other")])
 
 
 def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
