@@ -253,11 +253,12 @@ def changed_elements(a: Any, b: Any) -> int:
     return int(np.count_nonzero((a_bytes != b_bytes).any(axis=1)))
 
 
-def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outcome]) -> str:
+def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outcome], device: str | None = None) -> str:
     """What ``reruns`` (outputs of the kernel run again on the failing case's inputs,
     or the exceptions those runs raised) say of a failure: a steady one (the same bits
     each time), or an output that changes from run to run, which no rounding explains.
-    ``judge`` checks a rerun's output as the failing one was checked."""
+    ``judge`` checks a rerun's output as the failing one was checked; ``device`` names
+    the GPU they ran on (properties/device_identity.py)."""
     leaves = _leaves(failing)
     notes, changed, passed = [], 0, []
     for again in reruns:
@@ -272,10 +273,12 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
     said = f"run {len(reruns)} more times on the same inputs: " + "; ".join(notes)
     if not changed:
         return f"{said} (a steady failure)" if len(passed) == len(reruns) else said
+    where = (f" It ran on {device}: failures like this one that gather on one GPU, and pass on others, point at "
+             f"that device.") if device else ""
     return (f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
             f"a read of memory the kernel never wrote (an accumulator or buffer not initialised), a race in the "
             f"kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' reruns a "
-            f"saved case)")
+            f"saved case).{where}")
 
 
 def check_same_bits(

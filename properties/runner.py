@@ -27,7 +27,7 @@ from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
 
-from . import checks, layout_programs, strategies
+from . import checks, device_identity, layout_programs, strategies
 from .spec import Case, KernelSpec
 
 CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
@@ -370,7 +370,8 @@ def _rerun_on_failure(check: Callable[[], checks.Outcome], backend: Backend, *, 
                     reruns.append(rerun())
                 except Exception as err:  # noqa: BLE001 - reported with the failure it would otherwise hide
                     reruns.append(err)
-            note = checks.rerun_note(failing(), reruns, judge)
+            note = checks.rerun_note(failing(), reruns, judge,
+                                     device=device_identity.describe(jax.devices()[0]))  # where hardware checks run
             outcome = dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}")
             raise checks.CheckFailure(outcome, failure.context) from failure
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, runner
+from pallascheck.properties import checks, device_identity, runner
 from pallascheck.properties.spec import Case, KernelSpec
 from pallascheck.specs import from_reference
 
@@ -75,3 +75,13 @@ def test_a_rerun_that_raises_is_reported_not_hidden() -> None:
                              lambda out: checks.Outcome("values", False, 2.0, ""))
     assert "0 of 3 elements differ from the failing run's bits, fails; raised RuntimeError: device lost" in note
     assert "steady" not in note
+
+
+def test_an_output_that_changes_names_the_gpu_it_ran_on() -> None:
+    # Faults of one device show as failures that gather on its UUID and pass elsewhere.
+    gpu = "NVIDIA H100 80GB HBM3 GPU-5ca491d2-4aa1-2703-e315-0520c4bbe0f8 at PCI 0000:00:06.0"
+    judge = lambda out: checks.Outcome("values", bool(np.all(out == 1)), 0.0, "")
+    note = checks.rerun_note(np.zeros(3), [np.ones(3), np.ones(3)], judge, device=gpu)
+    assert f"It ran on {gpu}: failures like this one that gather on one GPU" in note
+    assert gpu not in checks.rerun_note(np.zeros(3), [np.zeros(3)], judge, device=gpu)  # steady: not the device's
+    assert device_identity.describe(jax.devices("cpu")[0]) is None  # no GPU: nothing to name
