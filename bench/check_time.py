@@ -20,47 +20,60 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties.spec import Case, KernelSpec, get_spec
 
 
-def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases: int, seed: int = 0) -> dict[str, Any]:
-    spec = get_spec(kernel)
-    if spec.production is None:
-        raise ValueError(f"{kernel} has no production shape tier")
-    strategy = spec.production(dtype, backend, layout=layout)
-    rows: list[dict[str, Any]] = []
+def layout_cases(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None, cases: int,
+                 shapes: str = "production") -> list[Case]:
+    """``cases`` distinct cases of one layout of the ``shapes`` tier (at production,
+    the layout whose name contains ``layout``; None: the first drawn): one Hypothesis
+    example, as the cases of one example of verify and fuzz share a layout (shapes,
+    static parameters: strategies.layout). Hypothesis first tries its simplest
+    example, in which every case draws the same seed: a repeated case rejects the
+    example, and the next one is drawn at random."""
+    if layout is not None and shapes != "production":
+        raise ValueError(f"layout names a production layout; at --shapes {shapes} leave it out")
+    strategy = (spec.production(dtype, backend, layout=layout) if shapes == "production"
+                else runner.tier_cases(spec, shapes)(dtype, backend))
+    found: list[Case] = []
 
-    # One Hypothesis example of distinct cases sharing a layout (shapes, static
-    # parameters: strategies.layout), as the cases of one example of verify and fuzz do.
-    # Hypothesis first tries its simplest example, in which every case draws the same
-    # seed: a repeated case rejects the example, and the next one is drawn at random.
     @settings(max_examples=1, database=None, deadline=None, phases=[Phase.generate], derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def one(data: st.DataObject) -> None:
-        config = spec.default_config_for(backend)
-        context = checks.Context(kernel=kernel, dtype=dtype, backend=str(backend))
-        start = time.perf_counter()
-        drawn: dict[tuple[str, ...], Any] = {}
+        drawn: dict[tuple[str, ...], Case] = {}
         for _ in range(cases):
             case = data.draw(strategy)
             key = runner.fingerprint(case)
             assume(key not in drawn)
             drawn[key] = case
-        print(f"{cases} cases drawn in {time.perf_counter() - start:.1f} s", flush=True)
-        for case in drawn.values():
-            start = time.perf_counter()
-            tally = runner.check_case(spec, case, config, backend, context=context,
-                                      selected=runner.tier_checks(runner.CHECKS, "production"))
-            seconds = time.perf_counter() - start
-            row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
-                   "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
-                   "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
-            rows.append(row)
-            print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
-                  + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
+        found[:] = drawn.values()
 
     one()
+    return found
+
+
+def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases: int) -> dict[str, Any]:
+    spec = get_spec(kernel)
+    if spec.production is None:
+        raise ValueError(f"{kernel} has no production shape tier")
+    config = spec.default_config_for(backend)
+    context = checks.Context(kernel=kernel, dtype=dtype, backend=str(backend))
+    start = time.perf_counter()
+    drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases)
+    print(f"{cases} cases drawn in {time.perf_counter() - start:.1f} s", flush=True)
+    rows: list[dict[str, Any]] = []
+    for case in drawn:
+        start = time.perf_counter()
+        tally = runner.check_case(spec, case, config, backend, context=context,
+                                  selected=runner.tier_checks(runner.CHECKS, "production"))
+        seconds = time.perf_counter() - start
+        row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
+               "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
+               "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
+        rows.append(row)
+        print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
+              + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
     stats = jax.devices(backend.platform)[0].memory_stats() or {}
     later = [r["seconds"] for r in rows[1:]]
     return {"kernel": kernel, "dtype": dtype, "backend": str(backend), "device": jax.devices(backend.platform)[0].device_kind,

@@ -305,6 +305,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         return 0
+    if args.dispatch_stress:
+        from pallascheck.bench import dispatch_stress
+
+        backend = _available_backend(args.backend or "mosaic_gpu")
+        from pallascheck.properties.spec import get_spec
+
+        try:
+            result = dispatch_stress.run(
+                get_spec(args.dispatch_stress), backend, dtype=args.dtype, layout=args.layout, cases=args.cases,
+                seconds=args.seconds, threads=args.threads, shapes=args.shapes, device_inputs=args.device_inputs,
+                reference=args.reference)
+        except ValueError as err:
+            raise SystemExit(f"pallascheck: {err}") from None
+        print(f"{result['kernel']} {result['dtype']} on {result['device']} (jax {result['jax']}), {result['shapes']}:")
+        for name, calls in result["calls"].items():
+            print(f"  {name}: {calls} calls" + (" alongside" if name == "oracle" else
+                                                f", {result['mismatches'][name]} whose bits differ from the call alone"))
+        for note in result["notes"]:
+            print(f"  {note}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 1 if any(result["mismatches"].values()) else 0
     if args.harness:
         from pallascheck.bench import harness
 
@@ -500,15 +523,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", default=None, help=f"one of {NAMES} (default mosaic_gpu; with --time-to-find: "
                        "the CPU interpreters each variant is written for, interpret or mosaic_gpu_interpret)")
     bench.add_argument("--shapes", choices=runner.SHAPE_TIERS, default="small",
-                       help="with --time-to-find: the shape tier the campaigns draw from (production: a GPU backend)")
+                       help="with --time-to-find: the shape tier the campaigns draw from; with --dispatch-stress: "
+                            "the tier of its layout (production: a GPU backend)")
     bench.add_argument("--op", action="append", help="only this op family (repeatable); default all")
     bench.add_argument("--json", help="also write the results as JSON")
     bench.add_argument("--harness", action="store_true", help="time the harness itself: pytest, cold and warm verify")
     bench.add_argument("--check-time", metavar="KERNEL",
                        help="time checking production cases of KERNEL (every check, as verify runs them; GPU)")
-    bench.add_argument("--layout", help="with --check-time: the production layout whose name contains this")
-    bench.add_argument("--dtype", default="bfloat16", help="with --check-time: the dtype")
-    bench.add_argument("--cases", type=int, default=4, help="with --check-time: cases of the one layout")
+    bench.add_argument("--dispatch-stress", metavar="KERNEL",
+                       help="call KERNEL's forward and VJP on cases of one layout from --threads threads at once, "
+                            "beside its float64 oracle, for --seconds, and count the calls whose bits differ from "
+                            "the same call alone (0 for a deterministic kernel on a sound runtime and device; GPU)")
+    bench.add_argument("--threads", type=int, default=3, help="with --dispatch-stress: threads calling the kernel")
+    bench.add_argument("--seconds", type=float, default=60.0, help="with --dispatch-stress: how long")
+    bench.add_argument("--device-inputs", action="store_true",
+                       help="with --dispatch-stress: inputs placed on the device once, not copied from the host "
+                            "at every call")
+    bench.add_argument("--reference", action="store_true",
+                       help="with --dispatch-stress: stress the spec's XLA reference instead of the kernel")
+    bench.add_argument("--layout", help="with --check-time or --dispatch-stress --shapes production: the production "
+                       "layout whose name contains this")
+    bench.add_argument("--dtype", default="bfloat16", help="with --check-time or --dispatch-stress: the dtype")
+    bench.add_argument("--cases", type=int, default=4, help="with --check-time or --dispatch-stress: cases of the "
+                       "one layout")
     bench.add_argument("--no-pytest", action="store_true", help="with --harness: time verify only")
     bench.add_argument("--tolerance-rules", action="store_true",
                        help="kills, misses and false alarms of the contract, the implementation bound and torch's and "

@@ -1,0 +1,116 @@
+"""``pallascheck bench --dispatch-stress KERNEL``: the kernel's outputs under
+concurrent dispatch, compared bit for bit with the same calls made alone.
+
+A check on hardware runs the kernel's forward and VJP and the float64 oracle programs
+from several threads at once (runner.py), each call copying its inputs from the host.
+Production soaks on H100s saw rare failures whose output changed between runs on the
+same inputs and passed when the campaign's draws were replayed; a script doing what
+this command does reproduced them outside the harness (docs/results.md). This draws
+``cases`` cases of one layout (bench/check_time.py), computes each one's outputs
+alone (the reference bits), then for ``seconds`` calls them from ``threads`` threads
+at once, beside one thread running the cases' oracle program on the device, and counts
+the calls whose bits differ. A deterministic kernel on a sound runtime and device
+gives 0. ``device_inputs`` places the inputs on the device once (no host copy per
+call); ``reference`` stresses the spec's XLA reference instead of the kernel: with
+the other runs, they tell a fault of the kernel from one of the runtime or device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import numeric
+from pallascheck.properties import checks, device_identity, layout_programs
+from pallascheck.properties.spec import Case, KernelSpec
+
+from .check_time import layout_cases
+
+
+def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, Callable[[Case], Any]]:
+    """The calls stressed, by name: the kernel's forward and VJP (or the XLA
+    reference's), each one compiled program per layout, as the checks call them."""
+    config = spec.default_config_for(backend)
+
+    def call(fn: Callable[..., Any], *statics: Any) -> Callable[[Case], Any]:
+        def run(case: Case) -> Any:
+            with numeric.kernel_side():
+                return jax.tree_util.tree_map(np.asarray, layout_programs.call(fn, backend, case, *statics))
+        return run
+
+    if reference:
+        found = {"forward": call(spec.reference)}
+        if spec.gradients is not None and spec.gradients.reference_vjp is not None:
+            found["vjp"] = call(spec.gradients.reference_vjp)
+        return found
+    found = {"forward": call(spec.kernel, config, backend)}
+    if spec.gradients is not None:
+        found["vjp"] = call(spec.gradients.kernel_vjp, config, backend)
+    return found
+
+
+def _changed(got: Any, want: Any) -> int:
+    return sum(checks.changed_elements(a, b) for a, b in
+               zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True))
+
+
+def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
+        seconds: float = 60.0, threads: int = 3, shapes: str = "production", device_inputs: bool = False,
+        reference: bool = False) -> dict[str, Any]:
+    """Stress ``spec``'s calls on ``backend`` (module docstring); returns the calls and
+    mismatches per call, the first mismatches' descriptions, and the device."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads!r}")
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases, shapes=shapes)
+    with backend.placement():
+        if device_inputs:
+            drawn = [dataclasses.replace(c, arrays={k: jax.device_put(v) for k, v in c.arrays.items()}) for c in drawn]
+        programs = _programs(spec, backend, reference)
+        wanted = {(name, i): fn(case) for name, fn in programs.items() for i, case in enumerate(drawn)}
+        oracle_device = None if backend.is_interpreted else jax.devices(backend.platform)[0]
+        counts = {name: [0, 0] for name in programs} | {"oracle": [0, 0]}
+        notes: list[str] = []
+        lock = threading.Lock()
+        end = time.monotonic() + seconds
+
+        def stress(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.monotonic() < end:
+                name, i = rng.choice(sorted(programs)), rng.randrange(len(drawn))
+                with backend.placement():  # the thread's own: JAX's default device is per thread
+                    changed = _changed(programs[name](drawn[i]), wanted[name, i])
+                with lock:
+                    counts[name][0] += 1
+                    if changed:
+                        counts[name][1] += 1
+                        notes.append(f"{name} of case {i}: {changed} elements differ from its bits alone")
+
+        def oracle() -> None:
+            while time.monotonic() < end:
+                case = drawn[random.randrange(len(drawn))]
+                with backend.placement(), (numeric.on_device(oracle_device) if oracle_device is not None
+                                           else numeric.kernel_side()):
+                    jax.block_until_ready(spec.oracle(case))
+                with lock:
+                    counts["oracle"][0] += 1
+
+        workers = [threading.Thread(target=stress, args=(n,)) for n in range(threads)]
+        workers.append(threading.Thread(target=oracle))
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    device = jax.devices(backend.platform)[0]
+    return {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "jax": jax.__version__,
+            "device": device_identity.describe(device) or device.device_kind, "shapes": drawn[0].describe()[:160],
+            "seconds": seconds, "threads": threads, "device_inputs": device_inputs, "reference": reference,
+            "calls": {k: v[0] for k, v in counts.items()}, "mismatches": {k: v[1] for k, v in counts.items()},
+            "notes": notes[:20]}

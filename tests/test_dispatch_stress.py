@@ -1,0 +1,57 @@
+"""``pallascheck bench --dispatch-stress``: a kernel called from several threads at
+once gives the bits it gives alone, or the command counts the calls that do not."""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import jax
+from jax.experimental import io_callback
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallascheck.bench import dispatch_stress
+from pallascheck.fuzz import cli
+from pallascheck.kernels.backends import Backend
+from pallascheck.specs import from_reference
+
+
+def _scaled_silu(scales) -> object:
+    """silu times ``next(scales)``, read from the host at every call."""
+    lock = threading.Lock()
+
+    def factor() -> np.float32:
+        with lock:
+            return np.float32(next(scales))
+
+    def kernel(x, interpret=False):
+        scale = io_callback(factor, jax.ShapeDtypeStruct((), jnp.float32))
+        return x * jax.nn.sigmoid(x) * scale
+
+    return from_reference(kernel, lambda x: x * jax.nn.sigmoid(x), name="silu", inputs={"x": (8, 32)},
+                          dtypes=("float32",), differentiable=False)
+
+
+def test_calls_that_change_under_concurrency_are_counted() -> None:
+    # right, except every 7th call: the calls alone (one per case) are right
+    spec = _scaled_silu(1.5 if n % 7 == 6 else 1.0 for n in itertools.count())
+    result = dispatch_stress.run(spec, Backend("interpret"), dtype="float32", cases=2, seconds=1.0, threads=2,
+                                 shapes="small")
+    calls, bad = result["calls"]["forward"], result["mismatches"]["forward"]
+    assert calls > 20 and 0 < bad < calls, result
+    assert result["notes"][0].endswith("256 elements differ from its bits alone")
+
+
+def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys) -> None:
+    spec = _scaled_silu(itertools.repeat(1.0))
+    result = dispatch_stress.run(spec, Backend("interpret"), dtype="float32", cases=2, seconds=0.5, threads=2,
+                                 shapes="small", device_inputs=True)
+    assert result["calls"]["forward"] > 0 and result["mismatches"] == {"forward": 0, "oracle": 0}
+    argv = ["bench", "--dispatch-stress", "rms_norm", "--backend", "interpret", "--dtype", "float32",
+            "--seconds", "1", "--threads", "2", "--cases", "2"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "whose bits differ from the call alone" in out and "oracle:" in out
+    with pytest.raises(SystemExit, match="threads must be >= 1"):
+        cli.main(argv[:-4] + ["--threads", "0"])
