@@ -69,6 +69,8 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
         raise ValueError(f"threads must be >= 1, got {threads!r}")
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    if cases < 1:
+        raise ValueError(f"cases must be >= 1, got {cases!r}")
     drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases, shapes=shapes)
     with backend.placement():
         if device_inputs:

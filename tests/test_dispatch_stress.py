@@ -55,3 +55,5 @@ def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys
     assert "whose bits differ from the call alone" in out and "oracle:" in out
     with pytest.raises(SystemExit, match="threads must be >= 1"):
         cli.main(argv[:-4] + ["--threads", "0"])
+    with pytest.raises(SystemExit, match="cases must be >= 1"):
+        cli.main(argv[:-2] + ["--cases", "0"])
