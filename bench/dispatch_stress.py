@@ -55,11 +55,6 @@ def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, 
     return found
 
 
-def _changed(got: Any, want: Any) -> int:
-    return sum(checks.changed_elements(a, b) for a, b in
-               zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True))
-
-
 def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
         seconds: float = 60.0, threads: int = 3, shapes: str = "production", device_inputs: bool = False,
         reference: bool = False) -> dict[str, Any]:
@@ -88,7 +83,7 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
             while time.monotonic() < end:
                 name, i = rng.choice(sorted(programs)), rng.randrange(len(drawn))
                 with backend.placement():  # the thread's own: JAX's default device is per thread
-                    changed = _changed(programs[name](drawn[i]), wanted[name, i])
+                    changed = checks.changed_bits(wanted[name, i], programs[name](drawn[i]))
                 with lock:
                     counts[name][0] += 1
                     if changed:

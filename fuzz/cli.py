@@ -307,10 +307,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.dispatch_stress:
         from pallascheck.bench import dispatch_stress
-
-        backend = _available_backend(args.backend or "mosaic_gpu")
         from pallascheck.properties.spec import get_spec
 
+        backend = _available_backend(args.backend or "mosaic_gpu")
         try:
             result = dispatch_stress.run(
                 get_spec(args.dispatch_stress), backend, dtype=args.dtype, layout=args.layout, cases=args.cases,

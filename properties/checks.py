@@ -253,6 +253,13 @@ def changed_elements(a: Any, b: Any) -> int:
     return int(np.count_nonzero((a_bytes != b_bytes).any(axis=1)))
 
 
+def changed_bits(a: Any, b: Any) -> int:
+    """``changed_elements`` over a check's whole result (an array, or a mapping or
+    sequence of them, as ``_leaves`` takes it): how many elements of ``b`` differ in
+    their bits from ``a``'s."""
+    return sum(changed_elements(x, y) for x, y in zip(_leaves(a), _leaves(b)))
+
+
 def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outcome], device: str | None = None) -> str:
     """What ``reruns`` (outputs of the kernel run again on the failing case's inputs,
     or the exceptions those runs raised) say of a failure: a steady one (the same bits
@@ -265,7 +272,7 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
         if isinstance(again, BaseException):
             notes.append(f"raised {type(again).__name__}: {again}")
             continue
-        count = sum(changed_elements(a, b) for a, b in zip(leaves, _leaves(again)))
+        count = changed_bits(failing, again)
         changed += count
         passed.append(judge(again).passed)
         notes.append(f"{count} of {sum(a.size for a in leaves)} elements differ from the failing run's bits, "
