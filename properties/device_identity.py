@@ -3,13 +3,13 @@ explains.
 
 A failure whose output changes between runs on the same inputs (runner.py reruns
 every failing hardware check) may be the kernel's race or the device's fault. The two
-part ways across runs: a race may fail on any GPU, a faulty device only on itself. On an
-H100, one production soak failed twice (an attention output NaN in a quarter of its
+part ways across runs: a race may fail on any GPU, a faulty device only on itself. On
+an H100, one production soak failed twice (an attention output NaN in a quarter of its
 elements on the first run and right on the two reruns; a GLU output 202 times its
-bound), and the same campaign, replayed with the same draws on two other H100s, passed
-every case (docs/results.md). So the report names the GPU: its model, UUID and PCI
-bus, as nvidia-smi prints them, read from the CUDA driver by the device's ordinal
-(JAX's ``local_hardware_id``, under the process's CUDA_VISIBLE_DEVICES).
+bound), and the same campaign, replayed with the same draws on two fresh machines (two
+GPUs), passed every case (docs/results.md). So the report names the GPU: its model,
+UUID and PCI bus, as nvidia-smi prints them, read from the CUDA driver by the device's
+ordinal (JAX's ``local_hardware_id``, under the process's CUDA_VISIBLE_DEVICES).
 """
 from __future__ import annotations
 
