@@ -55,6 +55,18 @@ def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, 
     return found
 
 
+def _whose(got: Any, others: dict[int, Any]) -> str:
+    """Which other case's bits alone a wrong output comes closest to. A call that
+    returns another case's output bit for bit was given that case's buffers (the
+    runtime's or the launch's fault); one near none of them computed something else."""
+    if not others:
+        return ""
+    j, off = min(((j, checks.changed_bits(bits, got)) for j, bits in others.items()), key=lambda jo: jo[1])
+    if off == 0:
+        return f"; they are case {j}'s bits alone, exactly"
+    return f"; the nearest other case, {j}, differs in {off}"
+
+
 def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
         seconds: float = 60.0, threads: int = 3, shapes: str = "production", device_inputs: bool = False,
         reference: bool = False) -> dict[str, Any]:
@@ -83,12 +95,14 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
             while time.monotonic() < end:
                 name, i = rng.choice(sorted(programs)), rng.randrange(len(drawn))
                 with backend.placement():  # the thread's own: JAX's default device is per thread
-                    changed = checks.changed_bits(wanted[name, i], programs[name](drawn[i]))
+                    got = programs[name](drawn[i])
+                changed = checks.changed_bits(wanted[name, i], got)
                 with lock:
                     counts[name][0] += 1
                     if changed:
                         counts[name][1] += 1
-                        notes.append(f"{name} of case {i}: {changed} elements differ from its bits alone")
+                        notes.append(f"{name} of case {i}: {changed} elements differ from its bits alone"
+                                     + _whose(got, {j: wanted[name, j] for j in range(len(drawn)) if j != i}))
 
         def oracle() -> None:
             while time.monotonic() < end:

@@ -41,7 +41,17 @@ def test_calls_that_change_under_concurrency_are_counted() -> None:
                                  shapes="small")
     calls, bad = result["calls"]["forward"], result["mismatches"]["forward"]
     assert calls > 20 and 0 < bad < calls, result
-    assert result["notes"][0].endswith("256 elements differ from its bits alone")
+    assert "256 elements differ from its bits alone; the nearest other case, " in result["notes"][0]
+
+
+def test_a_wrong_call_is_traced_to_the_case_whose_bits_it_returned() -> None:
+    # a call handed another case's buffers returns that case's output exactly
+    alone = {0: np.array([[-1.0, -1.0, -1.0], [0.0, 1.0, 2.0]]), 1: np.ones((2, 3)), 2: -np.ones((2, 3))}
+    assert dispatch_stress._whose(alone[2], {0: alone[0], 1: alone[1]}) == "; the nearest other case, 0, differs in 3"
+    wrong = {"out": alone[1], "grad": alone[1][0]}
+    others = {j: {"out": a, "grad": a[0]} for j, a in alone.items() if j != 2}
+    assert dispatch_stress._whose(wrong, others) == "; they are case 1's bits alone, exactly"
+    assert dispatch_stress._whose(alone[0], {}) == ""
 
 
 def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys) -> None:
