@@ -32,6 +32,8 @@ from pallascheck.properties.spec import Case, KernelSpec
 
 from .check_time import layout_cases
 
+TRACED = 8  # wrong outputs kept and traced (_trace); the rest are counted
+
 
 def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, Callable[[Case], Any]]:
     """The calls stressed, by name: the kernel's forward and VJP (or the XLA
@@ -55,16 +57,30 @@ def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, 
     return found
 
 
-def _whose(got: Any, others: dict[int, Any]) -> str:
-    """Which other case's bits alone a wrong output comes closest to. A call that
-    returns another case's output bit for bit was given that case's buffers (the
-    runtime's or the launch's fault); one near none of them computed something else."""
+def _nearest(got: Any, candidates: dict[str, Any]) -> tuple[str, int]:
+    """The candidate (a description and its bits) ``got`` is closest to, and how many
+    elements differ from it."""
+    return min(((said, checks.changed_bits(bits, got)) for said, bits in candidates.items()), key=lambda so: so[1])
+
+
+def _trace(got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[str, int], Any],
+           program: Callable[[Case], Any]) -> str:
+    """Whose bits a wrong output of call ``name`` on case ``i`` are. First the other
+    cases' outputs alone: a call that returns one of them bit for bit was handed that
+    case's buffers. Then case ``i`` with one input taken from another case, each run
+    alone: a match says which input the call read from another call's transfer.
+    Neither: the call computed something else (a partial or corrupted input, or a
+    wrong output)."""
+    others = {f"case {j}'s bits alone": wanted[name, j] for j in range(len(drawn)) if j != i}
     if not others:
         return ""
-    j, off = min(((j, checks.changed_bits(bits, got)) for j, bits in others.items()), key=lambda jo: jo[1])
-    if off == 0:
-        return f"; they are case {j}'s bits alone, exactly"
-    return f"; the nearest other case, {j}, differs in {off}"
+    said, off = _nearest(got, others)
+    if off:
+        mixed = {f"the bits of case {i} with its {k} from case {j}":
+                 program(dataclasses.replace(drawn[i], arrays={**drawn[i].arrays, k: drawn[j].arrays[k]}))
+                 for j in range(len(drawn)) if j != i for k in drawn[i].arrays}
+        said, off = _nearest(got, {said: others[said]} | mixed) if mixed else (said, off)
+    return f"; they are {said}, exactly" if off == 0 else f"; nearest: {said}, which differs in {off}"
 
 
 def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
@@ -86,7 +102,7 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
         wanted = {(name, i): fn(case) for name, fn in programs.items() for i, case in enumerate(drawn)}
         oracle_device = None if backend.is_interpreted else jax.devices(backend.platform)[0]
         counts = {name: [0, 0] for name in programs} | {"oracle": [0, 0]}
-        notes: list[str] = []
+        wrong: list[tuple[str, int, Any, int]] = []  # the first TRACED wrong outputs, traced after the stress
         lock = threading.Lock()
         end = time.monotonic() + seconds
 
@@ -101,8 +117,8 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
                     counts[name][0] += 1
                     if changed:
                         counts[name][1] += 1
-                        notes.append(f"{name} of case {i}: {changed} elements differ from its bits alone"
-                                     + _whose(got, {j: wanted[name, j] for j in range(len(drawn)) if j != i}))
+                        if len(wrong) < TRACED:
+                            wrong.append((name, i, got, changed))
 
         def oracle() -> None:
             while time.monotonic() < end:
@@ -119,9 +135,11 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
             w.start()
         for w in workers:
             w.join()
+        notes = [f"{name} of case {i}: {changed} elements differ from its bits alone"
+                 + _trace(got, name, i, drawn, wanted, programs[name]) for name, i, got, changed in wrong]
     device = jax.devices(backend.platform)[0]
     return {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "jax": jax.__version__,
             "device": device_identity.describe(device) or device.device_kind, "shapes": drawn[0].describe()[:160],
             "seconds": seconds, "threads": threads, "device_inputs": device_inputs, "reference": reference,
             "calls": {k: v[0] for k, v in counts.items()}, "mismatches": {k: v[1] for k, v in counts.items()},
-            "notes": notes[:20]}
+            "notes": notes}

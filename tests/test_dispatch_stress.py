@@ -14,6 +14,7 @@ import pytest
 from pallascheck.bench import dispatch_stress
 from pallascheck.fuzz import cli
 from pallascheck.kernels.backends import Backend
+from pallascheck.properties.spec import Case
 from pallascheck.specs import from_reference
 
 
@@ -41,17 +42,29 @@ def test_calls_that_change_under_concurrency_are_counted() -> None:
                                  shapes="small")
     calls, bad = result["calls"]["forward"], result["mismatches"]["forward"]
     assert calls > 20 and 0 < bad < calls, result
-    assert "256 elements differ from its bits alone; the nearest other case, " in result["notes"][0]
+    assert "256 elements differ from its bits alone; nearest: " in result["notes"][0]
 
 
-def test_a_wrong_call_is_traced_to_the_case_whose_bits_it_returned() -> None:
-    # a call handed another case's buffers returns that case's output exactly
-    alone = {0: np.array([[-1.0, -1.0, -1.0], [0.0, 1.0, 2.0]]), 1: np.ones((2, 3)), 2: -np.ones((2, 3))}
-    assert dispatch_stress._whose(alone[2], {0: alone[0], 1: alone[1]}) == "; the nearest other case, 0, differs in 3"
-    wrong = {"out": alone[1], "grad": alone[1][0]}
-    others = {j: {"out": a, "grad": a[0]} for j, a in alone.items() if j != 2}
-    assert dispatch_stress._whose(wrong, others) == "; they are case 1's bits alone, exactly"
-    assert dispatch_stress._whose(alone[0], {}) == ""
+def test_a_wrong_call_is_traced_to_the_inputs_whose_output_it_is() -> None:
+    rng = np.random.default_rng(0)
+    drawn = [Case({"x": rng.standard_normal(6), "w": rng.standard_normal(6)}, {}) for _ in range(3)]
+
+    def product(case: Case) -> dict[str, np.ndarray]:
+        return {"out": case.arrays["x"] * case.arrays["w"], "sum": np.sum(case.arrays["x"])}
+
+    wanted = {("forward", i): product(c) for i, c in enumerate(drawn)}
+
+    def trace(got: dict[str, np.ndarray], i: int) -> str:
+        return dispatch_stress._trace(got, "forward", i, drawn, wanted, product)
+
+    # handed another call's buffers: that call's output, exactly
+    assert trace(wanted["forward", 2], 0) == "; they are case 2's bits alone, exactly"
+    # one input from another call's transfer
+    assert trace(product(Case({"x": drawn[0].arrays["x"], "w": drawn[1].arrays["w"]}, {})), 0) == (
+        "; they are the bits of case 0 with its w from case 1, exactly")
+    # neither: the nearest candidate, and by how much (every element of out and the sum)
+    assert trace({"out": np.zeros(6), "sum": np.float64(0)}, 1).endswith(", which differs in 7")
+    assert dispatch_stress._trace(wanted["forward", 0], "forward", 0, drawn[:1], wanted, product) == ""
 
 
 def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys) -> None:
