@@ -2,17 +2,21 @@
 concurrent dispatch, compared bit for bit with the same calls made alone.
 
 A check on hardware runs the kernel's forward and VJP and the float64 oracle programs
-from several threads at once (runner.py), each call copying its inputs from the host.
-Production soaks on H100s saw rare failures whose output changed between runs on the
-same inputs and passed when the campaign's draws were replayed; a script doing what
-this command does reproduced them outside the harness (docs/results.md). This draws
-``cases`` cases of one layout (bench/check_time.py), computes each one's outputs
-alone (the reference bits), then for ``seconds`` calls them from ``threads`` threads
-at once, beside one thread running the cases' oracle program on the device, and counts
-the calls whose bits differ. A deterministic kernel on a sound runtime and device
-gives 0. ``device_inputs`` places the inputs on the device once (no host copy per
-call); ``reference`` stresses the spec's XLA reference instead of the kernel: with
-the other runs, they tell a fault of the kernel from one of the runtime or device.
+from several threads at once (runner.py). Production soaks on H100s saw rare failures
+whose output changed between runs on the same inputs and passed when the campaign's
+draws were replayed. This draws ``cases`` cases of one layout (bench/check_time.py),
+computes each one's outputs alone (the reference bits), then for ``seconds`` calls
+them from ``threads`` threads at once, beside one thread running the cases' oracle
+program on the device, and counts the calls whose bits differ, tracing the first
+wrong ones (``_trace``). A deterministic kernel on a sound runtime and device gives 0.
+
+``inputs`` says how a call gets its inputs: ``placed`` as the checks do (each call's
+numpy inputs copied to the device and waited for, properties/layout_programs.py);
+``host`` handed to the compiled program as numpy arrays, as ``jax.jit(f)(x)`` does;
+``device`` placed on the device once, before the stress. ``reference`` stresses the
+spec's XLA reference instead of the kernel. Together they tell a fault of the kernel
+from one of the runtime or device: under jax 0.11.2 on H100s ``host`` gave wrong
+outputs of XLA's own programs and ``device`` none (docs/results.md).
 """
 from __future__ import annotations
 
@@ -35,7 +39,10 @@ from .check_time import layout_cases
 TRACED = 8  # wrong outputs kept and traced (_trace); the rest are counted
 
 
-def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, Callable[[Case], Any]]:
+INPUTS = ("placed", "host", "device")
+
+
+def _programs(spec: KernelSpec, backend: Backend, reference: bool, inputs: str) -> dict[str, Callable[[Case], Any]]:
     """The calls stressed, by name: the kernel's forward and VJP (or the XLA
     reference's), each one compiled program per layout, as the checks call them."""
     config = spec.default_config_for(backend)
@@ -43,7 +50,8 @@ def _programs(spec: KernelSpec, backend: Backend, reference: bool) -> dict[str, 
     def call(fn: Callable[..., Any], *statics: Any) -> Callable[[Case], Any]:
         def run(case: Case) -> Any:
             with numeric.kernel_side():
-                return jax.tree_util.tree_map(np.asarray, layout_programs.call(fn, backend, case, *statics))
+                out = layout_programs.call(fn, backend, case, *statics, place_inputs=inputs == "placed")
+                return jax.tree_util.tree_map(np.asarray, out)
         return run
 
     if reference:
@@ -84,7 +92,7 @@ def _trace(got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[st
 
 
 def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
-        seconds: float = 60.0, threads: int = 3, shapes: str = "production", device_inputs: bool = False,
+        seconds: float = 60.0, threads: int = 3, shapes: str = "production", inputs: str = "placed",
         reference: bool = False) -> dict[str, Any]:
     """Stress ``spec``'s calls on ``backend`` (module docstring); returns the calls and
     mismatches per call, the first mismatches' descriptions, and the device."""
@@ -94,11 +102,13 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if cases < 1:
         raise ValueError(f"cases must be >= 1, got {cases!r}")
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {', '.join(INPUTS)}, got {inputs!r}")
     drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases, shapes=shapes)
     with backend.placement():
-        if device_inputs:
+        if inputs == "device":
             drawn = [dataclasses.replace(c, arrays={k: jax.device_put(v) for k, v in c.arrays.items()}) for c in drawn]
-        programs = _programs(spec, backend, reference)
+        programs = _programs(spec, backend, reference, inputs)
         wanted = {(name, i): fn(case) for name, fn in programs.items() for i, case in enumerate(drawn)}
         oracle_device = None if backend.is_interpreted else jax.devices(backend.platform)[0]
         counts = {name: [0, 0] for name in programs} | {"oracle": [0, 0]}
@@ -140,6 +150,6 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
     device = jax.devices(backend.platform)[0]
     return {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "jax": jax.__version__,
             "device": device_identity.describe(device) or device.device_kind, "shapes": drawn[0].describe()[:160],
-            "seconds": seconds, "threads": threads, "device_inputs": device_inputs, "reference": reference,
+            "seconds": seconds, "threads": threads, "inputs": inputs, "reference": reference,
             "calls": {k: v[0] for k, v in counts.items()}, "mismatches": {k: v[1] for k, v in counts.items()},
             "notes": notes}

@@ -313,7 +313,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             result = dispatch_stress.run(
                 get_spec(args.dispatch_stress), backend, dtype=args.dtype, layout=args.layout, cases=args.cases,
-                seconds=args.seconds, threads=args.threads, shapes=args.shapes, device_inputs=args.device_inputs,
+                seconds=args.seconds, threads=args.threads, shapes=args.shapes, inputs=args.inputs,
                 reference=args.reference)
         except ValueError as err:
             raise SystemExit(f"pallascheck: {err}") from None
@@ -535,9 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "the same call alone (0 for a deterministic kernel on a sound runtime and device; GPU)")
     bench.add_argument("--threads", type=int, default=3, help="with --dispatch-stress: threads calling the kernel")
     bench.add_argument("--seconds", type=float, default=60.0, help="with --dispatch-stress: how long")
-    bench.add_argument("--device-inputs", action="store_true",
-                       help="with --dispatch-stress: inputs placed on the device once, not copied from the host "
-                            "at every call")
+    bench.add_argument("--inputs", choices=("placed", "host", "device"), default="placed",
+                       help="with --dispatch-stress: each call's inputs copied to the device and waited for, as the "
+                            "checks do (placed); handed to the program as numpy arrays (host); or placed once (device)")
     bench.add_argument("--reference", action="store_true",
                        help="with --dispatch-stress: stress the spec's XLA reference instead of the kernel")
     bench.add_argument("--layout", help="with --check-time or --dispatch-stress --shapes production: the production "

@@ -87,12 +87,25 @@ def _compile(program: _Program, *args: Any) -> None:
         program.compiled_for.add(signature)
 
 
+def _placed(tree: Any) -> Any:
+    """``tree`` with its numpy arrays copied to the default device, the copies waited
+    for. Handed numpy arrays itself, a program on a GPU copies them in while other
+    threads dispatch, and under jax 0.11.2 on H100s about one call in 10^4 then
+    computed from a corrupted input (XLA's own programs too: every output element
+    wrong, and neither another call's output nor one input swapped with another
+    call's); with inputs already on the device, none in 1.1 * 10^5 calls
+    (docs/results.md, "A JAX runtime fault"; ``pallascheck bench --dispatch-stress
+    --inputs host`` reproduces it)."""
+    placed = jax.tree_util.tree_map(lambda a: jax.device_put(a) if isinstance(a, np.ndarray) else a, tree)
+    return jax.block_until_ready(placed)
+
+
 def _traced(*args: Any) -> bool:
     return any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args))
 
 
 def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: Mapping[str, str] | None = None,
-             run_alone: ContextManager[Any] | None = None) -> Any:
+             run_alone: ContextManager[Any] | None = None, place_inputs: bool = True) -> Any:
     """``fn(case, *rest)`` as one ``jax.jit`` program per layout: the case's parameters,
     its arrays' shapes and dtypes, and the hashable arguments in ``rest``; the
     arguments holding arrays (an oracle pytree, a mapping of gradients) are the
@@ -100,7 +113,9 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     error under ``jit``) runs eagerly from then on, and so does a call whose
     arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
     its end) but not while it compiles, so that programs called from several threads
-    compile at once and run one at a time."""
+    compile at once and run one at a time. ``place_inputs``: the program's numpy
+    inputs go to the device, and are waited for, before it is called (``_placed``);
+    False hands them to the program as they are."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
     if fn in _eager:
         with alone:
@@ -114,23 +129,27 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
         with alone:
             return fn(case, *rest)
     try:
-        if run_alone is None or _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
+        if _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
             return program.run(case.arrays, dynamic)
-        _compile(program, case.arrays, dynamic)
+        arrays, dynamic = _placed((dict(case.arrays), dynamic)) if place_inputs else (case.arrays, dynamic)
+        if run_alone is None:
+            return program.run(arrays, dynamic)
+        _compile(program, arrays, dynamic)
         with run_alone:
-            return jax.block_until_ready(program.run(case.arrays, dynamic))
+            return jax.block_until_ready(program.run(arrays, dynamic))
     except _TRACER_ERRORS:
         _eager.add(fn)
         with alone:
             return fn(case, *rest)
 
 
-def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any) -> Any:
+def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any, place_inputs: bool = True) -> Any:
     """``fn(case, *statics)``: on a hardware backend one compiled program per layout
-    (``statics``: the config and backend, hashable), else eagerly."""
+    (``statics``: the config and backend, hashable; ``place_inputs`` as ``compiled``
+    takes it), else eagerly."""
     if backend.is_interpreted:
         return fn(case, *statics)
-    return compiled(fn, case, *statics)
+    return compiled(fn, case, *statics, place_inputs=place_inputs)
 
 
 def run_kernel(run: Callable[..., Any], case: Case, config: Any, backend: Backend) -> Any:

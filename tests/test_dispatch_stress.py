@@ -70,7 +70,7 @@ def test_a_wrong_call_is_traced_to_the_inputs_whose_output_it_is() -> None:
 def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys) -> None:
     spec = _scaled_silu(itertools.repeat(1.0))
     result = dispatch_stress.run(spec, Backend("interpret"), dtype="float32", cases=2, seconds=0.5, threads=2,
-                                 shapes="small", device_inputs=True)
+                                 shapes="small", inputs="device")
     assert result["calls"]["forward"] > 0 and result["mismatches"] == {"forward": 0, "oracle": 0}
     argv = ["bench", "--dispatch-stress", "rms_norm", "--backend", "interpret", "--dtype", "float32",
             "--seconds", "1", "--threads", "2", "--cases", "2"]
@@ -81,3 +81,5 @@ def test_a_deterministic_kernel_gives_no_mismatch_and_the_command_says_so(capsys
         cli.main(argv[:-4] + ["--threads", "0"])
     with pytest.raises(SystemExit, match="cases must be >= 1"):
         cli.main(argv[:-2] + ["--cases", "0"])
+    with pytest.raises(ValueError, match="inputs must be one of placed, host, device, got 'pinned'"):
+        dispatch_stress.run(spec, Backend("interpret"), dtype="float32", inputs="pinned")

@@ -2,6 +2,7 @@
 A hardware backend's name is enough here: the function under test is plain jax.numpy."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
@@ -92,3 +93,22 @@ def test_on_hardware_the_vjp_runs_on_a_thread_beside_the_forward_and_a_wrong_one
     assert traced_on and all(name.startswith("pallascheck-kernel") for name in traced_on), traced_on
     bad = runner.run_property(spec(True), "float32", hardware, examples=1, seed=0, cases_per_layout=3)
     assert bad.failure.startswith("[gradients]") and "dx: worst element" in bad.failure, bad.failure
+
+
+def test_a_programs_numpy_inputs_are_copied_to_the_device_before_it_is_called(monkeypatch) -> None:
+    # handed numpy inputs itself, a program on an H100 sometimes read a corrupted copy
+    # (layout_programs._placed); the copies are made, and waited for, first
+    placed = layout_programs._placed(({"x": np.ones(3, np.float32)}, (2.5,)))
+    assert isinstance(placed[0]["x"], jax.Array) and placed[0]["x"].is_ready() and placed[1] == (2.5,)
+    seen = []
+    real = layout_programs._placed
+    monkeypatch.setattr(layout_programs, "_placed", lambda tree: seen.append(tree) or real(tree))
+
+    def doubled(case: Case):
+        return case.arrays["x"] * 2
+
+    for place_inputs in (True, False):
+        case = _case(0)
+        np.testing.assert_array_equal(
+            np.asarray(layout_programs.call(doubled, HARDWARE, case, place_inputs=place_inputs)), case.arrays["x"] * 2)
+    assert len(seen) == 1 and isinstance(seen[0][0]["x"], np.ndarray)
