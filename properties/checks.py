@@ -285,7 +285,8 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
     return (f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
             f"a read of memory the kernel never wrote (an accumulator or buffer not initialised), a race in the "
             f"kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' reruns a "
-            f"saved case).{where}")
+            f"saved case; 'pallascheck bench --dispatch-stress KERNEL' with --reference and --inputs host tells "
+            f"the kernel's fault from the runtime's).{where}")
 
 
 def check_same_bits(
