@@ -37,9 +37,7 @@ from pallascheck.properties.spec import Case, KernelSpec
 from .check_time import layout_cases
 
 TRACED = 8  # wrong outputs kept and traced (_trace); the rest are counted
-
-
-INPUTS = ("placed", "host", "device")
+INPUTS = ("placed", "host", "device")  # how a call gets its inputs (module docstring)
 
 
 def _programs(spec: KernelSpec, backend: Backend, reference: bool, inputs: str) -> dict[str, Callable[[Case], Any]]:
@@ -87,7 +85,7 @@ def _trace(got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[st
         mixed = {f"the bits of case {i} with its {k} from case {j}":
                  program(dataclasses.replace(drawn[i], arrays={**drawn[i].arrays, k: drawn[j].arrays[k]}))
                  for j in range(len(drawn)) if j != i for k in drawn[i].arrays}
-        said, off = _nearest(got, {said: others[said]} | mixed) if mixed else (said, off)
+        said, off = _nearest(got, {said: others[said], **mixed})
     return f"; they are {said}, exactly" if off == 0 else f"; nearest: {said}, which differs in {off}"
 
 
@@ -107,7 +105,7 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
     drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases, shapes=shapes)
     with backend.placement():
         if inputs == "device":
-            drawn = [dataclasses.replace(c, arrays={k: jax.device_put(v) for k, v in c.arrays.items()}) for c in drawn]
+            drawn = [dataclasses.replace(c, arrays=layout_programs.placed(dict(c.arrays))) for c in drawn]
         programs = _programs(spec, backend, reference, inputs)
         wanted = {(name, i): fn(case) for name, fn in programs.items() for i, case in enumerate(drawn)}
         oracle_device = None if backend.is_interpreted else jax.devices(backend.platform)[0]

@@ -447,6 +447,7 @@ def _add_target_options(parser: argparse.ArgumentParser, kernel_help: str) -> No
 
 def build_parser() -> argparse.ArgumentParser:
     from pallascheck.bench.autotune_workloads import SIZES, WORKLOADS
+    from pallascheck.bench.dispatch_stress import INPUTS as DISPATCH_INPUTS
 
     parser = _Parser(prog="pallascheck", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pallascheck {_version()}")
@@ -535,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the same call alone (0 for a deterministic kernel on a sound runtime and device; GPU)")
     bench.add_argument("--threads", type=int, default=3, help="with --dispatch-stress: threads calling the kernel")
     bench.add_argument("--seconds", type=float, default=60.0, help="with --dispatch-stress: how long")
-    bench.add_argument("--inputs", choices=("placed", "host", "device"), default="placed",
+    bench.add_argument("--inputs", choices=DISPATCH_INPUTS, default="placed",
                        help="with --dispatch-stress: each call's inputs copied to the device and waited for, as the "
                             "checks do (placed); handed to the program as numpy arrays (host); or placed once (device)")
     bench.add_argument("--reference", action="store_true",

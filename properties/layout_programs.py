@@ -87,7 +87,7 @@ def _compile(program: _Program, *args: Any) -> None:
         program.compiled_for.add(signature)
 
 
-def _placed(tree: Any) -> Any:
+def placed(tree: Any) -> Any:
     """``tree`` with its numpy arrays copied to the default device, the copies waited
     for. Handed numpy arrays itself, a program on a GPU copies them in while other
     threads dispatch, and under jax 0.11.2 on H100s about one call in 10^4 then
@@ -114,7 +114,7 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
     its end) but not while it compiles, so that programs called from several threads
     compile at once and run one at a time. ``place_inputs``: the program's numpy
-    inputs go to the device, and are waited for, before it is called (``_placed``);
+    inputs go to the device, and are waited for, before it is called (``placed``);
     False hands them to the program as they are."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
     if fn in _eager:
@@ -131,7 +131,7 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     try:
         if _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
             return program.run(case.arrays, dynamic)
-        arrays, dynamic = _placed((dict(case.arrays), dynamic)) if place_inputs else (case.arrays, dynamic)
+        arrays, dynamic = placed((dict(case.arrays), dynamic)) if place_inputs else (case.arrays, dynamic)
         if run_alone is None:
             return program.run(arrays, dynamic)
         _compile(program, arrays, dynamic)

@@ -97,12 +97,12 @@ def test_on_hardware_the_vjp_runs_on_a_thread_beside_the_forward_and_a_wrong_one
 
 def test_a_programs_numpy_inputs_are_copied_to_the_device_before_it_is_called(monkeypatch) -> None:
     # handed numpy inputs itself, a program on an H100 sometimes read a corrupted copy
-    # (layout_programs._placed); the copies are made, and waited for, first
-    placed = layout_programs._placed(({"x": np.ones(3, np.float32)}, (2.5,)))
+    # (layout_programs.placed); the copies are made, and waited for, first
+    placed = layout_programs.placed(({"x": np.ones(3, np.float32)}, (2.5,)))
     assert isinstance(placed[0]["x"], jax.Array) and placed[0]["x"].is_ready() and placed[1] == (2.5,)
     seen = []
-    real = layout_programs._placed
-    monkeypatch.setattr(layout_programs, "_placed", lambda tree: seen.append(tree) or real(tree))
+    real = layout_programs.placed
+    monkeypatch.setattr(layout_programs, "placed", lambda tree: seen.append(tree) or real(tree))
 
     def doubled(case: Case):
         return case.arrays["x"] * 2
