@@ -14,7 +14,8 @@ model charges two) and for a sum in any order within its block.
 The interpreters keep the eager calls: there compilation is the cost, not dispatch,
 and the interpret suite's compiled programs stay what they were. A spec function that
 reads its arrays' values on the host (a tracer error under ``jit``) runs eagerly, as
-before, and so does one whose case parameters cannot be hashed.
+before, and so does one whose case parameters cannot be hashed; on hardware its numpy
+inputs are placed on the device first, as a program's are (``placed``).
 """
 from __future__ import annotations
 
@@ -118,16 +119,14 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     False hands them to the program as they are."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
     if fn in _eager:
-        with alone:
-            return fn(case, *rest)
+        return _eagerly(fn, case, rest, alone, place_inputs)
     dynamic = tuple(r for r in rest if _holds_arrays(r))
     statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
     options = tuple(sorted((compiler_options or {}).items()))
     try:
         program = _program(fn, tuple(sorted(case.params.items())), statics, options)
     except TypeError:  # unhashable parameters: no cache key
-        with alone:
-            return fn(case, *rest)
+        return _eagerly(fn, case, rest, alone, place_inputs)
     try:
         if _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
             return program.run(case.arrays, dynamic)
@@ -139,8 +138,20 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
             return jax.block_until_ready(program.run(arrays, dynamic))
     except _TRACER_ERRORS:
         _eager.add(fn)
-        with alone:
-            return fn(case, *rest)
+        return _eagerly(fn, case, rest, alone, place_inputs)
+
+
+def _eagerly(fn: Callable[..., Any], case: Case, rest: tuple[Any, ...], alone: ContextManager[Any],
+             place_inputs: bool) -> Any:
+    """``fn(case, *rest)`` operation by operation. Each operation would copy the numpy
+    arrays it is handed while other threads dispatch, the fault ``placed`` avoids, so
+    with ``place_inputs`` the arrays are placed first here too (ragged_dot's device
+    oracle reads its group sizes on the host, and runs so)."""
+    if place_inputs and not _traced(case.arrays, rest):
+        arrays, rest = placed((dict(case.arrays), rest))
+        case = Case(arrays, case.params)
+    with alone:
+        return fn(case, *rest)
 
 
 def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any, place_inputs: bool = True) -> Any:

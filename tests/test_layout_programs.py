@@ -43,6 +43,25 @@ def test_a_function_that_reads_values_on_the_host_runs_eagerly() -> None:
     assert host_sum in layout_programs._eager
 
 
+def test_a_function_run_eagerly_on_hardware_gets_its_inputs_placed_too() -> None:
+    # each of its operations would otherwise copy the numpy inputs itself, the copies
+    # that the runtime fault of layout_programs.placed corrupted
+    given = []
+
+    def host_max(case: Case, oracle: dict):
+        given.append((type(case.arrays["x"]), type(oracle["y"])))
+        return float(np.asarray(case.arrays["x"]).max() + np.asarray(oracle["y"]).max())
+
+    case = _case(0)
+    oracle = {"y": np.ones(2, np.float32)}
+    for place_inputs in (True, False):
+        got = layout_programs.compiled(host_max, case, oracle, place_inputs=place_inputs)
+        assert got == float(case.arrays["x"].max() + np.float32(1))
+    assert host_max in layout_programs._eager
+    # the first call traced (tracers), then ran eagerly placed; the second as handed
+    assert [tuple(issubclass(t, jax.Array) for t in g) for g in given[1:]] == [(True, True), (False, False)], given
+
+
 def test_the_interpreters_call_eagerly() -> None:
     calls = []
 
