@@ -127,8 +127,11 @@ def gradient_bound(ref: SoftmaxOracle, cotangent: Any, forward: np.ndarray, *, d
     c_err = (np.sum(absg * e, axis=1, keepdims=True)
              + arith.gamma(n, u) * np.sum(absg * (absy + e), axis=1, keepdims=True) + 2 * n * floor)
     dx = y * (g - c)
-    propagated = e * (absg + np.abs(c)) + absy * c_err + e * c_err
+    # algebra.times: where the forward bound or c's is unbounded, an exact zero times
+    # it stays unbounded (the kernel's 0 * inf is NaN), never a NaN bound
+    times = algebra.times
+    propagated = times(e, absg + np.abs(c)) + times(absy, c_err) + times(e, c_err)
     # roundings of the computed products y g, y c (or of g - c and its product)
-    products = (absy + e) * (absg + np.abs(c) + c_err)
+    products = times(absy + e, absg + np.abs(c) + c_err)
     err = propagated + u * products + u * (np.abs(dx) + propagated) + 3 * floor
     return algebra.round_to(Bounded(dx, err), dtype, arith).err.reshape(ref.out.shape)

@@ -7,10 +7,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
 from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import softmax as softmax_oracle
+from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import runner
 from pallascheck.properties.softmax_spec import softmax_like
 
@@ -72,3 +75,17 @@ def test_softmax_without_the_max_shift_overflows_and_is_caught():
 def test_backward_without_the_mean_term_is_caught():
     tally = _run(make_softmax(subtract_mean_term=False), "float32")
     assert tally.failure and "gradients" in tally.failure.split("\n")[0], tally.failure
+
+
+def test_gradient_bound_is_unbounded_not_nan_where_an_exact_zero_meets_an_unbounded_error():
+    """A row whose forward bound is infinite (its output may have overflowed) makes
+    c = sum(g y)'s error infinite; y's exact zero times it is the kernel's 0 * inf,
+    NaN, so the bound there is infinite (checks.compare admits anything under it).
+    A NaN bound would fail every result there, an exact one included."""
+    x = np.array([[0.0, -1e4, 1.0]], np.float32)  # exp(-1e4 - 1) is an exact float64 0
+    ref = softmax_oracle.oracle(x)
+    assert ref.rows[0, 1] == 0.0
+    forward = np.array([[0.0, 0.0, np.inf]])
+    bound = softmax_oracle.gradient_bound(ref, np.ones_like(x), forward, dtype=np.float32,
+                                          arith=arithmetic_for("interpret"), compute_dtype=np.float32)
+    assert not np.isnan(bound).any() and np.isinf(bound[0, 1]), bound
