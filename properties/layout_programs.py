@@ -114,44 +114,37 @@ def compiled(fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: M
     error under ``jit``) runs eagerly from then on, and so does a call whose
     arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
     its end) but not while it compiles, so that programs called from several threads
-    compile at once and run one at a time. ``place_inputs``: the program's numpy
-    inputs go to the device, and are waited for, before it is called (``placed``);
-    False hands them to the program as they are."""
+    compile at once and run one at a time. ``place_inputs``: the numpy inputs go to
+    the device, and are waited for, before the program is called (``placed``), and so
+    before an eager call's operations, each of which would copy them itself while
+    other threads dispatch (ragged_dot's device oracle reads its group sizes on the
+    host, and runs so); False hands them over as they are."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
+    traced = _traced(case.arrays, rest)  # inside another program: it runs as part of that
+    if place_inputs and not traced:
+        arrays, rest = placed((dict(case.arrays), rest))
+        case = Case(arrays, case.params)
     if fn in _eager:
-        return _eagerly(fn, case, rest, alone, place_inputs)
+        with alone:
+            return fn(case, *rest)
     dynamic = tuple(r for r in rest if _holds_arrays(r))
     statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
     options = tuple(sorted((compiler_options or {}).items()))
     try:
         program = _program(fn, tuple(sorted(case.params.items())), statics, options)
     except TypeError:  # unhashable parameters: no cache key
-        return _eagerly(fn, case, rest, alone, place_inputs)
+        with alone:
+            return fn(case, *rest)
     try:
-        if _traced(case.arrays, dynamic):  # inside another program: it runs as part of that
+        if traced or run_alone is None:
             return program.run(case.arrays, dynamic)
-        arrays, dynamic = placed((dict(case.arrays), dynamic)) if place_inputs else (case.arrays, dynamic)
-        if run_alone is None:
-            return program.run(arrays, dynamic)
-        _compile(program, arrays, dynamic)
+        _compile(program, case.arrays, dynamic)
         with run_alone:
-            return jax.block_until_ready(program.run(arrays, dynamic))
+            return jax.block_until_ready(program.run(case.arrays, dynamic))
     except _TRACER_ERRORS:
         _eager.add(fn)
-        return _eagerly(fn, case, rest, alone, place_inputs)
-
-
-def _eagerly(fn: Callable[..., Any], case: Case, rest: tuple[Any, ...], alone: ContextManager[Any],
-             place_inputs: bool) -> Any:
-    """``fn(case, *rest)`` operation by operation. Each operation would copy the numpy
-    arrays it is handed while other threads dispatch, the fault ``placed`` avoids, so
-    with ``place_inputs`` the arrays are placed first here too (ragged_dot's device
-    oracle reads its group sizes on the host, and runs so)."""
-    if place_inputs and not _traced(case.arrays, rest):
-        arrays, rest = placed((dict(case.arrays), rest))
-        case = Case(arrays, case.params)
-    with alone:
-        return fn(case, *rest)
+        with alone:
+            return fn(case, *rest)
 
 
 def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any, place_inputs: bool = True) -> Any:
