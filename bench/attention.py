@@ -12,18 +12,18 @@ kernel is timed with its default config and with the fastest of its config space
 (forward fields first, then the backward block sizes with the best forward ones); the
 best configs and the competitors are then timed together in shuffled rounds.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
+from pallascheck.bench.timing import fastest, interleaved_medians, peak_bytes
 from pallascheck.kernels import attention
 from pallascheck.kernels.backends import Backend
-
-from .timing import fastest, interleaved_medians, peak_bytes
-
 
 HEADS = 16
 # (batch, seq, head_dim)
@@ -48,8 +48,12 @@ def _competitors(causal: bool, scale: float, backend: Backend) -> dict[str, Call
 
     competitors = {
         "xla_reference": lambda q, k, v: attention.xla_reference(q, k, v, causal=causal, sm_scale=scale),
-        "jax_nn_xla": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="xla"),
-        "jax_nn_cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn"),
+        "jax_nn_xla": lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, implementation="xla"
+        ),
+        "jax_nn_cudnn": lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, implementation="cudnn"
+        ),
         "pallas_mha": pallas_mha,
     }
     if backend.is_mosaic_gpu:
@@ -70,15 +74,25 @@ def _search_spaces(space: list[Any], backend: Backend) -> tuple[list[Any], Calla
     forward+backward candidate costs a compile of three kernels: searching every
     config twice did not fit a 330 s call on a fresh H200."""
     default = type(space[0])()
-    backward = lambda c: (c.block_q_bwd, c.block_k_bwd)
+
+    def backward(c):
+        return (c.block_q_bwd, c.block_k_bwd)
+
     if backend.is_mosaic_gpu:
-        forward = lambda c: (c.block_q, c.block_k, c.consumers)
+
+        def forward(c):
+            return (c.block_q, c.block_k, c.consumers)
+
         fwd_space = [c for c in space if backward(c) == backward(default)] or space[:1]
     else:
-        forward = lambda c: (c.block_q, c.block_k, c.num_warps, c.num_stages)
+
+        def forward(c):
+            return (c.block_q, c.block_k, c.num_warps, c.num_stages)
+
         # one warp count per block_q (4 for 64 rows, 8 for 128) keeps the search short
-        fwd_space = [c for c in space if backward(c) == backward(default)
-                     and c.num_warps == (4 if c.block_q <= 64 else 8)] or space[:1]
+        fwd_space = [
+            c for c in space if backward(c) == backward(default) and c.num_warps == (4 if c.block_q <= 64 else 8)
+        ] or space[:1]
     return fwd_space, lambda best: [c for c in space if forward(c) == forward(best)]
 
 
@@ -89,11 +103,17 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
     scale = 1.0 / math.sqrt(head_dim)
     fwd_flops = 4.0 * batch * HEADS * seq * seq * head_dim * (0.5 if causal else 1.0)
     total_flops = 3.5 * fwd_flops
-    row: dict[str, Any] = {"op": "attention", "shape": f"b{batch}xs{seq}xh{HEADS}xd{head_dim}",
-                           "dtype": DTYPE, "causal": causal}
+    row: dict[str, Any] = {
+        "op": "attention",
+        "shape": f"b{batch}xs{seq}xh{HEADS}xd{head_dim}",
+        "dtype": DTYPE,
+        "causal": causal,
+    }
 
     def ours(config: Any):
-        return lambda q, k, v: attention.attention(q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend)
+        return lambda q, k, v: attention.attention(
+            q, k, v, causal=causal, sm_scale=scale, config=config, backend=backend
+        )
 
     space = attention.configs(seq, seq, head_dim, backend, itemsize=q.dtype.itemsize, bias=False)
     fwd_space, bwd_space_around = _search_spaces(space, backend)
@@ -110,7 +130,9 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
     reference = _competitors(causal, scale, backend)["xla_reference"]
     for name, fn in (("kernel", ours(None)), ("xla_reference", reference)):
         try:
-            row[f"{name}_fwd_bwd_peak_MiB"] = peak_bytes(lambda q, k, v, fn=fn: jax.vjp(fn, q, k, v)[1](do), q, k, v) / 2**20
+            row[f"{name}_fwd_bwd_peak_MiB"] = (
+                peak_bytes(lambda q, k, v, fn=fn: jax.vjp(fn, q, k, v)[1](do), q, k, v) / 2**20
+            )
         except Exception as err:  # noqa: BLE001 - recorded like a competitor that does not run
             row[f"{name}_fwd_bwd_peak_error"] = f"{type(err).__name__}: {str(err)[:120]}"
     # Our best configs and every competitor timed in shuffled rounds
@@ -119,10 +141,13 @@ def bench_shape(backend: Backend, batch: int, seq: int, head_dim: int, causal: b
         if config is None:
             continue
         pick = int(label == "fwd_bwd")
-        thunks = {"kernel": _fwd_and_fwd_bwd(ours(config), q, k, v, do)[pick],
-                  "kernel_default": _fwd_and_fwd_bwd(ours(None), q, k, v, do)[pick]}
-        thunks.update({name: _fwd_and_fwd_bwd(fn, q, k, v, do)[pick]
-                       for name, fn in _competitors(causal, scale, backend).items()})
+        thunks = {
+            "kernel": _fwd_and_fwd_bwd(ours(config), q, k, v, do)[pick],
+            "kernel_default": _fwd_and_fwd_bwd(ours(None), q, k, v, do)[pick],
+        }
+        thunks.update(
+            {name: _fwd_and_fwd_bwd(fn, q, k, v, do)[pick] for name, fn in _competitors(causal, scale, backend).items()}
+        )
         medians, errors = interleaved_medians(thunks, INTERLEAVED_ROUNDS)
         row.update({f"{name}_{label}_error": err for name, err in errors.items()})
         for name, t in medians.items():

@@ -28,6 +28,7 @@
 A hung config is abandoned after ``timeout_s`` (its thread cannot be stopped; the
 tuner goes on with the next config); it is not isolated in a process.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -39,18 +40,19 @@ import os
 import statistics
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
+from pallascheck.bench.timing import interleaved_seconds
 from pallascheck.kernels import pinning
 from pallascheck.kernels.backends import ENV_VAR, Backend, NotOnBackend, get_backend
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import checks, runner, strategies
-from pallascheck.properties.spec import Case, KernelSpec, get_spec
-
-from .timing import interleaved_seconds
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Case, KernelSpec
 
 # kernel name in pinning.Call -> spec name, where they differ
 SPEC_NAMES = {"linear_cross_entropy": "linear_softmax_cross_entropy"}
@@ -80,7 +82,7 @@ class AutotuneResult:
         return json.dumps(self.data, indent=1, sort_keys=True)
 
     @classmethod
-    def loads(cls, text: str, source: str = "<string>") -> "AutotuneResult":
+    def loads(cls, text: str, source: str = "<string>") -> AutotuneResult:
         return cls(pinning.parse_result(text, source), source)
 
     def dump(self, path: str) -> None:
@@ -88,11 +90,11 @@ class AutotuneResult:
             f.write(self.dumps())
 
     @classmethod
-    def load(cls, path: str) -> "AutotuneResult":
+    def load(cls, path: str) -> AutotuneResult:
         with open(path) as f:
             return cls.loads(f.read(), path)
 
-    def __enter__(self) -> "AutotuneResult":
+    def __enter__(self) -> AutotuneResult:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(pinning.pinned(self.configs()))
         return self
@@ -136,8 +138,9 @@ def default_backends() -> list[str]:
     return [get_backend().name]
 
 
-def find_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-               backends: Sequence[str]) -> list[pinning.Call]:
+def find_calls(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], backends: Sequence[str]
+) -> list[pinning.Call]:
     """The pallascheck kernel calls ``fn`` makes on each backend, one per key, those
     with a config chosen by the caller left out. A backend some kernel of ``fn`` has no
     version for is skipped with a warning."""
@@ -174,8 +177,14 @@ def _concrete(call: pinning.Call, args: Sequence[Any], seed: int) -> dict[str, n
     return out
 
 
-def gate_cases(spec: KernelSpec, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray], backend: Backend,
-               kinds: Sequence[str], seed: int = 0) -> list[Case]:
+def gate_cases(
+    spec: KernelSpec,
+    params: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    backend: Backend,
+    kinds: Sequence[str],
+    seed: int = 0,
+) -> list[Case]:
     """The call's own case, then the spec's adversarial cases at its shapes
     (``KernelSpec.adversarial``), or one per element kind in ``kinds``: the float arrays
     redrawn with that kind and the same shapes (``reduction``: the last axis). No
@@ -189,9 +198,14 @@ def gate_cases(spec: KernelSpec, params: Mapping[str, Any], arrays: Mapping[str,
     if spec.adversarial is not None:
         return cases + list(spec.adversarial(cases[0], seed))
     for j, kind in enumerate(kinds):
-        drawn = {name: (strategies.elements(seed + 7 * j + i, a.shape, a.dtype.name, kind, reduction=a.shape[-1])
-                        if _is_float(a) and name not in INTEGER_ARRAYS else a)
-                 for i, (name, a) in enumerate(arrays.items())}
+        drawn = {
+            name: (
+                strategies.elements(seed + 7 * j + i, a.shape, a.dtype.name, kind, reduction=a.shape[-1])
+                if _is_float(a) and name not in INTEGER_ARRAYS
+                else a
+            )
+            for i, (name, a) in enumerate(arrays.items())
+        }
         cases.append(Case({**drawn, "cotangent": cotangent}, dict(params)))
     return cases
 
@@ -204,8 +218,9 @@ def gate(spec: KernelSpec, cases: Sequence[Case], config: Any, backend: Backend)
     """Every case's checks under ``config`` (raises CheckFailure on the first failure):
     the worst budget used, and the output on the call's own inputs."""
     selected = ("values", "gradients") if spec.gradients is not None else ("values",)
-    ctx = checks.Context(kernel=spec.name, dtype=str(cases[0].arrays[next(iter(cases[0].arrays))].dtype),
-                         backend=str(backend))
+    ctx = checks.Context(
+        kernel=spec.name, dtype=str(cases[0].arrays[next(iter(cases[0].arrays))].dtype), backend=str(backend)
+    )
     budget = 0.0
     for case in cases:
         tally = runner.check_case(spec, case, config, backend, context=ctx, selected=selected)
@@ -273,13 +288,21 @@ def memoised(spec: KernelSpec, memo: dict[Any, Any] | None = None) -> KernelSpec
     def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Any) -> Any:
         return once(("gradient_bound", id(case), config, arith), lambda: g.bound(case, ref, grads, config, arith))
 
-    return dataclasses.replace(spec, oracle=oracle, bound=bound,
-                               gradients=dataclasses.replace(g, oracle_vjp=oracle_vjp, bound=gradient_bound))
+    return dataclasses.replace(
+        spec, oracle=oracle, bound=bound, gradients=dataclasses.replace(g, oracle_vjp=oracle_vjp, bound=gradient_bound)
+    )
 
 
-def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndarray], *, repeats: int,
-              timeout_s: float, kinds: Sequence[str], progress: Callable[[str], None] = lambda line: None,
-              ) -> dict[str, Any]:
+def tune_call(
+    spec: KernelSpec,
+    call: pinning.Call,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    repeats: int,
+    timeout_s: float,
+    kinds: Sequence[str],
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
     """One result entry: every candidate gated and timed, the fastest valid one chosen;
     ``progress`` gets a line per candidate."""
     spec = memoised(spec)
@@ -320,8 +343,10 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
     on_device = Case({k: jax.device_put(v) for k, v in cases[0].arrays.items()}, cases[0].params)
     warm: dict[Any, tuple[Callable[[], Any], float]] = {}
     for config, budget in passed:
+
         def run_config(config: Any = config) -> Any:
             return spec.kernel(on_device, config, backend)
+
         timer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
             timer.submit(lambda: jax.block_until_ready(run_config())).result(timeout=timeout_s)
@@ -338,8 +363,14 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
         timed.append({"config": pinning.config_to_json(config), **got, "budget": budget})
         progress(f"  {config}: {got['median_s'] * 1e3:.3f} ms (IQR {got['iqr_s'] * 1e3:.3f}), budget {budget:.2f}")
     entry: dict[str, Any] = {
-        "kernel": call.kernel, "spec": spec.name, "key": call.key, "backend": call.backend,
-        "default": pinning.config_to_json(default), "candidates": timed, "rejected": rejected, "chosen": None,
+        "kernel": call.kernel,
+        "spec": spec.name,
+        "key": call.key,
+        "backend": call.backend,
+        "default": pinning.config_to_json(default),
+        "candidates": timed,
+        "rejected": rejected,
+        "chosen": None,
         "largest_config_difference": _largest_difference(spec, cases[0], outputs, backend),
     }
     if timed:
@@ -350,8 +381,9 @@ def tune_call(spec: KernelSpec, call: pinning.Call, arrays: Mapping[str, np.ndar
     return entry
 
 
-def _largest_difference(spec: KernelSpec, case: Case, outputs: Mapping[Any, np.ndarray],
-                        backend: Backend) -> dict[str, Any] | None:
+def _largest_difference(
+    spec: KernelSpec, case: Case, outputs: Mapping[Any, np.ndarray], backend: Backend
+) -> dict[str, Any] | None:
     """max over pairs of validated configs of max |out_a - out_b| / (bound_a + bound_b)."""
     if len(outputs) < 2:
         return None
@@ -368,10 +400,17 @@ def _largest_difference(spec: KernelSpec, case: Case, outputs: Mapping[Any, np.n
     return {"budget": worst[0], "configs": [pinning.config_to_json(worst[1]), pinning.config_to_json(worst[2])]}
 
 
-def autotune(fn: Callable[..., Any], *args: Any, backends: Sequence[str] | None = None, repeats: int = 10,
-             timeout_s: float = 300.0, adversarial: Sequence[str] = strategies.ELEMENT_KINDS,
-             specs: Mapping[str, KernelSpec] | None = None, progress: Callable[[str], None] = lambda line: None,
-             **kwargs: Any) -> AutotuneResult:
+def autotune(
+    fn: Callable[..., Any],
+    *args: Any,
+    backends: Sequence[str] | None = None,
+    repeats: int = 10,
+    timeout_s: float = 300.0,
+    adversarial: Sequence[str] = strategies.ELEMENT_KINDS,
+    specs: Mapping[str, KernelSpec] | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+    **kwargs: Any,
+) -> AutotuneResult:
     """Tune every pallascheck kernel ``fn(*args, **kwargs)`` calls, on ``backends``
     (default: the GPU backends that run here, else the session's), choosing per call
     the fastest config that passes the numerics gate (module docstring). ``specs``
@@ -389,8 +428,21 @@ def autotune(fn: Callable[..., Any], *args: Any, backends: Sequence[str] | None 
         if not spec.runs_on(Backend(call.backend)):
             raise NotOnBackend(f"{name} has no version for {call.backend}")
         progress(call.key)
-        entries.append(tune_call(spec, call, _concrete(call, args, seed=i), repeats=repeats, timeout_s=timeout_s,
-                                 kinds=adversarial, progress=progress))
-    data = {"format": pinning.FORMAT, "version": pinning.VERSION, "environment": pinning.environment(),
-            "entries": entries}
+        entries.append(
+            tune_call(
+                spec,
+                call,
+                _concrete(call, args, seed=i),
+                repeats=repeats,
+                timeout_s=timeout_s,
+                kinds=adversarial,
+                progress=progress,
+            )
+        )
+    data = {
+        "format": pinning.FORMAT,
+        "version": pinning.VERSION,
+        "environment": pinning.environment(),
+        "entries": entries,
+    }
     return AutotuneResult(data)

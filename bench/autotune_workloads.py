@@ -4,9 +4,11 @@ the CPU interpreters in seconds; "bench" is a GPU size whose float64 oracles and
 bounds, computed for every candidate on seven inputs, take seconds, not minutes, on
 a 16-core host; "production" is one named layout of the production shape tier,
 ``PRODUCTION_LAYOUTS``, for the families that have one)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +35,10 @@ def production_fields(family: str) -> dict[str, Any]:
 
 def _refuse_production(family: str, size: str) -> None:
     if size == "production":
-        raise ValueError(f"--size production: {family} has no production layout (properties/production.py has "
-                         f"{', '.join(PRODUCTION_LAYOUTS)}); use --size bench")
+        raise ValueError(
+            f"--size production: {family} has no production layout (properties/production.py has "
+            f"{', '.join(PRODUCTION_LAYOUTS)}); use --size bench"
+        )
 
 
 def _normal(i: int, shape: tuple[int, ...], dtype: str) -> jax.Array:
@@ -56,6 +60,7 @@ def _norm(kind: str) -> Callable[[str, str], tuple[Callable[..., Any], tuple]]:
         rows, d = (33, 100) if size == "small" else (4096, 1024)
         fn = getattr(norms, kind)
         return (lambda x, s: fn(x, s)), (_normal(0, (rows, d), dtype), _normal(1, (d,), dtype))
+
     return make
 
 
@@ -66,7 +71,8 @@ def _attention(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
     else:
         b, s, h, d = (1, 48, 2, 32) if size == "small" else (1, 512, 4, 64)
     return (lambda q, k, v: attention.attention(q, k, v, causal=True)), tuple(
-        _normal(i, (b, s, h, d), dtype) for i in range(3))
+        _normal(i, (b, s, h, d), dtype) for i in range(3)
+    )
 
 
 def _cross_entropy(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
@@ -83,7 +89,11 @@ def _ragged_dot(size: str, dtype: str) -> tuple[Callable[..., Any], tuple]:
     else:
         m, k, n, g = (48, 40, 32, 3) if size == "small" else (2048, 512, 512, 8)
     sizes = jnp.full((g,), m // g, jnp.int32)
-    return (lambda a, b, s: ragged_dot.ragged_dot(a, b, s)), (_normal(0, (m, k), dtype), _normal(1, (g, k, n), dtype), sizes)
+    return (lambda a, b, s: ragged_dot.ragged_dot(a, b, s)), (
+        _normal(0, (m, k), dtype),
+        _normal(1, (g, k, n), dtype),
+        sizes,
+    )
 
 
 WORKLOADS: dict[str, Callable[[str, str], tuple[Callable[..., Any], tuple]]] = {

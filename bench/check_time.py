@@ -8,6 +8,7 @@ rest show the steady rate. Prints per case the wall time of its checks (drawing 
 input apart) and where it went (per check: the "values" check includes the kernel's
 run, the oracle and the bound), and the peak device memory where the device reports it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -20,11 +21,13 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.properties.spec import Case, KernelSpec, get_spec
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Case, KernelSpec
 
 
-def layout_cases(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None, cases: int,
-                 shapes: str = "production") -> list[Case]:
+def layout_cases(
+    spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None, cases: int, shapes: str = "production"
+) -> list[Case]:
     """``cases`` distinct cases of one layout of the ``shapes`` tier (at production,
     the layout whose name contains ``layout``; None: the first drawn): one Hypothesis
     example, as the cases of one example of verify and fuzz share a layout (shapes,
@@ -33,12 +36,21 @@ def layout_cases(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str 
     example, and the next one is drawn at random."""
     if layout is not None and shapes != "production":
         raise ValueError(f"layout names a production layout; at --shapes {shapes} leave it out")
-    strategy = (spec.production(dtype, backend, layout=layout) if shapes == "production"
-                else runner.tier_cases(spec, shapes)(dtype, backend))
+    strategy = (
+        spec.production(dtype, backend, layout=layout)
+        if shapes == "production"
+        else runner.tier_cases(spec, shapes)(dtype, backend)
+    )
     found: list[Case] = []
 
-    @settings(max_examples=1, database=None, deadline=None, phases=[Phase.generate], derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=1,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def one(data: st.DataObject) -> None:
         drawn: dict[tuple[str, ...], Case] = {}
@@ -65,18 +77,35 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
     rows: list[dict[str, Any]] = []
     for case in drawn:
         start = time.perf_counter()
-        tally = runner.check_case(spec, case, config, backend, context=context,
-                                  selected=runner.tier_checks(runner.CHECKS, "production"))
+        tally = runner.check_case(
+            spec, case, config, backend, context=context, selected=runner.tier_checks(runner.CHECKS, "production")
+        )
         seconds = time.perf_counter() - start
-        row = {"case": len(rows), "shapes": case.describe()[:160], "seconds": seconds,
-               "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
-               "budgets": {k: o.budget_used for k, o in tally.outcomes.items()}}
+        row = {
+            "case": len(rows),
+            "shapes": case.describe()[:160],
+            "seconds": seconds,
+            "checks": {k: round(v, 3) for k, v in tally.seconds.items()},
+            "budgets": {k: o.budget_used for k, o in tally.outcomes.items()},
+        }
         rows.append(row)
-        print(f"case {row['case']}: {seconds:.2f} s  " + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
-              + "\n  budgets: " + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()), flush=True)
+        print(
+            f"case {row['case']}: {seconds:.2f} s  "
+            + ", ".join(f"{k} {v:.2f}" for k, v in row["checks"].items())
+            + "\n  budgets: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in row["budgets"].items()),
+            flush=True,
+        )
     stats = jax.devices(backend.platform)[0].memory_stats() or {}
     later = [r["seconds"] for r in rows[1:]]
-    return {"kernel": kernel, "dtype": dtype, "backend": str(backend), "device": jax.devices(backend.platform)[0].device_kind,
-            "jax": jax.__version__, "first_seconds": rows[0]["seconds"] if rows else None,
-            "median_seconds_after_first": statistics.median(later) if later else None,
-            "peak_device_bytes": stats.get("peak_bytes_in_use"), "rows": rows}
+    return {
+        "kernel": kernel,
+        "dtype": dtype,
+        "backend": str(backend),
+        "device": jax.devices(backend.platform)[0].device_kind,
+        "jax": jax.__version__,
+        "first_seconds": rows[0]["seconds"] if rows else None,
+        "median_seconds_after_first": statistics.median(later) if later else None,
+        "peak_device_bytes": stats.get("peak_bytes_in_use"),
+        "rows": rows,
+    }

@@ -11,30 +11,33 @@ program on the device, and counts the calls whose bits differ, tracing the first
 wrong ones (``_trace``). A deterministic kernel on a sound runtime and device gives 0.
 
 ``inputs`` says how a call gets its inputs: ``placed`` as the checks do (each call's
-numpy inputs copied to the device and waited for, properties/layout_programs.py);
+numpy inputs copied to the device and waited for, properties/device/layout_programs.py);
 ``host`` handed to the compiled program as numpy arrays, as ``jax.jit(f)(x)`` does;
 ``device`` placed on the device once, before the stress. ``reference`` stresses the
 spec's XLA reference instead of the kernel. Together they tell a fault of the kernel
 from one of the runtime or device: under jax 0.11.2 on H100s ``host`` gave wrong
 outputs of XLA's own programs and ``device`` none (docs/results.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
+from pallascheck.bench.check_time import layout_cases
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import numeric
-from pallascheck.properties import checks, device_identity, layout_programs
+from pallascheck.properties import checks
+from pallascheck.properties.device import identity as device_identity
+from pallascheck.properties.device import layout_programs
 from pallascheck.properties.spec import Case, KernelSpec
-
-from .check_time import layout_cases
 
 TRACED = 8  # wrong outputs kept and traced (_trace); the rest are counted
 INPUTS = ("placed", "host", "device")  # how a call gets its inputs (module docstring)
@@ -50,6 +53,7 @@ def _programs(spec: KernelSpec, backend: Backend, reference: bool, inputs: str) 
             with numeric.kernel_side():
                 out = layout_programs.call(fn, backend, case, *statics, place_inputs=inputs == "placed")
                 return jax.tree_util.tree_map(np.asarray, out)
+
         return run
 
     if reference:
@@ -69,8 +73,9 @@ def _nearest(got: Any, candidates: dict[str, Any]) -> tuple[str, int]:
     return min(((said, checks.changed_bits(bits, got)) for said, bits in candidates.items()), key=lambda so: so[1])
 
 
-def _trace(got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[str, int], Any],
-           program: Callable[[Case], Any]) -> str:
+def _trace(
+    got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[str, int], Any], program: Callable[[Case], Any]
+) -> str:
     """Whose bits a wrong output of call ``name`` on case ``i`` are. First the other
     cases' outputs alone: a call that returns one of them bit for bit was handed that
     case's buffers. Then case ``i`` with one input taken from another case, each run
@@ -82,16 +87,31 @@ def _trace(got: Any, name: str, i: int, drawn: list[Case], wanted: dict[tuple[st
         return ""
     said, off = _nearest(got, others)
     if off:
-        mixed = {f"the bits of case {i} with its {k} from case {j}":
-                 program(dataclasses.replace(drawn[i], arrays={**drawn[i].arrays, k: drawn[j].arrays[k]}))
-                 for j in range(len(drawn)) if j != i for k in drawn[i].arrays}
+        mixed = {
+            f"the bits of case {i} with its {k} from case {j}": program(
+                dataclasses.replace(drawn[i], arrays={**drawn[i].arrays, k: drawn[j].arrays[k]})
+            )
+            for j in range(len(drawn))
+            if j != i
+            for k in drawn[i].arrays
+        }
         said, off = _nearest(got, {said: others[said], **mixed})
     return f"; they are {said}, exactly" if off == 0 else f"; nearest: {said}, which differs in {off}"
 
 
-def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = None, cases: int = 3,
-        seconds: float = 60.0, threads: int = 3, shapes: str = "production", inputs: str = "placed",
-        reference: bool = False) -> dict[str, Any]:
+def run(
+    spec: KernelSpec,
+    backend: Backend,
+    *,
+    dtype: str,
+    layout: str | None = None,
+    cases: int = 3,
+    seconds: float = 60.0,
+    threads: int = 3,
+    shapes: str = "production",
+    inputs: str = "placed",
+    reference: bool = False,
+) -> dict[str, Any]:
     """Stress ``spec``'s calls on ``backend`` (module docstring); returns the calls and
     mismatches per call, the first mismatches' descriptions, and the device."""
     if threads < 1:
@@ -131,8 +151,10 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
         def oracle() -> None:
             while time.monotonic() < end:
                 case = drawn[random.randrange(len(drawn))]
-                with backend.placement(), (numeric.on_device(oracle_device) if oracle_device is not None
-                                           else numeric.kernel_side()):
+                with (
+                    backend.placement(),
+                    numeric.on_device(oracle_device) if oracle_device is not None else numeric.kernel_side(),
+                ):
                     jax.block_until_ready(spec.oracle(case))
                 with lock:
                     counts["oracle"][0] += 1
@@ -143,11 +165,24 @@ def run(spec: KernelSpec, backend: Backend, *, dtype: str, layout: str | None = 
             w.start()
         for w in workers:
             w.join()
-        notes = [f"{name} of case {i}: {changed} elements differ from its bits alone"
-                 + _trace(got, name, i, drawn, wanted, programs[name]) for name, i, got, changed in wrong]
+        notes = [
+            f"{name} of case {i}: {changed} elements differ from its bits alone"
+            + _trace(got, name, i, drawn, wanted, programs[name])
+            for name, i, got, changed in wrong
+        ]
     device = jax.devices(backend.platform)[0]
-    return {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "jax": jax.__version__,
-            "device": device_identity.describe(device) or device.device_kind, "shapes": drawn[0].describe()[:160],
-            "seconds": seconds, "threads": threads, "inputs": inputs, "reference": reference,
-            "calls": {k: v[0] for k, v in counts.items()}, "mismatches": {k: v[1] for k, v in counts.items()},
-            "notes": notes}
+    return {
+        "kernel": spec.name,
+        "dtype": dtype,
+        "backend": str(backend),
+        "jax": jax.__version__,
+        "device": device_identity.describe(device) or device.device_kind,
+        "shapes": drawn[0].describe()[:160],
+        "seconds": seconds,
+        "threads": threads,
+        "inputs": inputs,
+        "reference": reference,
+        "calls": {k: v[0] for k, v in counts.items()},
+        "mismatches": {k: v[1] for k, v in counts.items()},
+        "notes": notes,
+    }

@@ -4,23 +4,29 @@ Times are medians over repeated calls of jitted functions after a warm-up, with
 ``block_until_ready``; each kernel is timed with its default config and with the
 fastest config of its autotuning space.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from pallascheck.bench.attention import bench_attention
+from pallascheck.bench.collectives import bench_collectives
+from pallascheck.bench.losses import bench as bench_losses
+from pallascheck.bench.moe import run as bench_moe
+from pallascheck.bench.timing import (
+    best_config,
+    fastest,
+    interleaved_medians,
+    median_seconds,
+    print_row,
+)
+from pallascheck.bench.top_k import bench_top_k
 from pallascheck.kernels import matmul, norms
 from pallascheck.kernels.backends import Backend, NotOnBackend
-
-from .attention import bench_attention
-from .collectives import bench_collectives
-from .losses import bench as bench_losses
-from .moe import run as bench_moe
-from .top_k import bench_top_k
-from .timing import best_config, fastest, interleaved_medians, median_seconds
 
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192), (2048, 8192, 2048), (8192, 8192, 8192))
 NORM_SHAPES = ((8192, 1024), (8192, 4096), (32768, 2048))
@@ -39,6 +45,7 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         x = jax.random.normal(kx, (m, k), dtype)
         y = jax.random.normal(ky, (k, n), dtype)
         ref = jax.jit(matmul.xla_reference)
+
         # jitted as the reference is: the kernel's Python dispatch (validation, padding,
         # config resolution) is not what is compared
         @functools.cache  # one compile per config: the search's executable is the one timed
@@ -106,22 +113,35 @@ def bench_norms(backend: Backend, dtype: str) -> list[dict]:
 
             ref_f, ref_fb = jax.jit(lambda x, s: reference(x, s)), fwd_bwd(reference)
             t_ref, t_ref_fb = median_seconds(lambda: ref_f(x, scale)), median_seconds(lambda: ref_fb(x, scale))
-            t_best, cfg = best_config(lambda c: (lambda: kernel(x, scale, config=c, backend=backend)), norms.configs(r, d, backend))
+            t_best, cfg = best_config(
+                lambda c: lambda: kernel(x, scale, config=c, backend=backend), norms.configs(r, d, backend)
+            )
             k_fb = fwd_bwd(lambda a, b: kernel(a, b, config=cfg, backend=backend))
             t_fb = median_seconds(lambda: k_fb(x, scale))
             bytes_fwd = 2 * x.size * x.dtype.itemsize
-            rows.append({"op": kind, "shape": f"{r}x{d}", "dtype": dtype, "xla_ms": t_ref * 1e3,
-                         "kernel_best_ms": t_best * 1e3, "best_config": str(cfg),
-                         "kernel_GBps": bytes_fwd / t_best / 1e9, "speed_vs_xla": t_ref / t_best,
-                         "xla_fwd_bwd_ms": t_ref_fb * 1e3, "kernel_fwd_bwd_ms": t_fb * 1e3,
-                         "fwd_bwd_speed_vs_xla": t_ref_fb / t_fb})
+            rows.append(
+                {
+                    "op": kind,
+                    "shape": f"{r}x{d}",
+                    "dtype": dtype,
+                    "xla_ms": t_ref * 1e3,
+                    "kernel_best_ms": t_best * 1e3,
+                    "best_config": str(cfg),
+                    "kernel_GBps": bytes_fwd / t_best / 1e9,
+                    "speed_vs_xla": t_ref / t_best,
+                    "xla_fwd_bwd_ms": t_ref_fb * 1e3,
+                    "kernel_fwd_bwd_ms": t_fb * 1e3,
+                    "fwd_bwd_speed_vs_xla": t_ref_fb / t_fb,
+                }
+            )
     return rows
 
 
 def _per_dtype(bench: Callable[[Backend, str], list[dict]]) -> Callable[[Backend], list[dict]]:
     """Every dtype of DTYPES the backend's kernels take (Mosaic GPU: bf16 only here)."""
-    return lambda backend: [row for dtype in DTYPES if not (backend.is_mosaic_gpu and dtype == "float32")
-                            for row in bench(backend, dtype)]
+    return lambda backend: [
+        row for dtype in DTYPES if not (backend.is_mosaic_gpu and dtype == "float32") for row in bench(backend, dtype)
+    ]
 
 
 # op family -> benchmark(backend) -> rows; every row has "op", "shape", "dtype" and
@@ -137,11 +157,7 @@ BENCHES: dict[str, Callable[[Backend], list[dict]]] = {
 }
 
 
-def print_row(row: dict) -> None:
-    print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
-
-
-def run(backend: Backend, ops: "list[str] | None" = None) -> list[dict]:
+def run(backend: Backend, ops: list[str] | None = None) -> list[dict]:
     """Run the benchmarks of ``ops`` (default: all of BENCHES), printing each row."""
     unknown = sorted(set(ops or ()) - set(BENCHES))
     if unknown:

@@ -32,13 +32,15 @@ interpreter or Triton's ``tl.dot``) and ``wgmma`` (the Mosaic GPU matmul kernel,
 ``assumption_violations`` compares what was measured with the tolerance model of the
 backend (oracles/tolerance.py); the command fails when the model does not hold.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
 import platform
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -67,20 +69,34 @@ def _pallas_dot(backend: Backend) -> DotFn:
         o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
 
     whole = lambda shape: pl.BlockSpec(shape, lambda i: (0, 0))  # noqa: E731
-    call = jax.jit(backend.pallas_call(
-        kernel, grid=(1,), in_specs=[whole((ROWS, K)), whole((K, COLS))], out_specs=whole((ROWS, COLS)),
-        out_shape=jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32), num_warps=4, num_stages=1,
-        dimension_semantics=("arbitrary",), name="pallascheck_probe_dot",
-    ))
+    call = jax.jit(
+        backend.pallas_call(
+            kernel,
+            grid=(1,),
+            in_specs=[whole((ROWS, K)), whole((K, COLS))],
+            out_specs=whole((ROWS, COLS)),
+            out_shape=jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32),
+            num_warps=4,
+            num_stages=1,
+            dimension_semantics=("arbitrary",),
+            name="pallascheck_probe_dot",
+        )
+    )
     return lambda x, y: np.asarray(call(x, y))
 
 
 def _wgmma_dot(backend: Backend) -> DotFn:
     config = mosaic_gpu_matmul.Config(tile_m=ROWS, tile_n=COLS, tile_k=K, max_concurrent_steps=2)
-    call = jax.jit(functools.partial(
-        mosaic_gpu_matmul.tiled_call, out_dtype=jnp.float32, activation="none", save_preactivation=False,
-        config=config, backend=backend,
-    ))
+    call = jax.jit(
+        functools.partial(
+            mosaic_gpu_matmul.tiled_call,
+            out_dtype=jnp.float32,
+            activation="none",
+            save_preactivation=False,
+            config=config,
+            backend=backend,
+        )
+    )
     return lambda x, y: np.asarray(call(x, y))
 
 
@@ -105,7 +121,10 @@ def products(dot: DotFn) -> dict[str, Any]:
     b = 1.0 + 127 / 128.0
     got = _run(dot, a[:, None][:ROWS], [b])
     exact = a[:ROWS] * b
-    return {"exact": bool(np.array_equal(got, exact)), "worst_relative_error": float(np.max(np.abs(got - exact) / exact))}
+    return {
+        "exact": bool(np.array_equal(got, exact)),
+        "worst_relative_error": float(np.max(np.abs(got - exact) / exact)),
+    }
 
 
 def accumulator_bits(dot: DotFn) -> dict[str, Any]:
@@ -113,8 +132,10 @@ def accumulator_bits(dot: DotFn) -> dict[str, Any]:
     ks = np.arange(1, 31)
     small = 2.0 ** -ks.astype(float)
     kept = _run(dot, np.stack([np.ones_like(small), small], axis=1), [1.0, 1.0]) == 1.0 + small
-    return {"bits": int(ks[kept].max()) + 1 if kept.any() else 0,
-            "kept_all_up_to": int(np.argmin(kept)) if not kept.all() else len(ks)}
+    return {
+        "bits": int(ks[kept].max()) + 1 if kept.any() else 0,
+        "kept_all_up_to": int(np.argmin(kept)) if not kept.all() else len(ks),
+    }
 
 
 def rounding(dot: DotFn) -> dict[str, Any]:
@@ -123,8 +144,11 @@ def rounding(dot: DotFn) -> dict[str, Any]:
     above, below, tie = _run(dot, rows, [1.0, 1.0])
     # (+0.75 ulp, -0.75 ulp, +0.5 ulp tie) under each mode, past 1 in units of ulp
     modes = {
-        "nearest-even": (1, -1, 0), "nearest-away": (1, -1, 1), "toward-zero": (0, 0, 0),
-        "down": (0, -1, 0), "up": (1, 0, 1),
+        "nearest-even": (1, -1, 0),
+        "nearest-away": (1, -1, 1),
+        "toward-zero": (0, 0, 0),
+        "down": (0, -1, 0),
+        "up": (1, 0, 1),
     }
     seen = (round((above - 1.0) / ulp), round((below + 1.0) / ulp), round((tie - 1.0) / ulp))
     mode = next((name for name, pattern in modes.items() if pattern == seen), "other")
@@ -162,11 +186,12 @@ def _simulate(order: str, terms: np.ndarray, mode: str = "nearest-even") -> floa
     if order == "pairwise":
         level = [float(t) for t in terms]
         while len(level) > 1:
-            level = [_add(level[i], level[i + 1], mode) if i + 1 < len(level) else level[i]
-                     for i in range(0, len(level), 2)]
+            level = [
+                _add(level[i], level[i + 1], mode) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)
+            ]
         return level[0]
     kind, size = order.split("-")
-    groups = [terms[i:i + int(size)] for i in range(0, len(terms), int(size))]
+    groups = [terms[i : i + int(size)] for i in range(0, len(terms), int(size))]
     if kind == "fused":  # each group summed at once, aligned to its largest term
         return _simulate("sequential", np.array([fused_group_sum(g) for g in groups]), mode)
     # "blocked-b": sequential within blocks of b, then across
@@ -185,8 +210,11 @@ def fused_group_sum(terms: Any, bits: int = 24, axis: int = -1) -> Any:
     return float(total) if total.ndim == 0 else total
 
 
-ORDERS = (("sequential", "reverse", "pairwise") + tuple(f"blocked-{b}" for b in (2, 4, 8, 16))
-          + tuple(f"fused-{g}" for g in (4, 8, 16, 32)))
+ORDERS = (
+    ("sequential", "reverse", "pairwise")
+    + tuple(f"blocked-{b}" for b in (2, 4, 8, 16))
+    + tuple(f"fused-{g}" for g in (4, 8, 16, 32))
+)
 
 
 def sequential_permutation(surviving: list[int]) -> list[int] | None:
@@ -205,8 +233,10 @@ def sequential_permutation(surviving: list[int]) -> list[int] | None:
         else:
             missing = sorted(set(range(K)) - set(ranks.values()))
             unplaced = [j for j in range(K) if j not in ranks]
-            if len(set(ranks.values())) == len(ranks) and len(missing) == len(unplaced) and all(
-                r < rank0 for r in missing
+            if (
+                len(set(ranks.values())) == len(ranks)
+                and len(missing) == len(unplaced)
+                and all(r < rank0 for r in missing)
             ):
                 # terms taken before position 0 are not resolved by this pattern: keep their index order
                 ranks.update(zip(unplaced, missing))
@@ -234,8 +264,10 @@ def subnormals(dot: DotFn) -> dict[str, Any]:
     tiny_input, tiny_product = 2.0**-130, 2.0**-140
     got_input = _run(dot, np.array([[tiny_input]]), [1.0])[0]
     got_product = _run(dot, np.array([[2.0**-70]]), [2.0**-70])[0]
-    return {"subnormal_input": "kept" if got_input == tiny_input else ("flushed" if got_input == 0 else "other"),
-            "subnormal_product": "kept" if got_product == tiny_product else ("flushed" if got_product == 0 else "other")}
+    return {
+        "subnormal_input": "kept" if got_input == tiny_input else ("flushed" if got_input == 0 else "other"),
+        "subnormal_product": "kept" if got_product == tiny_product else ("flushed" if got_product == 0 else "other"),
+    }
 
 
 def probe_path(dot: DotFn) -> dict[str, Any]:
@@ -255,8 +287,10 @@ def assumption_violations(measured: dict[str, Any], arith: Arithmetic) -> list[s
         out.append(f"the accumulator keeps {measured['accumulator']['bits']} significand bits, fewer than f32's 24")
     mode = measured["rounding"]["mode"]
     if mode == "other" or (not mode.startswith("nearest") and arith.mma_unit_factor < 2.0):
-        out.append(f"additions round {mode}; the model charges {arith.mma_unit_factor:g}u per addition, and a "
-                   f"directed rounding needs 2u")
+        out.append(
+            f"additions round {mode}; the model charges {arith.mma_unit_factor:g}u per addition, and a "
+            f"directed rounding needs 2u"
+        )
     flushes = "flushed" in measured["subnormals"].values()
     if flushes and not arith.flush_subnormals:
         out.append("subnormals are flushed but the model has no underflow floor")
@@ -281,15 +315,25 @@ def run(backend: Backend) -> Report:
     measured = {name: probe_path(dot) for name, dot in paths(backend).items()}
     device = jax.devices(backend.platform)[0]
     kind = getattr(device, "device_kind", "") or platform.processor() or "cpu"
-    return Report(str(backend), kind, jax.__version__, measured,
-                  {name: assumption_violations(m, arith) for name, m in measured.items()})
+    return Report(
+        str(backend),
+        kind,
+        jax.__version__,
+        measured,
+        {name: assumption_violations(m, arith) for name, m in measured.items()},
+    )
 
 
 def print_table(report: Report) -> None:
     print(f"dot arithmetic on {report.backend} ({report.device}, jax {report.jax_version}), bf16 inputs, f32 result")
     names = list(report.paths)
     lines = [
-        ("products", lambda m: "exact" if m["products"]["exact"] else f"rounded (rel. {m['products']['worst_relative_error']:.1e})"),
+        (
+            "products",
+            lambda m: (
+                "exact" if m["products"]["exact"] else f"rounded (rel. {m['products']['worst_relative_error']:.1e})"
+            ),
+        ),
         ("accumulator bits", lambda m: str(m["accumulator"]["bits"])),
         ("rounding", lambda m: m["rounding"]["mode"]),
         ("K-sum order (K=32)", lambda m: ", ".join(m["order"]["matches"])),

@@ -1,10 +1,12 @@
 """Wall-clock timing for the benchmarks: medians of jitted calls after a warm-up,
 each with ``block_until_ready``."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,8 +23,9 @@ def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
     return times
 
 
-def interleaved_seconds(fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0,
-                        burst: int = 1) -> list[list[float]]:
+def interleaved_seconds(
+    fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0, burst: int = 1
+) -> list[list[float]]:
     """Seconds per call of each of ``fns`` (already warmed up), ``repeats`` samples
     each, taken in rounds: each round times every function once, in a shuffled order,
     so that drift (clocks ramping up, a neighbour's load) falls on all of them alike.
@@ -40,8 +43,9 @@ def interleaved_seconds(fns: Sequence[Callable[[], Any]], repeats: int, seed: in
     return times
 
 
-def interleaved_medians(thunks: dict[str, Callable[[], Any]], repeats: int,
-                        burst: int = 1) -> tuple[dict[str, float], dict[str, str]]:
+def interleaved_medians(
+    thunks: dict[str, Callable[[], Any]], repeats: int, burst: int = 1
+) -> tuple[dict[str, float], dict[str, str]]:
     """Median seconds per call of each named thunk, timed together in shuffled rounds
     (``interleaved_seconds``), and the error of each thunk whose warm-up call failed:
     a competitor that does not compile or run is recorded, not fatal."""
@@ -56,8 +60,9 @@ def interleaved_medians(thunks: dict[str, Callable[[], Any]], repeats: int,
     return {name: statistics.median(times) for name, times in zip(runnable, samples)}, errors
 
 
-def fastest(make: Callable[[Any], Callable[[], Any]], candidates: Sequence[Any], repeats: int,
-            burst: int = 1) -> tuple[float, Any] | None:
+def fastest(
+    make: Callable[[Any], Callable[[], Any]], candidates: Sequence[Any], repeats: int, burst: int = 1
+) -> tuple[float, Any] | None:
     """(median seconds per call, candidate) of the fastest candidate whose thunk
     ``make(candidate)`` runs, all timed together (``interleaved_medians``): timing each
     candidate's calls in a row let clock drift pick a slower config on the H200. A
@@ -90,3 +95,8 @@ def peak_bytes(fn: Callable[..., Any], *args: Any) -> int:
     (arrays or ShapeDtypeStructs: nothing runs)."""
     stats = jax.jit(fn).lower(*args).compile().memory_analysis()
     return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
+
+
+def print_row(row: dict) -> None:
+    """One benchmark row on one line, floats to three figures."""
+    print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)

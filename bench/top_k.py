@@ -9,6 +9,7 @@ worst case (every 128th logit 1, the rest 0: every stage runs). Times are median
 the fastest of its config space, and every kernel result is checked bit for bit
 against ``lax.top_k`` (values) before it is timed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,10 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallascheck.bench.timing import best_config, median_seconds
 from pallascheck.kernels import top_k
 from pallascheck.kernels.backends import Backend
-
-from .timing import best_config, median_seconds
 
 TOKENS = (32, 2048)
 VOCAB = 201088
@@ -50,11 +50,20 @@ def bench_top_k(backend: Backend, dtype: str = "bfloat16") -> list[dict]:
             t_default = median_seconds(lambda: top_k.top_k(x, K, backend=backend))
             make = lambda c: functools.partial(top_k.top_k, x, K, config=c, backend=backend)  # noqa: E731
             t_best, cfg = best_config(make, top_k.configs(tokens, VOCAB, K, backend))
-            rows.append({
-                "op": "top_k", "shape": f"{tokens}x{VOCAB} k={K} {name}", "dtype": dtype,
-                "values_match_lax_top_k": same, "indices_match_lax_top_k": same_indices,
-                "lax_top_k_ms": t_exact * 1e3, "approx_max_k_ms": t_approx * 1e3,
-                "kernel_default_ms": t_default * 1e3, "kernel_best_ms": t_best * 1e3, "best_config": str(cfg),
-                "speed_vs_lax_top_k": t_exact / t_best, "speed_vs_approx_max_k": t_approx / t_best,
-            })
+            rows.append(
+                {
+                    "op": "top_k",
+                    "shape": f"{tokens}x{VOCAB} k={K} {name}",
+                    "dtype": dtype,
+                    "values_match_lax_top_k": same,
+                    "indices_match_lax_top_k": same_indices,
+                    "lax_top_k_ms": t_exact * 1e3,
+                    "approx_max_k_ms": t_approx * 1e3,
+                    "kernel_default_ms": t_default * 1e3,
+                    "kernel_best_ms": t_best * 1e3,
+                    "best_config": str(cfg),
+                    "speed_vs_lax_top_k": t_exact / t_best,
+                    "speed_vs_approx_max_k": t_approx / t_best,
+                }
+            )
     return rows

@@ -7,6 +7,7 @@ longest chain of additions is (BLOCK - 1) + (blocks before it): the blocked orde
 with block ``BLOCK``. ``bug=True`` plants a stale carry: the carry adds the block's
 first element instead of its total.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,9 @@ def _kernel(x_ref, o_ref, *, bug: bool):
 def blocked_cumsum(x: jax.Array, *, interpret: bool = False, bug: bool = False) -> jax.Array:
     if x.ndim != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"x: [rows, N] with N a multiple of {BLOCK}, got {x.shape}")
-    return pl.pallas_call(functools.partial(_kernel, bug=bug), interpret=interpret,
-                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return pl.pallas_call(
+        functools.partial(_kernel, bug=bug), interpret=interpret, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)
+    )(x)
 
 
 # ---- check (the whole of it) ----
@@ -48,6 +50,10 @@ from pallascheck.specs import Facts, Input, blocked, from_reference  # noqa: E40
 
 
 def spec(kernel=blocked_cumsum):
-    return from_reference(kernel, cumsum_reference, name="example_blocked_cumsum",
-                          inputs={"x": Input((4, 48), reduction=48, kinds=("normal", "large", "subnormal", "positive"))},
-                          facts=Facts(order=blocked(BLOCK)))
+    return from_reference(
+        kernel,
+        cumsum_reference,
+        name="example_blocked_cumsum",
+        inputs={"x": Input((4, 48), reduction=48, kinds=("normal", "large", "subnormal", "positive"))},
+        facts=Facts(order=blocked(BLOCK)),
+    )

@@ -7,6 +7,7 @@ running state S = sum_s k_s^T v_s, carried from chunk to chunk (o_chunk = q S +
 masked intra-chunk part). ``bug=True`` plants an off-by-one in the intra-chunk mask
 (strictly causal: each position no longer attends to itself).
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,11 +44,16 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "bug"))
-def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False, bug: bool = False) -> jax.Array:
+def linear_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False, bug: bool = False
+) -> jax.Array:
     if q.shape != k.shape or q.shape[0] != v.shape[0] or q.shape[0] % CHUNK:
         raise ValueError(f"q, k: [T, D] alike, v: [T, E], T a multiple of {CHUNK}; got {q.shape} {k.shape} {v.shape}")
-    return pl.pallas_call(functools.partial(_kernel, bug=bug), interpret=interpret,
-                          out_shape=jax.ShapeDtypeStruct((q.shape[0], v.shape[1]), q.dtype))(q, k, v)
+    return pl.pallas_call(
+        functools.partial(_kernel, bug=bug),
+        interpret=interpret,
+        out_shape=jax.ShapeDtypeStruct((q.shape[0], v.shape[1]), q.dtype),
+    )(q, k, v)
 
 
 # ---- check (the whole of it) ----
@@ -55,6 +61,11 @@ from pallascheck.specs import Facts, from_reference  # noqa: E402
 
 
 def spec(kernel=linear_attention):
-    return from_reference(kernel, linear_attention_reference, name="example_linear_attention",
-                          inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)}, facts=Facts(compute_dtype="float32"),
-                          kinds=("normal", "subnormal", "few_distinct", "positive"))  # cubic: large values overflow
+    return from_reference(
+        kernel,
+        linear_attention_reference,
+        name="example_linear_attention",
+        inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)},
+        facts=Facts(compute_dtype="float32"),
+        kinds=("normal", "subnormal", "few_distinct", "positive"),
+    )  # cubic: large values overflow

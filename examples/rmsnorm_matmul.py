@@ -7,6 +7,7 @@ tensor-core kernel must do), with an f32 accumulator. Both K loops sum tile by t
 blocked order, block ``BLOCK_K``. ``bug=True`` plants the fused-norm bug: the
 statistics of each K tile alone (the row's mean square taken per tile).
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,17 +52,26 @@ def _kernel(x_ref, g_ref, w_ref, o_ref, *, bug: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "bug"))
-def rmsnorm_matmul(x: jax.Array, g: jax.Array, w: jax.Array, *, interpret: bool = False, bug: bool = False) -> jax.Array:
+def rmsnorm_matmul(
+    x: jax.Array, g: jax.Array, w: jax.Array, *, interpret: bool = False, bug: bool = False
+) -> jax.Array:
     (m, k), n = x.shape, w.shape[1]
     if g.shape != (k,) or w.shape[0] != k or m % BLOCK_M or n % BLOCK_N or k % BLOCK_K:
-        raise ValueError(f"x [M, K], g [K], w [K, N] with M, N, K multiples of {BLOCK_M, BLOCK_N, BLOCK_K}; "
-                         f"got {x.shape} {g.shape} {w.shape}")
+        raise ValueError(
+            f"x [M, K], g [K], w [K, N] with M, N, K multiples of {BLOCK_M, BLOCK_N, BLOCK_K}; "
+            f"got {x.shape} {g.shape} {w.shape}"
+        )
     return pl.pallas_call(
-        functools.partial(_kernel, bug=bug), grid=(m // BLOCK_M, n // BLOCK_N),
-        in_specs=[pl.BlockSpec((BLOCK_M, k), lambda i, j: (i, 0)), pl.BlockSpec((1, k), lambda i, j: (0, 0)),
-                  pl.BlockSpec((k, BLOCK_N), lambda i, j: (0, j))],
+        functools.partial(_kernel, bug=bug),
+        grid=(m // BLOCK_M, n // BLOCK_N),
+        in_specs=[
+            pl.BlockSpec((BLOCK_M, k), lambda i, j: (i, 0)),
+            pl.BlockSpec((1, k), lambda i, j: (0, 0)),
+            pl.BlockSpec((k, BLOCK_N), lambda i, j: (0, j)),
+        ],
         out_specs=pl.BlockSpec((BLOCK_M, BLOCK_N), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), interpret=interpret,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        interpret=interpret,
     )(x, g.reshape(1, k), w)
 
 
@@ -72,7 +82,14 @@ WEIGHT_KINDS = ("normal", "large")  # rows of mean 1e4 in g or w overflow f16 wh
 
 
 def spec(kernel=rmsnorm_matmul):
-    return from_reference(kernel, rmsnorm_matmul_reference, name="example_rmsnorm_matmul",
-                          inputs={"x": (16, 64), "g": Input((64,), reduction=64, kinds=WEIGHT_KINDS),
-                                  "w": Input((64, 32), reduction=64 * 8, kinds=WEIGHT_KINDS)},
-                          facts=Facts(compute_dtype="float32", order=blocked(BLOCK_K)))
+    return from_reference(
+        kernel,
+        rmsnorm_matmul_reference,
+        name="example_rmsnorm_matmul",
+        inputs={
+            "x": (16, 64),
+            "g": Input((64,), reduction=64, kinds=WEIGHT_KINDS),
+            "w": Input((64, 32), reduction=64 * 8, kinds=WEIGHT_KINDS),
+        },
+        facts=Facts(compute_dtype="float32", order=blocked(BLOCK_K)),
+    )

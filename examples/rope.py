@@ -6,6 +6,7 @@ computes its positions from its grid index. ``bug=True`` plants the classic tili
 bug: positions counted from 0 in every block (the block's offset forgotten), so
 every block after the first is rotated as if it started the sequence.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,7 @@ def rope_reference(x: jax.Array) -> jax.Array:
     s, d = x.shape
     theta = _angles(jnp.arange(s), d)
     cos, sin = jnp.cos(theta), jnp.sin(theta)
-    x1, x2 = x[:, : d // 2].astype(jnp.float32), x[:, d // 2:].astype(jnp.float32)
+    x1, x2 = x[:, : d // 2].astype(jnp.float32), x[:, d // 2 :].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
@@ -38,7 +39,7 @@ def _kernel(x_ref, o_ref, *, bug: bool):
     theta = _angles(offset + jnp.arange(block), d)
     cos, sin = jnp.cos(theta), jnp.sin(theta)
     x = x_ref[...].astype(jnp.float32)
-    x1, x2 = x[:, : d // 2], x[:, d // 2:]
+    x1, x2 = x[:, : d // 2], x[:, d // 2 :]
     o_ref[...] = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(o_ref.dtype)
 
 
@@ -48,9 +49,12 @@ def rope(x: jax.Array, *, interpret: bool = False, bug: bool = False) -> jax.Arr
     if s % BLOCK or d % 2:
         raise ValueError(f"x: sequence length must be a multiple of {BLOCK} and D even, got {x.shape}")
     return pl.pallas_call(
-        functools.partial(_kernel, bug=bug), grid=(s // BLOCK,),
-        in_specs=[pl.BlockSpec((BLOCK, d), lambda i: (i, 0))], out_specs=pl.BlockSpec((BLOCK, d), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret,
+        functools.partial(_kernel, bug=bug),
+        grid=(s // BLOCK,),
+        in_specs=[pl.BlockSpec((BLOCK, d), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((BLOCK, d), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret,
     )(x)
 
 
@@ -59,5 +63,6 @@ from pallascheck.specs import Facts, from_reference  # noqa: E402
 
 
 def spec(kernel=rope):
-    return from_reference(kernel, rope_reference, name="example_rope", inputs={"x": (32, 64)},
-                          facts=Facts(compute_dtype="float32"))
+    return from_reference(
+        kernel, rope_reference, name="example_rope", inputs={"x": (32, 64)}, facts=Facts(compute_dtype="float32")
+    )

@@ -6,6 +6,7 @@ with an online softmax (running max, rescaled sum and accumulator in f32), and d
 once at the end. ``bug=True`` plants an off-by-one in the window (i - j <= WINDOW: one
 key too many).
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ CAP = 30.0
 
 def softcap_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     t, d = q.shape
-    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (d ** -0.5)
+    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * (d**-0.5)
     s = CAP * jnp.tanh(s / CAP)
     i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
     s = jnp.where((j <= i) & (i - j < WINDOW), s, -jnp.inf)
@@ -39,7 +40,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
         m, l, acc = carry
         k = k_ref[pl.ds(kb * BLOCK, BLOCK), :].astype(jnp.float32)
         v = v_ref[pl.ds(kb * BLOCK, BLOCK), :].astype(jnp.float32)
-        s = jnp.dot(q, k.T) * (d ** -0.5)
+        s = jnp.dot(q, k.T) * (d**-0.5)
         s = CAP * jnp.tanh(s / CAP)
         cols = kb * BLOCK + lax.broadcasted_iota(jnp.int32, (block, BLOCK), 1)
         inside = (rows - cols <= WINDOW) if bug else (rows - cols < WINDOW)
@@ -52,23 +53,30 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
 
     # key blocks that can hold a key in the window of this query block
     first = jnp.maximum(qi * block - WINDOW + 1, 0) // BLOCK
-    start = (jnp.full((block, 1), -jnp.inf, jnp.float32), jnp.zeros((block, 1), jnp.float32),
-             jnp.zeros((block, v_ref.shape[1]), jnp.float32))
+    start = (
+        jnp.full((block, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((block, 1), jnp.float32),
+        jnp.zeros((block, v_ref.shape[1]), jnp.float32),
+    )
     _, l, acc = lax.fori_loop(first, qi + 1, step, start)
     o_ref[...] = (acc / l).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "bug"))
-def softcap_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False, bug: bool = False) -> jax.Array:
+def softcap_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, interpret: bool = False, bug: bool = False
+) -> jax.Array:
     t, d = q.shape
     if k.shape != q.shape or v.shape[0] != t or t % BLOCK:
         raise ValueError(f"q, k: [T, D] alike, v: [T, E], T a multiple of {BLOCK}; got {q.shape} {k.shape} {v.shape}")
     full = lambda i: (0, 0)  # noqa: E731 - keys and values stay whole in every program
     return pl.pallas_call(
-        functools.partial(_kernel, bug=bug), grid=(t // BLOCK,),
+        functools.partial(_kernel, bug=bug),
+        grid=(t // BLOCK,),
         in_specs=[pl.BlockSpec((BLOCK, d), lambda i: (i, 0)), pl.BlockSpec(k.shape, full), pl.BlockSpec(v.shape, full)],
         out_specs=pl.BlockSpec((BLOCK, v.shape[1]), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((t, v.shape[1]), q.dtype), interpret=interpret,
+        out_shape=jax.ShapeDtypeStruct((t, v.shape[1]), q.dtype),
+        interpret=interpret,
     )(q, k, v)
 
 
@@ -77,5 +85,10 @@ from pallascheck.specs import Facts, from_reference  # noqa: E402
 
 
 def spec(kernel=softcap_attention):
-    return from_reference(kernel, softcap_attention_reference, name="example_softcap_attention",
-                          inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)}, facts=Facts(compute_dtype="float32"))
+    return from_reference(
+        kernel,
+        softcap_attention_reference,
+        name="example_softcap_attention",
+        inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)},
+        facts=Facts(compute_dtype="float32"),
+    )

@@ -8,12 +8,14 @@ config slot within the pair. A pair starts with one kind ("any": unpinned) and o
 slot (None: drawn); after its first run the worker reports the kinds its strategies
 offer and the size of its config space, and the levels below it open up.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import random
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 # UCB1's exploration weight for rewards in [0, 1]. Budgets of a sound kernel sit
 # around 0.01-0.5, so sqrt(2) (the textbook weight for a reward range of 1) would
@@ -57,6 +59,7 @@ class Bandit:
             if s is None or s.pulls == 0:
                 return math.inf
             return s.mean + EXPLORATION * math.sqrt(math.log(max(parent_pulls, 1)) / s.pulls)
+
         scores = [score(k) for k in keys]
         top = max(scores)
         return self.rng.choice([i for i, s in enumerate(scores) if s == top])
@@ -92,8 +95,17 @@ class Bandit:
             for level, options in (("kind", kinds), ("slot", self.slots[(target, dtype)])):
                 for option in options:
                     s = self.stats.get((level, target, dtype, option), Stat())
-                    rows.append({"kernel": target, "dtype": dtype, "level": level, "option": option,
-                                 "pulls": s.pulls, "mean_reward": s.mean, "best_budget": s.best})
+                    rows.append(
+                        {
+                            "kernel": target,
+                            "dtype": dtype,
+                            "level": level,
+                            "option": option,
+                            "pulls": s.pulls,
+                            "mean_reward": s.mean,
+                            "best_budget": s.best,
+                        }
+                    )
         return rows
 
     def state(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ running is kept, the pair is retired, a new worker takes over. Everything is on 
 the moment it is known; ``resume=True`` continues a campaign from its state file,
 skipping what it already found.
 """
+
 from __future__ import annotations
 
 import collections
@@ -24,15 +25,22 @@ import dataclasses
 import os
 import random
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from pallascheck.fuzz import bandit, plan, targets
+from pallascheck.fuzz.corpus import (
+    CASES,
+    EVENTS,
+    FAILURES,
+    Corpus,
+    crash_pattern,
+    signature,
+)
+from pallascheck.fuzz.workers import Death, Task, Worker, failed_dir
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.spec import Case
-
-from . import bandit, targets
-from .corpus import CASES, EVENTS, FAILURES, Corpus, crash_pattern, signature
-from .workers import Death, Task, Worker, failed_dir
 
 STATE_VERSION = 1
 EXPLORE_EVERY = 2  # in a targeted campaign, one task in this many draws without climbing
@@ -76,8 +84,18 @@ class Limits:
 
 class Campaign:
     def __init__(
-        self, targets_: Sequence[str], backend: Backend, corpus: str, *, examples: int, targeted: bool,
-        dtypes: Sequence[str] | None, paths: Sequence[str], first_seed: int, resume: bool, shapes: str = "small",
+        self,
+        targets_: Sequence[str],
+        backend: Backend,
+        corpus: str,
+        *,
+        examples: int,
+        targeted: bool,
+        dtypes: Sequence[str] | None,
+        paths: Sequence[str],
+        first_seed: int,
+        resume: bool,
+        shapes: str = "small",
         layout_cases: int | None = None,
     ):
         targets.add_paths(paths)
@@ -85,11 +103,14 @@ class Campaign:
         self.corpus = Corpus(corpus)
         saved = self.corpus.load_state()
         if saved is not None and not resume:
-            raise ValueError(f"corpus {corpus!r} already holds a campaign: pass --resume to continue it, "
-                             f"or choose another --corpus")
+            raise ValueError(
+                f"corpus {corpus!r} already holds a campaign: pass --resume to continue it, or choose another --corpus"
+            )
         if saved is not None and saved["backend"] != str(backend):
-            raise ValueError(f"corpus {corpus!r} was fuzzed on {saved['backend']}, not {backend}: "
-                             f"resume it there, or choose another --corpus")
+            raise ValueError(
+                f"corpus {corpus!r} was fuzzed on {saved['backend']}, not {backend}: "
+                f"resume it there, or choose another --corpus"
+            )
         self.backend = backend
         state = saved or {}  # what a resumed campaign had; the arguments given take precedence
         self.paths = list(paths) or state.get("paths", [])
@@ -100,16 +121,18 @@ class Campaign:
         self.targets = names
         wanted = list(dtypes or ()) or state.get("dtypes", [])
         self.dtypes = wanted
-        self.pairs = [(name, d) for name in names for d in targets.resolve(name).dtypes_for(backend)
-                      if not wanted or d in wanted]
+        self.pairs = [
+            (name, d) for name in names for d in targets.resolve(name).dtypes_for(backend) if not wanted or d in wanted
+        ]
         if not self.pairs:
             raise ValueError("no (kernel, dtype) pair to fuzz: check --kernel and --dtype")
         self.examples = examples
         self.shapes = state.get("shapes", shapes)
         untiered = [n for n in names if targets.resolve(n).production is None] if self.shapes == "production" else []
         if untiered:
-            raise ValueError(f"no production shape tier: {', '.join(untiered)} (leave them out, or fuzz them at "
-                             f"--shapes small)")
+            raise ValueError(
+                f"no production shape tier: {', '.join(untiered)} (leave them out, or fuzz them at --shapes small)"
+            )
         # cases per compiled layout: the one given, else the saved campaign's, else the tier's
         self.layout_cases = layout_cases if layout_cases is not None else state.get("layout_cases")
         self.targeted = targeted
@@ -142,15 +165,28 @@ class Campaign:
         import jax
 
         arms = [dict(row, retired=(row["kernel"], row["dtype"]) in self.retired) for row in self.bandit.arms()]
-        self.corpus.save_state({
-            "version": STATE_VERSION, "backend": str(self.backend), "jax": jax.__version__,
-            "started": self.started, "seconds": self.elapsed(), "targeted": self.targeted,
-            "targets": self.targets, "dtypes": self.dtypes, "paths": self.paths, "examples": self.examples,
-            "shapes": self.shapes, "layout_cases": self.layout_cases,
-            "next_seed": self.seed, "cases": self.cases, "arms": arms, "bandit": self.bandit.state(),
-            "retired": [list(p) for p in sorted(self.retired)],
-            "retired_checks": [[list(p), c] for p, c in sorted(self.retired_checks.items())],
-        })
+        self.corpus.save_state(
+            {
+                "version": STATE_VERSION,
+                "backend": str(self.backend),
+                "jax": jax.__version__,
+                "started": self.started,
+                "seconds": self.elapsed(),
+                "targeted": self.targeted,
+                "targets": self.targets,
+                "dtypes": self.dtypes,
+                "paths": self.paths,
+                "examples": self.examples,
+                "shapes": self.shapes,
+                "layout_cases": self.layout_cases,
+                "next_seed": self.seed,
+                "cases": self.cases,
+                "arms": arms,
+                "bandit": self.bandit.state(),
+                "retired": [list(p) for p in sorted(self.retired)],
+                "retired_checks": [[list(p), c] for p, c in sorted(self.retired_checks.items())],
+            }
+        )
 
     def open_pairs(self) -> list[tuple[str, str]]:
         return [p for p in self.pairs if p not in self.retired]
@@ -176,8 +212,9 @@ class Campaign:
         self.tasks_started[pair] += 1
         checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
-        return Task(pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes,
-                    self.layout_cases)
+        return Task(
+            pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes, self.layout_cases
+        )
 
     def finish(self, task: Task, result: dict[str, Any]) -> list[dict[str, Any]]:
         """Book a finished task; returns the records of the failures it found, each
@@ -193,9 +230,19 @@ class Campaign:
                 pattern = crash_pattern(failure["message"].split("\n", 1)[-1])
             else:
                 pattern = failure["pattern"] or "-"
-            found.append(self.record(task, "value" if check != "crash" else "crash", check, pattern,
-                                     failure["message"], failure["case"], minimised=True,
-                                     worst=failure["worst"], budget=failure["budget"]))
+            found.append(
+                self.record(
+                    task,
+                    "value" if check != "crash" else "crash",
+                    check,
+                    pattern,
+                    failure["message"],
+                    failure["case"],
+                    minimised=True,
+                    worst=failure["worst"],
+                    budget=failure["budget"],
+                )
+            )
         self.log_task(task, result["cases"], result["budgets"], found)
         return found
 
@@ -242,8 +289,19 @@ class Campaign:
             self.log_task(task, 0, {}, found)
         return found
 
-    def record(self, task: Task, kind: str, check: str, pattern: str, message: str, case_path: str | None,
-               *, minimised: bool, worst: dict[str, Any] | None = None, budget: float | None = None) -> dict[str, Any]:
+    def record(
+        self,
+        task: Task,
+        kind: str,
+        check: str,
+        pattern: str,
+        message: str,
+        case_path: str | None,
+        *,
+        minimised: bool,
+        worst: dict[str, Any] | None = None,
+        budget: float | None = None,
+    ) -> dict[str, Any]:
         """Keep one failure in the corpus. ``worst``: where the failing check's budget
         was used most (output, index, shape, error, bound); ``budget``: error / bound
         there (None: infinite)."""
@@ -251,13 +309,25 @@ class Campaign:
         case_file = self.corpus.file(FAILURES, sig, "case.npz")
         paths = "".join(f" --path {p}" for p in self.paths)
         record = {
-            "signature": sig, "kernel": task.target, "dtype": task.dtype, "check": check, "kind": kind,
-            "pattern": pattern, "message": message, "backend": str(self.backend), "seed": task.seed,
-            "input_kind": task.kind, "config_slot": task.slot, "first_seen_t": round(self.elapsed(), 2),
-            "minimised": minimised, "worst": worst, "budget": budget,
-            "replay": f"pallascheck replay {case_file}{paths}" if case_path else
-                      f"pallascheck fuzz --kernel {task.target} --dtype {task.dtype} --seed {task.seed - 1}{paths} "
-                      f"(no case was in flight: the task died while drawing or compiling)",
+            "signature": sig,
+            "kernel": task.target,
+            "dtype": task.dtype,
+            "check": check,
+            "kind": kind,
+            "pattern": pattern,
+            "message": message,
+            "backend": str(self.backend),
+            "seed": task.seed,
+            "input_kind": task.kind,
+            "config_slot": task.slot,
+            "first_seen_t": round(self.elapsed(), 2),
+            "minimised": minimised,
+            "worst": worst,
+            "budget": budget,
+            "replay": f"pallascheck replay {case_file}{paths}"
+            if case_path
+            else f"pallascheck fuzz --kernel {task.target} --dtype {task.dtype} --seed {task.seed - 1}{paths} "
+            f"(no case was in flight: the task died while drawing or compiling)",
         }
         if case_path:
             case = Case.load(case_path)
@@ -269,12 +339,24 @@ class Campaign:
         return stored
 
     def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]]) -> None:
-        self.corpus.append(EVENTS, {
-            "t": round(self.elapsed(), 2), "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
-            "config_slot": task.slot, "seed": task.seed, "cases": cases, "best_budget": budgets,
-            "outcome": found[0]["kind"] if found else "pass", "signature": found[0]["signature"] if found else None,
-            "signatures": [f["signature"] for f in found], "targeted": task.targeted, "checks": list(task.checks),
-        })
+        self.corpus.append(
+            EVENTS,
+            {
+                "t": round(self.elapsed(), 2),
+                "kernel": task.target,
+                "dtype": task.dtype,
+                "kind": task.kind,
+                "config_slot": task.slot,
+                "seed": task.seed,
+                "cases": cases,
+                "best_budget": budgets,
+                "outcome": found[0]["kind"] if found else "pass",
+                "signature": found[0]["signature"] if found else None,
+                "signatures": [f["signature"] for f in found],
+                "targeted": task.targeted,
+                "checks": list(task.checks),
+            },
+        )
         self.save()
 
 
@@ -310,14 +392,26 @@ def run(
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
     if layout_cases is not None and layout_cases < 1:
         raise ValueError(f"cases per layout (--cases) must be >= 1, got {layout_cases!r}")
-    campaign = Campaign(targets_, backend, corpus, examples=examples, targeted=targeted, dtypes=dtypes,
-                        paths=paths, first_seed=first_seed, resume=resume, shapes=shapes, layout_cases=layout_cases)
+    campaign = Campaign(
+        targets_,
+        backend,
+        corpus,
+        examples=examples,
+        targeted=targeted,
+        dtypes=dtypes,
+        paths=paths,
+        first_seed=first_seed,
+        resume=resume,
+        shapes=shapes,
+        layout_cases=layout_cases,
+    )
     result = CampaignResult()
     setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
-    devices = gpu_devices(backend)
+    devices = plan.gpu_devices(backend)
 
     def new_worker(i: int) -> Worker:
         return Worker(i, campaign.corpus.worker_dir(i), dict(setup, device=str(i % devices) if devices else None))
+
     workers = [new_worker(i) for i in range(jobs)]
     deadline = time.monotonic() + seconds
     best = (0.0, "")
@@ -336,8 +430,13 @@ def run(
                         campaign.corpus.append(CASES, dict(payload, t=round(campaign.elapsed(), 2)))
                         campaign.cases += 1
                         result.cases += 1
-                        used = max((c["budget"] if c["budget"] is not None else float("inf")
-                                    for c in payload["checks"].values()), default=0.0)
+                        used = max(
+                            (
+                                c["budget"] if c["budget"] is not None else float("inf")
+                                for c in payload["checks"].values()
+                            ),
+                            default=0.0,
+                        )
                         best = max(best, (used, f"{payload['kernel']} {payload['dtype']}"))
                     elif kind == "done":
                         result.tasks += 1
@@ -360,7 +459,8 @@ def run(
                 last_progress = time.monotonic()
                 progress(_progress_line(campaign, result, best))
             if (stop_on_first and result.new_failures) or (
-                    not busy and ((time.monotonic() >= deadline and started) or not campaign.open_pairs())):
+                not busy and ((time.monotonic() >= deadline and started) or not campaign.open_pairs())
+            ):
                 break
             if busy and time.monotonic() >= deadline + OVERRUN_S:
                 break
@@ -377,8 +477,9 @@ def run(
         for worker in [worker for worker in workers if worker.task is not None]:
             worker.kill()  # a task in flight is stopped, not what it found
             result.stopped_in_flight += 1
-            result.count(campaign.salvage(worker.task, failed_dir(worker.inflight)),
-                         time.monotonic() - campaign.run_start)
+            result.count(
+                campaign.salvage(worker.task, failed_dir(worker.inflight)), time.monotonic() - campaign.run_start
+            )
         deadline = time.monotonic() + 5.0
         for worker in idle:
             worker.wait(deadline)
@@ -391,33 +492,8 @@ def run(
 def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float, str]) -> str:
     elapsed = time.monotonic() - campaign.run_start
     found = ", ".join(f"{k} {n}" for k, n in sorted(campaign.failure_kinds.items()) if n) or "none"
-    return (f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
-            f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
-            f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open")
-
-
-def gpu_devices(backend: Backend) -> int:
-    """How many GPUs the campaign spreads its workers over (0 for a CPU backend)."""
-    if backend.platform != "gpu":
-        return 0
-    import jax
-
-    return jax.local_device_count()
-
-
-def default_jobs(backend: Backend, shapes: str = "small") -> int:
-    """Every core, on the CPU and at a GPU's small tier; one worker per GPU at the
-    production tier. A small case is milliseconds of GPU work and its layout's
-    compilation seconds of host work, so the workers share the GPUs (16 on one H100
-    checked 76 cases/s, warm cache); a production case plans with the memory of the
-    device it has (production.share_devices)."""
-    gpus = gpu_devices(backend)
-    if gpus and shapes == "production":
-        return gpus
-    return max(len(os.sched_getaffinity(0)), gpus)
-
-
-def default_memory_bytes(jobs: int) -> int:
-    """Three quarters of the machine's memory, shared among the workers."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(0.75 * total / jobs)
+    return (
+        f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
+        f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
+        f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open"
+    )

@@ -21,6 +21,7 @@ Failures are deduplicated by a signature: the kernel, dtype, check, failure kind
 it was non-finite, on which axes it sat at the last index). Two findings of one bug
 share it; the corpus keeps the first reproducer and counts the rest.
 """
+
 from __future__ import annotations
 
 import hashlib

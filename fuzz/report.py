@@ -25,9 +25,9 @@ scripts, nothing fetched), so it can be attached to a bug or archived with the c
 The corpus may be empty, still being written or cut short by a kill: missing files
 and truncated lines are reported on the page, never fatal.
 """
+
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import html
@@ -38,11 +38,13 @@ import os
 import re
 import time
 from collections import Counter, defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
-from .corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, STATE as CAMPAIGN, headline
+from pallascheck.fuzz.corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, headline
+from pallascheck.fuzz.corpus import STATE as CAMPAIGN
 
 # The JSON's throughput curve and the page's tables stay readable (and the page small)
 # for campaigns of a million cases; report.json keeps every distinct coverage value.
@@ -52,8 +54,14 @@ COVERAGE_ROWS = 20
 DPI = 90
 BUDGET_FLOOR = 1e-3  # error / bound below this is drawn at the figure's floor: far from the bound either way
 BUDGET_CAP = 1e4  # and above this at its ceiling: a failure either way
-CHECK_COLOURS = {"values": "C0", "reference": "C1", "configs_agree": "C2", "gradients": "C3", "contract": "C4",
-                 "metamorphic": "C5"}
+CHECK_COLOURS = {
+    "values": "C0",
+    "reference": "C1",
+    "configs_agree": "C2",
+    "gradients": "C3",
+    "contract": "C4",
+    "metamorphic": "C5",
+}
 
 
 @dataclasses.dataclass
@@ -74,7 +82,8 @@ class _Corpus:
     error_bound: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=lambda: defaultdict(list))
     # the same points by (dtype, check), for the figure: a bound means different things per dtype and check
     by_dtype_check: dict[tuple[str, str], list[tuple[float, float]]] = dataclasses.field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
     shapes: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
     configs: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
     kinds: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
@@ -212,8 +221,10 @@ def _stats(budgets: list[float]) -> dict[str, Any]:
     over all budgets, infinite ones included, so p90 is "inf" when over 10% are."""
     median, p90 = np.quantile(budgets, [0.5, 0.9], method="inverted_cdf")
     return {
-        "count": len(budgets), "inf": sum(not math.isfinite(b) for b in budgets),
-        "median": _finite_or_inf(float(median)), "p90": _finite_or_inf(float(p90)),
+        "count": len(budgets),
+        "inf": sum(not math.isfinite(b) for b in budgets),
+        "median": _finite_or_inf(float(median)),
+        "p90": _finite_or_inf(float(p90)),
         "max": _finite_or_inf(max(budgets)),
     }
 
@@ -222,7 +233,8 @@ def _ratio_stats(points: list[tuple[float, float]]) -> dict[str, Any]:
     """points, zero errors, above the bound, and the median and largest error / bound."""
     ratios = [e / b if b > 0 else (0.0 if e == 0 else math.inf) for e, b in points]
     return {
-        "points": len(points), "zero_error": sum(e == 0 for e, _ in points),
+        "points": len(points),
+        "zero_error": sum(e == 0 for e, _ in points),
         "above_bound": sum(e > b for e, b in points),
         "median_budget": _finite_or_inf(float(np.quantile(ratios, 0.5, method="inverted_cdf"))),
         "max_budget": _finite_or_inf(max(ratios)),
@@ -256,7 +268,9 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
         "corpus": corpus.path,
         "files": {name: corpus.present.get(name, False) for name in (CAMPAIGN, EVENTS, CASES, FAILURES)},
         "skipped_lines": dict(corpus.skipped_lines),
-        "campaign": {k: campaign.get(k) for k in ("version", "backend", "jax", "started", "seconds", "targeted", "next_seed")},
+        "campaign": {
+            k: campaign.get(k) for k in ("version", "backend", "jax", "started", "seconds", "targeted", "next_seed")
+        },
         "totals": {
             "tasks": corpus.tasks,
             "task_outcomes": dict(sorted(corpus.outcomes.items())),
@@ -272,7 +286,8 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
             "by_kernel_dtype": dict(by_kernel_dtype),
         },
         "error_vs_bound": {
-            k: {"points": len(p), "above_bound": sum(e > b for e, b in p)} for k, p in sorted(corpus.error_bound.items())
+            k: {"points": len(p), "above_bound": sum(e > b for e, b in p)}
+            for k, p in sorted(corpus.error_bound.items())
         },
         "error_vs_bound_by_dtype_check": {
             f"{dtype} {check}": _ratio_stats(points) for (dtype, check), points in sorted(corpus.by_dtype_check.items())
@@ -344,8 +359,9 @@ def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     # The band that matters: a budget under BUDGET_FLOOR / 10 is far from its bound, one
     # over BUDGET_CAP a clear failure; both are drawn at the edge they passed.
     floor = max(_floor([b for budgets in corpus.budgets.values() for b in budgets]), BUDGET_FLOOR / 10)
-    finite_max = min(max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0]),
-                     BUDGET_CAP)
+    finite_max = min(
+        max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0]), BUDGET_CAP
+    )
     inf_at = finite_max * 10  # infinite budgets are drawn right of every finite one
     fig = Figure(figsize=(7, 1.2 + 0.32 * len(rows)), dpi=DPI)
     ax = fig.add_subplot()
@@ -365,14 +381,18 @@ def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
         infinite = int((~np.isfinite(budgets)).sum())
         if infinite:
             ax.scatter([inf_at], [y], marker=">", color="tab:red", s=30)
-            ax.annotate(f"{infinite} inf", (inf_at, y), xytext=(6, -3), textcoords="offset points", fontsize=7, color="tab:red")
+            ax.annotate(
+                f"{infinite} inf", (inf_at, y), xytext=(6, -3), textcoords="offset points", fontsize=7, color="tab:red"
+            )
     ax.axvline(1.0, color="tab:red", linestyle="--", linewidth=1)
     ax.set_xscale("log")
     ax.set_xlim(floor / 2, inf_at * 10)
     ax.set_yticks(range(len(rows)), [f"{k} {d}" for k, d in rows], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.invert_yaxis()
-    ax.set_xlabel(f"budget used = error / bound (worst check per case; dashed: the bound; clipped to {floor:g}..{BUDGET_CAP:g})")
+    ax.set_xlabel(
+        f"budget used = error / bound (worst check per case; dashed: the bound; clipped to {floor:g}..{BUDGET_CAP:g})"
+    )
     fig.tight_layout()
     return _png(fig, canvas)
 
@@ -385,7 +405,7 @@ def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     Figure, canvas = mpl
     dtypes = sorted({dtype for dtype, _ in corpus.by_dtype_check})
     bounds = np.array([b for points in corpus.by_dtype_check.values() for _, b in points if b > 0])
-    low, high = (np.quantile(bounds, [0.05, 0.95]) if bounds.size else (1e-8, 1.0))
+    low, high = np.quantile(bounds, [0.05, 0.95]) if bounds.size else (1e-8, 1.0)
     low, high = low / 10, max(high * 10, low * 100)
     ratios_all = [e / b for points in corpus.by_dtype_check.values() for e, b in points if b > 0]
     top = max(2.0, min(max(ratios_all, default=1.0) * 1.5, 1e3))
@@ -402,11 +422,23 @@ def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
             colour = CHECK_COLOURS.get(check, "C7")
             zeros = int((error == 0).sum())
             inside = (ratio >= BUDGET_FLOOR) & (ratio <= top) & (x >= low) & (x <= high)
-            ax.scatter(x[inside], ratio[inside], s=9, alpha=0.5, color=colour,
-                       label=f"{check} ({len(points)}{f', {zeros} exact' if zeros else ''})")
+            ax.scatter(
+                x[inside],
+                ratio[inside],
+                s=9,
+                alpha=0.5,
+                color=colour,
+                label=f"{check} ({len(points)}{f', {zeros} exact' if zeros else ''})",
+            )
             below = ratio < BUDGET_FLOOR
-            ax.scatter(np.clip(x[below], low, high), np.full(below.sum(), BUDGET_FLOOR), s=12, marker="v",
-                       alpha=0.5, color=colour)
+            ax.scatter(
+                np.clip(x[below], low, high),
+                np.full(below.sum(), BUDGET_FLOOR),
+                s=12,
+                marker="v",
+                alpha=0.5,
+                color=colour,
+            )
             above = ratio > top
             ax.scatter(np.clip(x[above], low, high), np.full(above.sum(), top), s=16, marker="^", color=colour)
             sideways = ~below & ~above & ((x < low) | (x > high))
@@ -418,8 +450,15 @@ def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
         ax.set_ylim(BUDGET_FLOOR / 1.5, top * 1.5)
         ax.set_title(dtype, fontsize=9)
         ax.set_xlabel("bound", fontsize=8)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, title="check (cases)",
-                  title_fontsize=7, frameon=False)
+        ax.legend(
+            fontsize=7,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+            ncol=2,
+            title="check (cases)",
+            title_fontsize=7,
+            frameon=False,
+        )
     axes[0].set_ylabel("error / bound (dashed: the bound)", fontsize=8)
     fig.tight_layout()
     return _png(fig, canvas)
@@ -433,9 +472,17 @@ def _throughput_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     ax.step(t, cumulative, where="post", color="tab:blue", label="cases checked")
     colours = dict(zip(FAILURE_KINDS, ("tab:red", "tab:purple", "tab:orange", "tab:brown")))
     for kind in FAILURE_KINDS:
-        seen = [f["first_seen_t"] for f in corpus.failures if f.get("kind") == kind and f.get("first_seen_t") is not None]
+        seen = [
+            f["first_seen_t"] for f in corpus.failures if f.get("kind") == kind and f.get("first_seen_t") is not None
+        ]
         for i, first in enumerate(seen):
-            ax.axvline(first, color=colours[kind], linewidth=1, linestyle=":", label=f"{kind} failure first seen" if i == 0 else None)
+            ax.axvline(
+                first,
+                color=colours[kind],
+                linewidth=1,
+                linestyle=":",
+                label=f"{kind} failure first seen" if i == 0 else None,
+            )
     ax.set_xlabel("seconds since the campaign started")
     ax.set_ylabel("cumulative cases")
     ax.legend(fontsize=7, loc="upper left")
@@ -493,7 +540,10 @@ def _header(summary: dict[str, Any]) -> str:
         ["jax", campaign.get("jax") or "unknown"],
         ["started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)) if started else "unknown"],
         ["duration", _duration_text(totals["seconds"])],
-        ["targeted", {True: "yes", False: "no", None: "unknown"}.get(campaign.get("targeted"), campaign.get("targeted"))],
+        [
+            "targeted",
+            {True: "yes", False: "no", None: "unknown"}.get(campaign.get("targeted"), campaign.get("targeted")),
+        ],
         ["tasks", f"{totals['tasks']} ({outcomes})"],
         ["cases", totals["cases"]],
         ["cases / s", _num(totals["cases_per_second"])],
@@ -504,15 +554,20 @@ def _header(summary: dict[str, Any]) -> str:
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     # No failures/ folder is the normal case, not worth a note.
     notes = [f"{name} is missing." for name, present in summary["files"].items() if not present and name != FAILURES]
-    notes += [f"{name}: {n} line(s) that do not parse were skipped (a campaign killed mid-write)."
-              for name, n in summary["skipped_lines"].items()]
+    notes += [
+        f"{name}: {n} line(s) that do not parse were skipped (a campaign killed mid-write)."
+        for name, n in summary["skipped_lines"].items()
+    ]
     notes += [f"{path} does not parse and is left out." for path in summary["unreadable"]]
     if not totals["cases"]:
         notes.append("No cases were recorded.")
     note_html = "".join(f"<li>{_e(n)}</li>" for n in notes)
-    return (f"<header><h1>pallascheck fuzz report</h1><p>corpus <code>{_e(summary['corpus'])}</code></p>"
-            f'<table class="meta"><tbody>{body}</tbody></table>'
-            + (f'<ul class="notes">{note_html}</ul>' if notes else "") + "</header>")
+    return (
+        f"<header><h1>pallascheck fuzz report</h1><p>corpus <code>{_e(summary['corpus'])}</code></p>"
+        f'<table class="meta"><tbody>{body}</tbody></table>'
+        + (f'<ul class="notes">{note_html}</ul>' if notes else "")
+        + "</header>"
+    )
 
 
 def _last_new(summary: dict[str, Any]) -> str:
@@ -528,16 +583,27 @@ def _failures_section(summary: dict[str, Any]) -> str:
     if not failures:
         return '<section id="failures"><h2>Failures</h2>' + _empty("No failures were recorded.") + "</section>"
     rows = [
-        [f.get("kind", "?"), f.get("kernel", "?"), f.get("dtype", "?"), f.get("check", "?"), f.get("count", 1),
-         _num(f.get("first_seen_t")), "yes" if f.get("minimised") else "no", headline(str(f.get("message") or "")),
-         _Html(f'<a href="#finding-{i}">#{i}</a>')]
+        [
+            f.get("kind", "?"),
+            f.get("kernel", "?"),
+            f.get("dtype", "?"),
+            f.get("check", "?"),
+            f.get("count", 1),
+            _num(f.get("first_seen_t")),
+            "yes" if f.get("minimised") else "no",
+            headline(str(f.get("message") or "")),
+            _Html(f'<a href="#finding-{i}">#{i}</a>'),
+        ]
         for i, f in enumerate(failures, 1)
     ]
     headers = ["kind", "kernel", "dtype", "check", "count", "first seen (s)", "minimised", "what went wrong", "details"]
-    return ('<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first. Below the '
-            "table, each in full with the command that replays its saved case.</p>"
-            + _table(headers, rows, cls="failure") + "".join(_finding(i, f) for i, f in enumerate(failures, 1))
-            + "</section>")
+    return (
+        '<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first. Below the '
+        "table, each in full with the command that replays its saved case.</p>"
+        + _table(headers, rows, cls="failure")
+        + "".join(_finding(i, f) for i, f in enumerate(failures, 1))
+        + "</section>"
+    )
 
 
 _DETAIL = re.compile(r"error=(\S+) bound=(\S+) \(budget used (\S+)\)")
@@ -558,20 +624,29 @@ def _finding(number: int, failure: dict[str, Any]) -> str:
     else:
         where, budget_text = "not recorded", _num(budget)
     items = [
-        ("worst element", where), ("error", _num(error)), ("bound", _num(bound)),
+        ("worst element", where),
+        ("error", _num(error)),
+        ("bound", _num(bound)),
         ("budget used (error / bound)", budget_text),
         ("shapes", _shape_key(failure.get("shapes")) if failure.get("shapes") else "not recorded"),
         ("config", _config_key(failure.get("config")) if "config" in failure else "not recorded"),
-        ("input kind, config slot", f"{failure.get('input_kind', '?')}, "
-                                    f"{'drawn' if failure.get('config_slot') is None else failure['config_slot']}"),
+        (
+            "input kind, config slot",
+            f"{failure.get('input_kind', '?')}, "
+            f"{'drawn' if failure.get('config_slot') is None else failure['config_slot']}",
+        ),
         ("seen", f"{failure.get('count', 1)} time(s), first at {_num(failure.get('first_seen_t'))} s"),
     ]
     rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
-    title = (f"{number}. {failure.get('kind', '?')} failure: {failure.get('kernel', '?')} {failure.get('dtype', '?')} "
-             f"[{failure.get('check', '?')}]")
-    return (f'<div class="finding" id="finding-{number}"><h3>{_e(title)}</h3><dl>{rows}</dl>'
-            f"<pre>{_e(str(failure.get('message') or '').strip())}</pre>"
-            f"<p>replay: <code>{_e(failure.get('replay') or '')}</code></p></div>")
+    title = (
+        f"{number}. {failure.get('kind', '?')} failure: {failure.get('kernel', '?')} {failure.get('dtype', '?')} "
+        f"[{failure.get('check', '?')}]"
+    )
+    return (
+        f'<div class="finding" id="finding-{number}"><h3>{_e(title)}</h3><dl>{rows}</dl>'
+        f"<pre>{_e(str(failure.get('message') or '').strip())}</pre>"
+        f"<p>replay: <code>{_e(failure.get('replay') or '')}</code></p></div>"
+    )
 
 
 def _shape_text(shape: Any) -> str:
@@ -579,32 +654,51 @@ def _shape_text(shape: Any) -> str:
 
 
 def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    head = ('<section id="budget"><h2>Budget used</h2><p>Per case, the worst check\'s error / bound: '
-            "above 1 is a failure; far below 1 is a loose bound that can hide bugs. Infinite budgets "
-            "(NaN or inf where the oracle is finite, differing bits) are counted apart.</p>")
+    head = (
+        '<section id="budget"><h2>Budget used</h2><p>Per case, the worst check\'s error / bound: '
+        "above 1 is a failure; far below 1 is a loose bound that can hide bugs. Infinite budgets "
+        "(NaN or inf where the oracle is finite, differing bits) are counted apart.</p>"
+    )
     if not corpus.budgets:
         return head + _empty("No cases were recorded.") + "</section>"
-    rows = [[kernel, dtype, s["count"], s["inf"], _num(s["median"]), _num(s["p90"]), _num(s["max"])]
-            for kernel, dtypes in summary["budget_used"]["by_kernel_dtype"].items() for dtype, s in dtypes.items()]
+    rows = [
+        [kernel, dtype, s["count"], s["inf"], _num(s["median"]), _num(s["p90"]), _num(s["max"])]
+        for kernel, dtypes in summary["budget_used"]["by_kernel_dtype"].items()
+        for dtype, s in dtypes.items()
+    ]
     table = _table(["kernel", "dtype", "cases", "inf", "median", "p90", "max"], rows)
     return head + _img(_budget_figure(corpus, mpl), "budget used per kernel and dtype") + table + "</section>"
 
 
 def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    head = ('<section id="error-bound"><h2>Error vs bound</h2><p>Each case\'s worst error as a share of its '
-            "bound, by dtype (one panel each) and check (one colour each). Above the dashed line (1) a case "
-            f"failed; near it the bound is tight; below {BUDGET_FLOOR:g} the bound is far from the error "
-            "(drawn on the floor, \u25bc). Bounds outside the middle 90% (widened tenfold) are drawn on the side "
-            "edge (\u25b6); "
-            "exact results (error 0) are counted in the legend.</p>")
+    head = (
+        '<section id="error-bound"><h2>Error vs bound</h2><p>Each case\'s worst error as a share of its '
+        "bound, by dtype (one panel each) and check (one colour each). Above the dashed line (1) a case "
+        f"failed; near it the bound is tight; below {BUDGET_FLOOR:g} the bound is far from the error "
+        "(drawn on the floor, \u25bc). Bounds outside the middle 90% (widened tenfold) are drawn on the side "
+        "edge (\u25b6); "
+        "exact results (error 0) are counted in the legend.</p>"
+    )
     if not corpus.error_bound:
         return head + _empty("No checks with an error and a bound were recorded.") + "</section>"
-    rows = [[key.split(" ", 1)[0], key.split(" ", 1)[1], s["points"], s["zero_error"], _num(s["median_budget"]),
-             _num(s["max_budget"]), s["above_bound"]]
-            for key, s in summary["error_vs_bound_by_dtype_check"].items()]
-    return (head + _img(_error_bound_figure(corpus, mpl), "error / bound against bound, by dtype and check")
-            + _table(["dtype", "check", "cases", "exact", "median error / bound", "max", "above the bound"], rows)
-            + "</section>")
+    rows = [
+        [
+            key.split(" ", 1)[0],
+            key.split(" ", 1)[1],
+            s["points"],
+            s["zero_error"],
+            _num(s["median_budget"]),
+            _num(s["max_budget"]),
+            s["above_bound"],
+        ]
+        for key, s in summary["error_vs_bound_by_dtype_check"].items()
+    ]
+    return (
+        head
+        + _img(_error_bound_figure(corpus, mpl), "error / bound against bound, by dtype and check")
+        + _table(["dtype", "check", "cases", "exact", "median error / bound", "max", "above the bound"], rows)
+        + "</section>"
+    )
 
 
 def _counts_table(title: str, counts: dict[str, int]) -> str:
@@ -619,8 +713,11 @@ def _coverage_section(summary: dict[str, Any]) -> str:
     if not summary["coverage"]:
         return head + _empty("No cases were recorded.") + "</section>"
     kernels = "".join(
-        f'<h3>{_e(kernel)}</h3><div class="row">' + _counts_table("shapes", c["shapes"])
-        + _counts_table("config", c["configs"]) + _counts_table("input kind", c["kinds"]) + "</div>"
+        f'<h3>{_e(kernel)}</h3><div class="row">'
+        + _counts_table("shapes", c["shapes"])
+        + _counts_table("config", c["configs"])
+        + _counts_table("input kind", c["kinds"])
+        + "</div>"
         for kernel, c in summary["coverage"].items()
     )
     return head + kernels + "</section>"
@@ -628,8 +725,11 @@ def _coverage_section(summary: dict[str, Any]) -> str:
 
 def _throughput_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     head = '<section id="throughput"><h2>Throughput</h2>'
-    figure = (_img(_throughput_figure(corpus, mpl), "cumulative cases over the campaign")
-              if corpus.case_times else _empty("No cases were recorded."))
+    figure = (
+        _img(_throughput_figure(corpus, mpl), "cumulative cases over the campaign")
+        if corpus.case_times
+        else _empty("No cases were recorded.")
+    )
     return head + figure + "</section>" + _search_section(summary)
 
 
@@ -644,22 +744,39 @@ def _choice(arm: dict[str, Any]) -> str:
 def _search_section(summary: dict[str, Any]) -> str:
     """Where a targeted campaign spent its tasks, in words (the bandit's arms)."""
     arms = summary["arms"]
-    intro = ('<section id="search"><h2>Where the search spent its time</h2><p>Each task checks one kernel in one dtype. A targeted '
-             "campaign then chooses the kind of inputs and the config, preferring the choices whose cases came "
-             "closest to their error bound so far while still trying each now and then (the UCB1 rule). Below, "
-             "per kernel and dtype: how many tasks each choice got, the highest share of the bound it reached "
-             "(capped at 1: a failure) and its average. \u201cdone\u201d: no more tasks there, because every check had "
-             "failed or the kernel crashed or hung.</p>")
+    intro = (
+        '<section id="search"><h2>Where the search spent its time</h2><p>Each task checks one kernel in one dtype. A targeted '
+        "campaign then chooses the kind of inputs and the config, preferring the choices whose cases came "
+        "closest to their error bound so far while still trying each now and then (the UCB1 rule). Below, "
+        "per kernel and dtype: how many tasks each choice got, the highest share of the bound it reached "
+        "(capped at 1: a failure) and its average. \u201cdone\u201d: no more tasks there, because every check had "
+        "failed or the kernel crashed or hung.</p>"
+    )
     if not arms:
         return intro + _empty("No choices recorded (campaign.json is missing or has none).") + "</section>"
-    rows = [[a.get("kernel"), a.get("dtype"), _choice(a), a.get("pulls"), _num(a.get("best_budget")),
-             _num(a.get("mean_reward")), "done" if a.get("retired") else "open"]
-            for a in sorted(arms, key=lambda a: (str(a.get("kernel")), str(a.get("dtype")), -(a.get("pulls") or 0)))
-            if a.get("pulls")]
+    rows = [
+        [
+            a.get("kernel"),
+            a.get("dtype"),
+            _choice(a),
+            a.get("pulls"),
+            _num(a.get("best_budget")),
+            _num(a.get("mean_reward")),
+            "done" if a.get("retired") else "open",
+        ]
+        for a in sorted(arms, key=lambda a: (str(a.get("kernel")), str(a.get("dtype")), -(a.get("pulls") or 0)))
+        if a.get("pulls")
+    ]
     untried = sum(not a.get("pulls") for a in arms)
     note = _empty(f"{untried} other choice(s) got no task.") if untried else ""
-    return intro + _table(["kernel", "dtype", "tasks went to", "tasks", "best share of the bound", "average",
-                           "kernel x dtype"], rows) + note + "</section>"
+    return (
+        intro
+        + _table(
+            ["kernel", "dtype", "tasks went to", "tasks", "best share of the bound", "average", "kernel x dtype"], rows
+        )
+        + note
+        + "</section>"
+    )
 
 
 _CSS = """
@@ -686,8 +803,11 @@ def _page(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        + _header(summary) + _failures_section(summary) + _budget_section(summary, corpus, mpl)
-        + _error_bound_section(summary, corpus, mpl) + _coverage_section(summary)
+        + _header(summary)
+        + _failures_section(summary)
+        + _budget_section(summary, corpus, mpl)
+        + _error_bound_section(summary, corpus, mpl)
+        + _coverage_section(summary)
         + _throughput_section(summary, corpus, mpl)
         + "</body></html>\n"
     )
@@ -713,28 +833,3 @@ def write(corpus: str, out: str | None = None) -> tuple[str, str]:
     _replace(json_path, json.dumps(summary, indent=1, allow_nan=False) + "\n")
     _replace(html_path, _page(summary, loaded, mpl))
     return html_path, json_path
-
-
-# ---------------------------------------------------------------------------- command
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.corpus):
-        raise SystemExit(f"pallascheck report: CORPUS {args.corpus!r} is not a directory")
-    for path in write(args.corpus, args.out):
-        print(path)
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``pallascheck report CORPUS [--out DIR]`` on the CLI's subparsers."""
-    parser = subparsers.add_parser(
-        "report", help="write an HTML page and JSON summarising a fuzz campaign's corpus",
-        description="Read a fuzz corpus (campaign.json, events.jsonl, cases.jsonl, failures/) and write "
-        "report.html (self-contained: failures with replay commands, budget used per kernel and dtype, "
-        "error vs bound, coverage, throughput) and report.json (the same numbers). Safe on a corpus that "
-        "is empty or still being written.",
-    )
-    parser.add_argument("corpus", metavar="CORPUS", help="the campaign's corpus directory (pallascheck fuzz --corpus)")
-    parser.add_argument("--out", metavar="DIR", default=None, help="where report.html and report.json go (default: CORPUS)")
-    parser.set_defaults(func=_cmd_report)

@@ -5,13 +5,15 @@ A target is a registered kernel ("matmul"), an outside kernel ("jax:gpu.softmax"
 (``spec.module_spec``). Workers are separate processes, so a spec travels as this
 string, with the import paths it needs.
 """
+
 from __future__ import annotations
 
 import difflib
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from pallascheck.properties.spec import KernelSpec, bundled_names, get_spec, registry
+from pallascheck.properties.registry import bundled_names, get_spec, registry
+from pallascheck.properties.spec import KernelSpec
 
 
 def add_paths(paths: Sequence[str]) -> None:

@@ -9,6 +9,7 @@ Every case has a time limit (``--case-timeout``, properties/watchdog.py): a work
 whose case passes it reports the case and exits, its unit becomes a failed "hang"
 row, and the units that shared its pool run on in a new one.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -20,11 +21,14 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from pallascheck.kernels.backends import get_backend
-from pallascheck.properties import checks, compilation, runner, watchdog
-from pallascheck.properties.spec import get_spec, selected
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties import checks, runner, watchdog
+from pallascheck.properties.device import compilation, multidevice
+from pallascheck.properties.families.collectives import PROPERTIES
+from pallascheck.properties.registry import get_spec, selected
 
 DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
 # where a worker's watchdog leaves the report of a hung case, one file per unit
@@ -74,7 +78,7 @@ class Unit:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    backend: str
+    backend: Backend
     examples: int
     seed: int
     failures: str | None
@@ -84,23 +88,20 @@ class Options:
     case_timeout: float = watchdog.CASE_TIMEOUT_S
 
 
-def not_on(backend: str, kernels: Sequence[str] | None) -> list[str]:
+def not_on(backend: Backend, kernels: Sequence[str] | None) -> list[str]:
     """The selected kernels that have no implementation for ``backend``."""
-    chosen = get_backend(backend)
-    return [n for n, s in selected(kernels).items() if not s.runs_on(chosen)]
+    return [n for n, s in selected(kernels).items() if not s.runs_on(backend)]
 
 
 def _selected_distributed(kernels: Sequence[str] | None) -> list[str]:
-    from pallascheck.properties.collectives_checks import PROPERTIES
-
     return [n for n in PROPERTIES if not kernels or n in kernels]
 
 
-def distributed_elsewhere(backend: str, kernels: Sequence[str] | None) -> list[str]:
+def distributed_elsewhere(backend: Backend, kernels: Sequence[str] | None) -> list[str]:
     """The selected distributed kernels a run on ``backend`` leaves to a CPU run: they
     run in the TPU interpreter on CPU devices whatever --backend says, so on a GPU
     they would check nothing of the GPU and take its host's cores from the compiles."""
-    return [] if get_backend(backend).platform == "cpu" else _selected_distributed(kernels)
+    return [] if backend.platform == "cpu" else _selected_distributed(kernels)
 
 
 def without_production(kernels: Sequence[str] | None) -> list[str]:
@@ -117,9 +118,9 @@ def without_production(kernels: Sequence[str] | None) -> list[str]:
 HARDWARE_PART_EXAMPLES = 4
 
 
-def property_parts(backend: str, examples: int) -> int:
+def property_parts(backend: Backend, examples: int) -> int:
     """How many parts a property of ``examples`` Hypothesis examples runs as."""
-    if get_backend(backend).is_interpreted:  # compiling uses the cores already: one part
+    if backend.is_interpreted:  # compiling uses the cores already: one part
         return 1
     return max(1, math.ceil(examples / HARDWARE_PART_EXAMPLES))
 
@@ -135,8 +136,13 @@ def part_seed(seed: int, unit: Unit) -> int:
     return seed if unit.part == 0 else runner.derived_seed(seed, f"part {unit.part}")
 
 
-def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | None,
-         shapes: str = "small", examples: int = 1) -> list[Unit]:
+def plan(
+    backend: Backend,
+    kernels: Sequence[str] | None,
+    dtypes: Sequence[str] | None,
+    shapes: str = "small",
+    examples: int = 1,
+) -> list[Unit]:
     """The units for the selected kernels and dtypes that run on ``backend`` (a
     property of ``examples`` examples in ``property_parts`` parts), longest first.
     The production tier has no bad-input or distributed units: those do not depend on
@@ -150,11 +156,15 @@ def plan(backend: str, kernels: Sequence[str] | None, dtypes: Sequence[str] | No
         if shapes == "small":
             units.append(Unit("errors", name))
         parts = property_parts(backend, examples)
-        units += [Unit("property", name, d, part, parts) for d in specs[name].dtypes_for(get_backend(backend))
-                  if not dtypes or d in dtypes for part in range(parts)]
+        units += [
+            Unit("property", name, d, part, parts)
+            for d in specs[name].dtypes_for(backend)
+            if not dtypes or d in dtypes
+            for part in range(parts)
+        ]
     # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there,
     # in a run on the CPU (``distributed_elsewhere``).
-    on_cpu = get_backend(backend).platform == "cpu"
+    on_cpu = backend.platform == "cpu"
     distributed = _selected_distributed(kernels) if shapes == "small" and on_cpu else []
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
@@ -180,43 +190,69 @@ def run_unit(unit: Unit, options: Options) -> tuple[list[Row], list[str], float]
 
 def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
     start = time.perf_counter()
-    err = runner.run_errors(get_spec(name), context=checks.Context(kernel=name, backend=options.backend))
+    err = runner.run_errors(get_spec(name), context=checks.Context(kernel=name, backend=str(options.backend)))
     row = Row(name, "-", "errors", err.passed, err.examples, err.budget_used, None, time.perf_counter() - start)
     return [row], ([] if err.passed else [f"[errors] kernel={name}: {err.detail}"])
 
 
 def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
     name, dtype = unit.kernel, unit.dtype
-    backend = get_backend(options.backend)
-    replay = (f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
-              f"--examples {options.examples} --seed {options.seed}"
-              + (f" --shapes {options.shapes}" if options.shapes != "small" else "") + path_arguments(options.paths))
-    dog = watchdog.CaseWatchdog(options.case_timeout, kernel=name, dtype=dtype, backend=str(backend), replay=replay,
-                                failure_dir=options.failures, report_path=unit.hang_report)
+    backend = options.backend
+    replay = (
+        f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
+        f"--examples {options.examples} --seed {options.seed}"
+        + (f" --shapes {options.shapes}" if options.shapes != "small" else "")
+        + path_arguments(options.paths)
+    )
+    dog = watchdog.CaseWatchdog(
+        options.case_timeout,
+        kernel=name,
+        dtype=dtype,
+        backend=str(backend),
+        replay=replay,
+        failure_dir=options.failures,
+        report_path=unit.hang_report,
+    )
     with watchdog.watching(dog):
         tally = runner.run_property(
-            get_spec(name), dtype, backend, examples=part_examples(options.examples, unit),
+            get_spec(name),
+            dtype,
+            backend,
+            examples=part_examples(options.examples, unit),
             seed=part_seed(options.seed, unit),
-            failure_dir=options.failures, replay_hint=replay, search=dog.search(), shapes=options.shapes,
+            failure_dir=options.failures,
+            replay_hint=replay,
+            search=dog.search(),
+            shapes=options.shapes,
         )
     rows = []
     for check in runner.REPORTED:
         if check in tally.outcomes:
             o = tally.outcomes[check]
             prob = tally.probabilistic_budget if check == "values" else None
-            rows.append(Row(name, dtype, check, o.passed, o.examples, o.budget_used, prob, tally.seconds.get(check, 0.0),
-                            tally.contract_budgets.get(check)))
+            rows.append(
+                Row(
+                    name,
+                    dtype,
+                    check,
+                    o.passed,
+                    o.examples,
+                    o.budget_used,
+                    prob,
+                    tally.seconds.get(check, 0.0),
+                    tally.contract_budgets.get(check),
+                )
+            )
     return rows, [tally.failure] if tally.failure else []
 
 
 def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[str]]:
-    from pallascheck.properties import multidevice
-    from pallascheck.properties.collectives_checks import PROPERTIES
-
     start = time.perf_counter()
     result = multidevice.run_with_cpu_devices(
-        "pallascheck.properties.collectives_checks:run_checks", DISTRIBUTED_DEVICES,
-        {"examples": options.examples, "seed": options.seed, "kernels": names}, timeout_s=600,
+        "pallascheck.properties.families.collectives:run_checks",
+        DISTRIBUTED_DEVICES,
+        {"examples": options.examples, "seed": options.seed, "kernels": names},
+        timeout_s=600,
     )
     seconds = (time.perf_counter() - start) / len(names)
     rows, failures = [], []
@@ -226,8 +262,18 @@ def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[st
     for name, tally in result.items():
         check = f"values (tpu_interpret, {DISTRIBUTED_DEVICES} CPU devices)"
         for dtype in [d for d in sorted(tally["examples"]) if not options.dtypes or d in options.dtypes]:
-            rows.append(Row(name, dtype, check, not tally["failures"], tally["examples"][dtype],
-                            tally["budget"][dtype], None, seconds))
+            rows.append(
+                Row(
+                    name,
+                    dtype,
+                    check,
+                    not tally["failures"],
+                    tally["examples"][dtype],
+                    tally["budget"][dtype],
+                    None,
+                    seconds,
+                )
+            )
         if tally["failures"]:
             rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
             failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
@@ -239,7 +285,7 @@ def path_arguments(paths: Sequence[str]) -> str:
     return "".join(f" --path {p}" for p in paths)
 
 
-def _worker_init(backend: str) -> None:
+def _worker_init(backend: Backend) -> None:
     compilation.configure(backend, worker=True)
 
 
@@ -250,8 +296,11 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
     def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
-        print(f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: "
-              f"{result[2]:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     for unit in units:  # reports left by an earlier run
         if os.path.exists(unit.hang_report):
@@ -278,7 +327,10 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[
     context = multiprocessing.get_context("spawn")
     broken: list[Unit] = []
     with concurrent.futures.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,),
+        max_workers=jobs,
+        mp_context=context,
+        initializer=_worker_init,
+        initargs=(options.backend,),
     ) as pool:
         futures = {pool.submit(run_unit, unit, options): unit for unit in units}
         for future in concurrent.futures.as_completed(futures):
@@ -316,9 +368,17 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
             merged[key] = row
             continue
         m = merged[key]
-        merged[key] = Row(row.kernel, row.dtype, row.check, m.passed and row.passed, m.examples + row.examples,
-                          max(m.budget_used, row.budget_used), _larger(m.probabilistic_budget, row.probabilistic_budget),
-                          m.seconds + row.seconds, _larger(m.contract_budget, row.contract_budget))
+        merged[key] = Row(
+            row.kernel,
+            row.dtype,
+            row.check,
+            m.passed and row.passed,
+            m.examples + row.examples,
+            max(m.budget_used, row.budget_used),
+            _larger(m.probabilistic_budget, row.probabilistic_budget),
+            m.seconds + row.seconds,
+            _larger(m.contract_budget, row.contract_budget),
+        )
     return list(merged.values())
 
 
@@ -343,16 +403,6 @@ def _save_durations(durations: dict[str, float]) -> None:
     with open(tmp, "w") as f:
         json.dump(merged, f, indent=1, sort_keys=True)
     os.replace(tmp, DURATIONS_FILE)
-
-
-def default_jobs(backend: str) -> int:
-    """Every core on the CPU; on a GPU three quarters of the cores, processes that
-    share the device, each allocating memory as needed. Their work is compiling (a
-    small-tier case is milliseconds on the GPU): on an H100 host of 16 cores, with one
-    BLAS thread per worker (compilation.WORKER_BLAS_THREADS), `verify --examples 15`
-    took 108.6 s at 8 jobs and 88.8 s at 12, cold (docs/results.md)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores if get_backend(backend).platform == "cpu" else max(1, cores * 3 // 4)
 
 
 def as_json(row: Row) -> dict[str, Any]:
@@ -402,11 +452,14 @@ def legend(full: bool = False) -> str:
         ]
     else:
         lines += ["               (the kernel's own rows; --full also shows xla_reference's, never a verdict)"]
-    return "\n".join(lines + [
-        "  checks       values, reference (xla_reference within the same bound), configs_agree, gradients,",
-        "               contract, deterministic (bitwise reruns), metamorphic (invariances), errors (bad",
-        "               input refused), crash (the kernel raised)",
-    ])
+    return "\n".join(
+        lines
+        + [
+            "  checks       values, reference (xla_reference within the same bound), configs_agree, gradients,",
+            "               contract, deterministic (bitwise reruns), metamorphic (invariances), errors (bad",
+            "               input refused), crash (the kernel raised)",
+        ]
+    )
 
 
 def failures_first(rows: Sequence[Row]) -> list[Row]:
@@ -424,8 +477,17 @@ def print_table(rows: Sequence[Row]) -> None:
     ok, fail = marks()
     header = ("verdict", "kernel", "dtype", "check", "cases", "budget used", "contract", "prob. budget", "time (s)")
     body = [
-        (ok if r.passed else fail, r.kernel, r.dtype, r.check, str(r.examples),
-         fmt_budget(r.budget_used), _contract_cell(r), fmt_budget(r.probabilistic_budget), f"{r.seconds:.1f}")
+        (
+            ok if r.passed else fail,
+            r.kernel,
+            r.dtype,
+            r.check,
+            str(r.examples),
+            fmt_budget(r.budget_used),
+            _contract_cell(r),
+            fmt_budget(r.probabilistic_budget),
+            f"{r.seconds:.1f}",
+        )
         for r in failures_first(rows)
     ]
     _print_columns(header, body)
@@ -455,11 +517,17 @@ def print_summary(rows: Sequence[Row]) -> None:
         passed = all(r.passed for r in group)
         dtypes = sorted({r.dtype for r in group if r.dtype != "-"})
         own = [r for r in group if r.check != INFORMATIONAL_CONTRACT]
-        body.append((
-            ok if passed else fail, name, f"{sum(r.passed for r in group)}/{len(group)}",
-            " ".join(dtypes) or "-", _worst(group, lambda r: r.budget_used),
-            _worst(own, lambda r: r.contract_budget), f"{sum(r.seconds for r in group):.1f}",
-        ))
+        body.append(
+            (
+                ok if passed else fail,
+                name,
+                f"{sum(r.passed for r in group)}/{len(group)}",
+                " ".join(dtypes) or "-",
+                _worst(group, lambda r: r.budget_used),
+                _worst(own, lambda r: r.contract_budget),
+                f"{sum(r.seconds for r in group):.1f}",
+            )
+        )
     _print_columns(header, body)
 
 

@@ -15,16 +15,19 @@ while a case runs is a hang; a resident set above ``memory_bytes`` is out of mem
 a process that dies is a crash. In each of those the worker is killed, its in-flight
 case becomes the reproducer, and a new worker takes its place.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
-from .corpus import worst_pattern
+from pallascheck.fuzz.corpus import worst_pattern
+from pallascheck.kernels.backends import get_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +122,21 @@ class Worker:
             return Death("crash", f"worker process {how} while running {self.task}", inflight)
         rss = _rss_bytes(self.process.pid)
         if rss > memory_bytes:
-            return Death("oom", f"worker resident memory {rss / 2**30:.2f} GiB passed the limit of "
-                                f"{memory_bytes / 2**30:.2f} GiB while running {self.task}", inflight)
+            return Death(
+                "oom",
+                f"worker resident memory {rss / 2**30:.2f} GiB passed the limit of "
+                f"{memory_bytes / 2**30:.2f} GiB while running {self.task}",
+                inflight,
+            )
         # Before the first case of a task (imports, first draw) the worker gets the same time.
         silent = time.monotonic() - self.last_message
         if (self.task is not None or not self.ready) and silent > case_timeout:
             where = "a case" if self.in_case else "a task's start (drawing, compiling)"
-            return Death("hang", f"no progress for {silent:.0f} s (timeout {case_timeout:g} s) on {where} of {self.task}",
-                         inflight)
+            return Death(
+                "hang",
+                f"no progress for {silent:.0f} s (timeout {case_timeout:g} s) on {where} of {self.task}",
+                inflight,
+            )
         return None
 
     def kill(self) -> None:
@@ -167,16 +177,16 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
     if setup.get("device") is not None:  # one GPU per worker, before JAX creates its client
         os.environ["CUDA_VISIBLE_DEVICES"] = setup["device"]
 
-    from pallascheck.properties import compilation
+    from pallascheck.properties.device import compilation
 
     # Ctrl-C reaches the whole process group: the campaign stops its workers itself,
     # after it has booked what they found.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    from . import targets
+    from pallascheck.fuzz import targets
 
     targets.add_paths(setup["paths"])
-    compilation.configure(setup["backend"], worker=True)
+    compilation.configure(get_backend(setup["backend"]), worker=True)
     conn.send(("ready", None))
     while (task := conn.recv()) is not None:
         conn.send(("done", run(task, conn, inflight, setup)))
@@ -187,11 +197,9 @@ def _finite_or_none(x: float | None) -> float | None:
 
 
 def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
-    from pallascheck.kernels.backends import get_backend
+    from pallascheck.fuzz import targets
     from pallascheck.properties import runner, strategies
     from pallascheck.properties.spec import Case
-
-    from . import targets
 
     spec = targets.resolve(task.target)
     backend = get_backend(setup["backend"])
@@ -200,36 +208,66 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
 
     def before(case: Case, config: Any) -> None:
         config_counts[0] = max(config_counts[0], len(list(spec.configs(case, backend))))
-        meta = {"kernel": task.target, "dtype": task.dtype, "backend": str(backend), "check": "in flight",
-                "config": runner.config_to_json(config), "message": "", "seed": task.seed}
+        meta = {
+            "kernel": task.target,
+            "dtype": task.dtype,
+            "backend": str(backend),
+            "check": "in flight",
+            "config": runner.config_to_json(config),
+            "message": "",
+            "seed": task.seed,
+        }
         Case(case.arrays, {**case.params, "__failure__": meta}).save(inflight)
         conn.send(("case", None))
 
     def after(case: Case, config: Any, tally: runner.Tally) -> None:
-        conn.send(("checked", {
-            "kernel": task.target, "dtype": task.dtype, "kind": task.kind,
-            "config": runner.config_to_json(config),
-            "shapes": {k: list(v.shape) for k, v in case.arrays.items()},
-            "checks": {
-                name: {"budget": _finite_or_none(o.budget_used),
-                       "error": _finite_or_none(o.worst.error) if o.worst else None,
-                       "bound": _finite_or_none(o.worst.bound) if o.worst else None}
-                for name, o in tally.outcomes.items()
-            },
-        }))
+        conn.send(
+            (
+                "checked",
+                {
+                    "kernel": task.target,
+                    "dtype": task.dtype,
+                    "kind": task.kind,
+                    "config": runner.config_to_json(config),
+                    "shapes": {k: list(v.shape) for k, v in case.arrays.items()},
+                    "checks": {
+                        name: {
+                            "budget": _finite_or_none(o.budget_used),
+                            "error": _finite_or_none(o.worst.error) if o.worst else None,
+                            "bound": _finite_or_none(o.worst.bound) if o.worst else None,
+                        }
+                        for name, o in tally.outcomes.items()
+                    },
+                },
+            )
+        )
 
     search = runner.Search(
-        targeted=task.targeted, config_slot=task.slot, database=setup["database"],
-        database_key=f"{task.kind}/{task.slot}", before_case=before, after_case=after,
+        targeted=task.targeted,
+        config_slot=task.slot,
+        database=setup["database"],
+        database_key=f"{task.kind}/{task.slot}",
+        before_case=before,
+        after_case=after,
     )
     if os.path.isdir(failure_dir):
         for name in os.listdir(failure_dir):
             os.remove(os.path.join(failure_dir, name))
-    with strategies.recording_element_kinds() as kinds, \
-            strategies.pinned_element_kind(None if task.kind == "any" else task.kind):
+    with (
+        strategies.recording_element_kinds() as kinds,
+        strategies.pinned_element_kind(None if task.kind == "any" else task.kind),
+    ):
         tally = runner.run_property(
-            spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks,
-            shrink=True, failure_dir=failure_dir, search=search, shapes=task.shapes,
+            spec,
+            task.dtype,
+            backend,
+            examples=task.examples,
+            seed=task.seed,
+            selected=task.checks,
+            shrink=True,
+            failure_dir=failure_dir,
+            search=search,
+            shapes=task.shapes,
             cases_per_layout=task.cases or runner.layout_cases(backend, task.shapes, campaign=True),
         )
     # Shrinking saves each failing attempt under its check; the last one written is the
@@ -238,14 +276,24 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
     for finding in tally.findings:
         case = runner.failure_path(failure_dir, spec.name, task.dtype, finding.check)
         worst = finding.outcome.worst if finding.outcome else None
-        failures.append({
-            "check": finding.check, "message": finding.message, "pattern": worst_pattern(worst),
-            "case": case if os.path.exists(case) else None,
-            "budget": _finite_or_none(finding.outcome.budget_used) if finding.outcome else None,
-            "worst": None if worst is None else {
-                "output": worst.name, "index": list(worst.index), "shape": list(worst.shape),
-                "error": _finite_or_none(worst.error), "bound": _finite_or_none(worst.bound)},
-        })
+        failures.append(
+            {
+                "check": finding.check,
+                "message": finding.message,
+                "pattern": worst_pattern(worst),
+                "case": case if os.path.exists(case) else None,
+                "budget": _finite_or_none(finding.outcome.budget_used) if finding.outcome else None,
+                "worst": None
+                if worst is None
+                else {
+                    "output": worst.name,
+                    "index": list(worst.index),
+                    "shape": list(worst.shape),
+                    "error": _finite_or_none(worst.error),
+                    "bound": _finite_or_none(worst.bound),
+                },
+            }
+        )
     return {
         "failures": failures,
         "budgets": {name: _finite_or_none(o.budget_used) for name, o in tally.outcomes.items()},

@@ -1,7 +1,8 @@
 """Elementwise activations that kernels fuse into their epilogue, evaluated in f32."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

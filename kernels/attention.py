@@ -64,6 +64,7 @@ so that test variants reuse the tiling, the custom_vjp wiring and the public sig
 and change only the arithmetic; ``Tile`` carries the static facts and the building
 blocks (``logits``, ``load_rows``...).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,7 +72,8 @@ import functools
 import itertools
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +81,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, mosaic_gpu_attention, tiling, validation
-from .backends import Backend, get_backend, resolve_config
+from pallascheck.kernels import block_io, mosaic_gpu_attention, tiling, validation
+from pallascheck.kernels.backends import Backend, get_backend, resolve_config
 
 NEG_INF = float("-inf")
 
@@ -109,7 +111,11 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def configs(
-    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    backend: str | Backend | None = None,
+    itemsize: int = 2,
     bias: bool = True,
 ) -> list[Config] | list[mosaic_gpu_attention.Config]:
     """The autotuning space for the given lengths and head_dim of ``itemsize``-byte inputs
@@ -126,8 +132,11 @@ def configs(
         return [Config(bq, bk, bq, bk) for bq, bk in fwd] + [Config(qs[0], ks[0], ks[-1], qs[-1])]
     out = []
     for bq, bk, (bqb, bkb), warps, stages in itertools.product(
-        tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (32, 64, 128)),
-        ((64, 64), (32, 64), (64, 128)), (4, 8), (2, 3),
+        tiling.blocks_for(seq_q, (64, 128)),
+        tiling.blocks_for(seq_kv, (32, 64, 128)),
+        ((64, 64), (32, 64), (64, 128)),
+        (4, 8),
+        (2, 3),
     ):
         # Fitted to what Triton requested when it refused f32 configs on an H200 (jax
         # 0.11.2; 245760, 262144, 278528, 393216 bytes): the forward pipelines k and v
@@ -189,8 +198,14 @@ class Tile:
         return vec[:, None]
 
     def logits(
-        self, q: jax.Array, k: jax.Array, bias_ref: Any, mask_ref: Any,
-        q_start: Any, k_start: Any, window: tuple[Any, Any],
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        bias_ref: Any,
+        mask_ref: Any,
+        q_start: Any,
+        k_start: Any,
+        window: tuple[Any, Any],
     ) -> jax.Array:
         """f32 logits of the (block_q, block_k) tile of queries from ``q_start`` and
         keys from ``k_start``, -inf where the key is not visible: past seq_kv, past
@@ -204,8 +219,7 @@ class Tile:
         # f32 logits at full f32 precision (IEEE on Triton, not tf32): logit errors are
         # exponentiated, and a tf32 q.k errs by ~1 at |s| ~ 1e3 (a factor e in p).
         precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                            preferred_element_type=jnp.float32)
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
         s = s * jnp.float32(self.sm_scale)
         window = (pl.ds(window[0], block_q), pl.ds(window[1], block_k))
         if self.has_bias:
@@ -257,8 +271,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, o_ref, lse_ref, *, 
     block_q = q_ref.shape[0]
     i = pl.program_id(2)
     q_start = i * block_q
-    q = block_io.load(q_ref, (tile.positions(q_start, block_q, 0) < tile.seq_q) & tile.col_ok(),
-                      masked_io=tile.masked_io)
+    q = block_io.load(
+        q_ref, (tile.positions(q_start, block_q, 0) < tile.seq_q) & tile.col_ok(), masked_io=tile.masked_io
+    )
 
     def step(j, carry):
         m, l, acc = carry
@@ -295,8 +310,20 @@ def store_forward(tile: Tile, o_ref, lse_ref, q_start, m, l, acc) -> None:
 
 
 def _dkdv_kernel(
-    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, bias_ref, mask_ref, dk_ref, dv_ref, ds_ref,
-    *, tile: Tile, block_q: int,
+    q_ref,
+    do_ref,
+    k_ref,
+    v_ref,
+    lse_ref,
+    delta_ref,
+    bias_ref,
+    mask_ref,
+    dk_ref,
+    dv_ref,
+    ds_ref,
+    *,
+    tile: Tile,
+    block_q: int,
 ):
     block_k = k_ref.shape[0]
     j = pl.program_id(2)
@@ -347,8 +374,18 @@ def store_kv_grads(tile: Tile, dk_ref, dv_ref, dk, dv, k_start) -> None:
 
 
 def _dq_kernel(
-    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, bias_ref, mask_ref, dq_ref,
-    *, tile: Tile, block_k: int,
+    q_ref,
+    do_ref,
+    k_ref,
+    v_ref,
+    lse_ref,
+    delta_ref,
+    bias_ref,
+    mask_ref,
+    dq_ref,
+    *,
+    tile: Tile,
+    block_k: int,
 ):
     block_q = q_ref.shape[0]
     i = pl.program_id(2)
@@ -368,8 +405,7 @@ def _dq_kernel(
         ds = p * (dot_f32(do, v, (1, 1)) - delta)
         return dq + dot_f32(ds.astype(k.dtype), k)
 
-    dq = lax.fori_loop(0, tile.kv_blocks_seen(i, block_q, block_k), step,
-                       jnp.zeros((block_q, tile.width), jnp.float32))
+    dq = lax.fori_loop(0, tile.kv_blocks_seen(i, block_q, block_k), step, jnp.zeros((block_q, tile.width), jnp.float32))
     block_io.store(dq_ref, dq * jnp.float32(tile.sm_scale), rows_ok, masked_io=tile.masked_io)
 
 
@@ -409,9 +445,15 @@ class Static:
 
 def _tile(q, k, st: Static) -> Tile:
     return Tile(
-        seq_q=q.shape[1], seq_kv=k.shape[1], head_dim=q.shape[3], width=padded_head_dim(q.shape[3]),
-        causal=st.causal, sm_scale=st.sm_scale, has_bias=st.bias_shape is not None,
-        has_mask=st.has_mask, masked_io=st.backend.is_triton,
+        seq_q=q.shape[1],
+        seq_kv=k.shape[1],
+        head_dim=q.shape[3],
+        width=padded_head_dim(q.shape[3]),
+        causal=st.causal,
+        sm_scale=st.sm_scale,
+        has_bias=st.bias_shape is not None,
+        has_mask=st.has_mask,
+        masked_io=st.backend.is_triton,
     )
 
 
@@ -435,8 +477,7 @@ def _padded(n: int, block: int) -> int:
 
 
 def _mosaic_args(st: Static) -> dict[str, Any]:
-    return dict(causal=st.causal, sm_scale=st.sm_scale, config=st.config, backend=st.backend,
-                bodies=st.mosaic_bodies)
+    return dict(causal=st.causal, sm_scale=st.sm_scale, config=st.config, backend=st.backend, bodies=st.mosaic_bodies)
 
 
 def _forward(q, k, v, bias, mask, st: Static):
@@ -469,8 +510,10 @@ def _forward(q, k, v, bias, mask, st: Static):
         in_specs=in_specs,
         out_specs=[row, pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
-        num_warps=st.config.num_warps, num_stages=st.config.num_stages,
-        dimension_semantics=("parallel", "parallel", "parallel"), name="pallascheck_attention_fwd",
+        num_warps=st.config.num_warps,
+        num_stages=st.config.num_stages,
+        dimension_semantics=("parallel", "parallel", "parallel"),
+        name="pallascheck_attention_fwd",
     )(*args)
     return out, lse
 
@@ -495,6 +538,7 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
         bias_ref = rest.pop(0) if has_bias else None
         mask_ref = rest.pop(0) if has_mask else None
         return fixed, bias_ref, mask_ref, outs
+
     # dk, dv: one program per kv block, looping over q blocks
     q_all = pl.BlockSpec((None, q_len, None, w), lambda b, h, j: (b, 0, h, 0))
     kv_block = pl.BlockSpec((None, bk, None, w), lambda b, h, j: (b, j, h // group, 0))
@@ -515,9 +559,15 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
         st.bodies.dkdv(*fixed, bias_ref, mask_ref, outs[0], outs[1], ds_ref, tile=tile, block_q=bq)
 
     outs = st.backend.pallas_call(
-        dkdv_kernel, grid=(batch, heads, pl.cdiv(seq_kv, bk)), in_specs=in_specs, out_specs=out_specs,
-        out_shape=out_shape, num_warps=st.config.num_warps, num_stages=st.config.num_stages,
-        dimension_semantics=sem, name="pallascheck_attention_dkdv",
+        dkdv_kernel,
+        grid=(batch, heads, pl.cdiv(seq_kv, bk)),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        num_warps=st.config.num_warps,
+        num_stages=st.config.num_stages,
+        dimension_semantics=sem,
+        name="pallascheck_attention_dkdv",
     )(q, do, k, v, lse, delta, *extras)
     dk, dv = outs[0], outs[1]
     if group > 1:  # f32 partials per q head -> one sum per kv head
@@ -537,9 +587,15 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
         st.bodies.dq(*fixed, bias_ref, mask_ref, outs[0], tile=tile, block_k=bk)
 
     dq = st.backend.pallas_call(
-        dq_kernel, grid=(batch, heads, pl.cdiv(seq_q, bq)), in_specs=in_specs, out_specs=q_block,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), num_warps=st.config.num_warps,
-        num_stages=st.config.num_stages, dimension_semantics=sem, name="pallascheck_attention_dq",
+        dq_kernel,
+        grid=(batch, heads, pl.cdiv(seq_q, bq)),
+        in_specs=in_specs,
+        out_specs=q_block,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        num_warps=st.config.num_warps,
+        num_stages=st.config.num_stages,
+        dimension_semantics=sem,
+        name="pallascheck_attention_dq",
     )(q, do, k, v, lse, delta, *extras)
     return dq, dk, dv, ds
 
@@ -590,12 +646,24 @@ def make_attention(
     def attention(q, k, v, *, bias=None, mask=None, causal=False, sm_scale=None, config=None, backend=None):
         be = get_backend(backend)
         sm_scale = _validate(q, k, v, bias, mask, causal, sm_scale)
-        config = resolve_config(config, be, Config, mosaic_gpu_attention.Config, kernel="attention",
-                                arrays={"q": q, "k": k, "v": v, "bias": bias, "mask": mask},
-                                options={"causal": bool(causal), "sm_scale": sm_scale})
+        config = resolve_config(
+            config,
+            be,
+            Config,
+            mosaic_gpu_attention.Config,
+            kernel="attention",
+            arrays={"q": q, "k": k, "v": v, "bias": bias, "mask": mask},
+            options={"causal": bool(causal), "sm_scale": sm_scale},
+        )
         st = Static(
-            causal=bool(causal), sm_scale=sm_scale, bias_shape=None if bias is None else _rank4(bias.shape),
-            has_mask=mask is not None, config=config, backend=be, bodies=bodies, mosaic_bodies=mosaic_bodies,
+            causal=bool(causal),
+            sm_scale=sm_scale,
+            bias_shape=None if bias is None else _rank4(bias.shape),
+            has_mask=mask is not None,
+            config=config,
+            backend=be,
+            bodies=bodies,
+            mosaic_bodies=mosaic_bodies,
         )
         return apply(q, k, v, bias, mask, st=st)
 
@@ -636,8 +704,7 @@ def _validate(q, k, v, bias, mask, causal, sm_scale) -> float:
         raise ValueError(f"head_dim must match: q.shape[3]={q.shape[3]} != k.shape[3]={k.shape[3]}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(
-            f"the number of kv heads must divide the number of q heads, got heads_q={q.shape[2]}, "
-            f"heads_kv={k.shape[2]}"
+            f"the number of kv heads must divide the number of q heads, got heads_q={q.shape[2]}, heads_kv={k.shape[2]}"
         )
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     for name, x in (("bias", bias), ("mask", mask)):
@@ -646,8 +713,7 @@ def _validate(q, k, v, bias, mask, causal, sm_scale) -> float:
         validation.require_array(name, x)
         if x.ndim > 4 or any(d not in (1, t) for d, t in zip(_rank4(x.shape), target)):
             raise ValueError(
-                f"{name} must broadcast to [batch, heads_q, seq_q, seq_kv] = {list(target)}, "
-                f"got shape {tuple(x.shape)}"
+                f"{name} must broadcast to [batch, heads_q, seq_q, seq_kv] = {list(target)}, got shape {tuple(x.shape)}"
             )
     if bias is not None:
         validation.require_float_dtype("bias", bias.dtype)

@@ -17,18 +17,20 @@ maintains for NVIDIA GPUs. A kernel that has no version for a backend raises
 ``NotOnBackend`` (a ``NotImplementedError``) naming the backends it has; nothing falls
 back to another lowering.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
 
-from . import compat, pinning
-from .block_bounds import check_block_indices
+from pallascheck.kernels import compat, pinning
+from pallascheck.kernels.block_bounds import check_block_indices
 
 ENV_VAR = "PALLASCHECK_BACKEND"
 NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
@@ -144,9 +146,16 @@ class Backend:
 
         def checked(*operands: Any) -> Any:
             # the interpreters clamp an out-of-range block index: check what hardware would not forgive
-            check_block_indices(kwargs.get("name", getattr(kernel, "__name__", "kernel")), kwargs.get("grid", ()),
-                                kwargs.get("in_specs"), kwargs.get("out_specs"), operands, kwargs["out_shape"])
+            check_block_indices(
+                kwargs.get("name", getattr(kernel, "__name__", "kernel")),
+                kwargs.get("grid", ()),
+                kwargs.get("in_specs"),
+                kwargs.get("out_specs"),
+                operands,
+                kwargs["out_shape"],
+            )
             return call(*operands)
+
         return checked
 
 
@@ -154,15 +163,24 @@ def _qualified(kind: type) -> str:
     return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"
 
 
-def resolve_config(config: Any, backend: Backend, generic: type, mosaic_gpu: type, *, kernel: str,
-                   arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+def resolve_config(
+    config: Any,
+    backend: Backend,
+    generic: type,
+    mosaic_gpu: type,
+    *,
+    kernel: str,
+    arrays: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> Any:
     """The config a kernel runs with on ``backend``: when None, the one pinned for this
     call (``pinning.choose``: kernel name, ``arrays``' shapes and dtypes, ``options``)
     or the backend's default; else it must be the backend's type (``mosaic_gpu`` on the
     Mosaic GPU backends, ``generic`` on the others), or ``TypeError`` names both."""
     expected = mosaic_gpu if backend.is_mosaic_gpu else generic
-    config = pinning.choose(kernel, config, expected() if config is None else None, arrays=arrays,
-                            options=options, backend=backend.name)
+    config = pinning.choose(
+        kernel, config, expected() if config is None else None, arrays=arrays, options=options, backend=backend.name
+    )
     if not isinstance(config, expected):
         raise TypeError(
             f"config must be of type {_qualified(expected)} on backend {backend} ({_qualified(mosaic_gpu)} on "
@@ -182,7 +200,7 @@ def parse(text: str) -> Backend:
         raise ValueError(f"bad backend {text!r}: {err}") from None
 
 
-def get_backend(backend: "str | Backend | None" = None) -> Backend:
+def get_backend(backend: str | Backend | None = None) -> Backend:
     """Resolve a backend: an explicit value wins, then $PALLASCHECK_BACKEND, then interpret."""
     if isinstance(backend, Backend):
         return backend

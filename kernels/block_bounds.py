@@ -9,10 +9,12 @@ of one block runs correctly there and the bug never shows on the CPU.
 where one leaves the array's blocks; ``Backend.pallas_call`` runs it in the
 interpreters before each call.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np

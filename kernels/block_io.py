@@ -8,6 +8,7 @@ it. So on the GPU every edge access is a masked ``load``/``store``, and on every
 backend the loaded value is forced to exact zeros outside ``mask`` with ``jnp.where``
 (never a multiply: 0 * NaN = NaN).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -39,21 +39,24 @@ the ``tpu_interpret`` backend simulates them on N CPU devices (with race
 detection); ``tpu`` lowers them with Mosaic. On GPUs use ``xla_reference`` (the
 same collectives through ``lax.all_gather``/``psum_scatter``, NCCL on GPUs).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from . import compat, validation
-from .backends import Backend, get_backend
+from pallascheck.kernels import compat, validation
+from pallascheck.kernels.backends import Backend, get_backend
 
 KERNEL_BACKENDS = ("tpu_interpret", "tpu")
 COLLECTIVE_ID = 0  # barrier semaphore id; every kernel here syncs only with ring neighbours
@@ -135,7 +138,10 @@ def _rows(ref: Any, slot: Any, size: int) -> Any:
 
 def _remote(src: Any, dst: Any, send: Any, recv: Any, ring: Ring, offset: int) -> Any:
     return pltpu.make_async_remote_copy(
-        src_ref=src, dst_ref=dst, send_sem=send, recv_sem=recv,
+        src_ref=src,
+        dst_ref=dst,
+        send_sem=send,
+        recv_sem=recv,
         device_id=ring.peer(offset),
     )
 
@@ -236,8 +242,11 @@ def _call(kernel, backend: Backend, out_shape, scratch_shapes, *args, memory_spa
         kernel,
         out_shape=out_shape,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=0, grid=(1,),
-            in_specs=[spec] * len(args), out_specs=spec, scratch_shapes=scratch_shapes,
+            num_scalar_prefetch=0,
+            grid=(1,),
+            in_specs=[spec] * len(args),
+            out_specs=spec,
+            scratch_shapes=scratch_shapes,
         ),
         interpret=backend.interpret_arg(),
         compiler_params=compat.tpu_compiler_params_collective(COLLECTIVE_ID),
@@ -305,8 +314,13 @@ def _require_spec(name: str, spec: P, expected: P) -> None:
 
 # --- public API -----------------------------------------------------------------------
 def all_gather(
-    x: jax.Array, *, mesh: Mesh, axis: str, spec: P | None = None,
-    config: Config | None = None, backend: "str | Backend | None" = None,
+    x: jax.Array,
+    *,
+    mesh: Mesh,
+    axis: str,
+    spec: P | None = None,
+    config: Config | None = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """Gather ``x``'s dimension 0, sharded over mesh ``axis``, onto every device of that axis.
 
@@ -350,7 +364,8 @@ def _all_gather_jit(x, mesh, axis, spec, config, backend, body=_all_gather_kerne
         lanes, steps = (2, -(-(ring.size - 1) // 2)) if config.bidirectional else (1, ring.size - 1)
         return _call(
             functools.partial(body, ring=ring, bidirectional=config.bidirectional),
-            backend, jax.ShapeDtypeStruct(shape, block.dtype),
+            backend,
+            jax.ShapeDtypeStruct(shape, block.dtype),
             [pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA((lanes,)), pltpu.SemaphoreType.DMA((lanes, steps))],
             block,
         )
@@ -369,8 +384,13 @@ def _validate_matmul(x, w, mesh, axis):
 
 
 def all_gather_matmul(
-    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, out_dtype: Any = None,
-    backend: "str | Backend | None" = None,
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    mesh: Mesh,
+    axis: str,
+    out_dtype: Any = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """``x @ w`` with x's rows sharded over ``axis`` (``P(axis, None)``) and w's columns
     sharded over it (``P(None, axis)``); the result is ``P(None, axis)``.
@@ -397,11 +417,17 @@ def _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend, body=_all_gathe
     def local(xb, wb):
         m = xb.shape[0] * ring.size
         return _call(
-            functools.partial(body, ring=ring), backend,
+            functools.partial(body, ring=ring),
+            backend,
             jax.ShapeDtypeStruct((m, wb.shape[1]), out_dtype),
-            [pltpu.VMEM((m, xb.shape[1]), xb.dtype), pltpu.SemaphoreType.DMA,
-             pltpu.SemaphoreType.DMA((max(ring.size - 1, 1),))],
-            xb, wb, memory_space=pltpu.VMEM,
+            [
+                pltpu.VMEM((m, xb.shape[1]), xb.dtype),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.DMA((max(ring.size - 1, 1),)),
+            ],
+            xb,
+            wb,
+            memory_space=pltpu.VMEM,
         )
 
     return compat.shard_map(
@@ -416,8 +442,14 @@ def _reduce_scatter_specs(axis: str, row_axis: str | None) -> tuple[P, P, P]:
 
 
 def matmul_reduce_scatter(
-    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, row_axis: str | None = None,
-    out_dtype: Any = None, backend: "str | Backend | None" = None,
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    mesh: Mesh,
+    axis: str,
+    row_axis: str | None = None,
+    out_dtype: Any = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """``x @ w`` with the contracting dimension sharded over ``axis`` (x ``P(row_axis, axis)``,
     w ``P(axis, None)``); the result's rows are scattered over ``axis`` within the
@@ -453,12 +485,18 @@ def _matmul_reduce_scatter_jit(x, w, mesh, axis, row_axis, out_dtype, backend, b
     def local(xb, wb):
         rows = xb.shape[0] // ring.size
         return _call(
-            functools.partial(body, ring=ring), backend,
+            functools.partial(body, ring=ring),
+            backend,
             jax.ShapeDtypeStruct((rows, wb.shape[1]), out_dtype),
-            [pltpu.VMEM((rows, wb.shape[1]), jnp.float32),
-             pltpu.VMEM((max(ring.size - 1, 1), rows, wb.shape[1]), jnp.float32),
-             pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA((max(ring.size - 1, 1),))],
-            xb, wb, memory_space=pltpu.VMEM,
+            [
+                pltpu.VMEM((rows, wb.shape[1]), jnp.float32),
+                pltpu.VMEM((max(ring.size - 1, 1), rows, wb.shape[1]), jnp.float32),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.DMA((max(ring.size - 1, 1),)),
+            ],
+            xb,
+            wb,
+            memory_space=pltpu.VMEM,
         )
 
     return compat.shard_map(local, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec, check_vma=False)(x, w)
@@ -469,20 +507,27 @@ def xla_reference_all_gather(x: jax.Array, *, mesh: Mesh, axis: str, spec: P | N
     spec = P(axis) if spec is None else spec
     out_spec = _gathered_spec(spec, x.ndim)
     fn = compat.shard_map(
-        lambda b: lax.all_gather(b, axis, axis=0, tiled=True), mesh=mesh, in_specs=(spec,), out_specs=out_spec,
+        lambda b: lax.all_gather(b, axis, axis=0, tiled=True),
+        mesh=mesh,
+        in_specs=(spec,),
+        out_specs=out_spec,
         check_vma=False,
     )
     return jax.jit(fn)(x)
 
 
-def xla_reference_all_gather_matmul(x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, out_dtype: Any = None) -> jax.Array:
+def xla_reference_all_gather_matmul(
+    x: jax.Array, w: jax.Array, *, mesh: Mesh, axis: str, out_dtype: Any = None
+) -> jax.Array:
     out_dtype = x.dtype if out_dtype is None else out_dtype
 
     def local(xb, wb):
         full = lax.all_gather(xb, axis, axis=0, tiled=True)
         return jnp.dot(full, wb, preferred_element_type=jnp.float32).astype(out_dtype)
 
-    fn = compat.shard_map(local, mesh=mesh, in_specs=(P(axis, None), P(None, axis)), out_specs=P(None, axis), check_vma=False)
+    fn = compat.shard_map(
+        local, mesh=mesh, in_specs=(P(axis, None), P(None, axis)), out_specs=P(None, axis), check_vma=False
+    )
     return jax.jit(fn)(x, w)
 
 

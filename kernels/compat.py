@@ -2,16 +2,18 @@
 
 Everything else imports these names instead of probing versions itself.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import pallas as pl
 from jax._src import config as jax_config
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 try:  # jax >= 0.7: Triton compiler params live in pallas.triton
@@ -72,7 +74,10 @@ def tpu_interpret_params(*, seed: int | None, detect_races: bool = True, dma_exe
     "parallel" dimensions. DMAs run when their semaphore is waited on ("on_wait") or as
     soon as they start ("eager")."""
     return _TpuInterpretParams(
-        detect_races=detect_races, uninitialized_memory="nan", random_seed=seed, dma_execution_mode=dma_execution_mode,
+        detect_races=detect_races,
+        uninitialized_memory="nan",
+        random_seed=seed,
+        dma_execution_mode=dma_execution_mode,
         **OUT_OF_BOUNDS_READS_RAISE,
     )
 
@@ -145,8 +150,9 @@ def mosaic_gpu_interpret_params() -> Any:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     raise_on_race = {"on_race": "raise"} if "on_race" in plgpu.InterpretGPUParams.__dataclass_fields__ else {}
-    return plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan", **OUT_OF_BOUNDS_READS_RAISE,
-                                    **raise_on_race)
+    return plgpu.InterpretGPUParams(
+        detect_races=True, uninitialized_memory="nan", **OUT_OF_BOUNDS_READS_RAISE, **raise_on_race
+    )
 
 
 # Hopper (sm_90) is the oldest GPU the Mosaic GPU kernels' wgmma and TMA exist on.
@@ -173,7 +179,9 @@ def require_backend_available(name: str) -> None:
         try:
             from jax.experimental.pallas import mosaic_gpu as plgpu
         except ImportError as err:  # pragma: no cover - jaxlib without Mosaic GPU
-            raise RuntimeError(f"backend mosaic_gpu_interpret needs jax.experimental.pallas.mosaic_gpu: {err}") from None
+            raise RuntimeError(
+                f"backend mosaic_gpu_interpret needs jax.experimental.pallas.mosaic_gpu: {err}"
+            ) from None
         if not hasattr(plgpu, "InterpretGPUParams"):
             raise RuntimeError(
                 f"backend mosaic_gpu_interpret needs the Mosaic GPU interpreter (plgpu.InterpretGPUParams, "

@@ -81,6 +81,7 @@ Kernel bodies and the statistic combination are swappable
 (``make_cross_entropy(forward_body=, backward_body=, combine=, finish=, reduce=)``)
 so test variants reuse the tiling and the custom_vjp wiring and change one step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,7 +89,8 @@ import functools
 import itertools
 import math
 import numbers
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -96,8 +98,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, pinning, validation
-from .backends import Backend, get_backend
+from pallascheck.kernels import block_io, pinning, validation
+from pallascheck.kernels.backends import Backend, get_backend
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -121,7 +123,7 @@ class Config:
 _GPU_MAX_TILE_ELEMENTS = 1 << 13
 
 
-def configs(tokens: int, vocab: int, backend: "str | Backend | None" = None) -> list[Config]:
+def configs(tokens: int, vocab: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for ``tokens`` rows of ``vocab`` classes."""
     be = get_backend(backend)
     if be.is_triton:
@@ -185,8 +187,9 @@ def pivot(m: jax.Array) -> jax.Array:
     return jnp.where(m == NEG_INF, 0.0, m)
 
 
-def online_update(carry: tuple, z: jax.Array, col_ok: jax.Array, cols: jax.Array, labels: jax.Array,
-                  seen: Any) -> tuple:
+def online_update(
+    carry: tuple, z: jax.Array, col_ok: jax.Array, cols: jax.Array, labels: jax.Array, seen: Any
+) -> tuple:
     """One vocab tile of the online logsumexp: (m, s, t, sd) -> updated, all (bt, 1) f32.
 
     ``z``: the tile in f32 with exact zeros outside ``col_ok``; ``seen``: the number
@@ -230,8 +233,9 @@ def _forward_kernel(logits_ref, labels_ref, m_ref, s_ref, t_ref, sd_ref, *, tile
         tiles.store_rows(ref, value, row_ok)
 
 
-def _backward_kernel(logits_ref, labels_ref, m_ref, log_s_ref, g_ref, dlogits_ref, *, tiles: Tiles, c1: float,
-                     c3: float):
+def _backward_kernel(
+    logits_ref, labels_ref, m_ref, log_s_ref, g_ref, dlogits_ref, *, tiles: Tiles, c1: float, c3: float
+):
     row_ok = tiles.row_ok()
     labels = tiles.load_rows(labels_ref, row_ok)
     m = tiles.load_rows(m_ref, row_ok)
@@ -281,16 +285,30 @@ def forward_call(
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)
     outs = backend.pallas_call(
         functools.partial(body, tiles=tiles),
-        grid=(pl.cdiv(tokens, config.block_t),), in_specs=[rows, col], out_specs=[col] * 4,
-        out_shape=[stat] * 4, num_warps=config.num_warps, num_stages=config.num_stages,
-        dimension_semantics=("parallel",), name="pallascheck_cross_entropy_fwd",
+        grid=(pl.cdiv(tokens, config.block_t),),
+        in_specs=[rows, col],
+        out_specs=[col] * 4,
+        out_shape=[stat] * 4,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dimension_semantics=("parallel",),
+        name="pallascheck_cross_entropy_fwd",
     )(logits, labels.reshape(tokens, 1))
     return Stats(*(o[:, 0] for o in outs))
 
 
 def backward_call(
-    logits: jax.Array, labels: jax.Array, m: jax.Array, log_s: jax.Array, g: jax.Array, *, c1: float, c3: float,
-    config: Config, backend: Backend, body: KernelBody = _backward_kernel,
+    logits: jax.Array,
+    labels: jax.Array,
+    m: jax.Array,
+    log_s: jax.Array,
+    g: jax.Array,
+    *,
+    c1: float,
+    c3: float,
+    config: Config,
+    backend: Backend,
+    body: KernelBody = _backward_kernel,
 ) -> jax.Array:
     """dlogits [T, V] in the logits dtype; m (the row max), log_s (log of the
     exp-sum) and g: [T] f32 (g = 0 for ignored tokens)."""
@@ -299,9 +317,14 @@ def backward_call(
     rows, col = _specs(tiles, tiles.num_tiles * config.block_v)
     return backend.pallas_call(
         functools.partial(body, tiles=tiles, c1=c1, c3=c3),
-        grid=(pl.cdiv(tokens, config.block_t),), in_specs=[rows, col, col, col, col], out_specs=rows,
-        out_shape=jax.ShapeDtypeStruct(logits.shape, logits.dtype), num_warps=config.num_warps,
-        num_stages=config.num_stages, dimension_semantics=("parallel",), name="pallascheck_cross_entropy_bwd",
+        grid=(pl.cdiv(tokens, config.block_t),),
+        in_specs=[rows, col, col, col, col],
+        out_specs=rows,
+        out_shape=jax.ShapeDtypeStruct(logits.shape, logits.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dimension_semantics=("parallel",),
+        name="pallascheck_cross_entropy_bwd",
     )(logits, *(a.reshape(tokens, 1) for a in (labels, m, log_s, g)))
 
 
@@ -400,8 +423,9 @@ def make_cross_entropy(
         vocab = logits2d.shape[1] * (1 if axis_name is None else _axis_size(axis_name))
         c1, _, c3 = constants(eps, vocab)
         g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
-        dlogits = backward_call(logits2d, local, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend,
-                                body=backward_body)
+        dlogits = backward_call(
+            logits2d, local, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend, body=backward_body
+        )
         return dlogits, np.zeros(labels.shape, jax.dtypes.float0)
 
     core.defvjp(core_fwd, core_bwd)
@@ -423,16 +447,32 @@ def make_cross_entropy(
         reduction: str = "mean",
         axis_name: Any = None,
         config: Config | None = None,
-        backend: "str | Backend | None" = None,
+        backend: str | Backend | None = None,
     ) -> jax.Array:
         eps = validate(logits, labels, label_smoothing, ignore_index, reduction, config, axis_name)
         backend = get_backend(backend)
-        config = pinning.choose("cross_entropy", config, Config(), arrays={"logits": logits, "labels": labels},
-                                options={"label_smoothing": eps, "ignore_index": int(ignore_index),
-                                         "reduction": reduction, "axis_name": axis_name}, backend=backend.name)
+        config = pinning.choose(
+            "cross_entropy",
+            config,
+            Config(),
+            arrays={"logits": logits, "labels": labels},
+            options={
+                "label_smoothing": eps,
+                "ignore_index": int(ignore_index),
+                "reduction": reduction,
+                "axis_name": axis_name,
+            },
+            backend=backend.name,
+        )
         return apply(
-            logits, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
-            axis_name=axis_name, config=config, backend=backend,
+            logits,
+            labels,
+            eps=eps,
+            ignore_index=int(ignore_index),
+            reduction=reduction,
+            axis_name=axis_name,
+            config=config,
+            backend=backend,
         )
 
     cross_entropy.__doc__ = CROSS_ENTROPY_DOC
@@ -452,8 +492,9 @@ def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def validate(logits: Any, labels: Any, label_smoothing: Any, ignore_index: Any, reduction: Any,
-             config: Any, axis_name: Any) -> float:
+def validate(
+    logits: Any, labels: Any, label_smoothing: Any, ignore_index: Any, reduction: Any, config: Any, axis_name: Any
+) -> float:
     """Check the arguments; returns label_smoothing as a float."""
     validation.require_array("logits", logits)
     validation.require_array("labels", labels)
@@ -495,7 +536,11 @@ cross_entropy = make_cross_entropy()
 
 @functools.partial(jax.jit, static_argnames=("label_smoothing", "ignore_index", "reduction"))
 def xla_reference(
-    logits: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, ignore_index: int = -100,
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
     reduction: str = "mean",
 ) -> jax.Array:
     """What a careful user writes instead: jax.numpy with the logits upcast to f32."""

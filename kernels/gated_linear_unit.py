@@ -27,6 +27,7 @@ kernels/mosaic_gpu_matmul.py, with the same cotangents as above. Its tiles are a
 ``mosaic_gpu_glu.Config`` (passed as ``config=``, listed by ``configs(...,
 backend=...)``); this module's ``Config`` stays the Pallas-generic kernel's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,16 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, matmul, mosaic_gpu_glu, mosaic_gpu_matmul, tiling, validation
-from .activations import get_activation
-from .backends import Backend, get_backend, resolve_config
+from pallascheck.kernels import (
+    block_io,
+    matmul,
+    mosaic_gpu_glu,
+    mosaic_gpu_matmul,
+    tiling,
+    validation,
+)
+from pallascheck.kernels.activations import get_activation
+from pallascheck.kernels.backends import Backend, get_backend, resolve_config
 
 ALIASES = {None: "none", "swish": "silu"}
 
@@ -52,8 +60,8 @@ class Config(matmul.Config):
 
 
 def configs(
-    tokens: int, f: int, d: int, backend: "str | Backend | None" = None, itemsize: int = 4
-) -> "list[Config] | list[mosaic_gpu_glu.Config]":
+    tokens: int, f: int, d: int, backend: str | Backend | None = None, itemsize: int = 4
+) -> list[Config] | list[mosaic_gpu_glu.Config]:
     """kernels/matmul.py's space for [tokens, d] @ [d, f], keeping on the GPU only
     tiles whose pipelined x, gate and up tiles fit in shared memory
     (``mosaic_gpu_glu.configs`` on the Mosaic GPU backends)."""
@@ -68,7 +76,7 @@ def configs(
     ]
 
 
-def canonical_activation(activation: "str | None") -> str:
+def canonical_activation(activation: str | None) -> str:
     """The kernels/activations.py name of ``activation`` (None -> "none", swish -> silu)."""
     name = ALIASES.get(activation, activation)
     get_activation(name)
@@ -76,7 +84,14 @@ def canonical_activation(activation: "str | None") -> str:
 
 
 def _forward_kernel(
-    x_ref, w_ref, *out_refs, m_size: int, n_size: int, k_size: int, block_k: int, activation: str,
+    x_ref,
+    w_ref,
+    *out_refs,
+    m_size: int,
+    n_size: int,
+    k_size: int,
+    block_k: int,
+    activation: str,
     masked_io: bool,
 ):
     block_m, block_n = x_ref.shape[0], w_ref.shape[2]
@@ -94,8 +109,10 @@ def _forward_kernel(
         w_ok = (kw < k_size) & col_ok
         w_gate = block_io.load(w_ref.at[pl.ds(start, block_k), 0, :], w_ok, masked_io=masked_io)
         w_up = block_io.load(w_ref.at[pl.ds(start, block_k), 1, :], w_ok, masked_io=masked_io)
-        return (gate_acc + jnp.dot(x, w_gate, preferred_element_type=jnp.float32),
-                up_acc + jnp.dot(x, w_up, preferred_element_type=jnp.float32))
+        return (
+            gate_acc + jnp.dot(x, w_gate, preferred_element_type=jnp.float32),
+            up_acc + jnp.dot(x, w_up, preferred_element_type=jnp.float32),
+        )
 
     zeros = jnp.zeros((block_m, block_n), jnp.float32)
     gate, up = lax.fori_loop(0, num_k_tiles, k_step, (zeros, zeros))
@@ -107,8 +124,14 @@ def _forward_kernel(
 
 
 def fused_call(
-    x: jax.Array, weights: jax.Array, *, activation: str, save_residuals: bool, config: Config,
-    backend: Backend, body: Any = _forward_kernel,
+    x: jax.Array,
+    weights: jax.Array,
+    *,
+    activation: str,
+    save_residuals: bool,
+    config: Config,
+    backend: Backend,
+    body: Any = _forward_kernel,
 ) -> Any:
     """The forward kernel on x [T, d]; ``body`` is swappable for test variants.
     On the Mosaic GPU backends the default body is kernels/mosaic_gpu_glu.py's."""
@@ -122,8 +145,9 @@ def fused_call(
     n_out = 3 if save_residuals else 1
     dtypes = [x.dtype] + [jnp.float32] * (n_out - 1)
     call = backend.pallas_call(
-        functools.partial(body, m_size=t, n_size=f, k_size=d, block_k=bk, activation=activation,
-                          masked_io=backend.is_triton),
+        functools.partial(
+            body, m_size=t, n_size=f, k_size=d, block_k=bk, activation=activation, masked_io=backend.is_triton
+        ),
         grid=(pl.cdiv(t, bm), pl.cdiv(f, bn)),
         in_specs=[
             pl.BlockSpec((bm, d_padded), lambda i, j: (i, 0)),
@@ -149,8 +173,9 @@ def gate_and_up_cotangents(g: jax.Array, gate: jax.Array, up: jax.Array, activat
 
 
 def _matmul(a: jax.Array, b: jax.Array, config: Config, backend: Backend) -> jax.Array:
-    return matmul.kernel_call(a, b, out_dtype=a.dtype, activation="none", save_preactivation=False,
-                             config=config, backend=backend)
+    return matmul.kernel_call(
+        a, b, out_dtype=a.dtype, activation="none", save_preactivation=False, config=config, backend=backend
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -190,7 +215,9 @@ def _validate(x: Any, weights: Any) -> None:
     if weights.shape[1] != 2:
         raise ValueError(f"weights.shape[1] must be 2 (gate, up), got shape {tuple(weights.shape)}")
     if x.shape[-1] != weights.shape[0]:
-        raise ValueError(f"contracting dimensions must match: x.shape[-1]={x.shape[-1]} != weights.shape[0]={weights.shape[0]}")
+        raise ValueError(
+            f"contracting dimensions must match: x.shape[-1]={x.shape[-1]} != weights.shape[0]={weights.shape[0]}"
+        )
     validation.require_nonempty("x", tuple(x.shape))
     validation.require_nonempty("weights", tuple(weights.shape))
 
@@ -199,9 +226,9 @@ def gated_linear_unit(
     x: jax.Array,
     weights: jax.Array,
     *,
-    activation: "str | None" = None,
-    config: "Config | mosaic_gpu_glu.Config | None" = None,
-    backend: "str | Backend | None" = None,
+    activation: str | None = None,
+    config: Config | mosaic_gpu_glu.Config | None = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """``activation(x @ weights[:, 0]) * (x @ weights[:, 1])`` for x [..., d] and
     weights [d, 2, f] in f32, bf16 or f16 (bf16 or f16 on the Mosaic GPU backends,
@@ -209,8 +236,15 @@ def gated_linear_unit(
     _validate(x, weights)
     name = canonical_activation(activation)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_glu.Config, kernel="gated_linear_unit",
-                            arrays={"x": x, "weights": weights}, options={"activation": name})
+    config = resolve_config(
+        config,
+        backend,
+        Config,
+        mosaic_gpu_glu.Config,
+        kernel="gated_linear_unit",
+        arrays={"x": x, "weights": weights},
+        options={"activation": name},
+    )
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if name not in matmul.supported_activations(backend):
@@ -224,7 +258,7 @@ def gated_linear_unit(
 
 
 @functools.partial(jax.jit, static_argnames=("activation",))
-def xla_reference(x: jax.Array, weights: jax.Array, *, activation: "str | None" = None) -> jax.Array:
+def xla_reference(x: jax.Array, weights: jax.Array, *, activation: str | None = None) -> jax.Array:
     """What a user writes instead: two XLA dots accumulating in f32, the gate's
     activation and the product in f32, one rounding to x's dtype."""
     act = get_activation(canonical_activation(activation))

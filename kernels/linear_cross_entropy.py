@@ -34,12 +34,14 @@ memory stays O(T H + H V) (plus f32 copies of dx and dw).
 preferred_element_type=f32)`` materialising the logits, then
 ``cross_entropy.xla_reference``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +49,9 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, pinning, validation
-from . import cross_entropy as ce
-from .backends import Backend, get_backend
+from pallascheck.kernels import block_io, pinning, validation
+from pallascheck.kernels import cross_entropy as ce
+from pallascheck.kernels.backends import Backend, get_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Config:
             raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
 
 
-def configs(tokens: int, hidden: int, vocab: int, backend: "str | Backend | None" = None) -> list[Config]:
+def configs(tokens: int, hidden: int, vocab: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for x [tokens, hidden] @ w [hidden, vocab]."""
     be = get_backend(backend)
     if be.is_triton:
@@ -80,8 +82,10 @@ def configs(tokens: int, hidden: int, vocab: int, backend: "str | Backend | None
     def fit(size: int, choices: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(b for b in choices if b < 2 * max(size, 16)) or (min(choices),)
 
-    return [Config(t, v, h, w, s) for t, v, h, w, s in
-            itertools.product(fit(tokens, bts), fit(vocab, bvs), fit(hidden, bhs), warps, stages)]
+    return [
+        Config(t, v, h, w, s)
+        for t, v, h, w, s in itertools.product(fit(tokens, bts), fit(vocab, bvs), fit(hidden, bhs), warps, stages)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +117,9 @@ class Dims:
     def load(self, ref: Any, rows: Any, cols: Any, ok: jax.Array) -> jax.Array:
         return block_io.load(ref.at[rows, cols], ok, masked_io=self.masked_io)
 
-    def logits_tile(self, x_ref: Any, w_ref: Any, x_row: Any, w_col: Any, row_ok: jax.Array,
-                    col_ok: jax.Array) -> jax.Array:
+    def logits_tile(
+        self, x_ref: Any, w_ref: Any, x_row: Any, w_col: Any, row_ok: jax.Array, col_ok: jax.Array
+    ) -> jax.Array:
         """f32 (block_t, block_v) tile of x @ w from rows ``x_row``.. of the x block and
         columns ``w_col``.. of the w block (offsets inside the refs), zero padding."""
         bt, bv, bh = self.config.block_t, self.config.block_v, self.config.block_h
@@ -127,8 +132,17 @@ class Dims:
 
         return lax.fori_loop(0, self.h_chunks, chunk, jnp.zeros((bt, bv), jnp.float32))
 
-    def dlogits_tile(self, z: jax.Array, cols: jax.Array, labels: jax.Array, m: jax.Array, log_s: jax.Array,
-                     g: jax.Array, c1: float, c3: float) -> jax.Array:
+    def dlogits_tile(
+        self,
+        z: jax.Array,
+        cols: jax.Array,
+        labels: jax.Array,
+        m: jax.Array,
+        log_s: jax.Array,
+        g: jax.Array,
+        c1: float,
+        c3: float,
+    ) -> jax.Array:
         """g * ((exp((z - m) - log s) - c1 onehot) - c3) in f32, exactly 0 where g == 0 or past V."""
         d = ce.softmax_tile(z, m, log_s) - jnp.where(cols == labels, c1, 0.0)
         if c3 != 0.0:
@@ -179,8 +193,9 @@ def _dx_kernel(x_ref, w_ref, labels_ref, m_ref, log_s_ref, g_ref, dx_ref, *, dim
             w = dims.load(w_ref, pl.ds(h0, bh), pl.ds(v0, bv), (dims.iota(h0, bh, 0) < dims.hidden) & col_ok)
             # (bt, bv) x (bh, bv) contracted over the vocabulary: dlogits @ w^T
             update = lax.dot_general(d.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-            dims.accumulate(dx_ref, slice(None), pl.ds(h0, bh), row_ok & (dims.iota(h0, bh, 1) < dims.hidden),
-                            update, j == 0)
+            dims.accumulate(
+                dx_ref, slice(None), pl.ds(h0, bh), row_ok & (dims.iota(h0, bh, 1) < dims.hidden), update, j == 0
+            )
             return c
 
         return lax.fori_loop(0, dims.h_chunks, chunk, carry)
@@ -209,8 +224,9 @@ def _dw_kernel(x_ref, w_ref, labels_ref, m_ref, log_s_ref, g_ref, dw_ref, *, dim
             x = dims.load(x_ref, pl.ds(t0, bt), pl.ds(h0, bh), row_ok & h_ok)
             # (bt, bh) x (bt, bv) contracted over the tokens: x^T @ dlogits
             update = lax.dot_general(x, d.astype(x.dtype), (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-            dims.accumulate(dw_ref, pl.ds(h0, bh), slice(None), (dims.iota(h0, bh, 0) < dims.hidden) & col_ok,
-                            update, i == 0)
+            dims.accumulate(
+                dw_ref, pl.ds(h0, bh), slice(None), (dims.iota(h0, bh, 0) < dims.hidden) & col_ok, update, i == 0
+            )
             return c
 
         return lax.fori_loop(0, dims.h_chunks, chunk, carry)
@@ -227,7 +243,9 @@ def _whole(shape: tuple[int, ...]) -> pl.BlockSpec:
     return pl.BlockSpec(shape, lambda i: zeros)
 
 
-def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callable[..., None] = _forward_kernel) -> ce.Stats:
+def forward_call(
+    x, w, labels, *, config: Config, backend: Backend, body: Callable[..., None] = _forward_kernel
+) -> ce.Stats:
     (tokens, hidden), vocab = x.shape, w.shape[1]
     dims = Dims(tokens, hidden, vocab, config, backend.is_triton)
     bt = config.block_t
@@ -235,16 +253,34 @@ def forward_call(x, w, labels, *, config: Config, backend: Backend, body: Callab
     col = pl.BlockSpec((bt, 1), lambda i: (i, 0))
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)
     outs = backend.pallas_call(
-        functools.partial(body, dims=dims), grid=(dims.t_blocks,),
+        functools.partial(body, dims=dims),
+        grid=(dims.t_blocks,),
         in_specs=[pl.BlockSpec((bt, hp), lambda i: (i, 0)), _whole((hp, vp)), col],
-        out_specs=[col] * 4, out_shape=[stat] * 4, num_warps=config.num_warps, num_stages=config.num_stages,
-        dimension_semantics=("parallel",), name="pallascheck_linear_cross_entropy_fwd",
+        out_specs=[col] * 4,
+        out_shape=[stat] * 4,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dimension_semantics=("parallel",),
+        name="pallascheck_linear_cross_entropy_fwd",
     )(x, w, labels.reshape(tokens, 1))
     return ce.Stats(*(o[:, 0] for o in outs))
 
 
-def backward_call(x, w, labels, m, log_s, g, *, c1: float, c3: float, config: Config, backend: Backend,
-                  dx_body: Callable[..., None] = _dx_kernel, dw_body: Callable[..., None] = _dw_kernel):
+def backward_call(
+    x,
+    w,
+    labels,
+    m,
+    log_s,
+    g,
+    *,
+    c1: float,
+    c3: float,
+    config: Config,
+    backend: Backend,
+    dx_body: Callable[..., None] = _dx_kernel,
+    dw_body: Callable[..., None] = _dw_kernel,
+):
     """(dx [T, H] in x.dtype, dw [H, V] in w.dtype); m (row max), log_s (log of the
     exp-sum), g: [T] f32. The kernels
     accumulate in f32 outputs, rounded once to the input dtype here."""
@@ -256,17 +292,23 @@ def backward_call(x, w, labels, m, log_s, g, *, c1: float, c3: float, config: Co
     common = dict(num_warps=config.num_warps, num_stages=config.num_stages, dimension_semantics=("parallel",))
     token_rows = pl.BlockSpec((bt, hp), lambda i: (i, 0))
     dx = backend.pallas_call(
-        functools.partial(dx_body, dims=dims, c1=c1, c3=c3), grid=(dims.t_blocks,),
+        functools.partial(dx_body, dims=dims, c1=c1, c3=c3),
+        grid=(dims.t_blocks,),
         in_specs=[token_rows, _whole((hp, vp))] + [pl.BlockSpec((bt, 1), lambda i: (i, 0))] * 4,
-        out_specs=token_rows, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
-        name="pallascheck_linear_cross_entropy_dx", **common,
+        out_specs=token_rows,
+        out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
+        name="pallascheck_linear_cross_entropy_dx",
+        **common,
     )(x, w, *columns)
     vocab_cols = pl.BlockSpec((hp, bv), lambda j: (0, j))
     dw = backend.pallas_call(
-        functools.partial(dw_body, dims=dims, c1=c1, c3=c3), grid=(dims.v_tiles,),
+        functools.partial(dw_body, dims=dims, c1=c1, c3=c3),
+        grid=(dims.v_tiles,),
         in_specs=[_whole((tp, hp)), vocab_cols] + [_whole((tp, 1))] * 4,
-        out_specs=vocab_cols, out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32),
-        name="pallascheck_linear_cross_entropy_dw", **common,
+        out_specs=vocab_cols,
+        out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32),
+        name="pallascheck_linear_cross_entropy_dw",
+        **common,
     )(x, w, *columns)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
@@ -298,8 +340,9 @@ def make_linear_softmax_cross_entropy(
         x, w, labels, m, log_s, ignored, invalid = residuals
         c1, _, c3 = ce.constants(eps, w.shape[1])
         g = jnp.where(ignored, 0.0, jnp.where(invalid, jnp.nan, g.astype(jnp.float32)))
-        dx, dw = backward_call(x, w, labels, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend,
-                               dx_body=dx_body, dw_body=dw_body)
+        dx, dw = backward_call(
+            x, w, labels, m, log_s, g, c1=c1, c3=c3, config=config, backend=backend, dx_body=dx_body, dw_body=dw_body
+        )
         return dx, dw, np.zeros(labels.shape, jax.dtypes.float0)
 
     core.defvjp(core_fwd, core_bwd)
@@ -319,24 +362,31 @@ def make_linear_softmax_cross_entropy(
         ignore_index: int = -100,
         reduction: str = "mean",
         config: Config | None = None,
-        backend: "str | Backend | None" = None,
+        backend: str | Backend | None = None,
     ) -> jax.Array:
         """``cross_entropy(x @ w, labels, ...)`` for x [T, H], w [H, V] (same float dtype),
         labels [T], without materialising the logits. Returns float32; differentiable in
         x and w (Pallas backward kernels)."""
         eps = _validate(x, w, labels, label_smoothing, ignore_index, reduction, config)
         backend = get_backend(backend)
-        config = pinning.choose("linear_cross_entropy", config, Config(), arrays={"x": x, "w": w, "labels": labels},
-                                options={"label_smoothing": eps, "ignore_index": int(ignore_index),
-                                         "reduction": reduction}, backend=backend.name)
-        return apply(x, w, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction,
-                     config=config, backend=backend)
+        config = pinning.choose(
+            "linear_cross_entropy",
+            config,
+            Config(),
+            arrays={"x": x, "w": w, "labels": labels},
+            options={"label_smoothing": eps, "ignore_index": int(ignore_index), "reduction": reduction},
+            backend=backend.name,
+        )
+        return apply(
+            x, w, labels, eps=eps, ignore_index=int(ignore_index), reduction=reduction, config=config, backend=backend
+        )
 
     return linear_softmax_cross_entropy
 
 
-def _validate(x: Any, w: Any, labels: Any, label_smoothing: Any, ignore_index: Any, reduction: Any,
-              config: Any) -> float:
+def _validate(
+    x: Any, w: Any, labels: Any, label_smoothing: Any, ignore_index: Any, reduction: Any, config: Any
+) -> float:
     for name, a in (("x", x), ("w", w)):
         validation.require_array(name, a)
         validation.require_rank(name, a, 2)
@@ -357,10 +407,16 @@ linear_softmax_cross_entropy = make_linear_softmax_cross_entropy()
 
 @functools.partial(jax.jit, static_argnames=("label_smoothing", "ignore_index", "reduction"))
 def xla_reference(
-    x: jax.Array, w: jax.Array, labels: jax.Array, *, label_smoothing: float = 0.0, ignore_index: int = -100,
+    x: jax.Array,
+    w: jax.Array,
+    labels: jax.Array,
+    *,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
     reduction: str = "mean",
 ) -> jax.Array:
     """The naive path: f32 logits materialised by one XLA dot, then cross-entropy."""
     logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
-    return ce.xla_reference(logits, labels, label_smoothing=label_smoothing, ignore_index=ignore_index,
-                            reduction=reduction)
+    return ce.xla_reference(
+        logits, labels, label_smoothing=label_smoothing, ignore_index=ignore_index, reduction=reduction
+    )

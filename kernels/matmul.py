@@ -27,22 +27,23 @@ and edge handling). Its tiles are a ``mosaic_gpu_matmul.Config``, passed as
 ``config=`` and listed by ``configs(..., backend=...)``; this module's ``Config``
 stays the one of the Pallas-generic kernel above.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, mosaic_gpu_matmul, tiling, validation
-from .activations import ACTIVATIONS, get_activation
-from .backends import Backend, get_backend, resolve_config
-
+from pallascheck.kernels import block_io, mosaic_gpu_matmul, tiling, validation
+from pallascheck.kernels.activations import ACTIVATIONS, get_activation
+from pallascheck.kernels.backends import Backend, get_backend, resolve_config
 
 GELU_TANH_RANGE = 1e12  # (1e12)**3 = 1e36 < f32 max 3.4e38
 
@@ -65,9 +66,13 @@ class Config:
 
 
 def configs(
-    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4,
+    m: int,
+    n: int,
+    k: int,
+    backend: str | Backend | None = None,
+    itemsize: int = 4,
     out_itemsize: int | None = None,
-) -> "list[Config] | list[mosaic_gpu_matmul.Config]":
+) -> list[Config] | list[mosaic_gpu_matmul.Config]:
     """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs
     and ``out_itemsize``-byte outputs, default the inputs' (``mosaic_gpu_matmul.Config``s
     on the Mosaic GPU backends, whose SMEM holds an output tile)."""
@@ -87,7 +92,7 @@ def configs(
     ]
 
 
-def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, ...]:
+def supported_activations(backend: str | Backend | None = None) -> tuple[str, ...]:
     """Exact gelu needs erf, which Pallas' Triton lowering and jax 0.11.2's Mosaic GPU
     lowering lack, so it is offered on neither (nor the Mosaic GPU interpreter)."""
     be = get_backend(backend)
@@ -98,8 +103,15 @@ def supported_activations(backend: "str | Backend | None" = None) -> tuple[str, 
 
 
 def _matmul_kernel(
-    x_ref, y_ref, *out_refs, m_size: int, n_size: int, k_size: int, block_k: int,
-    activation: str, masked_io: bool,
+    x_ref,
+    y_ref,
+    *out_refs,
+    m_size: int,
+    n_size: int,
+    k_size: int,
+    block_k: int,
+    activation: str,
+    masked_io: bool,
 ):
     block_m = x_ref.shape[0]
     block_n = y_ref.shape[1]
@@ -150,7 +162,12 @@ def tiled_call(
         out_specs.append(pl.BlockSpec((bm, bn), lambda i, j: (i, j)))
     call = backend.pallas_call(
         functools.partial(
-            body, m_size=m, n_size=n, k_size=k, block_k=bk, activation=activation,
+            body,
+            m_size=m,
+            n_size=n,
+            k_size=k,
+            block_k=bk,
+            activation=activation,
             masked_io=backend.is_triton,
         ),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
@@ -178,8 +195,13 @@ def kernel_call(x: jax.Array, y: jax.Array, **kwargs: Any) -> Any:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def _matmul(x, y, activation, out_dtype, config, backend):
     return kernel_call(
-        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=False,
-        config=config, backend=backend,
+        x,
+        y,
+        out_dtype=out_dtype,
+        activation=activation,
+        save_preactivation=False,
+        config=config,
+        backend=backend,
     )
 
 
@@ -188,8 +210,13 @@ def _matmul_fwd(x, y, activation, out_dtype, config, backend):
         out = _matmul(x, y, activation, out_dtype, config, backend)
         return out, (x, y, None)
     out, z = kernel_call(
-        x, y, out_dtype=out_dtype, activation=activation, save_preactivation=True,
-        config=config, backend=backend,
+        x,
+        y,
+        out_dtype=out_dtype,
+        activation=activation,
+        save_preactivation=True,
+        config=config,
+        backend=backend,
     )
     return out, (x, y, z)
 
@@ -203,8 +230,13 @@ def _matmul_bwd(activation, out_dtype, config, backend, residuals, g):
 
     def product(a, b, dtype):
         return kernel_call(
-            a, b, out_dtype=dtype, activation="none", save_preactivation=False,
-            config=config, backend=backend,
+            a,
+            b,
+            out_dtype=dtype,
+            activation="none",
+            save_preactivation=False,
+            config=config,
+            backend=backend,
         )
 
     dx = product(dz.astype(x.dtype), y.T, x.dtype)
@@ -228,9 +260,7 @@ def _validate(x: Any, y: Any, out_dtype: Any) -> None:
     if x.dtype != y.dtype:
         raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
     if x.shape[1] != y.shape[0]:
-        raise ValueError(
-            f"contracting dimensions must match: x.shape[1]={x.shape[1]} != y.shape[0]={y.shape[0]}"
-        )
+        raise ValueError(f"contracting dimensions must match: x.shape[1]={x.shape[1]} != y.shape[0]={y.shape[0]}")
     validation.require_nonempty("x", tuple(x.shape))
     validation.require_nonempty("y", tuple(y.shape))
     validation.require_float_dtype("out_dtype", out_dtype)
@@ -242,8 +272,8 @@ def matmul(
     *,
     activation: str = "none",
     out_dtype: Any = None,
-    config: "Config | mosaic_gpu_matmul.Config | None" = None,
-    backend: "str | Backend | None" = None,
+    config: Config | mosaic_gpu_matmul.Config | None = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """``activation(x @ y)`` for x: [M, K], y: [K, N] in f32, bf16 or f16 (bf16 or
     f16 on the Mosaic GPU backends, which take a ``mosaic_gpu_matmul.Config``).
@@ -255,8 +285,15 @@ def matmul(
     _validate(x, y, out_dtype)
     get_activation(activation)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_matmul.Config, kernel="matmul", arrays={"x": x, "y": y},
-                            options={"activation": activation, "out_dtype": jnp.dtype(out_dtype).name})
+    config = resolve_config(
+        config,
+        backend,
+        Config,
+        mosaic_gpu_matmul.Config,
+        kernel="matmul",
+        arrays={"x": x, "y": y},
+        options={"activation": activation, "out_dtype": jnp.dtype(out_dtype).name},
+    )
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(x.dtype)
     if activation not in supported_activations(backend):
@@ -268,9 +305,7 @@ def matmul(
 
 
 @functools.partial(jax.jit, static_argnames=("activation", "out_dtype"))
-def xla_reference(
-    x: jax.Array, y: jax.Array, *, activation: str = "none", out_dtype: Any = None
-) -> jax.Array:
+def xla_reference(x: jax.Array, y: jax.Array, *, activation: str = "none", out_dtype: Any = None) -> jax.Array:
     """What a user writes instead: one XLA dot accumulating in f32, activation in f32."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     z = jnp.dot(x, y, preferred_element_type=jnp.float32)

@@ -78,12 +78,14 @@ precision HIGHEST there); use backend ``triton``/``interpret`` for f32.
 Kernel steps are swappable (``Bodies``): test variants reuse the tiling, the
 pipeline and the wiring and change one step function.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -91,8 +93,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from . import tiling
-from .backends import Backend, get_backend
+from pallascheck.kernels import tiling
+from pallascheck.kernels.backends import Backend, get_backend
 
 NEG_INF = float("-inf")
 BLOCKS = (64, 128)  # wgmma: one warpgroup owns 64-row multiples; larger tiles spill registers
@@ -135,14 +137,19 @@ class Config:
         if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
             raise ValueError(f"config.consumers must be 1 or 2 (forward compute warpgroups), got {self.consumers!r}")
         if self.consumers == 2 and self.block_q != 64:
-            raise ValueError(f"config.consumers = 2 needs block_q = 64 (each warpgroup's rows; 128 spills "
-                             f"registers), got block_q {self.block_q}")
+            raise ValueError(
+                f"config.consumers = 2 needs block_q = 64 (each warpgroup's rows; 128 spills "
+                f"registers), got block_q {self.block_q}"
+            )
         if self.consumers_bwd not in (1, 2) or isinstance(self.consumers_bwd, bool):
-            raise ValueError(f"config.consumers_bwd must be 1 or 2 (dk/dv compute warpgroups), got "
-                             f"{self.consumers_bwd!r}")
+            raise ValueError(
+                f"config.consumers_bwd must be 1 or 2 (dk/dv compute warpgroups), got {self.consumers_bwd!r}"
+            )
         if self.consumers_bwd == 2 and self.block_kv_bwd != 64:
-            raise ValueError(f"config.consumers_bwd = 2 needs block_kv_bwd = 64 (each warpgroup's dk and dv "
-                             f"rows; 128 spills registers), got block_kv_bwd {self.block_kv_bwd}")
+            raise ValueError(
+                f"config.consumers_bwd = 2 needs block_kv_bwd = 64 (each warpgroup's dk and dv "
+                f"rows; 128 spills registers), got block_kv_bwd {self.block_kv_bwd}"
+            )
 
     # The names the tolerance model reads (shared with attention.Config).
     @property
@@ -174,8 +181,11 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
     keys = c.block_kv_bwd * c.consumers_bwd  # the dk/dv kernel's keys per CTA
     # f32 gradient tiles (GQA's partials): dk and dv with one warpgroup, one tile per
     # consumer warpgroup (dk, then dv) in the warp-specialised form
-    dkdv = (2 * keys * width * itemsize + 2 * c.block_kv_bwd * width * 4
-            + s * (2 * c.block_q_bwd * width * itemsize + 2 * c.block_q_bwd * 4))
+    dkdv = (
+        2 * keys * width * itemsize
+        + 2 * c.block_kv_bwd * width * 4
+        + s * (2 * c.block_q_bwd * width * itemsize + 2 * c.block_q_bwd * 4)
+    )
     if with_bias:
         fwd += s * rows * c.block_kv * 4
         dq += s * c.block_q_bwd * c.block_kv_bwd * 4
@@ -196,7 +206,11 @@ def _smem_bytes(c: Config, width: int, itemsize: int, with_bias: bool) -> int:
 
 
 def configs(
-    seq_q: int, seq_kv: int, head_dim: int, backend: "str | Backend | None" = None, itemsize: int = 2,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    backend: str | Backend | None = None,
+    itemsize: int = 2,
     bias: bool = True,
 ) -> list[Config]:
     """Valid configs for these lengths and head_dim (the autotuning space): only configs
@@ -216,15 +230,21 @@ def configs(
         return _smem_bytes(c, width, itemsize, with_bias=bias) <= _SMEM_BYTES
 
     if be.is_interpreted:
-        specialised = [Config(64, 64, 3, 64, 64, consumers=2, consumers_bwd=2),
-                       Config(64, 64, 2, 64, 64, consumers=2, consumers_bwd=2)]
+        specialised = [
+            Config(64, 64, 3, 64, 64, consumers=2, consumers_bwd=2),
+            Config(64, 64, 2, 64, 64, consumers=2, consumers_bwd=2),
+        ]
         if 128 in tiling.blocks_for(seq_kv, (64, 128)):
             specialised.insert(0, Config(64, 128, 2, 64, 64, consumers=2, consumers_bwd=2))
         return [c for c in [Config()] if fits(c)] + [c for c in specialised if fits(c)][:1]
     out = []
     for bq, bkv, steps, (bqb, bkvb), consumers, consumers_bwd in itertools.product(
-        tiling.blocks_for(seq_q, (64, 128)), tiling.blocks_for(seq_kv, (64, 128)), (2, 3),
-        ((64, 64), (64, 128), (128, 64)), (1, 2), (1, 2),
+        tiling.blocks_for(seq_q, (64, 128)),
+        tiling.blocks_for(seq_kv, (64, 128)),
+        (2, 3),
+        ((64, 64), (64, 128), (128, 64)),
+        (1, 2),
+        (1, 2),
     ):
         if (consumers == 2 and bq != 64) or (consumers_bwd == 2 and bkvb != 64):
             continue
@@ -276,8 +296,9 @@ class Tile:
         bb, hb = self.bias_dims
         return bias_ref.at[b if bb > 1 else 0, h if hb > 1 else 0, rows, cols]
 
-    def logits(self, s: jax.Array, q_start: Any, kv_start: Any, bias: jax.Array | None, *,
-               transposed: bool = False) -> jax.Array:
+    def logits(
+        self, s: jax.Array, q_start: Any, kv_start: Any, bias: jax.Array | None, *, transposed: bool = False
+    ) -> jax.Array:
         """f32 logits from the raw wgmma product ``s`` ((block_q, block_kv), or
         (block_kv, block_q) when ``transposed``): scaled, biased, -inf where the key is
         padding or above the causal diagonal."""
@@ -498,8 +519,9 @@ class RowSplitStream:
 
     def fetch(self, block: Any, slot: Any) -> None:
         for c in range(self.consumers):
-            plgpu.copy_gmem_to_smem(self.source(block, c), self.smem.at[slot, c],
-                                    self.barriers.at[slot * self.consumers + c])
+            plgpu.copy_gmem_to_smem(
+                self.source(block, c), self.smem.at[slot, c], self.barriers.at[slot * self.consumers + c]
+            )
 
     def wait(self, slot: Any) -> None:
         plgpu.barrier_wait(self.barriers.at[slot * self.consumers + self.consumer])
@@ -528,8 +550,10 @@ def specialise(pipe: SharedPipeline, consumers: int, consume: Callable[[Any, Sha
     @pl.when(wg < consumers)
     def _consume():
         plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-        streams = {name: dataclasses.replace(stream, consumer=wg) if isinstance(stream, RowSplitStream) else stream
-                   for name, stream in pipe.streams.items()}
+        streams = {
+            name: dataclasses.replace(stream, consumer=wg) if isinstance(stream, RowSplitStream) else stream
+            for name, stream in pipe.streams.items()
+        }
         consume(wg, dataclasses.replace(pipe, streams=streams))
 
 
@@ -686,14 +710,22 @@ def _kv_streams(t: Tile, k_ref, v_ref, bias_ref, b, h, q_start):
     forward and dq kernels: their sources and SMEM scratch."""
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
-    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
+
+    def kv_rows(j):
+        return pl.ds(j * t.block_kv, t.block_kv)
+
     named = [
         ("k", lambda j: k_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
         ("v", lambda j: v_ref.at[b, kv_rows(j), kv_head], _smem((t.block_kv, t.width), dtype, t.stages)),
     ]
     if bias_ref is not None:
-        named.append(("bias", lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
-                      _smem((t.block_q, t.block_kv), jnp.float32, t.stages)))
+        named.append(
+            (
+                "bias",
+                lambda j: t.bias_window(bias_ref, b, h, pl.ds(q_start, t.block_q), kv_rows(j)),
+                _smem((t.block_q, t.block_kv), jnp.float32, t.stages),
+            )
+        )
     return _streams(t, named)
 
 
@@ -740,9 +772,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
         _forward_epilogue(carry, q_smem, stats_smem, o_ref.at[b, rows, h], stats_ref.at[b, h, :, rows])
 
     pl.run_scoped(
-        body, _smem((t.block_q, t.width), dtype), lhs_tile(t, (t.block_q, t.block_kv)),
+        body,
+        _smem((t.block_q, t.width), dtype),
+        lhs_tile(t, (t.block_q, t.block_kv)),
         plgpu.SMEM((2, t.block_q), jnp.float32),
-        plgpu.Barrier(num_barriers=1), *scratch,
+        plgpu.Barrier(num_barriers=1),
+        *scratch,
     )
 
 
@@ -769,20 +804,30 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
     count = bodies.kv_blocks_seen(cta, ci)
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
-    kv_rows = lambda j: pl.ds(j * t.block_kv, t.block_kv)
-    q_rows = lambda w: pl.ds(consumer_first_row(ci * cta.block_q, w, t.block_q), t.block_q)
+
+    def kv_rows(j):
+        return pl.ds(j * t.block_kv, t.block_kv)
+
+    def q_rows(w):
+        return pl.ds(consumer_first_row(ci * cta.block_q, w, t.block_q), t.block_q)
+
     kv_tiles = _smem((t.block_kv, t.width), dtype, t.stages)
     scratch = [kv_tiles, plgpu.Barrier(num_barriers=t.stages)] * 2
     if bias_ref is not None:
-        scratch += [plgpu.SMEM((t.stages, c, t.block_q, t.block_kv), jnp.float32, transforms=_tiled(jnp.float32)),
-                    plgpu.Barrier(num_barriers=t.stages * c)]
+        scratch += [
+            plgpu.SMEM((t.stages, c, t.block_q, t.block_kv), jnp.float32, transforms=_tiled(jnp.float32)),
+            plgpu.Barrier(num_barriers=t.stages * c),
+        ]
 
     def body(q_smem, lhs_smem, stats_smem, q_barrier, consumed, schedule, k_smem, k_bar, v_smem, v_bar, *bias_scratch):
-        streams = {"k": Stream(lambda j: k_ref.at[b, kv_rows(j), kv_head], k_smem, k_bar),
-                   "v": Stream(lambda j: v_ref.at[b, kv_rows(j), kv_head], v_smem, v_bar)}
+        streams = {
+            "k": Stream(lambda j: k_ref.at[b, kv_rows(j), kv_head], k_smem, k_bar),
+            "v": Stream(lambda j: v_ref.at[b, kv_rows(j), kv_head], v_smem, v_bar),
+        }
         if bias_ref is not None:
-            streams["bias"] = RowSplitStream(lambda j, w: t.bias_window(bias_ref, b, h, q_rows(w), kv_rows(j)),
-                                             *bias_scratch, consumers=c)
+            streams["bias"] = RowSplitStream(
+                lambda j, w: t.bias_window(bias_ref, b, h, q_rows(w), kv_rows(j)), *bias_scratch, consumers=c
+            )
         pipe = SharedPipeline(streams, t.stages, 0, count, pl.cdiv(t.seq_kv, t.block_kv), consumed, schedule)
 
         def consume(wg, view):
@@ -794,16 +839,21 @@ def _forward_ws_kernel(q_ref, k_ref, v_ref, *rest, t: Tile, bodies: Bodies):
             pl.when(wg == 1)(view.turn)
             carry = view.run(lambda i, cy: bodies.forward_step(t, view, refs, i, cy), _forward_init(t))
             pl.when(wg == 0)(view.turn)
-            _forward_epilogue(carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h],
-                              stats_ref.at[b, h, :, q_rows(wg)])
+            _forward_epilogue(
+                carry, q_tile, stats_smem.at[wg], o_ref.at[b, q_rows(wg), h], stats_ref.at[b, h, :, q_rows(wg)]
+            )
 
         specialise(pipe, c, consume)
 
     pl.run_scoped(
-        body, plgpu.SMEM((c, t.block_q, t.width), dtype, transforms=_tiled(dtype)),
+        body,
+        plgpu.SMEM((c, t.block_q, t.width), dtype, transforms=_tiled(dtype)),
         plgpu.SMEM((c, t.block_q, t.block_kv), dtype, transforms=_tiled(dtype)) if t.interpreted else None,
-        plgpu.SMEM((c, 2, t.block_q), jnp.float32), plgpu.Barrier(num_barriers=c),
-        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), plgpu.Barrier(num_arrivals=c), *scratch,
+        plgpu.SMEM((c, 2, t.block_q), jnp.float32),
+        plgpu.Barrier(num_barriers=c),
+        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages),
+        plgpu.Barrier(num_arrivals=c),
+        *scratch,
         collective_axes="wg",
     )
 
@@ -824,11 +874,20 @@ def _q_streams(t: Tile, q_ref, do_ref, lse_ref, delta_ref, b, h) -> list:
 
 
 def _dkdv_kernel(
-    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
+    q_ref,
+    do_ref,
+    k_ref,
+    v_ref,
+    lse_ref,
+    delta_ref,
+    *rest,
+    t: Tile,
+    bodies: Bodies,
+    with_ds: bool,
 ):
     has_bias = t.bias_dims is not None
     bias_ref = rest[0] if has_bias else None
-    dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
+    dk_ref, dv_ref = rest[int(has_bias) : int(has_bias) + 2]
     ds_ref = rest[-1] if with_ds else None
     b, h, kj = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
     kv_head = lax.div(h, jnp.int32(t.group))
@@ -837,8 +896,13 @@ def _dkdv_kernel(
     grad_dtype = dk_ref.dtype
     named = _q_streams(t, q_ref, do_ref, lse_ref, delta_ref, b, h)
     if has_bias:  # the transposed bias [b, h, seq_kv, seq_q]
-        named.append(("bias", lambda i: t.bias_window(bias_ref, b, h, pl.ds(kv_start, t.block_kv), q_block_rows(t, i)),
-                      _smem((t.block_kv, t.block_q), jnp.float32, t.stages)))
+        named.append(
+            (
+                "bias",
+                lambda i: t.bias_window(bias_ref, b, h, pl.ds(kv_start, t.block_kv), q_block_rows(t, i)),
+                _smem((t.block_kv, t.block_q), jnp.float32, t.stages),
+            )
+        )
     sources, scratch = _streams(t, named)
 
     def body(k_smem, v_smem, lhs_smem, dk_smem, dv_smem, ds_smem, kv_barrier, *stream_scratch):
@@ -870,7 +934,16 @@ def _dkdv_kernel(
 
 
 def _dkdv_ws_kernel(
-    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, bodies: Bodies, with_ds: bool,
+    q_ref,
+    do_ref,
+    k_ref,
+    v_ref,
+    lse_ref,
+    delta_ref,
+    *rest,
+    t: Tile,
+    bodies: Bodies,
+    with_ds: bool,
 ):
     """``consumers_bwd = 2``: a CTA of 2 x ``block_kv`` keys; warpgroups 0 and 1 each
     accumulate dk and dv of their ``block_kv`` keys, warpgroup 2 issues the q, dO, lse
@@ -880,24 +953,34 @@ def _dkdv_ws_kernel(
     c = CONSUMERS
     has_bias = t.bias_dims is not None
     bias_ref = rest[0] if has_bias else None
-    dk_ref, dv_ref = rest[int(has_bias):int(has_bias) + 2]
+    dk_ref, dv_ref = rest[int(has_bias) : int(has_bias) + 2]
     ds_ref = rest[-1] if with_ds else None
     b, h, ci = lax.axis_index("batch"), lax.axis_index("heads"), lax.axis_index("blocks")
     cta = dataclasses.replace(t, block_kv=c * t.block_kv)
     kv_head = lax.div(h, jnp.int32(t.group))
     dtype = jnp.dtype(t.dtype)
     grad_dtype = dk_ref.dtype
-    kv_rows = lambda w: pl.ds(consumer_first_row(ci * cta.block_kv, w, t.block_kv), t.block_kv)
+
+    def kv_rows(w):
+        return pl.ds(consumer_first_row(ci * cta.block_kv, w, t.block_kv), t.block_kv)
+
     sources, scratch = _streams(t, _q_streams(t, q_ref, do_ref, lse_ref, delta_ref, b, h))
     if has_bias:
-        scratch.append((plgpu.SMEM((t.stages, c, t.block_kv, t.block_q), jnp.float32, transforms=_tiled(jnp.float32)),
-                        plgpu.Barrier(num_barriers=t.stages * c)))
+        scratch.append(
+            (
+                plgpu.SMEM((t.stages, c, t.block_kv, t.block_q), jnp.float32, transforms=_tiled(jnp.float32)),
+                plgpu.Barrier(num_barriers=t.stages * c),
+            )
+        )
 
     def body(k_smem, v_smem, lhs_smem, grad_smem, ds_smem, kv_barrier, consumed, *stream_scratch):
         streams = {name: Stream(sources[name], smem, bar) for name, (smem, bar) in zip(sources, stream_scratch)}
         if has_bias:
-            streams["bias"] = RowSplitStream(lambda i, w: t.bias_window(bias_ref, b, h, kv_rows(w), q_block_rows(t, i)),
-                                             *stream_scratch[-1], consumers=c)
+            streams["bias"] = RowSplitStream(
+                lambda i, w: t.bias_window(bias_ref, b, h, kv_rows(w), q_block_rows(t, i)),
+                *stream_scratch[-1],
+                consumers=c,
+            )
         first = first_q_block_seeing(cta, ci)
         blocks = pl.cdiv(t.seq_q, t.block_q)
         pipe = SharedPipeline(streams, t.stages, first, blocks - first, blocks, consumed)
@@ -908,9 +991,16 @@ def _dkdv_ws_kernel(
             plgpu.copy_gmem_to_smem(v_ref.at[b, kv_rows(wg), kv_head], v_tile, kv_barrier.at[2 * wg + 1])
             plgpu.barrier_wait(kv_barrier.at[2 * wg])
             plgpu.barrier_wait(kv_barrier.at[2 * wg + 1])
-            refs = DkdvRefs(k_tile, v_tile, None if lhs_smem is None else lhs_smem.at[wg],
-                            ds_smem.at[wg] if with_ds else None, ds_ref, b, h,
-                            consumer_first_row(ci * cta.block_kv, wg, t.block_kv))
+            refs = DkdvRefs(
+                k_tile,
+                v_tile,
+                None if lhs_smem is None else lhs_smem.at[wg],
+                ds_smem.at[wg] if with_ds else None,
+                ds_ref,
+                b,
+                h,
+                consumer_first_row(ci * cta.block_kv, wg, t.block_kv),
+            )
             init = (zeros((t.block_kv, t.width), plgpu.Layout.WGMMA),) * 2
             dk, dv = view.run(lambda i, carry: bodies.dkdv_step(t, view, refs, i, carry), init)
             if with_ds:
@@ -927,11 +1017,15 @@ def _dkdv_ws_kernel(
 
     tiles_kv = _smem((c, t.block_kv, t.width), dtype)
     pl.run_scoped(
-        body, tiles_kv, tiles_kv,
+        body,
+        tiles_kv,
+        tiles_kv,
         _smem((c, t.block_kv, t.block_q), dtype) if t.interpreted else None,
         _smem((c, t.block_kv, t.width), grad_dtype),
         _smem((c, t.block_kv, t.block_q), jnp.float32) if with_ds else None,
-        plgpu.Barrier(num_barriers=2 * c), plgpu.Barrier(num_arrivals=c, num_barriers=t.stages), *scratch,
+        plgpu.Barrier(num_barriers=2 * c),
+        plgpu.Barrier(num_arrivals=c, num_barriers=t.stages),
+        *scratch,
         collective_axes="wg",
     )
 
@@ -957,8 +1051,9 @@ def _dq_kernel(q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, *rest, t: Tile, 
         vector = plgpu.Layout.WGMMA.reduce(1)
         lse, delta = plgpu.load(lse_smem, layout=vector), plgpu.load(delta_smem, layout=vector)
         refs = DqRefs(q_smem, do_smem, lhs_smem, lse, delta, q_start)
-        dq = pipe.run(lambda j, carry: bodies.dq_step(t, pipe, refs, j, carry),
-                      zeros((t.block_q, t.width), plgpu.Layout.WGMMA))
+        dq = pipe.run(
+            lambda j, carry: bodies.dq_step(t, pipe, refs, j, carry), zeros((t.block_q, t.width), plgpu.Layout.WGMMA)
+        )
         q_smem[...] = (dq * jnp.float32(t.sm_scale)).astype(dtype)  # q is no longer read
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, rows, h])
@@ -1016,13 +1111,31 @@ def _logit_bias(bias: jax.Array | None, mask: jax.Array | None, rows: int, cols:
     return _pad(_pad(out, 2, rows), 3, cols)
 
 
-def _tile(q: jax.Array, k: jax.Array, bias: jax.Array | None, *, causal: bool, sm_scale: float,
-          block_q: int, block_kv: int, stages: int, backend: Backend) -> Tile:
+def _tile(
+    q: jax.Array,
+    k: jax.Array,
+    bias: jax.Array | None,
+    *,
+    causal: bool,
+    sm_scale: float,
+    block_q: int,
+    block_kv: int,
+    stages: int,
+    backend: Backend,
+) -> Tile:
     return Tile(
-        seq_q=q.shape[1], seq_kv=k.shape[1], width=padded_head_dim(q.shape[3]), causal=causal,
-        sm_scale=float(sm_scale), bias_dims=None if bias is None else (bias.shape[0], bias.shape[1]),
-        group=q.shape[2] // k.shape[2], block_q=block_q, block_kv=block_kv, stages=stages,
-        dtype=jnp.dtype(q.dtype).name, interpreted=backend.is_interpreted,
+        seq_q=q.shape[1],
+        seq_kv=k.shape[1],
+        width=padded_head_dim(q.shape[3]),
+        causal=causal,
+        sm_scale=float(sm_scale),
+        bias_dims=None if bias is None else (bias.shape[0], bias.shape[1]),
+        group=q.shape[2] // k.shape[2],
+        block_q=block_q,
+        block_kv=block_kv,
+        stages=stages,
+        dtype=jnp.dtype(q.dtype).name,
+        interpreted=backend.is_interpreted,
     )
 
 
@@ -1032,8 +1145,17 @@ def _padded(x: jax.Array, rows: int, width: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "config", "backend", "bodies"))
 def forward(
-    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, mask: jax.Array | None, *,
-    causal: bool, sm_scale: float, config: Config, backend: Backend, bodies: Bodies = Bodies(),
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    *,
+    causal: bool,
+    sm_scale: float,
+    config: Config,
+    backend: Backend,
+    bodies: Bodies = Bodies(),
 ) -> tuple[jax.Array, jax.Array]:
     """(out [b, seq_q, h, d], lse [b, h, seq_q] f32). ``bias``/``mask`` are rank 4 and
     broadcast to [b, h, seq_q, seq_kv] (batch/head dims 1 or full); mask True = visible."""
@@ -1043,17 +1165,30 @@ def forward(
     cta_rows = c.block_q * c.consumers
     rows, cols = _round_up(seq_q, cta_rows), _round_up(seq_kv, c.block_kv)
     logit_bias = _logit_bias(bias, mask, rows, cols)
-    t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q, block_kv=c.block_kv,
-              stages=c.max_concurrent_steps, backend=backend)
+    t = _tile(
+        q,
+        k,
+        logit_bias,
+        causal=causal,
+        sm_scale=sm_scale,
+        block_q=c.block_q,
+        block_kv=c.block_kv,
+        stages=c.max_concurrent_steps,
+        backend=backend,
+    )
     args = [_padded(q, rows, t.width), _padded(k, cols, t.width), _padded(v, cols, t.width)]
     args += [logit_bias] if logit_bias is not None else []
     out, stats = plgpu.kernel(
         functools.partial(_forward_kernel if c.consumers == 1 else _forward_ws_kernel, t=t, bodies=bodies),
         out_type=(
-            jax.ShapeDtypeStruct(args[0].shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, 2, rows), jnp.float32),
+            jax.ShapeDtypeStruct(args[0].shape, q.dtype),
+            jax.ShapeDtypeStruct((batch, heads, 2, rows), jnp.float32),
         ),
-        grid=(batch, heads, rows // cta_rows), grid_names=("batch", "heads", "blocks"),
-        interpret=backend.interpret_arg(), compiler_params=APPROX_MATH, **_warpgroups(c.consumers),
+        grid=(batch, heads, rows // cta_rows),
+        grid_names=("batch", "heads", "blocks"),
+        interpret=backend.interpret_arg(),
+        compiler_params=APPROX_MATH,
+        **_warpgroups(c.consumers),
     )(*args)
     m, l = stats[:, :, 0, :seq_q], stats[:, :, 1, :seq_q]
     empty = l == 0.0
@@ -1063,9 +1198,20 @@ def forward(
 
 @functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "config", "backend", "bodies"))
 def backward(
-    q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, mask: jax.Array | None,
-    out: jax.Array, lse: jax.Array, do: jax.Array, *,
-    causal: bool, sm_scale: float, config: Config, backend: Backend, bodies: Bodies = Bodies(),
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    out: jax.Array,
+    lse: jax.Array,
+    do: jax.Array,
+    *,
+    causal: bool,
+    sm_scale: float,
+    config: Config,
+    backend: Backend,
+    bodies: Bodies = Bodies(),
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """(dq, dk, dv, ds): ds is the f32 [b, h, seq_q, seq_kv] gradient of the logits
     (None without a bias), which the caller sums over the bias' broadcast dims."""
@@ -1076,8 +1222,17 @@ def backward(
     cta_cols = c.block_kv_bwd * c.consumers_bwd  # the dk/dv kernel's keys per CTA
     rows, cols = _round_up(seq_q, c.block_q_bwd), _round_up(seq_kv, cta_cols)
     logit_bias = _logit_bias(bias, mask, rows, cols)
-    t = _tile(q, k, logit_bias, causal=causal, sm_scale=sm_scale, block_q=c.block_q_bwd,
-              block_kv=c.block_kv_bwd, stages=c.max_concurrent_steps, backend=backend)
+    t = _tile(
+        q,
+        k,
+        logit_bias,
+        causal=causal,
+        sm_scale=sm_scale,
+        block_q=c.block_q_bwd,
+        block_kv=c.block_kv_bwd,
+        stages=c.max_concurrent_steps,
+        backend=backend,
+    )
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
     vectors = [_pad(guard_neg_inf(lse), 2, rows), _pad(delta, 2, rows)]
     qp, dop = _padded(q, rows, t.width), _padded(do, rows, t.width)
@@ -1095,10 +1250,15 @@ def backward(
     if has_bias:
         out_type.append(jax.ShapeDtypeStruct((batch, heads, cols, rows), jnp.float32))
     outs = plgpu.kernel(
-        functools.partial(_dkdv_kernel if c.consumers_bwd == 1 else _dkdv_ws_kernel, t=t, bodies=bodies,
-                          with_ds=has_bias),
-        out_type=tuple(out_type), grid=(batch, heads, cols // cta_cols), grid_names=grid_names,
-        interpret=interpret, compiler_params=APPROX_MATH, **_warpgroups(c.consumers_bwd),
+        functools.partial(
+            _dkdv_kernel if c.consumers_bwd == 1 else _dkdv_ws_kernel, t=t, bodies=bodies, with_ds=has_bias
+        ),
+        out_type=tuple(out_type),
+        grid=(batch, heads, cols // cta_cols),
+        grid_names=grid_names,
+        interpret=interpret,
+        compiler_params=APPROX_MATH,
+        **_warpgroups(c.consumers_bwd),
     )(qp, dop, kp, vp, *vectors, *extra)
     dk, dv = (x[:, :seq_kv, :, :head_dim] for x in outs[:2])
     if group > 1:  # f32 partials per q head -> one sum per kv head
@@ -1113,8 +1273,10 @@ def backward(
 
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, t=t, bodies=bodies),
-        out_type=jax.ShapeDtypeStruct(qp.shape, q.dtype), grid=(batch, heads, rows // c.block_q_bwd),
-        grid_names=grid_names, interpret=interpret, compiler_params=APPROX_MATH,
+        out_type=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        grid=(batch, heads, rows // c.block_q_bwd),
+        grid_names=grid_names,
+        interpret=interpret,
+        compiler_params=APPROX_MATH,
     )(qp, dop, kp, vp, *vectors, *([logit_bias] if logit_bias is not None else []))
     return dq[:, :seq_q, :, :head_dim], dk, dv, ds
-

@@ -22,11 +22,13 @@ column block ``f_padded / tile_n + j``. Padding along d is exact zeros.
 Backward: kernels/gated_linear_unit.py's custom_vjp, whose two products
 (dz @ W^T and x^T @ dz) run kernels/mosaic_gpu_matmul.py on this backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +36,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from . import mosaic_gpu_matmul, tiling
-from .activations import get_activation
-from .backends import Backend
+from pallascheck.kernels import mosaic_gpu_matmul, tiling
+from pallascheck.kernels.activations import get_activation
+from pallascheck.kernels.backends import Backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +52,9 @@ class Config(mosaic_gpu_matmul.Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.consumers != 1:
-            raise ValueError(f"config.consumers must be 1 (the GLU kernel runs one consumer warpgroup), "
-                             f"got {self.consumers!r}")
+            raise ValueError(
+                f"config.consumers must be 1 (the GLU kernel runs one consumer warpgroup), got {self.consumers!r}"
+            )
         if 2 * self.tile_m * self.tile_n > mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS:
             raise ValueError(
                 f"2 * config.tile_m * config.tile_n must be <= {mosaic_gpu_matmul.MAX_ACCUMULATOR_ELEMENTS} "
@@ -66,9 +69,7 @@ def smem_bytes(config: Config, itemsize: int, save_residuals: bool) -> int:
     return pipeline + out
 
 
-def configs(
-    tokens: int, f: int, d: int, itemsize: int = 2, backend: "str | Backend | None" = None
-) -> list[Config]:
+def configs(tokens: int, f: int, d: int, itemsize: int = 2, backend: str | Backend | None = None) -> list[Config]:
     """mosaic_gpu_matmul's space for [tokens, d] @ [d, f], keeping tiles whose two
     accumulators fit the registers and whose slots and residual tiles fit in SMEM."""
     space = []
@@ -86,7 +87,9 @@ def _forward_body(x_gmem, w_gmem, *refs, num_k_tiles: int, up_offset: int, activ
     barriers, output SMEM tiles (one per output)."""
     n_out = (len(refs) - 4) // 2
     out_gmems, (x_smem, gate_smem, up_smem, loaded), out_smems = (
-        refs[:n_out], refs[n_out:n_out + 4], refs[n_out + 4:]
+        refs[:n_out],
+        refs[n_out : n_out + 4],
+        refs[n_out + 4 :],
     )
     stages, tile_m, tile_k = x_smem.shape
     tile_n = gate_smem.shape[2]
@@ -113,8 +116,11 @@ def _forward_body(x_gmem, w_gmem, *refs, num_k_tiles: int, up_offset: int, activ
     acc = plgpu.ACC((tile_m, tile_n), jnp.float32)  # allocated as exact zeros
     gate, up = pl.run_scoped(k_loop, acc, acc)
     mosaic_gpu_matmul.store_tiles(
-        out_gmems, out_smems, (get_activation(activation)(gate) * up, gate, up),
-        m_slice, pl.ds(gate_col, tile_n),
+        out_gmems,
+        out_smems,
+        (get_activation(activation)(gate) * up, gate, up),
+        m_slice,
+        pl.ds(gate_col, tile_n),
     )
 
 

@@ -57,12 +57,14 @@ Gradients: :func:`pallascheck.kernels.matmul.matmul` wraps this kernel in its
 the functions here are forward only. Batched products: ``jax.vmap`` works, as for
 every ``plgpu.kernel``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,9 +72,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from . import tiling, validation
-from .activations import ACTIVATIONS, get_activation
-from .backends import Backend, get_backend
+from pallascheck.kernels import tiling, validation
+from pallascheck.kernels.activations import ACTIVATIONS, get_activation
+from pallascheck.kernels.backends import Backend, get_backend
 
 # wgmma's M is 64 per instruction and one warpgroup holds the accumulator in
 # registers: 128 x 128 f32 is 128 registers per thread, the most we allow.
@@ -126,9 +128,10 @@ class Config:
         if self.consumers not in (1, 2):
             raise ValueError(f"config.consumers must be 1 or 2 (consumer warpgroups per CTA), got {self.consumers!r}")
         if self.consumers == 2 and self.tile_n % EPILOGUE_N:
-            raise ValueError(f"config.tile_n must be a multiple of {EPILOGUE_N} with consumers=2 (the epilogue "
-                             f"stores {EPILOGUE_N}-column slices), got {self.tile_n}")
-
+            raise ValueError(
+                f"config.tile_n must be a multiple of {EPILOGUE_N} with consumers=2 (the epilogue "
+                f"stores {EPILOGUE_N}-column slices), got {self.tile_n}"
+            )
 
     @property
     def block_k(self) -> int:
@@ -152,7 +155,11 @@ def epilogue_n(save_preactivation: bool) -> int:
 
 
 def configs(
-    m: int, n: int, k: int, itemsize: int = 2, backend: "str | Backend | None" = None,
+    m: int,
+    n: int,
+    k: int,
+    itemsize: int = 2,
+    backend: str | Backend | None = None,
     out_itemsize: int | None = None,
 ) -> list[Config]:
     """The autotuning space for an (m, k) @ (k, n) product of ``itemsize``-byte inputs
@@ -166,9 +173,13 @@ def configs(
     else:
         ms, ns, ks, stages = (64, 128), (64, 128, 256), (64,), (3, 4)
         specialised = [(128, 128, 64, 3), (128, 64, 64, 4), (128, 64, 64, 5), (64, 128, 64, 4), (64, 128, 64, 5)]
-    candidates = [Config(tm, tn, tk, s) for tm, tn, tk, s in itertools.product(
-        tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages)
-        if tm * tn <= MAX_ACCUMULATOR_ELEMENTS and tn >= tk]
+    candidates = [
+        Config(tm, tn, tk, s)
+        for tm, tn, tk, s in itertools.product(
+            tiling.blocks_for(m, ms), tiling.blocks_for(n, ns), tiling.blocks_for(k, ks), stages
+        )
+        if tm * tn <= MAX_ACCUMULATOR_ELEMENTS and tn >= tk
+    ]
     candidates += [Config(tm, tn, tk, s, consumers=2) for tm, tn, tk, s in specialised if tn >= tk]
     out_itemsize = itemsize if out_itemsize is None else out_itemsize
     return [c for c in candidates if smem_bytes(c, itemsize, out_itemsize, True) <= tiling.GPU_SHARED_MEMORY_BYTES]
@@ -197,8 +208,9 @@ def operand_transforms(minor: int, dtype: Any) -> tuple[Any, ...]:
     return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
-def k_ring(num_k_tiles: int, stages: int, loaded: Any, load: Callable[[Any, Any], None],
-           issue: Callable[[Any], int]) -> None:
+def k_ring(
+    num_k_tiles: int, stages: int, loaded: Any, load: Callable[[Any, Any], None], issue: Callable[[Any], int]
+) -> None:
     """The K loop over a ring of ``stages`` SMEM slots: ``load(step, slot)`` starts the
     TMA copies of K tile ``step`` into ``slot`` (arriving on ``loaded.at[slot]``);
     ``issue(slot)`` starts this step's wgmmas and returns how many it started. Once
@@ -225,7 +237,7 @@ def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
     """One output tile. ``refs`` = output GMEM refs, x/y SMEM rings, their
     barriers, output SMEM tiles (one per output)."""
     n_out = (len(refs) - 3) // 2
-    out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out:n_out + 3], refs[n_out + 3:]
+    out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out : n_out + 3], refs[n_out + 3 :]
     stages, tile_m, tile_k = x_smem.shape
     tile_n = y_smem.shape[2]
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
@@ -278,8 +290,9 @@ def persistent_ctas(num_tiles: int, backend: Backend) -> int:
     return min(num_tiles, jax.devices()[0].core_count)
 
 
-def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config,
-                           backend: Backend) -> tuple[jax.Array, ...]:
+def _warp_specialized_call(
+    x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config, backend: Backend
+) -> tuple[jax.Array, ...]:
     """``consumers=2`` (module docstring) on operands padded to the CTA tiles."""
     tm, tn, tk, stages = config.tile_m, config.tile_n, config.tile_k, config.max_concurrent_steps
     (m, k), n = x.shape, y.shape[1]
@@ -298,10 +311,18 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
 
         def pipeline(consume: Callable[..., None]) -> Any:
             return plgpu.emit_pipeline_warp_specialized(
-                step, grid=(k // tk,), memory_registers=tiling.MEMORY_WARPGROUP_REGISTERS,
-                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype)),
-                          plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype))],
-                wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages, compute_context=consume)
+                step,
+                grid=(k // tk,),
+                memory_registers=tiling.MEMORY_WARPGROUP_REGISTERS,
+                in_specs=[
+                    plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=operand_transforms(tk, x.dtype)),
+                    plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=operand_transforms(tk, y.dtype)),
+                ],
+                wg_axis="wg",
+                num_compute_wgs=2,
+                max_concurrent_steps=stages,
+                compute_context=consume,
+            )
 
         def scope(allocations, *out_smems):
             # Persistent: each CTA walks output tiles ctas apart. The memory warpgroup
@@ -335,14 +356,21 @@ def _warp_specialized_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any],
 
         x_rows, y_cols = x_gmem.at[pl.ds(0, tm), :], y_gmem.at[:, pl.ds(0, 2 * tn)]
         # the ring and the output slices are shared by the CTA's warpgroups
-        pl.run_scoped(scope, pipeline(lambda _: None).get_allocations(x_rows, y_cols),
-                      *(plgpu.SMEM((2, tm, epi), dt, transforms=operand_transforms(epi, dt))
-                        for dt in out_dtypes),
-                      collective_axes="wg")
+        pl.run_scoped(
+            scope,
+            pipeline(lambda _: None).get_allocations(x_rows, y_cols),
+            *(plgpu.SMEM((2, tm, epi), dt, transforms=operand_transforms(epi, dt)) for dt in out_dtypes),
+            collective_axes="wg",
+        )
 
     call = plgpu.kernel(
-        body, out_type=tuple(jax.ShapeDtypeStruct((m, n), dt) for dt in out_dtypes), grid=(ctas,),
-        grid_names=("tile",), num_threads=3, thread_name="wg", interpret=backend.interpret_arg(),
+        body,
+        out_type=tuple(jax.ShapeDtypeStruct((m, n), dt) for dt in out_dtypes),
+        grid=(ctas,),
+        grid_names=("tile",),
+        num_threads=3,
+        thread_name="wg",
+        interpret=backend.interpret_arg(),
     )
     return call(x, y)
 
@@ -376,19 +404,31 @@ def tiled_call(
     tm, tn, tk = config.tile_m, config.consumers * config.tile_n, config.tile_k
     x_p, y_p = pad_to(x, (tm, tk)), pad_to(y, (tk, tn))
     out_dtypes = [jnp.dtype(out_dtype)] + ([jnp.dtype(jnp.float32)] if save_preactivation else [])
-    tiling.require_shared_memory(config, smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation))
+    tiling.require_shared_memory(
+        config, smem_bytes(config, x.dtype.itemsize, out_dtypes[0].itemsize, save_preactivation)
+    )
     if config.consumers == 2:
-        padded = _warp_specialized_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config,
-                                        backend=backend)
+        padded = _warp_specialized_call(
+            x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config, backend=backend
+        )
     else:
-        padded = _one_consumer_call(x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config,
-                                    backend=backend, body=body)
+        padded = _one_consumer_call(
+            x_p, y_p, out_dtypes=out_dtypes, activation=activation, config=config, backend=backend, body=body
+        )
     outs = tuple(o[:m, :n] for o in padded)
     return outs if save_preactivation else outs[0]
 
 
-def _one_consumer_call(x: jax.Array, y: jax.Array, *, out_dtypes: list[Any], activation: str, config: Config,
-                       backend: Backend, body: KernelBody) -> tuple[jax.Array, ...]:
+def _one_consumer_call(
+    x: jax.Array,
+    y: jax.Array,
+    *,
+    out_dtypes: list[Any],
+    activation: str,
+    config: Config,
+    backend: Backend,
+    body: KernelBody,
+) -> tuple[jax.Array, ...]:
     """``consumers=1`` (module docstring) on operands padded to the tiles: ``body``
     over the (M/tile_m, N/tile_n) grid."""
     tm, tn, tk, stages = config.tile_m, config.tile_n, config.tile_k, config.max_concurrent_steps

@@ -58,12 +58,14 @@ no-op when aligned) and slices the results. Padding along every reduction (k in 
 forward, n in dlhs, rows in drhs) is exact zeros; padded rows are in no group. TMA's
 out-of-bounds fill is not relied on.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,9 +73,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from . import mosaic_gpu_matmul, tiling
-from .backends import Backend, get_backend
-from .mosaic_gpu_matmul import MAX_ACCUMULATOR_ELEMENTS, check_input_dtype, operand_transforms, pad_to, store_tiles
+from pallascheck.kernels import mosaic_gpu_matmul, tiling
+from pallascheck.kernels.backends import Backend, get_backend
+from pallascheck.kernels.mosaic_gpu_matmul import (
+    MAX_ACCUMULATOR_ELEMENTS,
+    check_input_dtype,
+    operand_transforms,
+    pad_to,
+    store_tiles,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,12 +96,15 @@ class Config(mosaic_gpu_matmul.Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.consumers != 1:
-            raise ValueError(f"config.consumers must be 1 (the ragged dot runs one consumer warpgroup), "
-                             f"got {self.consumers!r}")
+            raise ValueError(
+                f"config.consumers must be 1 (the ragged dot runs one consumer warpgroup), got {self.consumers!r}"
+            )
         # drhs masks its boundary tiles in registers, in wgmma's layout: 64-row multiples.
         if self.tile_rows not in (64, 128):
-            raise ValueError(f"config.tile_rows must be 64 or 128 (drhs row tiles are masked in wgmma's "
-                             f"64-row register layout), got {self.tile_rows!r}")
+            raise ValueError(
+                f"config.tile_rows must be 64 or 128 (drhs row tiles are masked in wgmma's "
+                f"64-row register layout), got {self.tile_rows!r}"
+            )
 
     @property
     def block_rows(self) -> int:
@@ -109,9 +120,7 @@ def smem_bytes(config: Config, itemsize: int) -> int:
     return (config.max_concurrent_steps * max(forward, drhs) + config.tile_m * config.tile_n) * itemsize
 
 
-def configs(
-    m: int, k: int, n: int, g: int, itemsize: int = 2, backend: "str | Backend | None" = None
-) -> list[Config]:
+def configs(m: int, k: int, n: int, g: int, itemsize: int = 2, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for lhs [m, k], rhs [g, k, n] of ``itemsize``-byte inputs.
 
     On the GPU, tile_m = 128 is offered only when the average group has >= 128 rows:
@@ -148,8 +157,18 @@ def _rows_in_group(rows: jax.Array, start: jax.Array, end: jax.Array) -> jax.Arr
     return (rows >= start) & (rows < end)
 
 
-def _group_product(acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num_k_tiles: int, transpose_rhs: bool,
-                   stages: int, transforms: tuple[Any, ...]) -> jax.Array:
+def _group_product(
+    acc_ref,
+    lhs_gmem,
+    rhs_gmem,
+    m_index,
+    n_index,
+    *,
+    num_k_tiles: int,
+    transpose_rhs: bool,
+    stages: int,
+    transforms: tuple[Any, ...],
+) -> jax.Array:
     """lhs row tile ``m_index`` @ rhs (one group's [k, n], or [n, k] if ``transpose_rhs``)
     column tile ``n_index``, summed over all K tiles in the f32 accumulator."""
     tile_m, tile_n = acc_ref.shape
@@ -162,36 +181,51 @@ def _group_product(acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num_k_tiles
 
     w_spec = (
         plgpu.BlockSpec((tile_n, tile_k), lambda kt: (n_index, kt), transforms=transforms, delay_release=1)
-        if transpose_rhs else
-        plgpu.BlockSpec((tile_k, tile_n), lambda kt: (kt, n_index), transforms=transforms, delay_release=1)
+        if transpose_rhs
+        else plgpu.BlockSpec((tile_k, tile_n), lambda kt: (kt, n_index), transforms=transforms, delay_release=1)
     )
     plgpu.emit_pipeline(
         step,
         grid=(num_k_tiles,),
-        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kt: (m_index, kt), transforms=transforms, delay_release=1),
-                  w_spec],
+        in_specs=[
+            plgpu.BlockSpec((tile_m, tile_k), lambda kt: (m_index, kt), transforms=transforms, delay_release=1),
+            w_spec,
+        ],
         max_concurrent_steps=stages,
     )(lhs_gmem, rhs_gmem)
     return acc_ref[...]
 
 
-def _for_each_group(lo: jax.Array, hi: jax.Array, group_step: Callable[..., jax.Array],
-                    shape: tuple[int, int]) -> jax.Array:
+def _for_each_group(
+    lo: jax.Array, hi: jax.Array, group_step: Callable[..., jax.Array], shape: tuple[int, int]
+) -> jax.Array:
     """``out = group_step(j, acc_ref, out)`` for j in [lo, hi), out starting at exact
     zeros; every group gets a fresh accumulator (allocated as exact zeros), so no
     group's sums reach the next one's. (A fresh allocation, not a store of zeros into
     one accumulator: the Mosaic GPU interpreter has no rule for accumulator stores.)"""
+
     def step(j, out):
         return pl.run_scoped(lambda acc_ref: group_step(j, acc_ref, out), plgpu.ACC(shape, jnp.float32))
 
     return lax.fori_loop(lo, hi, step, _wgmma_zeros(shape))
 
 
-def _forward_kernel(tile_ranges_gmem, groups_gmem, lhs_gmem, rhs_gmem, out_gmem, out_smem, *, num_k_tiles: int,
-                    transpose_rhs: bool, stages: int, transforms: tuple[Any, ...],
-                    rows_in_group: Callable[..., jax.Array] = _rows_in_group,
-                    group_product: Callable[..., jax.Array] = _group_product,
-                    for_each_group: Callable[..., jax.Array] = _for_each_group) -> None:
+def _forward_kernel(
+    tile_ranges_gmem,
+    groups_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    out_gmem,
+    out_smem,
+    *,
+    num_k_tiles: int,
+    transpose_rhs: bool,
+    stages: int,
+    transforms: tuple[Any, ...],
+    rows_in_group: Callable[..., jax.Array] = _rows_in_group,
+    group_product: Callable[..., jax.Array] = _group_product,
+    for_each_group: Callable[..., jax.Array] = _for_each_group,
+) -> None:
     """One output tile: every group meeting the row tile, its rows selected.
     ``rows_in_group``, ``group_product`` and ``for_each_group`` are swappable (test variants)."""
     tile_m, tile_n = out_smem.shape
@@ -200,8 +234,17 @@ def _forward_kernel(tile_ranges_gmem, groups_gmem, lhs_gmem, rhs_gmem, out_gmem,
 
     def group_step(j, acc_ref, out):
         group, start, end = groups_gmem[j, 0], groups_gmem[j, 1], groups_gmem[j, 2]
-        acc = group_product(acc_ref, lhs_gmem, rhs_gmem.at[group], m_index, n_index, num_k_tiles=num_k_tiles,
-                            transpose_rhs=transpose_rhs, stages=stages, transforms=transforms)
+        acc = group_product(
+            acc_ref,
+            lhs_gmem,
+            rhs_gmem.at[group],
+            m_index,
+            n_index,
+            num_k_tiles=num_k_tiles,
+            transpose_rhs=transpose_rhs,
+            stages=stages,
+            transforms=transforms,
+        )
         return jnp.where(rows_in_group(rows, start, end), acc, out)
 
     out = for_each_group(tile_ranges_gmem[m_index, 0], tile_ranges_gmem[m_index, 1], group_step, (tile_m, tile_n))
@@ -233,8 +276,14 @@ KernelBody = Callable[..., None]
 
 
 def grouped_call(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool, config: Config,
-    backend: Backend, body: KernelBody = _forward_kernel,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool,
+    config: Config,
+    backend: Backend,
+    body: KernelBody = _forward_kernel,
 ) -> jax.Array:
     """out[r] = lhs[r] @ rhs[group(r)] (rhs[g] is [n, k] and used transposed if
     ``transpose_rhs``), in lhs's dtype; rows in no group are 0. ``body`` is swappable
@@ -249,8 +298,13 @@ def grouped_call(
     (mp, kp), np_ = lhs_p.shape, rhs_p.shape[1] if transpose_rhs else rhs_p.shape[2]
     tile_ranges, groups = forward_schedule(group_sizes, m, tm, mp // tm)
     call = plgpu.kernel(
-        functools.partial(body, num_k_tiles=kp // tk, transpose_rhs=transpose_rhs,
-                          stages=config.max_concurrent_steps, transforms=operand_transforms(tk, lhs.dtype)),
+        functools.partial(
+            body,
+            num_k_tiles=kp // tk,
+            transpose_rhs=transpose_rhs,
+            stages=config.max_concurrent_steps,
+            transforms=operand_transforms(tk, lhs.dtype),
+        ),
         out_type=jax.ShapeDtypeStruct((mp, np_), lhs.dtype),
         scratch_types=(plgpu.SMEM((tm, tn), lhs.dtype, transforms=operand_transforms(tn, lhs.dtype)),),
         grid=(mp // tm, np_ // tn),
@@ -267,8 +321,9 @@ def _zero_rows_outside(smem, first_row: jax.Array, start: jax.Array, end: jax.Ar
     smem[...] = jnp.where(keep, value, jnp.zeros_like(value))
 
 
-def _drhs_kernel(bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_rows: int, stages: int,
-                 transforms: tuple[Any, ...]) -> None:
+def _drhs_kernel(
+    bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_rows: int, stages: int, transforms: tuple[Any, ...]
+) -> None:
     """One [tile_m, tile_n] tile of drhs[group] = sum over the group's rows of lhs^T dout."""
     tile_m, tile_n = out_smem.shape
     group, k_index, n_index = lax.axis_index("g"), lax.axis_index("k"), lax.axis_index("n")
@@ -294,10 +349,12 @@ def _drhs_kernel(bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_r
                 step,
                 grid=(pl.cdiv(end, tile_rows) - first_tile,),
                 in_specs=[
-                    plgpu.BlockSpec((tile_rows, tile_m), lambda r: (first_tile + r, k_index), transforms=transforms,
-                                    delay_release=1),
-                    plgpu.BlockSpec((tile_rows, tile_n), lambda r: (first_tile + r, n_index), transforms=transforms,
-                                    delay_release=1),
+                    plgpu.BlockSpec(
+                        (tile_rows, tile_m), lambda r: (first_tile + r, k_index), transforms=transforms, delay_release=1
+                    ),
+                    plgpu.BlockSpec(
+                        (tile_rows, tile_n), lambda r: (first_tile + r, n_index), transforms=transforms, delay_release=1
+                    ),
                 ],
                 max_concurrent_steps=stages,
             )(lhs_gmem, dout_gmem)
@@ -305,12 +362,19 @@ def _drhs_kernel(bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_r
         return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_m, tile_n), jnp.float32))
-    store_tiles((out_gmem.at[group],), (out_smem,), (acc,), pl.ds(k_index * tile_m, tile_m),
-                pl.ds(n_index * tile_n, tile_n))
+    store_tiles(
+        (out_gmem.at[group],), (out_smem,), (acc,), pl.ds(k_index * tile_m, tile_m), pl.ds(n_index * tile_n, tile_n)
+    )
 
 
 def drhs_call(
-    lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, out_dtype: Any, config: Config, backend: Backend,
+    lhs: jax.Array,
+    dout: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    out_dtype: Any,
+    config: Config,
+    backend: Backend,
     body: KernelBody = _drhs_kernel,
 ) -> jax.Array:
     """drhs[i] = lhs_i^T @ dout_i for each group i: [g, k, n] in ``out_dtype``."""
@@ -323,8 +387,12 @@ def drhs_call(
     starts, ends = group_bounds(group_sizes, m)
     call = plgpu.kernel(
         # wgmma needs one swizzle for both operands: the one of the narrower minor dimension.
-        functools.partial(body, tile_rows=tr, stages=config.max_concurrent_steps,
-                          transforms=operand_transforms(min(tm, tn), lhs.dtype)),
+        functools.partial(
+            body,
+            tile_rows=tr,
+            stages=config.max_concurrent_steps,
+            transforms=operand_transforms(min(tm, tn), lhs.dtype),
+        ),
         out_type=jax.ShapeDtypeStruct((num_groups, kp, np_), out_dtype),
         scratch_types=(plgpu.SMEM((tm, tn), out_dtype, transforms=operand_transforms(tn, out_dtype)),),
         grid=(num_groups, kp // tm, np_ // tn),

@@ -57,6 +57,7 @@ and the custom_vjp wiring and change only the arithmetic. Bodies receive the sta
 ``store_output``, ``backward_operands`` and ``store_param_partials`` are the building
 blocks of the default bodies.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,15 +65,16 @@ import functools
 import itertools
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, pinning, validation
-from .backends import Backend, get_backend
+from pallascheck.kernels import block_io, pinning, validation
+from pallascheck.kernels.backends import Backend, get_backend
 
 KINDS = ("layer_norm", "rms_norm")
 DEFAULT_EPS = {"layer_norm": 1e-5, "rms_norm": 1e-6}
@@ -105,7 +107,7 @@ def num_row_blocks(rows: int, config: Config) -> int:
 _GPU_MAX_BLOCK_ELEMENTS = 1 << 14
 
 
-def configs(rows: int, features: int, backend: "str | Backend | None" = None) -> list[Config]:
+def configs(rows: int, features: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for normalising ``rows`` rows of ``features`` features."""
     be = get_backend(backend)
     if be.is_triton:
@@ -185,9 +187,7 @@ def rms_statistics(x: jax.Array, features: int, eps: float) -> jax.Array:
     return lax.rsqrt(ms + eps)
 
 
-def store_output(
-    tile: Tile, y_ref: Any, centered: jax.Array, rstd: jax.Array, scale_ref: Any, offset_ref: Any
-) -> None:
+def store_output(tile: Tile, y_ref: Any, centered: jax.Array, rstd: jax.Array, scale_ref: Any, offset_ref: Any) -> None:
     """y = (centered * rstd) * scale (+ offset) in f32, rounded once to y's dtype."""
     col_ok = tile.col_ok()
     y = (centered * rstd) * tile.load_f32(scale_ref, col_ok)
@@ -237,9 +237,7 @@ def store_param_partials(
 # mean, rstd: (block_rows, 1). rms_norm has no offset, mean or doffset refs.
 
 
-def _forward_kernel(
-    x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind: str, eps: float, tile: Tile
-):
+def _forward_kernel(x_ref, scale_ref, offset_ref, y_ref, mean_ref, rstd_ref, *, kind: str, eps: float, tile: Tile):
     col_ok, row_ok = tile.col_ok(), tile.row_ok()
     x = tile.load_f32(x_ref, row_ok & col_ok)
     if kind == "layer_norm":
@@ -252,8 +250,17 @@ def _forward_kernel(
 
 
 def _backward_kernel(
-    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref,
-    *, kind: str, tile: Tile,
+    x_ref,
+    scale_ref,
+    mean_ref,
+    rstd_ref,
+    g_ref,
+    dx_ref,
+    dscale_ref,
+    doffset_ref,
+    *,
+    kind: str,
+    tile: Tile,
 ):
     g, gs, xhat, rstd, ok = backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
     features = tile.features
@@ -272,9 +279,15 @@ KernelBody = Callable[..., None]
 def _launch(kernel, blocks, in_specs, out_specs, out_shape, config: Config, backend: Backend, name: str):
     """One program per row block; the blocks are independent ("parallel")."""
     return backend.pallas_call(
-        kernel, grid=(blocks,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        dimension_semantics=("parallel",), name=name,
+        kernel,
+        grid=(blocks,),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        dimension_semantics=("parallel",),
+        name=name,
     )
 
 
@@ -317,8 +330,9 @@ def forward_call(
         def kernel(x_ref, scale_ref, y_ref, rstd_ref, _inner=kernel):  # noqa: F811
             _inner(x_ref, scale_ref, None, y_ref, None, rstd_ref)
 
-    outs = _launch(kernel, pl.cdiv(rows, br), in_specs, out_specs, out_shape, config, backend,
-                   f"pallascheck_{kind}_fwd")(x2d, *params)
+    outs = _launch(
+        kernel, pl.cdiv(rows, br), in_specs, out_specs, out_shape, config, backend, f"pallascheck_{kind}_fwd"
+    )(x2d, *params)
     return (outs[0], outs[1], outs[2]) if layer else (outs[0], None, outs[1])
 
 
@@ -365,8 +379,7 @@ def backward_call(
         def kernel(x_ref, scale_ref, rstd_ref, g_ref, dx_ref, dscale_ref, _inner=kernel):  # noqa: F811
             _inner(x_ref, scale_ref, None, rstd_ref, g_ref, dx_ref, dscale_ref, None)
 
-    outs = _launch(kernel, blocks, in_specs, out_specs, out_shape, config, backend,
-                   f"pallascheck_{kind}_bwd")(*args)
+    outs = _launch(kernel, blocks, in_specs, out_specs, out_shape, config, backend, f"pallascheck_{kind}_bwd")(*args)
     return (outs[0], outs[1], outs[2]) if layer else (outs[0], outs[1], None)
 
 
@@ -387,8 +400,7 @@ def _validate(x: Any, scale: Any, offset: Any, eps: Any, config: Any) -> float:
         validation.require_array(name, param)
         if tuple(param.shape) != (features,):
             raise ValueError(
-                f"{name} must have shape (D,) with D = x.shape[-1] = {features}, "
-                f"got shape {tuple(param.shape)}"
+                f"{name} must have shape (D,) with D = x.shape[-1] = {features}, got shape {tuple(param.shape)}"
             )
         validation.require_float_dtype(name, param.dtype)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
@@ -450,8 +462,14 @@ def make_norm(
     def run(x, scale, offset, eps, config, backend):
         eps = _validate(x, scale, offset, eps, config)
         backend = get_backend(backend)
-        config = pinning.choose(kind, config, Config(), arrays={"x": x, "scale": scale, "offset": offset},
-                                options={"eps": eps}, backend=backend.name)
+        config = pinning.choose(
+            kind,
+            config,
+            Config(),
+            arrays={"x": x, "scale": scale, "offset": offset},
+            options={"eps": eps},
+            backend=backend.name,
+        )
         return apply(x, scale, offset, eps=eps, config=config, backend=backend)
 
     if layer:
@@ -500,9 +518,7 @@ def xla_reference_layer_norm(
 
 
 @functools.partial(jax.jit, static_argnames=("eps",))
-def xla_reference_rms_norm(
-    x: jax.Array, scale: jax.Array | None = None, *, eps: float = 1e-6
-) -> jax.Array:
+def xla_reference_rms_norm(x: jax.Array, scale: jax.Array | None = None, *, eps: float = 1e-6) -> jax.Array:
     """What a user writes instead: plain jax.numpy in x.dtype, no upcast."""
     ms = jnp.mean(x * x, axis=-1, keepdims=True)
     y = x * lax.rsqrt(ms + jnp.asarray(eps, x.dtype))

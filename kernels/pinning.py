@@ -12,6 +12,7 @@ Configs travel as JSON: ``{"type": "matmul.Config", "fields": {...}}``. A result
 jaxlib versions; elsewhere it warns once and pins nothing (the defaults run; nothing
 is re-tuned behind the caller's back).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,8 @@ import importlib
 import json
 import os
 import warnings
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -59,8 +61,9 @@ def call_key(kernel: str, arrays: Mapping[str, Any], options: Mapping[str, Any],
     return f"{kernel}|{shapes}|{opts}|{backend}"
 
 
-def choose(kernel: str, config: Any, default: Any, *, arrays: Mapping[str, Any], options: Mapping[str, Any],
-           backend: str) -> Any:
+def choose(
+    kernel: str, config: Any, default: Any, *, arrays: Mapping[str, Any], options: Mapping[str, Any], backend: str
+) -> Any:
     """``config`` if given; else the config pinned for this call, if it has the type of
     ``default`` (a Mosaic GPU config is never given to the generic kernel); else
     ``default``. Records the call while ``recording``. The call key is formed only when
@@ -73,8 +76,11 @@ def choose(kernel: str, config: Any, default: Any, *, arrays: Mapping[str, Any],
         return default if config is None else config
     key = call_key(kernel, arrays, options, backend)
     if calls is not None:
-        concrete = {n: (a if not isinstance(a, jax.core.Tracer) else jax.ShapeDtypeStruct(a.shape, a.dtype))
-                    for n, a in arrays.items() if a is not None}
+        concrete = {
+            n: (a if not isinstance(a, jax.core.Tracer) else jax.ShapeDtypeStruct(a.shape, a.dtype))
+            for n, a in arrays.items()
+            if a is not None
+        }
         calls.append(Call(kernel, key, concrete, dict(options), backend, config is not None))
     if config is not None:
         return config
@@ -174,14 +180,20 @@ def pins_of(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     if data["environment"] != here:
         _warn_stale(source, json.dumps(data["environment"], sort_keys=True), json.dumps(here, sort_keys=True))
         return {}
-    return {e["key"]: config_from_json(e["chosen"], f"{source}.{e['key']}.chosen")
-            for e in data["entries"] if e.get("chosen") is not None}
+    return {
+        e["key"]: config_from_json(e["chosen"], f"{source}.{e['key']}.chosen")
+        for e in data["entries"]
+        if e.get("chosen") is not None
+    }
 
 
 @functools.cache
 def _warn_stale(source: str, tuned: str, here: str) -> None:
-    warnings.warn(f"{source} was tuned for {tuned}, this is {here}: its configs are not used, every kernel runs "
-                  "its default config (re-run pallascheck autotune here)", stacklevel=4)
+    warnings.warn(
+        f"{source} was tuned for {tuned}, this is {here}: its configs are not used, every kernel runs "
+        "its default config (re-run pallascheck autotune here)",
+        stacklevel=4,
+    )
 
 
 @functools.cache

@@ -37,6 +37,7 @@ arithmetic and edge handling). Their tiles are a ``mosaic_gpu_ragged_dot.Config`
 passed as ``config=`` and listed by ``configs(..., backend=...)``; this module's
 ``Config`` stays the one of the Pallas-generic kernels above.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,15 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import block_io, compat, matmul, mosaic_gpu_matmul, mosaic_gpu_ragged_dot, validation
-from .backends import Backend, get_backend, resolve_config
+from pallascheck.kernels import (
+    block_io,
+    compat,
+    matmul,
+    mosaic_gpu_matmul,
+    mosaic_gpu_ragged_dot,
+    validation,
+)
+from pallascheck.kernels.backends import Backend, get_backend, resolve_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +73,8 @@ class Config(matmul.Config):
 
 
 def configs(
-    m: int, n: int, k: int, backend: "str | Backend | None" = None, itemsize: int = 4, groups: int = 1
-) -> "list[Config] | list[mosaic_gpu_ragged_dot.Config]":
+    m: int, n: int, k: int, backend: str | Backend | None = None, itemsize: int = 4, groups: int = 1
+) -> list[Config] | list[mosaic_gpu_ragged_dot.Config]:
     """The autotuning space: kernels/matmul.py's, for the [m, k] @ [k, n] shape
     (``mosaic_gpu_ragged_dot.Config``s for ``groups`` groups on the Mosaic GPU backends)."""
     be = get_backend(backend)
@@ -96,8 +104,19 @@ def _scalar_at(vector: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def _forward_kernel(
-    starts_ref, ends_ref, lhs_ref, rhs_ref, out_ref, *, m_size: int, n_size: int, k_size: int,
-    block_k: int, num_groups: int, transpose_rhs: bool, masked_io: bool,
+    starts_ref,
+    ends_ref,
+    lhs_ref,
+    rhs_ref,
+    out_ref,
+    *,
+    m_size: int,
+    n_size: int,
+    k_size: int,
+    block_k: int,
+    num_groups: int,
+    transpose_rhs: bool,
+    masked_io: bool,
 ):
     block_m, block_n = out_ref.shape
     num_k_tiles = lhs_ref.shape[1] // block_k
@@ -122,11 +141,15 @@ def _forward_kernel(
             # One indexer per access: Triton's lowering rejects chained .at[...].at[...].
             if transpose_rhs:  # rhs[group] is [n, k]: out[:, j] = x @ rhs[group, j, :]
                 kw = start + lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
-                w = block_io.load(rhs_ref.at[group, :, pl.ds(start, block_k)], col_ok.T & (kw < k_size), masked_io=masked_io)
+                w = block_io.load(
+                    rhs_ref.at[group, :, pl.ds(start, block_k)], col_ok.T & (kw < k_size), masked_io=masked_io
+                )
                 part = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             else:
                 kw = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
-                w = block_io.load(rhs_ref.at[group, pl.ds(start, block_k), :], (kw < k_size) & col_ok, masked_io=masked_io)
+                w = block_io.load(
+                    rhs_ref.at[group, pl.ds(start, block_k), :], (kw < k_size) & col_ok, masked_io=masked_io
+                )
                 part = jnp.dot(x, w, preferred_element_type=jnp.float32)
             return acc + part
 
@@ -137,7 +160,15 @@ def _forward_kernel(
 
 
 def _drhs_kernel(
-    starts_ref, ends_ref, lhs_ref, dout_ref, out_ref, *, k_size: int, n_size: int, block_k: int,
+    starts_ref,
+    ends_ref,
+    lhs_ref,
+    dout_ref,
+    out_ref,
+    *,
+    k_size: int,
+    n_size: int,
+    block_k: int,
     masked_io: bool,
 ):
     block_m, block_n = out_ref.shape
@@ -156,14 +187,22 @@ def _drhs_kernel(
 
     # Row tiles aligned to block_k that meet [start, end); none for an empty group at
     # a tile boundary, one fully masked tile for an empty group inside a tile.
-    acc = lax.fori_loop(start // block_k, (end + block_k - 1) // block_k, row_step,
-                        jnp.zeros((block_m, block_n), jnp.float32))
+    acc = lax.fori_loop(
+        start // block_k, (end + block_k - 1) // block_k, row_step, jnp.zeros((block_m, block_n), jnp.float32)
+    )
     block_io.store(out_ref, acc, (ks.T < k_size) & (ns < n_size), masked_io=masked_io)
 
 
 def grouped_call(
-    lhs: jax.Array, rhs: jax.Array, starts: jax.Array, ends: jax.Array, *, transpose_rhs: bool,
-    config: Config, backend: Backend, body: Any = _forward_kernel,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    starts: jax.Array,
+    ends: jax.Array,
+    *,
+    transpose_rhs: bool,
+    config: Config,
+    backend: Backend,
+    body: Any = _forward_kernel,
 ) -> jax.Array:
     """out[r] = lhs[r] @ rhs[group(r)] (rhs[g] transposed if ``transpose_rhs``), in
     lhs's dtype; ``body`` is swappable so test variants reuse the tiling."""
@@ -175,8 +214,14 @@ def grouped_call(
     rhs_index = (lambda i, j: (0, j, 0)) if transpose_rhs else (lambda i, j: (0, 0, j))
     call = backend.pallas_call(
         functools.partial(
-            body, m_size=m, n_size=n, k_size=k, block_k=bk, num_groups=num_groups,
-            transpose_rhs=transpose_rhs, masked_io=backend.is_triton,
+            body,
+            m_size=m,
+            n_size=n,
+            k_size=k,
+            block_k=bk,
+            num_groups=num_groups,
+            transpose_rhs=transpose_rhs,
+            masked_io=backend.is_triton,
         ),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
         in_specs=[
@@ -196,8 +241,16 @@ def grouped_call(
 
 
 def drhs_call(
-    lhs: jax.Array, dout: jax.Array, starts: jax.Array, ends: jax.Array, num_groups: int, *,
-    out_dtype: Any, config: Config, backend: Backend, body: Any = _drhs_kernel,
+    lhs: jax.Array,
+    dout: jax.Array,
+    starts: jax.Array,
+    ends: jax.Array,
+    num_groups: int,
+    *,
+    out_dtype: Any,
+    config: Config,
+    backend: Backend,
+    body: Any = _drhs_kernel,
 ) -> jax.Array:
     """drhs[i] = lhs_i^T @ dout_i for each group i: [num_groups, k, n]."""
     (m, k), n = lhs.shape, dout.shape[1]
@@ -225,8 +278,9 @@ def drhs_call(
 def _grouped(lhs, rhs, group_sizes, *, transpose_rhs, config, backend):
     """The backend's grouped product: Mosaic GPU's kernel on its backends, the Pallas-generic one otherwise."""
     if backend.is_mosaic_gpu:
-        return mosaic_gpu_ragged_dot.grouped_call(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs,
-                                                  config=config, backend=backend)
+        return mosaic_gpu_ragged_dot.grouped_call(
+            lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, config=config, backend=backend
+        )
     starts, ends = group_offsets(group_sizes, lhs.shape[0])
     return grouped_call(lhs, rhs, starts, ends, transpose_rhs=transpose_rhs, config=config, backend=backend)
 
@@ -245,8 +299,7 @@ def _ragged_dot_bwd(config, backend, residuals, g):
     g = g.astype(lhs.dtype)  # the output's dtype: a no-op unless a caller upcast it
     dlhs = _grouped(g, rhs, group_sizes, transpose_rhs=True, config=config, backend=backend)
     if backend.is_mosaic_gpu:
-        drhs = mosaic_gpu_ragged_dot.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config,
-                                               backend=backend)
+        drhs = mosaic_gpu_ragged_dot.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config, backend=backend)
     else:
         starts, ends = group_offsets(group_sizes, lhs.shape[0])
         drhs = drhs_call(lhs, g, starts, ends, rhs.shape[0], out_dtype=rhs.dtype, config=config, backend=backend)
@@ -274,7 +327,9 @@ def _validate(lhs: Any, rhs: Any, group_sizes: Any) -> None:
             f"group count must match: group_sizes.shape[0]={group_sizes.shape[0]} != rhs.shape[0]={rhs.shape[0]}"
         )
     if lhs.shape[1] != rhs.shape[1]:
-        raise ValueError(f"contracting dimensions must match: lhs.shape[1]={lhs.shape[1]} != rhs.shape[1]={rhs.shape[1]}")
+        raise ValueError(
+            f"contracting dimensions must match: lhs.shape[1]={lhs.shape[1]} != rhs.shape[1]={rhs.shape[1]}"
+        )
     validation.require_nonempty("lhs", tuple(lhs.shape))
     validation.require_nonempty("rhs", tuple(rhs.shape))
     try:
@@ -292,8 +347,8 @@ def ragged_dot(
     rhs: jax.Array,
     group_sizes: jax.Array,
     *,
-    config: "Config | mosaic_gpu_ragged_dot.Config | None" = None,
-    backend: "str | Backend | None" = None,
+    config: Config | mosaic_gpu_ragged_dot.Config | None = None,
+    backend: str | Backend | None = None,
 ) -> jax.Array:
     """``out[r] = lhs[r] @ rhs[group(r)]`` for lhs [m, k], rhs [g, k, n] (f32, bf16
     or f16; bf16 or f16 on the Mosaic GPU backends, which take a
@@ -304,8 +359,15 @@ def ragged_dot(
     """
     _validate(lhs, rhs, group_sizes)
     backend = get_backend(backend)
-    config = resolve_config(config, backend, Config, mosaic_gpu_ragged_dot.Config, kernel="ragged_dot",
-                            arrays={"lhs": lhs, "rhs": rhs, "group_sizes": group_sizes}, options={})
+    config = resolve_config(
+        config,
+        backend,
+        Config,
+        mosaic_gpu_ragged_dot.Config,
+        kernel="ragged_dot",
+        arrays={"lhs": lhs, "rhs": rhs, "group_sizes": group_sizes},
+        options={},
+    )
     if backend.is_mosaic_gpu:
         mosaic_gpu_matmul.check_input_dtype(lhs.dtype)
     return _ragged_dot_jit(lhs, rhs, jnp.asarray(group_sizes, jnp.int32), config, backend)

@@ -1,6 +1,7 @@
 """Facts every config space uses: which block sizes are worth trying for a length,
 how much shared memory one GPU block may hold, and the registers a
 warp-specialised kernel leaves its memory warpgroup."""
+
 from __future__ import annotations
 
 # Per-block shared memory on H100/H200 (227 KiB). Triton keeps ``num_stages`` copies

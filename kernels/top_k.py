@@ -95,11 +95,13 @@ take under 1 s each. Every stage stores only its kept slots: storing all
 ``next_pow2(k)`` slots per stage (sentinels past the count) made k=33 take ~27 s.
 One compile serves every call of the same (shape, k, config).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -107,8 +109,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from . import block_io, validation
-from .backends import Backend, get_backend
+from pallascheck.kernels import block_io, validation
+from pallascheck.kernels.backends import Backend, get_backend
 
 SENTINEL_KEY = -(2**31)  # INT32_MIN: ties with the key of one -NaN ...
 SENTINEL_INDEX = 2**31 - 1  # ... whose real index is smaller, so the sentinel still loses
@@ -148,12 +150,10 @@ class Config:
             or not all(isinstance(m, int) and m >= 2 for m in schedule)
             or list(schedule) != sorted(set(schedule))
         ):
-            raise ValueError(
-                f"config.m_schedule must be a strictly increasing tuple of ints >= 2, got {schedule!r}"
-            )
+            raise ValueError(f"config.m_schedule must be a strictly increasing tuple of ints >= 2, got {schedule!r}")
 
 
-def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = None) -> list[Config]:
+def configs(tokens: int, vocab: int, k: int, backend: str | Backend | None = None) -> list[Config]:
     """Configs worth comparing for this shape: block counts, m schedules, token blocks."""
     be = get_backend(backend)
     if be.is_triton:
@@ -167,13 +167,13 @@ def configs(tokens: int, vocab: int, k: int, backend: "str | Backend | None" = N
     return [Config(8, (2, 3, 5), 1), Config(8, (3,), 2), Config(32, (4,), 2), Config()] + small
 
 
-def default_config(backend: "str | Backend | None" = None) -> Config:
+def default_config(backend: str | Backend | None = None) -> Config:
     """Config() everywhere but the GPU, where one token per program keeps the unrolled
     slots of the deepest stage (2k tiles of 128 int32) closer to the register file."""
     return Config(block_tokens=1) if get_backend(backend).is_triton else Config()
 
 
-def forms(config: Config, backend: "str | Backend | None" = None) -> tuple[bool, bool]:
+def forms(config: Config, backend: str | Backend | None = None) -> tuple[bool, bool]:
     """(stacked slots, stop state in SMEM scalars): what ``config`` runs on ``backend``."""
     be = get_backend(backend)
     stacked = config.layout == "stacked" or (config.layout == "auto" and not be.is_triton)
@@ -236,7 +236,7 @@ class Slots:
         self.keys, self.indices = keys, indices
 
     @staticmethod
-    def empty(m: int, shape: tuple[int, int], stacked: bool) -> "Slots":
+    def empty(m: int, shape: tuple[int, int], stacked: bool) -> Slots:
         key = jnp.full(shape, SENTINEL_KEY, jnp.int32)
         index = jnp.full(shape, SENTINEL_INDEX, jnp.int32)
         if stacked:
@@ -247,7 +247,7 @@ class Slots:
     def stacked(self) -> bool:
         return not isinstance(self.keys, tuple)
 
-    def insert(self, key, index) -> "Slots":
+    def insert(self, key, index) -> Slots:
         """Insert one pair per lane; the smallest pair falls off the end."""
         if self.stacked:
             win = beats(key[None], index[None], self.keys, self.indices)  # F..F T..T
@@ -303,9 +303,22 @@ class Parts:
     mask_vocab_tail: bool = True
 
 
-def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch,
-                     tokens: int, vocab: int, k: int, num_blocks: int, schedule: tuple[int, ...],
-                     parts: Parts, masked_io: bool, stacked: bool, smem_state: bool):
+def _superset_kernel(
+    bits_ref,
+    cand_key_ref,
+    cand_index_ref,
+    count_ref,
+    *scratch,
+    tokens: int,
+    vocab: int,
+    k: int,
+    num_blocks: int,
+    schedule: tuple[int, ...],
+    parts: Parts,
+    masked_io: bool,
+    stacked: bool,
+    smem_state: bool,
+):
     bt, padded = bits_ref.shape
     slots_out = cand_key_ref.shape[1] // num_blocks
     rows = pl.program_id(0) * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
@@ -332,10 +345,12 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
         count, so nothing past it is ever read (one store per kept slot, not per
         output slot: on Triton each store is unrolled code)."""
         if stacked:  # one store: slot s at columns [s*B, (s+1)*B)
+
             def flat(stack):
                 kept = jnp.transpose(stack[:count], (1, 0, 2)).reshape(bt, count * num_blocks)
                 fill = jnp.zeros((bt, (slots_out - count) * num_blocks), jnp.int32)
                 return jnp.concatenate([kept, fill], axis=1)
+
             cand_key_ref[...] = flat(slots.keys)
             cand_index_ref[...] = flat(slots.indices)
             return
@@ -377,8 +392,9 @@ def _superset_kernel(bits_ref, cand_key_ref, cand_index_ref, count_ref, *scratch
     stage(0, jnp.zeros((bt, 1), jnp.int32))
 
 
-def _select_kernel(key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: int, num_blocks: int,
-                   parts: Parts, masked_io: bool):
+def _select_kernel(
+    key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: int, num_blocks: int, parts: Parts, masked_io: bool
+):
     bt, width = key_ref.shape
     rows = pl.program_id(0) * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
     row_ok = rows < tokens
@@ -394,8 +410,11 @@ def _select_kernel(key_ref, index_ref, count_ref, out_ref, *, tokens: int, k: in
         keys, indices, out = carry
         key, index = largest_pair(keys, indices)
         taken = (keys == key) & (indices == index)
-        return (jnp.where(taken, SENTINEL_KEY, keys), jnp.where(taken, SENTINEL_INDEX, indices),
-                jnp.where(column == j, index, out))
+        return (
+            jnp.where(taken, SENTINEL_KEY, keys),
+            jnp.where(taken, SENTINEL_INDEX, indices),
+            jnp.where(column == j, index, out),
+        )
 
     out = jnp.zeros(out_ref.shape, jnp.int32)
     _, _, out = lax.fori_loop(0, k, extract, (keys, indices, out))
@@ -415,9 +434,18 @@ def _superset(bits, k: int, config: Config, backend: Backend, parts: Parts):
     stacked, smem_state = forms(config, backend)
     scratch = [pltpu.SMEM((bt,), jnp.int32), pltpu.SMEM((1,), jnp.int32)] if smem_state else []
     cand_key, cand_index, counts = backend.pallas_call(
-        functools.partial(_superset_kernel, tokens=tokens, vocab=vocab, k=k, num_blocks=nb,
-                          schedule=schedule, parts=parts, masked_io=masked_io, stacked=stacked,
-                          smem_state=smem_state),
+        functools.partial(
+            _superset_kernel,
+            tokens=tokens,
+            vocab=vocab,
+            k=k,
+            num_blocks=nb,
+            schedule=schedule,
+            parts=parts,
+            masked_io=masked_io,
+            stacked=stacked,
+            smem_state=smem_state,
+        ),
         grid=grid,
         in_specs=[pl.BlockSpec((bt, padded), lambda i: (i, 0))],
         out_specs=[pl.BlockSpec((bt, slots_out * nb), lambda i: (i, 0))] * 2
@@ -444,8 +472,9 @@ def _select(cand_key, cand_index, counts, k: int, config: Config, backend: Backe
         def run(cand_key, cand_index, counts):
             spec = pl.BlockSpec((bt, width_slots * nb), lambda i: (i, 0))
             return backend.pallas_call(
-                functools.partial(_select_kernel, tokens=tokens, k=k, num_blocks=nb, parts=parts,
-                                  masked_io=backend.is_triton),
+                functools.partial(
+                    _select_kernel, tokens=tokens, k=k, num_blocks=nb, parts=parts, masked_io=backend.is_triton
+                ),
                 grid=grid,
                 in_specs=[spec, spec, pl.BlockSpec((bt, 1), lambda i: (i, 0))],
                 out_specs=pl.BlockSpec((bt, slots_out), lambda i: (i, 0)),
@@ -454,6 +483,7 @@ def _select(cand_key, cand_index, counts, k: int, config: Config, backend: Backe
                 dimension_semantics=("parallel",),
                 name="pallascheck_top_k_select",
             )(cand_key, cand_index, counts)
+
         return run
 
     widths = sorted({_next_pow2(parts.candidate_slots(m, k)) for m in stages(k, config.m_schedule)})
@@ -499,7 +529,7 @@ def top_k(
     k: int,
     *,
     config: Config | None = None,
-    backend: "str | Backend | None" = None,
+    backend: str | Backend | None = None,
     parts: Parts = Parts(),
 ) -> tuple[jax.Array, jax.Array]:
     """``(values, indices)`` of the k largest entries of each row of ``logits[tokens, vocab]``
@@ -509,11 +539,15 @@ def top_k(
     config = default_config(backend) if config is None else config
     validate(logits, k, config)
     if backend.is_triton and config.layout == "stacked":
-        raise ValueError("config.layout 'stacked' does not lower on Triton (it slices register tiles); "
-                         "use 'auto' or 'unrolled' on the gpu backend")
+        raise ValueError(
+            "config.layout 'stacked' does not lower on Triton (it slices register tiles); "
+            "use 'auto' or 'unrolled' on the gpu backend"
+        )
     if backend.is_triton and config.stop_state == "scalars":
-        raise ValueError("config.stop_state 'scalars' does not lower on Triton (it keeps the stop state in SMEM); "
-                         "use 'auto' or 'vector' on the gpu backend")
+        raise ValueError(
+            "config.stop_state 'scalars' does not lower on Triton (it keeps the stop state in SMEM); "
+            "use 'auto' or 'vector' on the gpu backend"
+        )
     return _top_k(logits, k, config, backend, parts)
 
 

@@ -1,7 +1,9 @@
 """Argument checks shared by the kernels: each error names the argument and the rule."""
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax.numpy as jnp
 

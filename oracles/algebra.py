@@ -14,15 +14,23 @@ use the worst point of the error interval, not the derivative at the centre).
 Every operation computes in its operands' namespace: numpy on the host, jax.numpy
 for device arrays (oracles/numeric.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from .numeric import namespace
-from .tolerance import Accumulation, Arithmetic, largest_finite, smallest_normal, unit_roundoff
+from pallascheck.oracles.numeric import namespace
+from pallascheck.oracles.tolerance import (
+    Accumulation,
+    Arithmetic,
+    largest_finite,
+    smallest_normal,
+    unit_roundoff,
+)
 
 
 def _f64(value: Any) -> Any:
@@ -36,7 +44,7 @@ class Bounded:
     err: np.ndarray  # |computed - value| <= err, elementwise
 
     @staticmethod
-    def exact(value: Any) -> "Bounded":
+    def exact(value: Any) -> Bounded:
         value = _f64(value)
         return Bounded(value, namespace(value).zeros_like(value))
 

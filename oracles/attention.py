@@ -46,6 +46,7 @@ may each underflow (twice the floor term of step 6).
 
 Gradient bound (kernel's backward; derivation beside ``gradient_bound``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,14 +56,19 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import algebra, numeric
-from .numeric import f64, xp
-from .algebra import Bounded
-from .gradients import vjp64
-from .tolerance import SEQUENTIAL, Arithmetic, blocked, gamma, unit_roundoff
+from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles.algebra import Bounded
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.numeric import f64, xp
+from pallascheck.oracles.tolerance import (
+    SEQUENTIAL,
+    Arithmetic,
+    blocked,
+    gamma,
+    unit_roundoff,
+)
 
 F32 = xp.float32
-
 
 
 def _einsum(spec: str, *operands: Any) -> Any:
@@ -75,7 +81,7 @@ def visibility(batch: int, heads: int, seq_q: int, seq_kv: int, *, causal: bool,
     """[batch, heads, seq_q, seq_kv] bool: causal (bottom-right) and the mask."""
     vis = xp.ones((batch, heads, seq_q, seq_kv), bool)
     if causal:
-        vis &= (xp.arange(seq_kv)[None, :] <= xp.arange(seq_q)[:, None] + (seq_kv - seq_q))
+        vis &= xp.arange(seq_kv)[None, :] <= xp.arange(seq_q)[:, None] + (seq_kv - seq_q)
     if mask is not None:
         vis &= xp.broadcast_to(xp.asarray(mask, bool).reshape((1,) * (4 - xp.ndim(mask)) + xp.shape(mask)), vis.shape)
     return vis
@@ -151,8 +157,11 @@ def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: flo
     qk = xp.where(vis, _einsum("bhqd,bhkd->bhqk", qh, kh), 0.0)
     qk_mag = xp.where(vis, _einsum("bhqd,bhkd->bhqk", xp.abs(qh), xp.abs(kh)), 0.0)
     sub = algebra.subnormal_part
-    flushed = xp.where(vis, _einsum("bhqd,bhkd->bhqk", sub(qh, F32), xp.abs(kh))
-                       + _einsum("bhqd,bhkd->bhqk", xp.abs(qh), sub(kh, F32)), 0.0)
+    flushed = xp.where(
+        vis,
+        _einsum("bhqd,bhkd->bhqk", sub(qh, F32), xp.abs(kh)) + _einsum("bhqd,bhkd->bhqk", xp.abs(qh), sub(kh, F32)),
+        0.0,
+    )
     s = xp.where(vis, scale * qk + bias64, 0.0)
     any_vis = vis.any(-1, keepdims=True)
     m = xp.where(any_vis, xp.max(xp.where(vis, s, -xp.inf), -1, keepdims=True), 0.0)
@@ -160,9 +169,23 @@ def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: flo
     l_sum = e.sum(-1, keepdims=True)
     p = e / xp.where(l_sum == 0, 1.0, l_sum)
     return AttentionOracle(
-        out=out, visible=vis, qk=qk, qk_magnitude=qk_mag, qk_flushed=flushed, bias=bias64, s=s, p=p,
-        row_max=m, row_sum=xp.where(l_sum == 0, 1.0, l_sum), q=qh, k=kh, v=vh,
-        o=xp.transpose(out, (0, 2, 1, 3)), sm_scale=scale, group=group, has_bias=bias is not None,
+        out=out,
+        visible=vis,
+        qk=qk,
+        qk_magnitude=qk_mag,
+        qk_flushed=flushed,
+        bias=bias64,
+        s=s,
+        p=p,
+        row_max=m,
+        row_sum=xp.where(l_sum == 0, 1.0, l_sum),
+        q=qh,
+        k=kh,
+        v=vh,
+        o=xp.transpose(out, (0, 2, 1, 3)),
+        sm_scale=scale,
+        group=group,
+        has_bias=bias is not None,
         bias_shape=None if bias is None else tuple(xp.shape(bias)),
     )
 
@@ -179,8 +202,16 @@ def _masked(ref: AttentionOracle, x: np.ndarray) -> np.ndarray:
     return xp.where(ref.visible, x, 0.0)
 
 
-def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype: Any, kernel: bool,
-           qk_highest: bool = True, log2e: bool = False) -> Bounded:
+def logits(
+    ref: AttentionOracle,
+    *,
+    dtype: Any,
+    arith: Arithmetic,
+    compute_dtype: Any,
+    kernel: bool,
+    qk_highest: bool = True,
+    log2e: bool = False,
+) -> Bounded:
     """Step 1: s_hat = (q.k) * sm_scale (+ bias): the dot and the scaling in f32, then
     one rounding to ``compute_dtype`` (none for f32) where the bias adds;
     the kernel's dot accumulates in f32 with f32 operands never rounded to tf32
@@ -192,8 +223,15 @@ def logits(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, compute_dtype
     2 u32 (M - s_j) to each logit, in natural units; both are charged."""
     if kernel and qk_highest:
         arith = dataclasses.replace(arith, matmul_input_f32="float32")
-    qk = algebra.dot(ref.qk, ref.qk_magnitude, ref.q.shape[-1], arith=arith, operand_dtype=dtype,
-                     order=SEQUENTIAL, flushed_magnitude=ref.qk_flushed)
+    qk = algebra.dot(
+        ref.qk,
+        ref.qk_magnitude,
+        ref.q.shape[-1],
+        arith=arith,
+        operand_dtype=dtype,
+        order=SEQUENTIAL,
+        flushed_magnitude=ref.qk_flushed,
+    )
     scale_rep = float(np.asarray(ref.sm_scale, dtype=F32).astype(np.float64))
     scale = Bounded(xp.full_like(ref.qk, ref.sm_scale), xp.full_like(ref.qk, abs(scale_rep - ref.sm_scale)))
     s = algebra.multiply(qk, scale, arith=arith, dtype=F32)
@@ -239,8 +277,15 @@ def _to_bshd(x: np.ndarray) -> np.ndarray:
     return xp.transpose(x, (0, 2, 1, 3))
 
 
-def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int | None,
-          qk_highest: bool = True, log2e: bool = False) -> np.ndarray:
+def bound(
+    ref: AttentionOracle,
+    *,
+    dtype: Any,
+    arith: Arithmetic,
+    block_k: int | None,
+    qk_highest: bool = True,
+    log2e: bool = False,
+) -> np.ndarray:
     """|out - oracle| for [b, sq, h, d]: the kernel with ``block_k`` (steps 1-7 of the
     module docstring), or xla_reference in ``dtype`` when ``block_k`` is None;
     ``qk_highest``, ``log2e``: see ``logits``."""
@@ -249,8 +294,7 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
     u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
     kernel = block_k is not None
     compute = F32 if kernel else dtype
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute, kernel=kernel, qk_highest=qk_highest,
-               log2e=log2e)
+    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=compute, kernel=kernel, qk_highest=qk_highest, log2e=log2e)
     e = s.err
     e_max = _row_max(e, ref.visible)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)  # >= m_hat - s_hat_j >= 0
@@ -266,8 +310,9 @@ def bound(ref: AttentionOracle, *, dtype: Any, arith: Arithmetic, block_k: int |
         l_gamma = arith.gamma(blocked(block_k).depth(skv), u32)
         d_num = _compose(d_exp, d_res, p_round, operand_rel, acc_gamma)
         d_den = _compose(d_exp, d_res, l_gamma)
-        floor = _floor_weights(ref, e, e_max, algebra.underflow_floor(dtype, arith)
-                               + algebra.underflow_floor(F32, arith))
+        floor = _floor_weights(
+            ref, e, e_max, algebra.underflow_floor(dtype, arith) + algebra.underflow_floor(F32, arith)
+        )
     else:
         arg = e + u_in * gap
         d_exp = _compose(xp.expm1(arg), t, u_in)
@@ -310,8 +355,17 @@ def _with_bias(q, k, v, bias, visible, scale: float):
 
 
 def gradient_bound(
-    ref: AttentionOracle, cotangent: Any, forward_bound: np.ndarray, *, dtype: Any, arith: Arithmetic,
-    block_q: int, block_k: int, block_k_forward: int, qk_highest: bool = True, log2e: bool = False,
+    ref: AttentionOracle,
+    cotangent: Any,
+    forward_bound: np.ndarray,
+    *,
+    dtype: Any,
+    arith: Arithmetic,
+    block_q: int,
+    block_k: int,
+    block_k_forward: int,
+    qk_highest: bool = True,
+    log2e: bool = False,
 ) -> dict[str, np.ndarray]:
     """Bounds on dq, dk, dv (and dbias) of the kernel's backward pass.
 
@@ -355,8 +409,15 @@ def gradient_bound(
     e_max = _row_max(e, vis)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)
     rescales = max(-(-skv // block_k_forward) - 1, 0)
-    d_den = _masked(ref, _compose(xp.expm1(2.0 * u32 * gap), t, ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
-                                  arith.gamma(blocked(block_k_forward).depth(skv), u32)))
+    d_den = _masked(
+        ref,
+        _compose(
+            xp.expm1(2.0 * u32 * gap),
+            t,
+            ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
+            arith.gamma(blocked(block_k_forward).depth(skv), u32),
+        ),
+    )
     weighted = xp.sum(ref.p * d_den, axis=-1, keepdims=True)
     lse = ref.row_max + xp.log(ref.row_sum)
     with xp.errstate(divide="ignore"):
@@ -374,12 +435,14 @@ def gradient_bound(
     # dP, delta, dS
     vh = ref.v
     dp_exact = _einsum("bhqd,bhkd->bhqk", do, vh)
-    dp = algebra.dot(dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, xp.abs(vh)), d, arith=arith,
-                     operand_dtype=dtype, order=SEQUENTIAL)
+    dp = algebra.dot(
+        dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, xp.abs(vh)), d, arith=arith, operand_dtype=dtype, order=SEQUENTIAL
+    )
     out_err = xp.transpose(forward_bound, (0, 2, 1, 3))
     delta_exact = xp.sum(do * ref.o, axis=-1, keepdims=True)
     delta_err = xp.sum(absdo * out_err, -1, keepdims=True) + gamma(d, u32) * xp.sum(
-        absdo * (xp.abs(ref.o) + out_err), -1, keepdims=True)
+        absdo * (xp.abs(ref.o) + out_err), -1, keepdims=True
+    )
     centered = algebra.add(dp, Bounded(-delta_exact, delta_err), arith=arith, dtype=F32)
     ds = algebra.multiply(p_hat, centered, arith=arith, dtype=F32)
     ds = Bounded(_masked(ref, ds.value), _masked(ref, ds.err))
@@ -428,9 +491,16 @@ def gradient_bound(
         shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
         axes = tuple(a for a in range(4) if shape[a] == 1 and ds.value.shape[a] != 1)
         n = math.prod(ds.value.shape[a] for a in axes)
-        total = Bounded(ds.value.sum(axes, keepdims=True) if axes else ds.value,
-                        (ds.err.sum(axes, keepdims=True) + gamma(max(n - 1, 0), u32) * ds.magnitude.sum(axes, keepdims=True)
-                         + max(n - 1, 0) * floor32) if axes else ds.err)
+        total = Bounded(
+            ds.value.sum(axes, keepdims=True) if axes else ds.value,
+            (
+                ds.err.sum(axes, keepdims=True)
+                + gamma(max(n - 1, 0), u32) * ds.magnitude.sum(axes, keepdims=True)
+                + max(n - 1, 0) * floor32
+            )
+            if axes
+            else ds.err,
+        )
         bias_dtype = dtype
         bounds["dbias"] = algebra.round_to(total, bias_dtype, arith).err.reshape(ref.bias_shape)
     return {key: _unbounded_not_nan(value) for key, value in bounds.items()}

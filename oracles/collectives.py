@@ -13,6 +13,7 @@ replays how the sharded kernel (or its ``xla_reference``) actually rounds:
   rounded* to a low-precision dtype (what a user writes with ``psum``) adds one
   rounding per partial and does its additions in that dtype.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra
-from .matmul import MatmulOracle, oracle as matmul_oracle
-from .tolerance import SEQUENTIAL, Arithmetic
+from pallascheck.oracles import algebra
+from pallascheck.oracles.matmul import MatmulOracle
+from pallascheck.oracles.matmul import oracle as matmul_oracle
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic
 
 F32 = np.float32
 
@@ -40,16 +42,19 @@ def all_gather_matmul_oracle(x: Any, w: Any) -> MatmulOracle:
     return matmul_oracle(x, w)
 
 
-def all_gather_matmul_bound(
-    ref: MatmulOracle, *, operand_dtype: Any, out_dtype: Any, arith: Arithmetic
-) -> np.ndarray:
+def all_gather_matmul_bound(ref: MatmulOracle, *, operand_dtype: Any, out_dtype: Any, arith: Arithmetic) -> np.ndarray:
     """One f32 dot of length K per element (order unknown inside XLA's dot:
     gamma_{K-1}(u32) |x|@|w|; bf16/f16 products exact), rounded once to
     ``out_dtype`` (u_out |y| + the subnormal floor). Sharding only decides which
     device computes which block, not the arithmetic."""
     z = algebra.dot(
-        ref.preactivation, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype,
-        order=SEQUENTIAL, flushed_magnitude=ref.flushed_magnitude,
+        ref.preactivation,
+        ref.magnitude,
+        ref.k,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=SEQUENTIAL,
+        flushed_magnitude=ref.flushed_magnitude,
     )
     return algebra.round_to(z, out_dtype, arith).err
 
@@ -83,7 +88,9 @@ def partials_oracle(x: Any, w: Any, parts: int) -> PartialsOracle:
     )
 
 
-def reduce_scattered(ref: PartialsOracle, *, operand_dtype: Any, partial_dtype: Any, arith: Arithmetic) -> algebra.Bounded:
+def reduce_scattered(
+    ref: PartialsOracle, *, operand_dtype: Any, partial_dtype: Any, arith: Arithmetic
+) -> algebra.Bounded:
     """The summed partials before the final rounding, as a Bounded.
 
     Each partial is an f32 dot of K/p terms (order unknown: gamma_{K/p-1}(u32)),
@@ -93,8 +100,13 @@ def reduce_scattered(ref: PartialsOracle, *, operand_dtype: Any, partial_dtype: 
     times the sum of the partials' magnitudes.
     """
     partials = algebra.dot(
-        ref.partial, ref.magnitude, ref.k_per_part, arith=arith, operand_dtype=operand_dtype,
-        order=SEQUENTIAL, flushed_magnitude=ref.flushed_magnitude,
+        ref.partial,
+        ref.magnitude,
+        ref.k_per_part,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=SEQUENTIAL,
+        flushed_magnitude=ref.flushed_magnitude,
     )
     if np.dtype(partial_dtype) != np.dtype(F32):
         partials = algebra.round_to(partials, partial_dtype, arith)
@@ -130,20 +142,33 @@ class Attribution:
 
 
 def attribute_unsharded_bf16(
-    ref: MatmulOracle, index: tuple[int, int], observed: float, *, other_err: float, out_dtype: Any,
-    operand_dtype: Any, arith: Arithmetic,
+    ref: MatmulOracle,
+    index: tuple[int, int],
+    observed: float,
+    *,
+    other_err: float,
+    out_dtype: Any,
+    operand_dtype: Any,
+    arith: Arithmetic,
 ) -> Attribution:
     """Attribution for |low - other| at ``index`` where ``low`` is a single-device
     ``x @ w`` rounded to ``out_dtype`` and ``other`` is a more accurate result with
     its own bound ``other_err``: the accumulation part is the dot's error plus
     ``other_err``; the rest is ``out_dtype``'s rounding."""
     z = algebra.dot(
-        ref.preactivation[index], ref.magnitude[index], ref.k, arith=arith, operand_dtype=operand_dtype,
-        order=SEQUENTIAL, flushed_magnitude=ref.flushed_magnitude[index],
+        ref.preactivation[index],
+        ref.magnitude[index],
+        ref.k,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=SEQUENTIAL,
+        flushed_magnitude=ref.flushed_magnitude[index],
     )
     rounded = algebra.round_to(z, out_dtype, arith)
     accumulation = float(z.err) + other_err
     return Attribution(
-        observed=float(observed), bound=float(rounded.err) + other_err, accumulation=accumulation,
+        observed=float(observed),
+        bound=float(rounded.err) + other_err,
+        accumulation=accumulation,
         output_rounding=float(rounded.err - z.err),
     )

@@ -52,6 +52,7 @@ kernel is inside it: its R = tiles - 1 rescales add R (t + u) to a term's relati
 error and save R (b - 1) u of summation depth against gamma_{V-1}, and t = 6u <=
 (b - 2) u for every block_v >= 16 that Config allows.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,10 +62,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import algebra
-from .algebra import Bounded, underflow_floor
-from .gradients import vjp64
-from .tolerance import Arithmetic, gamma, largest_finite, unit_roundoff
+from pallascheck.oracles import algebra
+from pallascheck.oracles.algebra import Bounded, underflow_floor
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.tolerance import (
+    Arithmetic,
+    gamma,
+    largest_finite,
+    unit_roundoff,
+)
 
 F32 = np.float32
 U32 = unit_roundoff(F32)
@@ -155,8 +161,9 @@ def _constant(exact: float) -> Bounded:
     return Bounded(np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact))
 
 
-def _log_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
-             logit_err: np.ndarray | None = None) -> tuple[Bounded, Bounded]:
+def _log_sum(
+    z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int, logit_err: np.ndarray | None = None
+) -> tuple[Bounded, Bounded]:
     """(max M, log s) [T] as the kernel (block_v tiles per shard) or XLA (block_v None)
     computes them, s = sum exp(z - M); lse = M + log s.
 
@@ -179,7 +186,9 @@ def _log_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: i
         shard_max = running[:, :, -1]  # M_d
         big = shard_max.max(axis=1)  # M
         m_k = running[:, :, :, None]
-        args = (m_k - zt) + (shard_max[:, :, None, None] - m_k) + (big[:, None, None, None] - shard_max[:, :, None, None])
+        args = (
+            (m_k - zt) + (shard_max[:, :, None, None] - m_k) + (big[:, None, None, None] - shard_max[:, :, None, None])
+        )
         a = 2.0 * U32 * (args + 2.0 * worst[:, None, None, None])
         rescales = (tiles - 1) + (1 if shards > 1 else 0)
         e = np.exp(zt - big[:, None, None, None])
@@ -198,15 +207,17 @@ def _log_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: i
     return Bounded(big, worst), Bounded(log_value, log_err)
 
 
-def _log_sum_exp(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
-                 logit_err: np.ndarray | None = None) -> Bounded:
+def _log_sum_exp(
+    z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int, logit_err: np.ndarray | None = None
+) -> Bounded:
     """lse = M + log s [T], rounded once to f32 (xla_reference's logsumexp)."""
     big, log_s = _log_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     return algebra.add(big, log_s, arith=arith)
 
 
-def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int,
-               logit_err: np.ndarray | None = None) -> Bounded:
+def _logit_sum(
+    z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards: int, logit_err: np.ndarray | None = None
+) -> Bounded:
     tokens, vocab = z.shape
     local = vocab // shards
     width = local if block_v is None else min(block_v, local)
@@ -218,8 +229,9 @@ def _logit_sum(z: np.ndarray, *, arith: Arithmetic, block_v: int | None, shards:
     return Bounded(z.sum(axis=1), err)
 
 
-def _shifted_sum(z: np.ndarray, big: Bounded, *, arith: Arithmetic, block_v: int, shards: int,
-                 logit_err: np.ndarray | None = None) -> Bounded:
+def _shifted_sum(
+    z: np.ndarray, big: Bounded, *, arith: Arithmetic, block_v: int, shards: int, logit_err: np.ndarray | None = None
+) -> Bounded:
     """sd = sum_j (z_j - M) [T] as the kernel accumulates it (module docstring).
 
     Every piece added is <= 0: a tile's differences z_j - m_k (one rounding each), the
@@ -257,8 +269,15 @@ def _negated(b: Bounded) -> Bounded:
 FINISHES = ("stable", "textbook")
 
 
-def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
-                     logit_err: np.ndarray | None = None, finish: str | None = None) -> Bounded:
+def token_loss_bound(
+    ref: CrossEntropyOracle,
+    *,
+    arith: Arithmetic,
+    block_v: int | None,
+    shards: int = 1,
+    logit_err: np.ndarray | None = None,
+    finish: str | None = None,
+) -> Bounded:
     """Per-token loss [T] with its error (0 where ignored), before any reduction.
 
     ``block_v``: the kernel's vocabulary tile (None: xla_reference, one tile in any
@@ -284,8 +303,9 @@ def token_loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int
     return Bounded(np.where(ref.ignored, 0.0, ref.token_loss), np.where(ref.ignored, 0.0, loss.err))
 
 
-def _textbook_token_loss(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int,
-                         logit_err: np.ndarray | None) -> Bounded:
+def _textbook_token_loss(
+    ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int, logit_err: np.ndarray | None
+) -> Bounded:
     """``(lse - c1 z_y) - c2 (sum z / V)`` with lse = M + log s rounded to f32 (its sum
     in tiles of ``block_v``, or one tile in any order for None)."""
     z = ref.z
@@ -305,8 +325,15 @@ def _textbook_token_loss(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v:
     return Bounded(np.where(ref.ignored, 0.0, ref.token_loss), np.where(ref.ignored, 0.0, loss.err))
 
 
-def loss_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, block_v: int | None, shards: int = 1,
-               logit_err: np.ndarray | None = None, finish: str | None = None) -> np.ndarray:
+def loss_bound(
+    ref: CrossEntropyOracle,
+    *,
+    arith: Arithmetic,
+    block_v: int | None,
+    shards: int = 1,
+    logit_err: np.ndarray | None = None,
+    finish: str | None = None,
+) -> np.ndarray:
     """|kernel - oracle| for the reduced (or per-token) loss; see the module docstring
     and ``token_loss_bound``."""
     token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err, finish=finish)
@@ -344,12 +371,19 @@ def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) 
 
 def oracle_vjp(ref: CrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     g = _f64(cotangent).reshape(-1) if ref.reduction == "none" else _f64(cotangent)
-    (dz,) = vjp64(loss64, (ref.z,), g, constants=label_parts(ref.labels, ref.ignore_index), static=(ref.eps, ref.reduction))
+    (dz,) = vjp64(
+        loss64, (ref.z,), g, constants=label_parts(ref.labels, ref.ignore_index), static=(ref.eps, ref.reduction)
+    )
     return {"dlogits": dz}
 
 
 def dlogits_f32(
-    ref: CrossEntropyOracle, cotangent: Any, *, arith: Arithmetic, block_v: int, shards: int = 1,
+    ref: CrossEntropyOracle,
+    cotangent: Any,
+    *,
+    arith: Arithmetic,
+    block_v: int,
+    shards: int = 1,
     logit_err: np.ndarray | None = None,
 ) -> Bounded:
     """dlogits [T, V] as the backward kernel computes it in f32, before its rounding."""
@@ -388,14 +422,21 @@ def contract_bound(ref: CrossEntropyOracle, *, arith: Arithmetic, logit_err: np.
     return loss_bound(ref, arith=arith, block_v=ref.z.shape[1], logit_err=logit_err)
 
 
-def gradient_contract(ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic
-                      ) -> dict[str, np.ndarray]:
+def gradient_contract(
+    ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic
+) -> dict[str, np.ndarray]:
     """The accuracy contract of dlogits: ``gradient_bound`` of the same algorithm."""
     return gradient_bound(ref, cotangent, logits_dtype=logits_dtype, arith=arith, block_v=ref.z.shape[1])
 
 
 def gradient_bound(
-    ref: CrossEntropyOracle, cotangent: Any, *, logits_dtype: Any, arith: Arithmetic, block_v: int, shards: int = 1,
+    ref: CrossEntropyOracle,
+    cotangent: Any,
+    *,
+    logits_dtype: Any,
+    arith: Arithmetic,
+    block_v: int,
+    shards: int = 1,
 ) -> dict[str, np.ndarray]:
     """Bound on dlogits [T, V] of the backward kernel; see the module docstring."""
     d = dlogits_f32(ref, cotangent, arith=arith, block_v=block_v, shards=shards)

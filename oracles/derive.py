@@ -30,11 +30,13 @@ Everything runs as whole-array jax.numpy float64 operations (no Python loop over
 elements; ``scan``/``while`` loop over their static trip count), so it runs on the
 device the arrays are on.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,11 +45,17 @@ from jax import lax
 from jax.extend import core as jcore
 
 from pallascheck.kernels.compat import float64_enabled
-
-from . import algebra, numeric
-from .shifts import Shift, ShiftAlgebra
-from .tolerance import (SEQUENTIAL, Accumulation, Arithmetic, dtype_name, largest_finite, smallest_normal,
-                        unit_roundoff)
+from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles.shifts import Shift, ShiftAlgebra
+from pallascheck.oracles.tolerance import (
+    SEQUENTIAL,
+    Accumulation,
+    Arithmetic,
+    dtype_name,
+    largest_finite,
+    smallest_normal,
+    unit_roundoff,
+)
 
 F64 = np.float64
 INPUT = 0  # ``dom`` label of the inputs' own error (a subnormal flushed on read)
@@ -97,7 +105,9 @@ class Facts:
                 unit_roundoff(dtype)  # an unknown dtype fails here, naming the choices
         for name, order in [("order", self.order), *self.orders]:
             if not isinstance(order, Accumulation):
-                raise TypeError(f"facts: {name} must be an Accumulation (SEQUENTIAL, PAIRWISE, blocked(b)), got {order!r}")
+                raise TypeError(
+                    f"facts: {name} must be an Accumulation (SEQUENTIAL, PAIRWISE, blocked(b)), got {order!r}"
+                )
 
     def order_of(self, primitive: str) -> Accumulation:
         return dict(self.orders).get(primitive, self.order)
@@ -107,11 +117,13 @@ class Facts:
 
     def describe(self) -> str:
         orders = ", ".join(f"{k}={_order_name(v)}" for k, v in self.orders)
-        return (f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
-                + (f" ({orders})" if orders else "")
-                + (f", transcendental_ulps={self.transcendental_ulps}" if self.transcendental_ulps is not None else "")
-                + (f", out_dtype={self.out_dtype}" if self.out_dtype else "")
-                + (f", dot_operands={self.dot_operands}" if self.dot_operands else ""))
+        return (
+            f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
+            + (f" ({orders})" if orders else "")
+            + (f", transcendental_ulps={self.transcendental_ulps}" if self.transcendental_ulps is not None else "")
+            + (f", out_dtype={self.out_dtype}" if self.out_dtype else "")
+            + (f", dot_operands={self.dot_operands}" if self.dot_operands else "")
+        )
 
 
 def _accumulation(order: Any) -> Any:
@@ -240,8 +252,18 @@ class _Evaluator(ShiftAlgebra):
     def gamma(self, depth: Any, unit: float) -> jax.Array:
         return jnp.asarray(self.arith.gamma(depth, unit), dtype=F64)
 
-    def finish(self, eqn: Any, var: Any, value: jax.Array, propagated: jax.Array, local: jax.Array,
-               bad: jax.Array, inherited: jax.Array, carried: str | None = None, reach: Any = None) -> Tracked:
+    def finish(
+        self,
+        eqn: Any,
+        var: Any,
+        value: jax.Array,
+        propagated: jax.Array,
+        local: jax.Array,
+        bad: jax.Array,
+        inherited: jax.Array,
+        carried: str | None = None,
+        reach: Any = None,
+    ) -> Tracked:
         """err = propagated + local; the label is this rule where its own rounding is the larger part.
 
         An infinite or NaN exact value (a -inf mask, exp of it) gets no error: the checks
@@ -296,8 +318,9 @@ class _Evaluator(ShiftAlgebra):
         over = jnp.isfinite(t.value) & (reach > largest_finite(t.carried))
         return self.normalised(dataclasses.replace(t, err=jnp.where(over, jnp.inf, t.err)))
 
-    def rounded_once(self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array,
-                     inherited: jax.Array) -> Tracked:
+    def rounded_once(
+        self, eqn: Any, value: jax.Array, propagated: jax.Array, bad: jax.Array, inherited: jax.Array
+    ) -> Tracked:
         """The operands' propagated error plus one rounding of the result (add, mul, div)."""
         dtype = self.compute_dtype(eqn.outvars[0])
         local = self.rounding(jnp.abs(value) + propagated, dtype)
@@ -383,7 +406,8 @@ class _Evaluator(ShiftAlgebra):
                 self.enclosing.pop()
         raise UnsupportedPrimitive(
             f"the reference uses primitive {name!r} ({self.where(eqn)}), "
-            f"which has no error rule; supported: {sorted(supported_primitives())}")
+            f"which has no error rule; supported: {sorted(supported_primitives())}"
+        )
 
     def structural(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         """Shape ops move elements without arithmetic: apply the primitive itself to the
@@ -415,14 +439,16 @@ class _Evaluator(ShiftAlgebra):
         if not named:
             return outs
         # the names move with the elements: the op applied to every coefficient and index
-        shifts = tuple(Shift(k, apply(lambda t, k=k: self.terms([t], k)[0][0]),
-                             apply(lambda t, k=k: self.terms([t], k)[0][1])) for k in self.symbols(named))
+        shifts = tuple(
+            Shift(k, apply(lambda t, k=k: self.terms([t], k)[0][0]), apply(lambda t, k=k: self.terms([t], k)[0][1]))
+            for k in self.symbols(named)
+        )
         return [self.normalised(dataclasses.replace(outs[0], shifts=shifts, scaled=named[0].scaled))]
 
     def scan(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         p = eqn.params
         n_consts, n_carry, length = *_scan_counts(p), p["length"]
-        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        consts, carry, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
         xs = [self.folded(x) for x in xs]  # sliced and stacked without their names
         ys: list[list[Tracked]] = []
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
@@ -432,20 +458,28 @@ class _Evaluator(ShiftAlgebra):
             ys.append([self.folded(t) for t in y])
         if p["reverse"]:
             ys.reverse()
-        stacked = [_stack([y[j] for y in ys]) for j in range(len(ys[0]))] if ys else [
-            self.exact(jnp.zeros(v.aval.shape, v.aval.dtype), "float64") for v in eqn.outvars[n_carry:]]
+        stacked = (
+            [_stack([y[j] for y in ys]) for j in range(len(ys[0]))]
+            if ys
+            else [self.exact(jnp.zeros(v.aval.shape, v.aval.dtype), "float64") for v in eqn.outvars[n_carry:]]
+        )
         return carry + stacked
 
     def while_loop(self, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
         """A loop with a trip count the values decide (static in practice: a counter)."""
         p = eqn.params
-        cond_consts, body_consts = ins[:p["cond_nconsts"]], ins[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = ins[p["cond_nconsts"] + p["body_nconsts"]:]
+        cond_consts, body_consts = (
+            ins[: p["cond_nconsts"]],
+            ins[p["cond_nconsts"] : p["cond_nconsts"] + p["body_nconsts"]],
+        )
+        carry = ins[p["cond_nconsts"] + p["body_nconsts"] :]
         for _ in range(1_000_000):
             (go,) = self.run(p["cond_jaxpr"], [], cond_consts + carry)
             if int(go.bad):
-                raise UnsupportedPrimitive("while: the loop condition depends on a value within its error bound; "
-                                           "write the loop with a static trip count (lax.fori_loop with int bounds)")
+                raise UnsupportedPrimitive(
+                    "while: the loop condition depends on a value within its error bound; "
+                    "write the loop with a static trip count (lax.fori_loop with int bounds)"
+                )
             if not bool(go.value):
                 return carry
             carry = self.run(p["body_jaxpr"], [], body_consts + carry)
@@ -459,10 +493,12 @@ class _Evaluator(ShiftAlgebra):
 
 
 def _where(eqn: Any) -> str:
-    """"file:line (function)" of an equation's source, for messages."""
+    """ "file:line (function)" of an equation's source, for messages."""
     if eqn.source_info is None:
         return "the end of the reference"
-    from jax._src import source_info_util  # no public API names an equation's source line
+    from jax._src import (
+        source_info_util,  # no public API names an equation's source line
+    )
 
     return source_info_util.summarize(eqn.source_info)
 
@@ -500,23 +536,75 @@ def _index(t: Tracked, i: int) -> Tracked:
 
 
 def _stack(ts: Sequence[Tracked]) -> Tracked:
-    return Tracked(jnp.stack([t.value for t in ts]), jnp.stack([t.err for t in ts]),
-                   jnp.stack([t.bad for t in ts]), jnp.stack([t.dom for t in ts]), ts[0].carried)
+    return Tracked(
+        jnp.stack([t.value for t in ts]),
+        jnp.stack([t.err for t in ts]),
+        jnp.stack([t.bad for t in ts]),
+        jnp.stack([t.dom for t in ts]),
+        ts[0].carried,
+    )
 
 
 # Shape ops that move elements one to one (or pad with a constant): a value's names move with it.
-_MOVES_NAMES = {"broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "slice", "rev",
-                "concatenate", "pad", "copy", "copy_p", "dynamic_slice"}
+_MOVES_NAMES = {
+    "broadcast_in_dim",
+    "reshape",
+    "transpose",
+    "squeeze",
+    "expand_dims",
+    "slice",
+    "rev",
+    "concatenate",
+    "pad",
+    "copy",
+    "copy_p",
+    "dynamic_slice",
+}
 # Rules that carry named errors (oracles/shifts.py) through; every other rule sees them folded.
-_KEEPS_NAMES = {"add", "sub", "add_any", "mul", "div", "neg", "stop_gradient", "exp", "exp2", "log",
-                "reduce_sum", "dot_general", "convert_element_type", "select_n", "max", "min", "reduce_max",
-                "reduce_min", "scan", "while", "cond", *_MOVES_NAMES}
+_KEEPS_NAMES = {
+    "add",
+    "sub",
+    "add_any",
+    "mul",
+    "div",
+    "neg",
+    "stop_gradient",
+    "exp",
+    "exp2",
+    "log",
+    "reduce_sum",
+    "dot_general",
+    "convert_element_type",
+    "select_n",
+    "max",
+    "min",
+    "reduce_max",
+    "reduce_min",
+    "scan",
+    "while",
+    "cond",
+    *_MOVES_NAMES,
+}
 
 # Shape ops: the operand positions that are data (None: all); the rest are indices.
 _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
-    "broadcast_in_dim": (0,), "reshape": (0,), "transpose": None, "squeeze": None, "expand_dims": None,
-    "slice": None, "rev": None, "concatenate": None, "pad": None, "copy": None, "copy_p": None,
-    "dynamic_slice": (0,), "dynamic_update_slice": (0, 1), "gather": (0,), "split": None, "tile": None, "stack": None,
+    "broadcast_in_dim": (0,),
+    "reshape": (0,),
+    "transpose": None,
+    "squeeze": None,
+    "expand_dims": None,
+    "slice": None,
+    "rev": None,
+    "concatenate": None,
+    "pad": None,
+    "copy": None,
+    "copy_p": None,
+    "dynamic_slice": (0,),
+    "dynamic_update_slice": (0, 1),
+    "gather": (0,),
+    "split": None,
+    "tile": None,
+    "stack": None,
 }
 
 
@@ -530,13 +618,29 @@ def rule(*names: str) -> Callable[[Rule], Rule]:
         for n in names:
             _RULES[n] = fn
         return fn
+
     return register
 
 
 def supported_primitives() -> set[str]:
-    return set(_RULES) | set(_STRUCTURAL) | {"scan", "while", "cond", "jit", "pjit", "closed_call", "core_call",
-                                             "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call",
-                                             "custom_vjp_call_jaxpr"}
+    return (
+        set(_RULES)
+        | set(_STRUCTURAL)
+        | {
+            "scan",
+            "while",
+            "cond",
+            "jit",
+            "pjit",
+            "closed_call",
+            "core_call",
+            "remat",
+            "checkpoint",
+            "custom_jvp_call",
+            "custom_vjp_call",
+            "custom_vjp_call_jaxpr",
+        }
+    )
 
 
 def _value(eqn: Any, *values: Any) -> jax.Array:
@@ -567,8 +671,22 @@ def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return Tracked(value.astype(F64), err, bad, dom, ins[0].carried)
 
 
-rule("abs", "not", "and", "or", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "iota",
-     "population_count", "clz", "is_finite", "imag", "real")(_exact_op)
+rule(
+    "abs",
+    "not",
+    "and",
+    "or",
+    "xor",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "iota",
+    "population_count",
+    "clz",
+    "is_finite",
+    "imag",
+    "real",
+)(_exact_op)
 
 
 @rule("stop_gradient")
@@ -591,10 +709,12 @@ def _neg(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
 
 def _int_or_exact(fn: Rule) -> Rule:
     """Integer arithmetic (index computations) is exact; floats go to ``fn``."""
+
     def wrapped(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         if not _is_float(_var_dtype(eqn.outvars[0])):
             return _exact_op(ev, eqn, ins)
         return fn(ev, eqn, ins)
+
     return wrapped
 
 
@@ -633,8 +753,9 @@ def _add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     propagated = a.err + b.err
     with ev.growing(spread if scaled else 0.0):
         local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
-    out = ev.finish(eqn, eqn.outvars[0], value, propagated, jnp.where(zero | sterbenz, 0.0, local),
-                    *ev.inherit(ins, value.shape))
+    out = ev.finish(
+        eqn, eqn.outvars[0], value, propagated, jnp.where(zero | sterbenz, 0.0, local), *ev.inherit(ins, value.shape)
+    )
     if eqn.primitive.name != "sub" and any(t.low is not None for t in ins):
         # rounding is monotone: fl(a^ + b^) >= fl(low_a + low_b) >= s - (u|s| + floor)
         s = ev.lower(ins[0]) + ev.lower(ins[1])
@@ -665,8 +786,9 @@ def _mul(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
             a, b, shifts = ev.added(a, b, 1.0)
             scaled = True
     spread = ev.spread_of(shifts, value.shape)
-    propagated = (algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err)
-                  + algebra.times(a.err, b.err))
+    propagated = (
+        algebra.times(jnp.abs(a.value), b.err) + algebra.times(jnp.abs(b.value), a.err) + algebra.times(a.err, b.err)
+    )
     dtype = ev.compute_dtype(eqn.outvars[0])
     with ev.growing(spread if scaled else 0.0):
         local = ev.rounding(jnp.abs(value) + propagated + (0.0 if scaled else spread), dtype)
@@ -767,11 +889,13 @@ def _elementwise_min(arrays: Sequence[jax.Array]) -> jax.Array:
     return out
 
 
-def _unary(fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcendental: bool = True,
-           bounded_below: bool = False) -> Rule:
+def _unary(
+    fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcendental: bool = True, bounded_below: bool = False
+) -> Rule:
     """A unary float function. ``fn(x, err, value)`` (``bounded_below``: ``fn(x, err,
     value, low)``, low the least computed operand, ``_Evaluator.lower``) returns
     (propagated error, relative size the evaluation error scales with, unverifiable mask)."""
+
     def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         (x,) = ins
         value = _value(eqn, x.value)
@@ -790,6 +914,7 @@ def _unary(fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcende
         else:
             local = ev.rounding(scale + propagated, dtype)
         return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, dom)
+
     return apply
 
 
@@ -800,10 +925,12 @@ def _no(x: jax.Array) -> jax.Array:
 def _exp_rule(scale: float) -> Callable[..., tuple]:
     """e^(s(x+d)) - e^(sx) = e^(sx) expm1(s d): relative expm1(s|d|); where e^(sx)
     underflowed and expm1 overflowed, the gap itself."""
+
     def fn(x, e, v):
         grow = jnp.abs(v) * jnp.expm1(scale * e)
         grow = jnp.where(jnp.isnan(grow), jnp.exp(scale * (x + e)) - jnp.abs(v), grow)
         return grow, jnp.abs(v), _no(x)
+
     return fn
 
 
@@ -811,6 +938,7 @@ def _log_rule(shift: float) -> Callable[..., tuple]:
     """log is increasing and concave: over [x - e, x + e] it errs most at the low end,
     -log1p(-e / (shift + x)); unverifiable where the low end reaches 0. A known lower
     bound of the operand raises the low end (then the high end may be the worse one)."""
+
     def fn(x, e, v, low):
         base = shift + x
         gap = jnp.minimum(e, x - low)  # how far below x the computed operand can be
@@ -818,14 +946,17 @@ def _log_rule(shift: float) -> Callable[..., tuple]:
         safe = jnp.where(ok & (base > 0), base, 1.0)
         grow = jnp.maximum(-jnp.log1p(-gap / safe), jnp.log1p(e / safe))
         return jnp.where(e == 0, 0.0, grow), jnp.abs(v), ~ok & (e > 0)
+
     return fn
 
 
 def _slope_at_nearest(deriv: Callable[[jax.Array], jax.Array]) -> Callable[..., tuple]:
     """For f whose |f'| decreases in |x| (tanh, logistic, erf): |f(x+d) - f(x)| <=
     |d| max|f'| over the interval = |d| |f'(max(|x| - e, 0))|."""
+
     def fn(x, e, v):
         return e * jnp.abs(deriv(jnp.maximum(jnp.abs(x) - e, 0.0))), jnp.abs(v), _no(x)
+
     return fn
 
 
@@ -857,6 +988,7 @@ def _sin_cos(x, e, v):
 def _exp_of_named(scale: float, plain: Rule) -> Rule:
     """exp(s (v + c d + r)) = exp(s (v + r)) e^(s c d): an additive operand's names become
     the result's factor, and the rule's own error (on v, r) is charged in its frame."""
+
     def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         (x,) = ins
         if not x.shifts or x.scaled:
@@ -865,6 +997,7 @@ def _exp_of_named(scale: float, plain: Rule) -> Rule:
         with ev.growing(ev.spread_of(shifts, x.value.shape)):
             out = plain(ev, eqn, [x])
         return ev.shifted(out, shifts, True)
+
     return apply
 
 
@@ -872,6 +1005,7 @@ def _log_of_named(plain: Rule) -> Rule:
     """log((v + r) F) = log(v + r) + log F: a scaled operand's factor becomes the result's
     additive names (log l, l carrying e^(-d), carries -d); the evaluation's relative error
     applies to the whole computed log, at most |log(v + r)| + D."""
+
     def apply(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         (x,) = ins
         if not x.shifts or not x.scaled:
@@ -880,6 +1014,7 @@ def _log_of_named(plain: Rule) -> Rule:
         extra = ev.transcendental(ev.compute_dtype(eqn.outvars[0])) * ev.spread(x)
         out = dataclasses.replace(out, err=out.err + jnp.where(jnp.isfinite(out.value), extra, 0.0))
         return ev.shifted(out, x.shifts, False)
+
     return apply
 
 
@@ -916,10 +1051,10 @@ def _integer_pow(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     m = abs(n)
     dtype = ev.compute_dtype(eqn.outvars[0])
     power = jnp.abs(x.value) ** m
-    propagated = x.magnitude ** m - power
+    propagated = x.magnitude**m - power
     k = max(m.bit_length() - 1 + bin(m).count("1") - 1, 1)
-    local = ev.gamma(k, unit_roundoff(dtype)) * x.magnitude ** m + k * ev.floor(dtype)
-    positive = ev.finish(eqn, eqn.outvars[0], x.value ** m, propagated, local, x.bad, x.dom)
+    local = ev.gamma(k, unit_roundoff(dtype)) * x.magnitude**m + k * ev.floor(dtype)
+    positive = ev.finish(eqn, eqn.outvars[0], x.value**m, propagated, local, x.bad, x.dom)
     if m % 2 == 0:  # an even power, computed as products of equal factors, is never negative
         positive = ev.at_least(positive, jnp.zeros(positive.value.shape, F64))
     if n >= 0:
@@ -949,9 +1084,10 @@ def _polynomial(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     x, coeffs = ins[0], ins[1:]
     value = _value(eqn, x.value, *[c.value for c in coeffs])
     reach = x.magnitude
-    terms = sum(jnp.abs(c.value) * reach ** i for i, c in enumerate(coeffs))
-    propagated = (sum(i * jnp.abs(c.value) * reach ** (i - 1) for i, c in enumerate(coeffs) if i) * x.err
-                  + sum(c.err * reach ** i for i, c in enumerate(coeffs)))
+    terms = sum(jnp.abs(c.value) * reach**i for i, c in enumerate(coeffs))
+    propagated = sum(i * jnp.abs(c.value) * reach ** (i - 1) for i, c in enumerate(coeffs) if i) * x.err + sum(
+        c.err * reach**i for i, c in enumerate(coeffs)
+    )
     dtype = ev.compute_dtype(eqn.outvars[0])
     n = len(coeffs) - 1
     local = ev.gamma(2 * n, unit_roundoff(dtype)) * terms + 2 * n * ev.floor(dtype)
@@ -1054,12 +1190,14 @@ def _convert(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
             return dataclasses.replace(ev.exact(x.value.astype(F64), dtype_name(new)), bad=x.bad, dom=x.dom)
         target = dtype_name(new)
         if unit_roundoff(target) > unit_roundoff(x.carried):
-            out = ev.finish(eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom,
-                            carried=target)
+            out = ev.finish(
+                eqn, eqn.outvars[0], x.value, x.err, ev.rounding_of(x, target), x.bad, x.dom, carried=target
+            )
             if x.low is not None:  # rounding is monotone
                 least = ev.lower(x)
-                out = ev.at_least(out, jnp.where(jnp.isfinite(least), least - ev.rounding(jnp.abs(least), target),
-                                                 -jnp.inf))
+                out = ev.at_least(
+                    out, jnp.where(jnp.isfinite(least), least - ev.rounding(jnp.abs(least), target), -jnp.inf)
+                )
             return ev.shifted(out, x.shifts, x.scaled)
         return x
     x = ev.folded(x)
@@ -1131,12 +1269,21 @@ def _reduce_sum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     depth = jnp.minimum(ev.facts.order_of("reduce_sum").depth(n), jnp.maximum(nonzero - 1, 0))
     reach = jnp.sum(terms, axis=axes)
     with ev.growing(spread if scaled else 0.0):
-        local = (algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach)
-                 + jnp.maximum(nonzero - 1, 0) * ev.floor(dtype))
+        local = algebra.times(ev.gamma(depth, unit_roundoff(dtype)), reach) + jnp.maximum(nonzero - 1, 0) * ev.floor(
+            dtype
+        )
     if not x.shifts:
         local = jnp.where(_on_grid(ev, x, axes, dtype), 0.0, local)
-    out = ev.finish(eqn, eqn.outvars[0], value, propagated, local, jnp.max(x.bad, axis=axes, initial=0),
-                    _argmax_along(x.err, x.dom, axes), reach=reach * jnp.exp(spread) if scaled else reach)
+    out = ev.finish(
+        eqn,
+        eqn.outvars[0],
+        value,
+        propagated,
+        local,
+        jnp.max(x.bad, axis=axes, initial=0),
+        _argmax_along(x.err, x.dom, axes),
+        reach=reach * jnp.exp(spread) if scaled else reach,
+    )
     if ins[0].low is not None:  # every partial sum of terms computed nonnegative is nonnegative
         out = ev.at_least(out, jnp.where(jnp.all(ev.lower(ins[0]) >= 0, axis=axes), 0.0, -jnp.inf))
     return ev.shifted(out, shifts, scaled)
@@ -1152,7 +1299,7 @@ def _on_grid(ev: _Evaluator, x: Tracked, axes: tuple[int, ...], dtype: str) -> j
     v = x.value
     exact = jnp.all((x.err == 0) & jnp.isfinite(v), axis=axes)
     mantissa, exponent = jnp.frexp(jnp.abs(v))
-    digits = (mantissa * 2.0 ** 53).astype(jnp.int64)  # |v| = digits 2^(exponent - 53), exactly
+    digits = (mantissa * 2.0**53).astype(jnp.int64)  # |v| = digits 2^(exponent - 53), exactly
     lowest = jnp.frexp((digits & -digits).astype(F64))[1] - 1
     g = jnp.where(v == 0, 10_000, exponent - 53 + lowest)
     grid = jnp.min(g, axis=axes)
@@ -1171,8 +1318,13 @@ def _reduce_max(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     x = ev.folded(ins[0])
     axes = tuple(eqn.params["axes"])
     value = _value(eqn, x.value)
-    out = Tracked(value, jnp.max(x.err, axis=axes), jnp.max(x.bad, axis=axes, initial=0),
-                  _argmax_along(x.err, x.dom, axes), x.carried)
+    out = Tracked(
+        value,
+        jnp.max(x.err, axis=axes),
+        jnp.max(x.bad, axis=axes, initial=0),
+        _argmax_along(x.err, x.dom, axes),
+        x.carried,
+    )
     return ev.named(out)
 
 
@@ -1181,8 +1333,13 @@ def _reduce_bool(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     (x,) = ins
     axes = tuple(eqn.params["axes"])
     value = _value(eqn, x.value)
-    return Tracked(value, jnp.zeros(value.shape, F64), jnp.max(x.bad, axis=axes, initial=0), _argmax_along(x.err, x.dom, axes),
-                   "float64")
+    return Tracked(
+        value,
+        jnp.zeros(value.shape, F64),
+        jnp.max(x.bad, axis=axes, initial=0),
+        _argmax_along(x.err, x.dom, axes),
+        "float64",
+    )
 
 
 @rule("top_k")
@@ -1206,8 +1363,10 @@ def _top_k(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> list[Tracked]:
     gaps = jnp.diff(leading, axis=-1) if reach > 1 else jnp.zeros(shape[:-1] + (0,), F64)
     close = jnp.any((-gaps <= 2.0 * row_err) & (row_err > 0), axis=-1, keepdims=True)
     index_bad = ev.flag(eqn, bad, jnp.broadcast_to(close, shape))
-    return [Tracked(values, err, bad.astype(jnp.int32), dom, x.carried),
-            Tracked(indices, jnp.zeros(shape, F64), index_bad, dom, "float64")]
+    return [
+        Tracked(values, err, bad.astype(jnp.int32), dom, x.carried),
+        Tracked(indices, jnp.zeros(shape, F64), index_bad, dom, "float64"),
+    ]
 
 
 @rule("argmax", "argmin")
@@ -1250,8 +1409,16 @@ def _cumsum(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     reach = lax.cumsum(x.magnitude, axis=axis, reverse=reverse)
     local = ev.gamma(depth, unit_roundoff(dtype)) * reach + (count - 1) * ev.floor(dtype)
     inherited = lax.cummax(x.dom, axis=axis, reverse=reverse)  # a label from the prefix
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local, lax.cummax(x.bad, axis=axis, reverse=reverse),
-                     inherited, reach=reach)
+    return ev.finish(
+        eqn,
+        eqn.outvars[0],
+        value,
+        propagated,
+        local,
+        lax.cummax(x.bad, axis=axis, reverse=reverse),
+        inherited,
+        reach=reach,
+    )
 
 
 @rule("cummax", "cummin")
@@ -1259,9 +1426,13 @@ def _cummax(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     (x,) = ins
     axis, reverse = eqn.params["axis"], eqn.params["reverse"]
     value = _value(eqn, x.value)
-    return Tracked(value, lax.cummax(x.err, axis=axis, reverse=reverse),
-                   lax.cummax(x.bad, axis=axis, reverse=reverse),
-                   lax.cummax(x.dom, axis=axis, reverse=reverse), x.carried)
+    return Tracked(
+        value,
+        lax.cummax(x.err, axis=axis, reverse=reverse),
+        lax.cummax(x.bad, axis=axis, reverse=reverse),
+        lax.cummax(x.dom, axis=axis, reverse=reverse),
+        x.carried,
+    )
 
 
 @rule("cumprod")
@@ -1274,9 +1445,15 @@ def _cumprod(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     mag = lax.cumprod(x.magnitude, axis=axis, reverse=reverse)
     propagated = mag - jnp.abs(value)
     local = ev.gamma(np.asarray(count) - 1, unit_roundoff(dtype)) * mag + (count - 1) * ev.floor(dtype)
-    return ev.finish(eqn, eqn.outvars[0], value, propagated, local,
-                     lax.cummax(x.bad, axis=axis, reverse=reverse),
-                     lax.cummax(x.dom, axis=axis, reverse=reverse))
+    return ev.finish(
+        eqn,
+        eqn.outvars[0],
+        value,
+        propagated,
+        local,
+        lax.cummax(x.bad, axis=axis, reverse=reverse),
+        lax.cummax(x.dom, axis=axis, reverse=reverse),
+    )
 
 
 @rule("cumlogsumexp")
@@ -1293,9 +1470,15 @@ def _cumlogsumexp(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     u, t = unit_roundoff(dtype), ev.transcendental(dtype)
     depth = jnp.asarray(ev.facts.order_of("cumlogsumexp").depth(np.asarray(count)), F64)
     local = depth * ((u + t) * partial + 2.0 * t * math.log(2.0) + ev.floor(dtype))
-    return ev.finish(eqn, eqn.outvars[0], value, lax.cummax(x.err, axis=axis, reverse=reverse), local,
-                     lax.cummax(x.bad, axis=axis, reverse=reverse),
-                     lax.cummax(x.dom, axis=axis, reverse=reverse))
+    return ev.finish(
+        eqn,
+        eqn.outvars[0],
+        value,
+        lax.cummax(x.err, axis=axis, reverse=reverse),
+        local,
+        lax.cummax(x.bad, axis=axis, reverse=reverse),
+        lax.cummax(x.dom, axis=axis, reverse=reverse),
+    )
 
 
 @rule("dot_general")
@@ -1358,8 +1541,9 @@ def _dot(ev: _Evaluator, eqn: Any, a: Tracked, b: Tracked) -> Tracked:
     magnitude = dot(a.magnitude, b.magnitude)
     arith = ev.arith
     precision = eqn.params.get("precision")
-    highest = precision is not None and any(str(p).endswith("HIGHEST") for p in (
-        precision if isinstance(precision, tuple) else (precision,)))
+    highest = precision is not None and any(
+        str(p).endswith("HIGHEST") for p in (precision if isinstance(precision, tuple) else (precision,))
+    )
     out_dtype = ev.compute_dtype(eqn.outvars[0])
     acc_dtype = "float64" if unit_roundoff(out_dtype) < unit_roundoff("float32") else "float32"
     op_dtype = _narrower(a.carried, b.carried)
@@ -1373,8 +1557,11 @@ def _dot(ev: _Evaluator, eqn: Any, a: Tracked, b: Tracked) -> Tracked:
     acc = ev.gamma(depth, arith.mma_unit(acc_dtype))
     local = operand_rel * magnitude + acc * (1.0 + operand_rel) * magnitude + 2 * nonzero * ev.floor(acc_dtype)
     if arith.flush_subnormals:
-        local = (local + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
-                 + dot(a.magnitude, algebra.subnormal_part(b.magnitude)))
+        local = (
+            local
+            + dot(algebra.subnormal_part(a.magnitude), b.magnitude)
+            + dot(a.magnitude, algebra.subnormal_part(b.magnitude))
+        )
     if unit_roundoff(out_dtype) > unit_roundoff(acc_dtype):
         local = local + ev.rounding(jnp.abs(value) + propagated + local, out_dtype)
     # an unverifiable operand element spoils its whole row (column) of the result
@@ -1400,8 +1587,15 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     p = eqn.params
 
     def bind(o: jax.Array, u: jax.Array) -> jax.Array:  # the public op rebuilds the adder for f64
-        return lax.scatter_add(o, indices.value, u, p["dimension_numbers"], indices_are_sorted=p["indices_are_sorted"],
-                               unique_indices=p["unique_indices"], mode=p["mode"])
+        return lax.scatter_add(
+            o,
+            indices.value,
+            u,
+            p["dimension_numbers"],
+            indices_are_sorted=p["indices_are_sorted"],
+            unique_indices=p["unique_indices"],
+            mode=p["mode"],
+        )
 
     value = bind(operand.value, updates.value)
     propagated = bind(operand.err, updates.err)
@@ -1409,8 +1603,9 @@ def _scatter_add(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     # operand and its updates) passes c - 1 inexact additions
     nonzero = bind((operand.magnitude > 0).astype(F64), (updates.magnitude > 0).astype(F64))
     count = jnp.maximum(nonzero - 1, 0)
-    local = (algebra.times(ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude))
-             + count * ev.floor(dtype))
+    local = algebra.times(
+        ev.gamma(np.asarray(count), unit_roundoff(dtype)), bind(operand.magnitude, updates.magnitude)
+    ) + count * ev.floor(dtype)
     spoiled = bind((operand.bad > 0).astype(F64), (updates.bad > 0).astype(F64)) > 0
     bad = jnp.where(spoiled, jnp.maximum(jnp.max(operand.bad, initial=0), jnp.max(updates.bad, initial=0)), 0)
     return ev.finish(eqn, eqn.outvars[0], value, propagated, local, bad, operand.dom)
@@ -1429,6 +1624,7 @@ def trace(fn: Callable[..., Any], *args: Any) -> jcore.ClosedJaxpr:
 
 def vjp_function(fn: Callable[..., Any], wrt: Sequence[int]) -> Callable[..., Any]:
     """(*args, cotangent) -> the gradients of sum(fn(*args) * cotangent) w.r.t. args[wrt]."""
+
     def pulled(*args_and_ct: Any) -> tuple[Any, ...]:
         *args, ct = args_and_ct
 
@@ -1440,11 +1636,18 @@ def vjp_function(fn: Callable[..., Any], wrt: Sequence[int]) -> Callable[..., An
 
         _, pullback = jax.vjp(partial, *[args[i] for i in wrt])
         return pullback(ct)
+
     return pulled
 
 
-def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: Arithmetic,
-           jaxpr: jcore.ClosedJaxpr | None = None) -> Derived:
+def derive(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    facts: Facts,
+    arith: Arithmetic,
+    jaxpr: jcore.ClosedJaxpr | None = None,
+) -> Derived:
     """Evaluate ``fn`` on ``args`` (numpy arrays of the kernel's input dtypes) in
     float64 and in the error algebra. Returns every output's value and bound, the
     final rounding to its dtype (``facts.out_dtype`` or the reference's) included."""
@@ -1473,13 +1676,28 @@ def derive(fn: Callable[..., Any], args: Sequence[Any], *, facts: Facts, arith: 
             if _is_float(dt):
                 target = facts.out_dtype or dtype_name(dt)
                 if unit_roundoff(target) > unit_roundoff(out.carried):
-                    out = ev.finish(_OUTPUT, var, out.value, out.err, ev.rounding(out.magnitude, target), out.bad,
-                                    out.dom, carried=target)
+                    out = ev.finish(
+                        _OUTPUT,
+                        var,
+                        out.value,
+                        out.err,
+                        ev.rounding(out.magnitude, target),
+                        out.bad,
+                        out.dom,
+                        carried=target,
+                    )
             for store, field in zip(result, (out.value, out.err, out.bad > 0, out.dom, inner)):
                 store.append(np.asarray(field))
     values, bounds, bad, dom, inner = result
-    return Derived(tuple(v.astype(F64) if _is_float(v.dtype) else v for v in values), tuple(bounds), tuple(bad),
-                   tuple(dom), tuple(inner), tuple(culprits), tuple(ev.sources))
+    return Derived(
+        tuple(v.astype(F64) if _is_float(v.dtype) else v for v in values),
+        tuple(bounds),
+        tuple(bad),
+        tuple(dom),
+        tuple(inner),
+        tuple(culprits),
+        tuple(ev.sources),
+    )
 
 
 class _OutputStore:

@@ -19,6 +19,7 @@ L |x|), so the whole error is f's evaluation plus the store:
 A kernel evaluates in f32 (``compute_dtype="float32"``, also the accuracy contract);
 xla_reference in x's own dtype (``compute_dtype=None``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,10 +28,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import algebra
-from .activations import activation_model
-from .gradients import vjp64
-from .tolerance import Arithmetic, unit_roundoff
+from pallascheck.oracles import algebra
+from pallascheck.oracles.activations import activation_model
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.tolerance import Arithmetic, unit_roundoff
 
 F32 = np.dtype(np.float32)
 
@@ -85,8 +86,9 @@ def _compute_dtype(out_dtype: Any, compute_dtype: Any | None) -> np.dtype:
     return _np_dtype(out_dtype) if compute_dtype is None else _np_dtype(compute_dtype)
 
 
-def bound(ref: ElementwiseOracle, activation: str, *, compute_dtype: Any | None, out_dtype: Any,
-          arith: Arithmetic) -> np.ndarray:
+def bound(
+    ref: ElementwiseOracle, activation: str, *, compute_dtype: Any | None, out_dtype: Any, arith: Arithmetic
+) -> np.ndarray:
     """|kernel - oracle| elementwise, for f evaluated in the compute dtype c
     (``compute_dtype``; x's dtype for xla_reference, None):
 
@@ -103,8 +105,12 @@ def bound(ref: ElementwiseOracle, activation: str, *, compute_dtype: Any | None,
     u, t = _units(compute, arith)
     model = activation_model(activation)
     x = algebra.operand(ref.x, arith=arith, dtype=compute)
-    y = algebra.apply(x, model.fn, lipschitz=model.lipschitz,
-                      evaluation_error=lambda magnitude: model.evaluation_error(magnitude, u, t))
+    y = algebra.apply(
+        x,
+        model.fn,
+        lipschitz=model.lipschitz,
+        evaluation_error=lambda magnitude: model.evaluation_error(magnitude, u, t),
+    )
     return _stored(y, compute, out, arith).err
 
 
@@ -123,8 +129,14 @@ def oracle_vjp(ref: ElementwiseOracle, activation: str, cotangent: Any) -> dict[
 
 
 def gradient_bound(
-    ref: ElementwiseOracle, activation: str, slope: Any, cotangent: Any, *, compute_dtype: Any | None,
-    out_dtype: Any, arith: Arithmetic,
+    ref: ElementwiseOracle,
+    activation: str,
+    slope: Any,
+    cotangent: Any,
+    *,
+    compute_dtype: Any | None,
+    out_dtype: Any,
+    arith: Arithmetic,
 ) -> dict[str, np.ndarray]:
     """|kernel dx - oracle dx| for dx = f'(x) g computed in c = ``compute_dtype``
     (``slope``: the oracle's f'(x), from ``oracle_vjp``):
@@ -152,7 +164,8 @@ def gradient_bound(
     return {"dx": _stored(dx, compute, out, arith).err}
 
 
-def gradient_contract(ref: ElementwiseOracle, activation: str, slope: Any, cotangent: Any, *, out_dtype: Any,
-                      arith: Arithmetic) -> dict[str, np.ndarray]:
+def gradient_contract(
+    ref: ElementwiseOracle, activation: str, slope: Any, cotangent: Any, *, out_dtype: Any, arith: Arithmetic
+) -> dict[str, np.ndarray]:
     """dx = f'(x) g with f' and the product in f32, rounded once to x's dtype."""
     return gradient_bound(ref, activation, slope, cotangent, compute_dtype=F32, out_dtype=out_dtype, arith=arith)

@@ -5,6 +5,7 @@ oracle returns both projections and their magnitudes ``|x| @ |W[:, j]|`` so that
 the bound can replay the kernel: two dot products of the matmul model, the
 activation's conditioning, one product and the output rounding.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra, numeric
-from .numeric import f64, xp
-from .activations import activation_model
-from .gradients import vjp64
-from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
+from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles.activations import activation_model
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.numeric import f64, xp
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
 F32 = xp.float32
-
 
 
 @numeric.pytree("d")
@@ -61,23 +61,36 @@ def _order(arith: Arithmetic, block_k: int | None):
 def _projections(ref: GluOracle, operand_dtype: Any, arith: Arithmetic, block_k: int | None):
     """gate and up as the kernel's f32 accumulators hold them (d-term dots)."""
     order = _order(arith, block_k)
-    gate = algebra.dot(ref.gate, ref.gate_magnitude, ref.d, arith=arith, operand_dtype=operand_dtype,
-                       order=order, flushed_magnitude=ref.gate_flushed)
-    up = algebra.dot(ref.up, ref.up_magnitude, ref.d, arith=arith, operand_dtype=operand_dtype,
-                     order=order, flushed_magnitude=ref.up_flushed)
+    gate = algebra.dot(
+        ref.gate,
+        ref.gate_magnitude,
+        ref.d,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=order,
+        flushed_magnitude=ref.gate_flushed,
+    )
+    up = algebra.dot(
+        ref.up,
+        ref.up_magnitude,
+        ref.d,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=order,
+        flushed_magnitude=ref.up_flushed,
+    )
     return gate, up
 
 
 def _activated(gate: algebra.Bounded, activation: str, arith: Arithmetic) -> algebra.Bounded:
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    return algebra.apply(gate, act.fn, lipschitz=act.lipschitz,
-                         evaluation_error=lambda m: act.evaluation_error(m, u32, t))
+    return algebra.apply(
+        gate, act.fn, lipschitz=act.lipschitz, evaluation_error=lambda m: act.evaluation_error(m, u32, t)
+    )
 
 
-def bound(
-    ref: GluOracle, *, activation: str, operand_dtype: Any, arith: Arithmetic, block_k: int | None
-) -> np.ndarray:
+def bound(ref: GluOracle, *, activation: str, operand_dtype: Any, arith: Arithmetic, block_k: int | None) -> np.ndarray:
     """|kernel - oracle| elementwise.
 
     gate^ and up^ are d-term dots in f32 (blocked by block_k on the interpreters,
@@ -152,8 +165,9 @@ def gradient_bound(
         slope_err = act.curvature * gate.err + act.derivative_error(u32, t)
     dgate = algebra.Bounded(grads["dgate"], c.magnitude * slope_err + act.lipschitz * c.err)
     dgate = algebra.round_to(algebra.round_to(dgate, F32, arith), operand_dtype, arith)
-    dup = algebra.round_to(algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32),
-                           operand_dtype, arith)
+    dup = algebra.round_to(
+        algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32), operand_dtype, arith
+    )
     dz_value = xp.stack([dgate.value, dup.value], axis=1).reshape(t_rows, 2 * f)
     dz_err = xp.stack([dgate.err, dup.err], axis=1).reshape(t_rows, 2 * f)
     dz_mag = xp.abs(dz_value) + dz_err
@@ -162,14 +176,25 @@ def gradient_bound(
     order = _order(arith, block_k)
 
     def product(exact, propagated, magnitude, flushed, n):
-        dot = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
-                          flushed_magnitude=flushed)
+        dot = algebra.dot(
+            exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order, flushed_magnitude=flushed
+        )
         return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
 
     mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; x and W may hold zeros
     abs_w, abs_x = xp.abs(w2).T, xp.abs(x2).T
-    dx = product(grads["dx"].reshape(t_rows, d), mm(dz_err, abs_w), mm(dz_mag, abs_w),
-                 sub(dz_value) @ abs_w + mm(dz_mag, sub(w2).T), 2 * f)
-    dw = product(grads["dweights"].reshape(d, 2 * f), mm(abs_x, dz_err), mm(abs_x, dz_mag),
-                 mm(sub(x2).T, dz_mag) + abs_x @ sub(dz_value), t_rows)
+    dx = product(
+        grads["dx"].reshape(t_rows, d),
+        mm(dz_err, abs_w),
+        mm(dz_mag, abs_w),
+        sub(dz_value) @ abs_w + mm(dz_mag, sub(w2).T),
+        2 * f,
+    )
+    dw = product(
+        grads["dweights"].reshape(d, 2 * f),
+        mm(abs_x, dz_err),
+        mm(abs_x, dz_mag),
+        mm(sub(x2).T, dz_mag) + abs_x @ sub(dz_value),
+        t_rows,
+    )
     return {"dx": dx.reshape(x64.shape), "dweights": dw.reshape(w.shape)}

@@ -7,17 +7,18 @@ forward and backward pass are compiled as one program: run op by op, every
 primitive of the oracle compiles on its own for each new shape, which cost more
 than the kernels' own compilation in interpret mode.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
 from pallascheck.kernels.compat import float64_enabled
-
-from .numeric import active_device, f64
+from pallascheck.oracles.numeric import active_device, f64
 
 
 @functools.lru_cache(maxsize=256)
@@ -33,8 +34,12 @@ def _compiled(fn: Callable[..., Any], static: tuple[Any, ...]) -> Callable[..., 
 
 
 def vjp64(
-    fn: Callable[..., Any], primals: Sequence[Any], cotangent: Any, *,
-    constants: Sequence[Any] = (), static: tuple[Any, ...] = (),
+    fn: Callable[..., Any],
+    primals: Sequence[Any],
+    cotangent: Any,
+    *,
+    constants: Sequence[Any] = (),
+    static: tuple[Any, ...] = (),
 ) -> tuple[np.ndarray, ...]:
     """Gradients of ``sum(fn(*primals, *constants, *static) * cotangent)`` w.r.t.
     each primal, in float64. ``constants`` (arrays) and ``static`` (hashable Python

@@ -25,6 +25,7 @@ f32 inputs: tf32 on NVIDIA GPUs at default precision), then cross-entropy's cont
 (oracles/cross_entropy.py) on those logits; for dx and dw, the contract's dlogits
 contracted with dots of V (resp. T) terms in any order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra
-from . import cross_entropy as ce_oracle
-from .algebra import Bounded
-from .gradients import vjp64
-from .tolerance import SEQUENTIAL, Arithmetic
+from pallascheck.oracles import algebra
+from pallascheck.oracles import cross_entropy as ce_oracle
+from pallascheck.oracles.algebra import Bounded
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic
 
 
 def _f64(a: Any) -> np.ndarray:
@@ -63,10 +64,19 @@ def oracle(x: Any, w: Any, labels: Any, *, eps: float, ignore_index: int, reduct
     return LinearCrossEntropyOracle(ref, x64, w64, np.abs(x64) @ np.abs(w64), flushed)
 
 
-def _logit_err(ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: Arithmetic, block_h: int | None) -> np.ndarray:
+def _logit_err(
+    ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: Arithmetic, block_h: int | None
+) -> np.ndarray:
     order = arith.dot_order(block_h) if block_h else SEQUENTIAL
-    return algebra.dot(ref.ce.z, ref.magnitude, ref.x.shape[1], arith=arith, operand_dtype=operand_dtype,
-                       order=order, flushed_magnitude=ref.flushed_magnitude).err
+    return algebra.dot(
+        ref.ce.z,
+        ref.magnitude,
+        ref.x.shape[1],
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=order,
+        flushed_magnitude=ref.flushed_magnitude,
+    ).err
 
 
 def loss_bound(ref: LinearCrossEntropyOracle, *, operand_dtype: Any, arith: Arithmetic, config: Any) -> np.ndarray:
@@ -92,21 +102,45 @@ def _loss64(x: Any, w: Any, safe_labels: Any, ignored: Any, count: Any, eps: flo
 def oracle_vjp(ref: LinearCrossEntropyOracle, cotangent: Any) -> dict[str, np.ndarray]:
     c = ref.ce
     g = _f64(cotangent).reshape(-1) if c.reduction == "none" else _f64(cotangent)
-    dx, dw = vjp64(_loss64, (ref.x, ref.w), g, constants=ce_oracle.label_parts(c.labels, c.ignore_index), static=(c.eps, c.reduction))
+    dx, dw = vjp64(
+        _loss64,
+        (ref.x, ref.w),
+        g,
+        constants=ce_oracle.label_parts(c.labels, c.ignore_index),
+        static=(c.eps, c.reduction),
+    )
     return {"dx": dx, "dw": dw}
 
 
-def gradient_contract(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dtype: Any, arith: Arithmetic
-                      ) -> dict[str, np.ndarray]:
+def gradient_contract(
+    ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dtype: Any, arith: Arithmetic
+) -> dict[str, np.ndarray]:
     """The accuracy contract of dx and dw (module docstring): every blocked order of
     ``gradient_bound`` replaced by one tile in any order."""
     tokens, hidden = ref.x.shape
-    return gradient_bound(ref, cotangent, operand_dtype=operand_dtype, arith=arith, block_h=None,
-                          block_v=ref.w.shape[1], block_t=tokens, any_order=True)
+    return gradient_bound(
+        ref,
+        cotangent,
+        operand_dtype=operand_dtype,
+        arith=arith,
+        block_h=None,
+        block_v=ref.w.shape[1],
+        block_t=tokens,
+        any_order=True,
+    )
 
 
-def gradient_bound(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dtype: Any, arith: Arithmetic,
-                   block_h: int | None, block_v: int, block_t: int, any_order: bool = False) -> dict[str, np.ndarray]:
+def gradient_bound(
+    ref: LinearCrossEntropyOracle,
+    cotangent: Any,
+    *,
+    operand_dtype: Any,
+    arith: Arithmetic,
+    block_h: int | None,
+    block_v: int,
+    block_t: int,
+    any_order: bool = False,
+) -> dict[str, np.ndarray]:
     """dx, dw of the backward kernels with these blocks (``any_order``: every dot one
     chain in unknown order, as for the contract)."""
     err = _logit_err(ref, operand_dtype=operand_dtype, arith=arith, block_h=block_h)
@@ -117,15 +151,30 @@ def gradient_bound(ref: LinearCrossEntropyOracle, cotangent: Any, *, operand_dty
 
     def contract(propagated, magnitude, flushed, exact, n, block, out_dtype):
         order = SEQUENTIAL if any_order else arith.dot_order(block)
-        dot = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
-                          flushed_magnitude=flushed)
+        dot = algebra.dot(
+            exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order, flushed_magnitude=flushed
+        )
         return algebra.round_to(Bounded(exact, dot.err + propagated), out_dtype, arith).err
 
     exact = oracle_vjp(ref, cotangent)
     w_abs, x_abs = np.abs(w), np.abs(x)
     mm = algebra.matmul  # d's error and magnitude may be unbounded where a weight is 0
-    dx = contract(mm(d.err, w_abs.T), mm(d_abs, w_abs.T), mm(d_sub, w_abs.T) + mm(d_abs, algebra.subnormal_part(w).T),
-                  exact["dx"], w.shape[1], block_v, operand_dtype)
-    dw = contract(mm(x_abs.T, d.err), mm(x_abs.T, d_abs), mm(algebra.subnormal_part(x).T, d_abs) + mm(x_abs.T, d_sub),
-                  exact["dw"], x.shape[0], block_t, operand_dtype)
+    dx = contract(
+        mm(d.err, w_abs.T),
+        mm(d_abs, w_abs.T),
+        mm(d_sub, w_abs.T) + mm(d_abs, algebra.subnormal_part(w).T),
+        exact["dx"],
+        w.shape[1],
+        block_v,
+        operand_dtype,
+    )
+    dw = contract(
+        mm(x_abs.T, d.err),
+        mm(x_abs.T, d_abs),
+        mm(algebra.subnormal_part(x).T, d_abs) + mm(x_abs.T, d_sub),
+        exact["dw"],
+        x.shape[0],
+        block_t,
+        operand_dtype,
+    )
     return {"dx": dx, "dw": dw}

@@ -1,4 +1,5 @@
 """Float64 oracle and error bound for ``act(x @ y)`` (kernels/matmul.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra, numeric
-from .numeric import f64, xp
-from .activations import activation_model
-from .gradients import vjp64
-from .tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
+from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles.activations import activation_model
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.numeric import f64, xp
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
 F32 = xp.float32
 
@@ -26,7 +27,6 @@ class MatmulOracle:
     k: int
 
 
-
 def oracle(x: Any, y: Any, *, activation: str = "none") -> MatmulOracle:
     x64, y64 = f64(x), f64(y)
     z = x64 @ y64
@@ -39,12 +39,15 @@ def oracle(x: Any, y: Any, *, activation: str = "none") -> MatmulOracle:
     )
 
 
-def _preactivation(
-    ref: MatmulOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None
-) -> algebra.Bounded:
+def _preactivation(ref: MatmulOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None) -> algebra.Bounded:
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
     return algebra.dot(
-        ref.preactivation, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype, order=order,
+        ref.preactivation,
+        ref.magnitude,
+        ref.k,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=order,
         flushed_magnitude=ref.flushed_magnitude,
     )
 
@@ -70,9 +73,7 @@ def bound(
     z = _preactivation(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k)
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    y = algebra.apply(
-        z, act.fn, lipschitz=act.lipschitz, evaluation_error=lambda m: act.evaluation_error(m, u32, t)
-    )
+    y = algebra.apply(z, act.fn, lipschitz=act.lipschitz, evaluation_error=lambda m: act.evaluation_error(m, u32, t))
     return algebra.round_to(y, out_dtype, arith).err
 
 
@@ -133,8 +134,9 @@ def gradient_bound(
             propagated, magnitude, flushed = mm(a.err, b_abs), mm(a_abs, b_abs), a_sub @ b_abs + mm(a_abs, b_sub)
         else:
             propagated, magnitude, flushed = mm(b_abs, a.err), mm(b_abs, a_abs), mm(b_sub, a_abs) + b_abs @ a_sub
-        d = algebra.dot(exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order,
-                        flushed_magnitude=flushed)
+        d = algebra.dot(
+            exact, magnitude, n, arith=arith, operand_dtype=operand_dtype, order=order, flushed_magnitude=flushed
+        )
         return algebra.round_to(algebra.Bounded(exact, d.err + propagated), operand_dtype, arith).err
 
     return {

@@ -24,6 +24,7 @@ the input dtype: every elementwise step rounds to it and reductions (which jnp
 accumulates in f32 for bf16/f16) round once to it, so the same replay with
 ``compute_dtype`` = the input dtype bounds it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,10 +33,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import algebra
-from .algebra import Bounded
-from .gradients import vjp64
-from .tolerance import SEQUENTIAL, Arithmetic, blocked, unit_roundoff
+from pallascheck.oracles import algebra
+from pallascheck.oracles.algebra import Bounded
+from pallascheck.oracles.gradients import vjp64
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, blocked, unit_roundoff
 
 F32 = np.float32
 
@@ -85,8 +86,9 @@ def _mean(terms: Bounded, *, arith: Arithmetic, dtype: Any) -> Bounded:
 VARIANCES = ("two_pass", "one_pass")
 
 
-def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any, variance: str = "two_pass"
-                    ) -> tuple[Bounded, Bounded, Bounded]:
+def _forward_replay(
+    ref: NormOracle, arith: Arithmetic, dtype: Any, variance: str = "two_pass"
+) -> tuple[Bounded, Bounded, Bounded]:
     """(c, rstd, xhat) as the kernel computes them, each with its error bound.
     ``variance``: "two_pass" (sum((x - mean)^2) / D, the kernel's) or "one_pass"
     (sum(x^2) / D - mean^2, whose rounding errors scale with E[x^2], not the variance)."""
@@ -101,8 +103,9 @@ def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any, variance: st
             second = _mean(algebra.multiply(c, c, **kw), **kw)
         else:
             square_of_mean = algebra.multiply(mean, mean, **kw)
-            second = algebra.add(_mean(algebra.multiply(x, x, **kw), **kw),
-                                 Bounded(-square_of_mean.value, square_of_mean.err), **kw)
+            second = algebra.add(
+                _mean(algebra.multiply(x, x, **kw), **kw), Bounded(-square_of_mean.value, square_of_mean.err), **kw
+            )
     else:
         c = x
         second = _mean(algebra.multiply(x, x, **kw), **kw)
@@ -112,8 +115,9 @@ def _forward_replay(ref: NormOracle, arith: Arithmetic, dtype: Any, variance: st
     return c, rstd, algebra.multiply(c, rstd, **kw)
 
 
-def bound(ref: NormOracle, *, out_dtype: Any, arith: Arithmetic, compute_dtype: Any = F32,
-          variance: str = "two_pass") -> np.ndarray:
+def bound(
+    ref: NormOracle, *, out_dtype: Any, arith: Arithmetic, compute_dtype: Any = F32, variance: str = "two_pass"
+) -> np.ndarray:
     _, _, xhat = _forward_replay(ref, arith, compute_dtype, variance)
     kw = dict(arith=arith, dtype=compute_dtype)
     y = algebra.multiply(xhat, Bounded.exact(ref.scale[None, :]), **kw)
@@ -138,8 +142,15 @@ def oracle_vjp(ref: NormOracle, cotangent: Any, *, with_offset: bool) -> dict[st
 
 
 def gradient_bound(
-    ref: NormOracle, cotangent: Any, *, x_dtype: Any, param_dtype: Any, block_rows: int,
-    arith: Arithmetic, with_offset: bool, variance: str = "two_pass",
+    ref: NormOracle,
+    cotangent: Any,
+    *,
+    x_dtype: Any,
+    param_dtype: Any,
+    block_rows: int,
+    arith: Arithmetic,
+    with_offset: bool,
+    variance: str = "two_pass",
 ) -> dict[str, np.ndarray]:
     g = Bounded.exact(_f64(cotangent).reshape(ref.x.shape))
     kw = dict(arith=arith, dtype=F32)

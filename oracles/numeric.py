@@ -20,12 +20,14 @@ than numpy. Each such difference is an error of at most gamma_n(2^-53) relative 
 the magnitude of the sum, against bounds of at least gamma(2^-24) of the same
 magnitude: some 2^29 times smaller. tests/test_device_oracles.py measures it.
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -41,10 +43,32 @@ _DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("pallascheck_oracl
 
 # numpy names that are types, constants or dtype helpers: the same object in both
 # modes (jax.numpy's float32 is a scalar constructor, not a numpy dtype).
-_SHARED = frozenset({
-    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "bool_",
-    "dtype", "finfo", "iinfo", "inf", "nan", "pi", "e", "ndarray", "integer", "floating", "generic",
-})
+_SHARED = frozenset(
+    {
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "bool_",
+        "dtype",
+        "finfo",
+        "iinfo",
+        "inf",
+        "nan",
+        "pi",
+        "e",
+        "ndarray",
+        "integer",
+        "floating",
+        "generic",
+    }
+)
 
 
 class _Namespace:
@@ -74,8 +98,12 @@ def namespace(*arrays: Any) -> Any:
 
 def f64(a: Any) -> Any:
     """``a`` upcast exactly to float64 where the oracles compute."""
-    if _DEVICE.get() is not None and isinstance(a, jax.Array) and a.dtype != np.float64 \
-            and jnp.issubdtype(a.dtype, jnp.floating):
+    if (
+        _DEVICE.get() is not None
+        and isinstance(a, jax.Array)
+        and a.dtype != np.float64
+        and jnp.issubdtype(a.dtype, jnp.floating)
+    ):
         return _upcast_exactly(a)
     return xp.asarray(a, dtype=np.float64)
 
@@ -123,7 +151,8 @@ def pytree(*meta: str) -> Callable[[type[_T]], type[_T]]:
     """Class decorator: an oracle's dataclass as a JAX pytree, its arrays the leaves and
     its ``meta`` fields (shapes, scales, group ranges) static, so that a device oracle
     computed by one compiled program is passed whole to the bound's program
-    (properties/device_programs.py)."""
+    (properties/device/programs.py)."""
+
     def register(cls: type[_T]) -> type[_T]:
         data = [f.name for f in dataclasses.fields(cls) if f.name not in meta]
         jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=list(meta))

@@ -6,17 +6,18 @@ is one dot product of the matmul model (oracles/matmul.py, oracles/algebra.py):
 products exact for bf16/f16 (tf32-rounded f32 on the GPU), summed in f32 in the
 kernel's order, rounded once to the input dtype.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from . import algebra, numeric
-from .numeric import f64, xp
-from .tolerance import SEQUENTIAL, Arithmetic
-
+from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles.numeric import f64, xp
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic
 
 
 def group_ranges(group_sizes: Any, m: int) -> list[tuple[int, int]]:
@@ -84,8 +85,15 @@ def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_
     groups of its row tile (masked rows), which cost nothing. Rows in no group are
     exactly 0 (their bound is the underflow floor only).
     """
-    z = algebra.dot(ref.out, ref.magnitude, ref.k, arith=arith, operand_dtype=operand_dtype,
-                    order=_order(arith, block_k), flushed_magnitude=ref.flushed_magnitude)
+    z = algebra.dot(
+        ref.out,
+        ref.magnitude,
+        ref.k,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=_order(arith, block_k),
+        flushed_magnitude=ref.flushed_magnitude,
+    )
     return algebra.round_to(z, operand_dtype, arith).err
 
 
@@ -132,11 +140,27 @@ def gradient_bound(
     def drhs_err(i: int, s: int, e: int) -> Any:
         terms = (e - s) + (s % block_rows if block_rows else 0)
         xi = _group_rows(ref.ranges, i, x)
-        d = algebra.dot(grads["drhs"][i], xp.abs(xi).T @ xp.abs(g), terms, arith=arith,
-                        operand_dtype=operand_dtype, order=row_order,
-                        flushed_magnitude=sub(xi).T @ xp.abs(g) + xp.abs(xi).T @ sub(g))
+        d = algebra.dot(
+            grads["drhs"][i],
+            xp.abs(xi).T @ xp.abs(g),
+            terms,
+            arith=arith,
+            operand_dtype=operand_dtype,
+            order=row_order,
+            flushed_magnitude=sub(xi).T @ xp.abs(g) + xp.abs(xi).T @ sub(g),
+        )
         return algebra.round_to(d, operand_dtype, arith).err
-    dlhs = algebra.dot(grads["dlhs"], dlhs_mag, w.shape[2], arith=arith, operand_dtype=operand_dtype,
-                       order=order, flushed_magnitude=dlhs_flush)
-    return {"dlhs": algebra.round_to(dlhs, operand_dtype, arith).err,
-            "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)])}
+
+    dlhs = algebra.dot(
+        grads["dlhs"],
+        dlhs_mag,
+        w.shape[2],
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=order,
+        flushed_magnitude=dlhs_flush,
+    )
+    return {
+        "dlhs": algebra.round_to(dlhs, operand_dtype, arith).err,
+        "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)]),
+    }

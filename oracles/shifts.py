@@ -34,17 +34,19 @@ different factors, an operation with no rule for names), the names are folded ba
 into the error, which bounds |computed - v| exactly: additive r + D, scaled
 |v| (e^D - 1) + r e^D.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import algebra
+from pallascheck.oracles import algebra
 
 F64 = np.float64
 
@@ -149,8 +151,9 @@ class ShiftAlgebra:
         symbol = len(self.deltas)
         self.deltas.append(jnp.where(ok, t.err, 0.0).reshape(-1))
         index = jnp.arange(t.value.size, dtype=jnp.int32).reshape(t.value.shape)
-        return dataclasses.replace(t, err=jnp.where(ok, 0.0, t.err), shifts=(Shift(symbol, ok.astype(F64), index),),
-                                   scaled=False)
+        return dataclasses.replace(
+            t, err=jnp.where(ok, 0.0, t.err), shifts=(Shift(symbol, ok.astype(F64), index),), scaled=False
+        )
 
     @staticmethod
     def broadcast(t: Any, shape: tuple[int, ...]) -> Any:
@@ -158,10 +161,15 @@ class ShiftAlgebra:
         if jnp.shape(t.value) == shape:
             return t
         return dataclasses.replace(
-            t, value=jnp.broadcast_to(t.value, shape), err=jnp.broadcast_to(t.err, shape),
-            bad=jnp.broadcast_to(t.bad, shape), dom=jnp.broadcast_to(t.dom, shape),
-            shifts=tuple(Shift(s.symbol, jnp.broadcast_to(s.coef, shape), jnp.broadcast_to(s.index, shape))
-                         for s in t.shifts))
+            t,
+            value=jnp.broadcast_to(t.value, shape),
+            err=jnp.broadcast_to(t.err, shape),
+            bad=jnp.broadcast_to(t.bad, shape),
+            dom=jnp.broadcast_to(t.dom, shape),
+            shifts=tuple(
+                Shift(s.symbol, jnp.broadcast_to(s.coef, shape), jnp.broadcast_to(s.index, shape)) for s in t.shifts
+            ),
+        )
 
     @staticmethod
     def terms(ts: Sequence[Any], symbol: int) -> list[tuple[jax.Array, jax.Array]]:

@@ -38,6 +38,7 @@ err(c) = sum_k |g_k| e_k + gamma_n(u_c) sum_k |g_k| (|y_k| + e_k) + 2n floors
 kernel, or the input-dtype reduction autodiff emits for the reference). Then one
 rounding to the input dtype.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from . import algebra
-from .algebra import Bounded
-from .tolerance import SEQUENTIAL, Arithmetic, blocked, unit_roundoff
+from pallascheck.oracles import algebra
+from pallascheck.oracles.algebra import Bounded
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, blocked, unit_roundoff
 
 F32 = np.dtype(np.float32)
 
@@ -80,8 +81,9 @@ def _shift(ref: SoftmaxOracle, shift_dtype: Any, arith: Arithmetic) -> Bounded:
     return Bounded(ref.shift, np.where(finite, err, 0.0))
 
 
-def bound(ref: SoftmaxOracle, *, dtype: Any, arith: Arithmetic, shift_dtype: Any, block: int | None,
-          reference: bool = False) -> np.ndarray:
+def bound(
+    ref: SoftmaxOracle, *, dtype: Any, arith: Arithmetic, shift_dtype: Any, block: int | None, reference: bool = False
+) -> np.ndarray:
     """|y_hat - y| of a kernel (steps 1-5 of the module docstring) whose shift rounds
     in ``shift_dtype`` and whose row sum runs in blocks of ``block`` (None: one block);
     ``reference``: xla_reference's arithmetic in ``dtype`` instead."""
@@ -112,8 +114,9 @@ def oracle_vjp(ref: SoftmaxOracle, cotangent: Any) -> np.ndarray:
     return (y * (g - np.sum(g * y, axis=1, keepdims=True))).reshape(ref.out.shape)
 
 
-def gradient_bound(ref: SoftmaxOracle, cotangent: Any, forward: np.ndarray, *, dtype: Any, arith: Arithmetic,
-                   compute_dtype: Any) -> np.ndarray:
+def gradient_bound(
+    ref: SoftmaxOracle, cotangent: Any, forward: np.ndarray, *, dtype: Any, arith: Arithmetic, compute_dtype: Any
+) -> np.ndarray:
     """|dx_hat - dx| from an output y_hat within ``forward`` of y, the products, the
     sum and the subtraction in ``compute_dtype`` (module docstring), then one rounding
     to ``dtype``."""
@@ -124,8 +127,11 @@ def gradient_bound(ref: SoftmaxOracle, cotangent: Any, forward: np.ndarray, *, d
     floor = algebra.underflow_floor(compute_dtype, arith)
     absg, absy = np.abs(g), np.abs(y)
     c = np.sum(g * y, axis=1, keepdims=True)
-    c_err = (np.sum(absg * e, axis=1, keepdims=True)
-             + arith.gamma(n, u) * np.sum(absg * (absy + e), axis=1, keepdims=True) + 2 * n * floor)
+    c_err = (
+        np.sum(absg * e, axis=1, keepdims=True)
+        + arith.gamma(n, u) * np.sum(absg * (absy + e), axis=1, keepdims=True)
+        + 2 * n * floor
+    )
     dx = y * (g - c)
     # algebra.times: where the forward bound or c's is unbounded, an exact zero times
     # it stays unbounded (the kernel's 0 * inf is NaN), never a NaN bound

@@ -22,6 +22,7 @@ deterministic bound is, never to accept a kernel.
 Everything is float64 numpy: bounds are computed elementwise from the magnitudes
 an oracle returns.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -163,7 +164,7 @@ class Arithmetic:
     def transcendental_rel(self, dtype: Any = np.float32) -> float:
         return self.transcendental_ulps * 2.0 * unit_roundoff(dtype)
 
-    def with_probabilistic(self) -> "Arithmetic":
+    def with_probabilistic(self) -> Arithmetic:
         return dataclasses.replace(self, probabilistic=True)
 
 

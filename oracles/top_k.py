@@ -11,6 +11,7 @@ bit for bit and indices exactly. Outputs are compared as float64 arrays holding 
 values' bit patterns (as unsigned integers, exact in float64) and the indices, so
 that a NaN's sign and payload, and -0.0 vs +0.0, are checked too.
 """
+
 from __future__ import annotations
 
 import dataclasses

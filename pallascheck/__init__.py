@@ -6,6 +6,7 @@ and ``bench``; this package is the short public face and only re-exports
 ``use_configs``, ``AutotuneResult``: autotuning with a numerics gate, from
 ``bench/autotune.py``).
 """
+
 from typing import Any
 
 _AUTOTUNE = ("autotune", "use_configs", "AutotuneResult")

@@ -12,28 +12,32 @@ convention, options, blocks along the reductions) and returns a ``KernelSpec`` w
 our float64 oracle, derived bounds, adversarial strategies, gradients, relations and
 bad inputs. Override one piece with ``dataclasses.replace(spec, oracle=...)``.
 """
-from typing import Any
 
-from pallascheck.properties.attention_spec import Blocks as AttentionBlocks
-from pallascheck.properties.attention_spec import attention_like
+from typing import TYPE_CHECKING, Any
+
 from pallascheck.oracles.derive import Facts
 from pallascheck.oracles.tolerance import PAIRWISE, SEQUENTIAL, blocked
-from pallascheck.properties.cross_entropy_spec import Blocks as CrossEntropyBlocks
-from pallascheck.properties.cross_entropy_spec import cross_entropy_like
-from pallascheck.properties.derived_spec import Input, from_reference
-from pallascheck.properties.elementwise_spec import Compute as ElementwiseCompute
-from pallascheck.properties.elementwise_spec import elementwise_like
-from pallascheck.properties.matmul_spec import Blocks as MatmulBlocks
-from pallascheck.properties.matmul_spec import matmul_like
-from pallascheck.properties.norms_spec import Blocks as NormBlocks
-from pallascheck.properties.norms_spec import norm_like
-from pallascheck.properties.ragged_dot_spec import Blocks as GroupedMatmulBlocks
-from pallascheck.properties.ragged_dot_spec import grouped_matmul_like
-from pallascheck.properties.softmax_spec import Blocks as SoftmaxBlocks
-from pallascheck.properties.softmax_spec import softmax_like
-from pallascheck.properties.spec import KernelSpec, register
-from pallascheck.properties.top_k_spec import top_k_like
+from pallascheck.properties.families.attention import Blocks as AttentionBlocks
+from pallascheck.properties.families.attention import attention_like
+from pallascheck.properties.families.cross_entropy import Blocks as CrossEntropyBlocks
+from pallascheck.properties.families.cross_entropy import cross_entropy_like
+from pallascheck.properties.families.derived import Input, from_reference
+from pallascheck.properties.families.elementwise import Compute as ElementwiseCompute
+from pallascheck.properties.families.elementwise import elementwise_like
+from pallascheck.properties.families.matmul import Blocks as MatmulBlocks
+from pallascheck.properties.families.matmul import matmul_like
+from pallascheck.properties.families.norms import Blocks as NormBlocks
+from pallascheck.properties.families.norms import norm_like
+from pallascheck.properties.families.ragged_dot import Blocks as GroupedMatmulBlocks
+from pallascheck.properties.families.ragged_dot import grouped_matmul_like
+from pallascheck.properties.families.softmax import Blocks as SoftmaxBlocks
+from pallascheck.properties.families.softmax import softmax_like
+from pallascheck.properties.families.top_k import top_k_like
+from pallascheck.properties.registry import register
+from pallascheck.properties.spec import KernelSpec
 
+if TYPE_CHECKING:  # at run time, on first use (__getattr__)
+    from pallascheck.properties.pytest_plugin import spec_tests
 
 
 def __getattr__(name: str) -> Any:
@@ -47,8 +51,28 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "PAIRWISE", "SEQUENTIAL", "AttentionBlocks", "CrossEntropyBlocks", "ElementwiseCompute", "Facts",
-    "GroupedMatmulBlocks", "Input", "KernelSpec", "MatmulBlocks", "NormBlocks", "SoftmaxBlocks", "attention_like",
-    "blocked", "cross_entropy_like", "elementwise_like", "from_reference", "grouped_matmul_like", "matmul_like",
-    "norm_like", "register", "softmax_like", "spec_tests", "top_k_like",
+    "PAIRWISE",
+    "SEQUENTIAL",
+    "AttentionBlocks",
+    "CrossEntropyBlocks",
+    "ElementwiseCompute",
+    "Facts",
+    "GroupedMatmulBlocks",
+    "Input",
+    "KernelSpec",
+    "MatmulBlocks",
+    "NormBlocks",
+    "SoftmaxBlocks",
+    "attention_like",
+    "blocked",
+    "cross_entropy_like",
+    "elementwise_like",
+    "from_reference",
+    "grouped_matmul_like",
+    "matmul_like",
+    "norm_like",
+    "register",
+    "softmax_like",
+    "spec_tests",
+    "top_k_like",
 ]

@@ -10,16 +10,17 @@ reductions) selects the part of our input space the function accepts and the
 tiling the bound models. An unknown block is the whole reduction, the loosest
 blocked bound and the contract: sound for every tiling.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from pallascheck.kernels import compat
 from pallascheck.kernels.backends import Backend, NotOnBackend
-
-from .spec import BadInput, Case, KernelSpec
+from pallascheck.properties.spec import BadInput, Case, KernelSpec
 
 
 @contextlib.contextmanager
@@ -41,8 +42,12 @@ def interpreting(backend: Backend, interpret: str | None) -> Iterator[None]:
 
 
 def call_on(
-    fn: Callable[..., Any], backend: Backend, backends: Sequence[str], interpret: str | None,
-    *args: Any, **kwargs: Any,
+    fn: Callable[..., Any],
+    backend: Backend,
+    backends: Sequence[str],
+    interpret: str | None,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     """``fn(*args, **kwargs)`` with its Pallas calls on ``backend``: the backend's
     interpret argument passed as keyword ``interpret`` (True, the TPU or Mosaic GPU
@@ -54,8 +59,10 @@ def call_on(
     if interpret is not None:  # False on hardware
         kwargs[interpret] = backend.interpret_arg()
     elif backend.name == "interpret":
-        raise ValueError("interpret: name the keyword of your function that turns on Pallas' interpreter "
-                         "(interpret='interpret' for pl.pallas_call(..., interpret=interpret))")
+        raise ValueError(
+            "interpret: name the keyword of your function that turns on Pallas' interpreter "
+            "(interpret='interpret' for pl.pallas_call(..., interpret=interpret))"
+        )
     with interpreting(backend, interpret):
         return fn(*args, **kwargs)
 
@@ -104,6 +111,7 @@ class Refused(Exception):
 def must_refuse(name: str, call: Callable[[], Any]) -> BadInput:
     """A bad input the function must refuse. Its messages are the author's, so any
     of ``REFUSALS`` counts; returning a value, or crashing otherwise, does not."""
+
     def refused() -> Any:
         try:
             return call()

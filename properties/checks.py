@@ -9,12 +9,14 @@ replay it. Bring your own kernel, oracle and bound:
     ctx = checks.Context(kernel="my_softmax", dtype="bfloat16", backend="triton")
     checks.check_values(my_kernel(x), oracle64(x), my_bound(x), context=ctx)
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,7 @@ class Context:
                 parts.append(f"{key}={value}")
         return " ".join(parts)
 
-    def with_config(self, config: Any) -> "Context":
+    def with_config(self, config: Any) -> Context:
         return dataclasses.replace(self, config=config)
 
 
@@ -67,7 +69,7 @@ class Outcome:
     examples: int = 1
     worst: Worst | None = None
 
-    def merge(self, other: "Outcome") -> "Outcome":
+    def merge(self, other: Outcome) -> Outcome:
         """Combine outcomes of the same check over more examples."""
         worse = self if self.budget_used >= other.budget_used else other
         failed = next((o for o in (self, other) if not o.passed), None)
@@ -177,7 +179,12 @@ _device_worst = jax.jit(functools.partial(_worst, jnp))
 
 
 def check_values(
-    actual: Any, expected: Any, bound: Any, *, context: Context, name: str = "out",
+    actual: Any,
+    expected: Any,
+    bound: Any,
+    *,
+    context: Context,
+    name: str = "out",
     raise_on_failure: bool = True,
 ) -> Outcome:
     """The kernel's output is within ``bound`` of the float64 oracle, elementwise."""
@@ -196,8 +203,12 @@ def _compare_trees(
 
 
 def check_gradients(
-    actual: Mapping[str, Any], expected: Mapping[str, Any], bounds: Mapping[str, Any], *,
-    context: Context, raise_on_failure: bool = True,
+    actual: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    bounds: Mapping[str, Any],
+    *,
+    context: Context,
+    raise_on_failure: bool = True,
 ) -> Outcome:
     """Each named gradient the kernel returns (dx, dscale, ...) is within its bound of
     the float64 VJP (``expected`` may hold more, e.g. intermediates the bound uses)."""
@@ -205,19 +216,27 @@ def check_gradients(
 
 
 def check_gradient_dtypes(
-    actual: Mapping[str, Any], primals: Mapping[str, Any], *, context: Context, raise_on_failure: bool = True,
+    actual: Mapping[str, Any],
+    primals: Mapping[str, Any],
+    *,
+    context: Context,
+    raise_on_failure: bool = True,
 ) -> Outcome:
     """Each gradient ``d<name>`` has the dtype of its primal ``<name>``, as JAX's VJPs
     promise: a bf16 parameter's gradient returned in f32 is within any bound of the
     oracle, yet every optimiser step downstream then sees another dtype."""
-    wrong = {k: (np.asarray(v).dtype.name, np.asarray(primals[k[1:]]).dtype.name) for k, v in actual.items()
-             if k.startswith("d") and k[1:] in primals and np.asarray(v).dtype != np.asarray(primals[k[1:]]).dtype}
+    wrong = {
+        k: (np.asarray(v).dtype.name, np.asarray(primals[k[1:]]).dtype.name)
+        for k, v in actual.items()
+        if k.startswith("d") and k[1:] in primals and np.asarray(v).dtype != np.asarray(primals[k[1:]]).dtype
+    }
     if not wrong:
         return Outcome("gradients", True, 0.0, f"{len(actual)} gradients in their primals' dtypes")
     detail = "; ".join(f"{k} is {got}, its primal {k[1:]} is {want}" for k, (got, want) in sorted(wrong.items()))
     worst = sorted(wrong)[0]
-    outcome = Outcome("gradients", False, np.inf, f"gradient dtype: {detail}",
-                      worst=Worst(worst, (), tuple(np.shape(actual[worst]))))
+    outcome = Outcome(
+        "gradients", False, np.inf, f"gradient dtype: {detail}", worst=Worst(worst, (), tuple(np.shape(actual[worst])))
+    )
     return _raise_unless(outcome, context, raise_on_failure)
 
 
@@ -265,7 +284,7 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
     or the exceptions those runs raised) say of a failure: a steady one (the same bits
     each time), or an output that changes from run to run, which no rounding explains.
     ``judge`` checks a rerun's output as the failing one was checked; ``device`` names
-    the GPU they ran on (properties/device_identity.py)."""
+    the GPU they ran on (properties/device/identity.py)."""
     leaves = _leaves(failing)
     notes, changed, passed = [], 0, []
     for again in reruns:
@@ -275,23 +294,31 @@ def rerun_note(failing: Any, reruns: Sequence[Any], judge: Callable[[Any], Outco
         count = changed_bits(failing, again)
         changed += count
         passed.append(judge(again).passed)
-        notes.append(f"{count} of {sum(a.size for a in leaves)} elements differ from the failing run's bits, "
-                     + ("passes" if passed[-1] else "fails"))
+        notes.append(
+            f"{count} of {sum(a.size for a in leaves)} elements differ from the failing run's bits, "
+            + ("passes" if passed[-1] else "fails")
+        )
     said = f"run {len(reruns)} more times on the same inputs: " + "; ".join(notes)
     if not changed:
         return f"{said} (a steady failure)" if len(passed) == len(reruns) else said
-    where = (f" It ran on {device}: failures like this one that gather on one GPU, and pass on others, point at "
-             f"that device.") if device else ""
-    return (f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
-            f"a read of memory the kernel never wrote (an accumulator or buffer not initialised), a race in the "
-            f"kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' reruns a "
-            f"saved case; 'pallascheck bench --dispatch-stress KERNEL' with --reference and --inputs host tells "
-            f"the kernel's fault from the runtime's).{where}")
+    where = (
+        (
+            f" It ran on {device}: failures like this one that gather on one GPU, and pass on others, point at "
+            f"that device."
+        )
+        if device
+        else ""
+    )
+    return (
+        f"{said}. The output changes from run to run on the same inputs, which rounding does not explain: "
+        f"a read of memory the kernel never wrote (an accumulator or buffer not initialised), a race in the "
+        f"kernel, or a fault of the runtime or the device ('pallascheck replay FILE --repeat N' reruns a "
+        f"saved case; 'pallascheck bench --dispatch-stress KERNEL' with --reference and --inputs host tells "
+        f"the kernel's fault from the runtime's).{where}"
+    )
 
 
-def check_same_bits(
-    thunks: list[Callable[[], Any]], *, context: Context, raise_on_failure: bool = True
-) -> Outcome:
+def check_same_bits(thunks: list[Callable[[], Any]], *, context: Context, raise_on_failure: bool = True) -> Outcome:
     """Every thunk returns the same bits as the first."""
     first = _leaves(thunks[0]())
     for i, thunk in enumerate(thunks[1:], start=1):
@@ -301,7 +328,9 @@ def check_same_bits(
                 diff = np.argwhere(np.asarray(a) != np.asarray(b))
                 where = tuple(int(v) for v in diff[0]) if len(diff) else "dtype/shape"
                 outcome = Outcome(
-                    "deterministic", False, np.inf,
+                    "deterministic",
+                    False,
+                    np.inf,
                     f"run {i} output {j} differs from run 0 at {where}: {np.asarray(a)[where] if len(diff) else ''} vs {np.asarray(b)[where] if len(diff) else ''}",
                     worst=Worst(f"output {j}", where if len(diff) else (), np.shape(a)),
                 )
@@ -334,8 +363,12 @@ def check_configs_agree(
 
 
 def check_errors(
-    thunk: Callable[[], Any], exception: type[BaseException], match: str, *,
-    context: Context, raise_on_failure: bool = True,
+    thunk: Callable[[], Any],
+    exception: type[BaseException],
+    match: str,
+    *,
+    context: Context,
+    raise_on_failure: bool = True,
 ) -> Outcome:
     """Bad input raises ``exception`` with a message matching the regex ``match``."""
     try:
@@ -343,11 +376,20 @@ def check_errors(
     except exception as err:
         if re.search(match, str(err)):
             return Outcome("errors", True, 0.0, f"{exception.__name__}: {err}")
-        outcome = Outcome("errors", False, np.inf, f"{exception.__name__} message {str(err)!r} does not match {match!r}")
+        outcome = Outcome(
+            "errors", False, np.inf, f"{exception.__name__} message {str(err)!r} does not match {match!r}"
+        )
     except Exception as err:  # noqa: BLE001 - the wrong exception is the finding
-        outcome = Outcome("errors", False, np.inf, f"expected {exception.__name__} matching {match!r}, got {type(err).__name__}: {err}")
+        outcome = Outcome(
+            "errors",
+            False,
+            np.inf,
+            f"expected {exception.__name__} matching {match!r}, got {type(err).__name__}: {err}",
+        )
     else:
-        outcome = Outcome("errors", False, np.inf, f"expected {exception.__name__} matching {match!r}, nothing was raised")
+        outcome = Outcome(
+            "errors", False, np.inf, f"expected {exception.__name__} matching {match!r}, nothing was raised"
+        )
     return _raise_unless(outcome, context, raise_on_failure)
 
 

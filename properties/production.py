@@ -11,20 +11,22 @@ oracle's, or the kernel's or xla_reference's where that is larger), set from the
 device memory of one production check per family on an H100 (docs/results.md) with
 about 20% to spare, against what JAX may allocate on the device.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
+from pallascheck.properties import strategies
+from pallascheck.properties.spec import Case
 
-from . import strategies
-from .spec import Case
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -38,15 +40,15 @@ class Layout:
 
 
 def _attention() -> tuple[Layout, ...]:
-    def layout(name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...],
-               biases: tuple[str, ...] = ()) -> Layout:
+    def layout(
+        name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...], biases: tuple[str, ...] = ()
+    ) -> Layout:
         """``biases``: the bias layouts drawn, one in every case (none: no bias). The
         device oracle slices a large case by batch row and kv head, never along an axis
         its bias broadcasts over (attention_slices.py), and unsliced it would not fit:
         a layout draws only the biases that let it slice on both, b x h x s x s
         elements."""
-        domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal,
-                      sm_scales=(None,))
+        domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal, sm_scales=(None,))
         # a bias layout leaves ``bias`` to the spec's domain: a kernel that takes none keeps none
         domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False))
         # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32
@@ -97,8 +99,11 @@ def _ragged_dot() -> tuple[Layout, ...]:
         # (150 allowed). xla_reference, lax.ragged_dot, runs densely on a GPU: at m32768
         # k2048 n1408 g64 its VJP asked for an f32 [g, m, k] (16 GiB) and for 27.7 GiB in
         # one buffer, 10.9 bytes per element of g x m x max(k, n) (16 allowed)
-        return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
-                      max(150 * max(m * n, m * k, groups * k * n), 16 * groups * m * max(k, n)))
+        return Layout(
+            f"{name}: m{m} k{k} n{n} g{groups}",
+            dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
+            max(150 * max(m * n, m * k, groups * k * n), 16 * groups * m * max(k, n)),
+        )
 
     return (
         layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
@@ -114,9 +119,11 @@ def _gated_linear_unit() -> tuple[Layout, ...]:
         t = math.prod(tokens)
         # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
         # array, the [t, 2f] projections (200 allowed)
-        return Layout(f"{name}: tokens {tokens} d{d} f{f}",
-                      dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
-                      200 * max(t * 2 * f, t * d, d * 2 * f))
+        return Layout(
+            f"{name}: tokens {tokens} d{d} f{f}",
+            dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
+            200 * max(t * 2 * f, t * d, d * 2 * f),
+        )
 
     return (
         layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
@@ -178,13 +185,16 @@ def plan(family: str, backend: Backend) -> Plan:
         if layout.needs <= limit:
             fitting.append(layout)
         else:
-            skipped.append(f"{layout.name}: its check needs ~{layout.needs / 2**30:.0f} GiB, the device allows "
-                           f"{limit / 2**30:.0f} GiB{shared}")
+            skipped.append(
+                f"{layout.name}: its check needs ~{layout.needs / 2**30:.0f} GiB, the device allows "
+                f"{limit / 2**30:.0f} GiB{shared}"
+            )
     return Plan(tuple(fitting), tuple(skipped))
 
 
-def production_cases(family: str, family_cases: Callable[..., st.SearchStrategy[Case]], domain: Any
-                     ) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
+def production_cases(
+    family: str, family_cases: Callable[..., st.SearchStrategy[Case]], domain: Any
+) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
     """A spec's ``production`` strategy: one of the family's fitting layouts per
     Hypothesis example (shared by its cases), set in the spec's ``domain``, values
     drawn by ``family_cases(dtype, backend, domain=...)``."""
@@ -194,11 +204,14 @@ def production_cases(family: str, family_cases: Callable[..., st.SearchStrategy[
         planned = plan(family, backend)
         fitting = [l for l in planned.fitting if layout is None or layout in l.name]
         if not fitting:
-            raise ValueError(f"no production layout of {family}{f' named {layout!r}' if layout else ''} fits "
-                             f"{backend}'s memory; skipped: " + "; ".join(planned.skipped))
+            raise ValueError(
+                f"no production layout of {family}{f' named {layout!r}' if layout else ''} fits "
+                f"{backend}'s memory; skipped: " + "; ".join(planned.skipped)
+            )
         chosen = strategies.layout(f"{family}.production", st.sampled_from(fitting))
         return chosen.flatmap(
-            lambda layout: family_cases(dtype, backend, domain=dataclasses.replace(domain, **layout.fields)))
+            lambda layout: family_cases(dtype, backend, domain=dataclasses.replace(domain, **layout.fields))
+        )
 
     return production
 

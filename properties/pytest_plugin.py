@@ -22,10 +22,11 @@ environment stay the user's; the settings above reach only the tests pallascheck
 generates (``spec_tests``) and the ``examples`` fixture. ``--pallascheck-session``
 opts a whole session in (pallascheck's own suite does, in pyproject.toml): the chosen
 profile becomes Hypothesis' default, the on-disk compilation cache is on, and XLA:CPU
-compiles quickly (``properties/compilation.py``), with XLA:CPU's sequential thunk
+compiles quickly (``properties/device/compilation.py``), with XLA:CPU's sequential thunk
 order, without which the Mosaic GPU interpreter can deadlock on a machine of few
 cores (``compilation.INTERPRETER_FLAGS``; ``--case-timeout`` then reports the hang).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,16 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pallascheck.kernels.backends import ALIASES, ENV_VAR, NAMES, Backend, NotOnBackend, get_backend
-from pallascheck.properties import compilation, runner, watchdog
+from pallascheck.kernels.backends import (
+    ALIASES,
+    ENV_VAR,
+    NAMES,
+    Backend,
+    NotOnBackend,
+    get_backend,
+)
+from pallascheck.properties import runner, watchdog
+from pallascheck.properties.device import compilation
 from pallascheck.properties.spec import KernelSpec
 
 PROFILE_ENV_VAR = "PALLASCHECK_PROFILE"
@@ -62,29 +71,38 @@ def profile_name(config: pytest.Config) -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pallascheck")
     group.addoption(
-        "--backend", default=None,
+        "--backend",
+        default=None,
         help=f"one of {NAMES} (tpu_interpret:SEED; {', '.join(f'{a}={n}' for a, n in ALIASES.items())}); "
         "default $PALLASCHECK_BACKEND or interpret",
     )
     group.addoption(
-        "--examples", type=int, default=None,
+        "--examples",
+        type=int,
+        default=None,
         help="Hypothesis examples per kernel x dtype property (each checks "
         f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.CALLBACK_CASES_PER_LAYOUT} in "
         f"{' and '.join(runner.CALLBACK_INTERPRETERS)}, more on hardware: runner.layout_cases); default: "
         "the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
     )
     group.addoption(
-        "--shapes", choices=runner.SHAPE_TIERS, default="small",
+        "--shapes",
+        choices=runner.SHAPE_TIERS,
+        default="small",
         help="shape tier of the generated tests: small, or production (real model sizes; GPU backends)",
     )
     group.addoption(
-        "--pallascheck-session", action="store_true", default=False,
+        "--pallascheck-session",
+        action="store_true",
+        default=False,
         help="apply pallascheck's settings to the whole session, not only to its own tests: its "
         "Hypothesis profile as the default, the on-disk compilation cache (.pallascheck/jax-cache) "
         "and quick XLA:CPU compiles (XLA_FLAGS)",
     )
     group.addoption(
-        "--case-timeout", type=float, default=watchdog.CASE_TIMEOUT_S,
+        "--case-timeout",
+        type=float,
+        default=watchdog.CASE_TIMEOUT_S,
         help="seconds one case of a spec_tests test may take before it is reported as a hang (the process ends "
         "with the report: under pytest-xdist the test fails and the worker is replaced)",
     )
@@ -103,7 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
             settings.register_profile(name, chosen)
         settings.load_profile(profile_name(config))
         # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
-        compilation.configure(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret"))
+        compilation.configure(get_backend(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret")))
     # A backend that cannot run here stops the session at once, saying what is missing.
     for chosen in backends_under_test(config):
         try:
@@ -128,8 +146,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("each_backend", chosen, ids=[str(b) for b in chosen])
     if "pallascheck_spec_case" in metafunc.fixturenames:
         specs = metafunc.definition.get_closest_marker("pallascheck_specs").args[0]
-        cases = [(spec, dtype, b) for b in backends_under_test(metafunc.config) for spec in specs
-                 if spec.runs_on(b) for dtype in spec.dtypes_for(b)]
+        cases = [
+            (spec, dtype, b)
+            for b in backends_under_test(metafunc.config)
+            for spec in specs
+            if spec.runs_on(b)
+            for dtype in spec.dtypes_for(b)
+        ]
         metafunc.parametrize("pallascheck_spec_case", cases, ids=[f"{s.name}-{d}-{b}" for s, d, b in cases])
 
 
@@ -144,22 +167,33 @@ def spec_tests(*specs: KernelSpec):
         shapes = request.config.getoption("--shapes")
         if shapes == "production" and spec.production is None:
             pytest.skip(f"{spec.name} has no production shape tier")
-        replay = (f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
-                  f" --shapes {shapes}")
+        replay = (
+            f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
+            f" --shapes {shapes}"
+        )
         capture = request.config.pluginmanager.getplugin("capturemanager")
-        dog = watchdog.CaseWatchdog(request.config.getoption("--case-timeout"), kernel=spec.name, dtype=dtype,
-                                    backend=str(backend), replay=replay,
-                                    before_report=capture and (lambda: capture.suspend_global_capture(in_=False)))
+        dog = watchdog.CaseWatchdog(
+            request.config.getoption("--case-timeout"),
+            kernel=spec.name,
+            dtype=dtype,
+            backend=str(backend),
+            replay=replay,
+            before_report=capture and (lambda: capture.suspend_global_capture(in_=False)),
+        )
         with watchdog.watching(dog):
-            tally = runner.run_property(spec, dtype, backend, examples=examples, seed=0, replay_hint=replay,
-                                        search=dog.search(), shapes=shapes)
+            tally = runner.run_property(
+                spec, dtype, backend, examples=examples, seed=0, replay_hint=replay, search=dog.search(), shapes=shapes
+            )
         assert not tally.failure, tally.failure
         # every check ran on every case (a relation once per case, none at the production
         # tier; configs_agree only where the drawn config is not the default)
         cases = examples * runner.layout_cases(backend, shapes)
         per_case = {"metamorphic": len(spec.relations) if shapes == "small" else 0}
-        short = {k: o.examples for k, o in tally.outcomes.items()
-                 if k != "configs_agree" and o.examples != cases * per_case.get(k, 1)}
+        short = {
+            k: o.examples
+            for k, o in tally.outcomes.items()
+            if k != "configs_agree" and o.examples != cases * per_case.get(k, 1)
+        }
         assert not short, f"checks that did not run on every case: {short}"
 
     return test

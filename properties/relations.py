@@ -1,16 +1,17 @@
 """Metamorphic relations shared by kernel specs."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
-
-from . import layout_programs
-from .spec import Case, Relation
+from pallascheck.properties.device import layout_programs
+from pallascheck.properties.spec import Case, Relation
 
 
 def row_permutation(
@@ -93,7 +94,10 @@ def _exactly_scalable(a: np.ndarray, b: np.ndarray, a_factor: float, b_factor: f
 
 
 def power_of_two_scaling(
-    run: Callable[[Case, Any, Backend], Any], lhs: str, rhs: str, homogeneous: Callable[[Case], bool],
+    run: Callable[[Case, Any, Backend], Any],
+    lhs: str,
+    rhs: str,
+    homogeneous: Callable[[Case], bool],
 ) -> Relation:
     """Scaling by powers of two is exact in floating point (no rounding changes while
     everything stays normal), so for a dot-like kernel of ``lhs`` @ ``rhs``:
@@ -109,8 +113,14 @@ def power_of_two_scaling(
         factor = 2.0 * b_scale
         if not _exactly_scalable(a, b, 2.0, b_scale, np.asarray(out)):
             return np.asarray(out), np.asarray(out).astype(np.float64), np.float64(0.0)
-        scaled = Case({**case.arrays, lhs: (a.astype(np.float64) * 2).astype(a.dtype),
-                       rhs: (b.astype(np.float64) * b_scale).astype(b.dtype)}, case.params)
+        scaled = Case(
+            {
+                **case.arrays,
+                lhs: (a.astype(np.float64) * 2).astype(a.dtype),
+                rhs: (b.astype(np.float64) * b_scale).astype(b.dtype),
+            },
+            case.params,
+        )
         got = np.asarray(layout_programs.run_kernel(run, scaled, config, backend)).astype(np.float64)
         return got, np.asarray(out).astype(np.float64) * factor, np.float64(0.0)
 

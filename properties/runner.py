@@ -4,6 +4,7 @@
 it with Hypothesis and aggregates outcomes per check. Both are used by
 ``pallascheck verify`` and by the pytest suite.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -14,11 +15,13 @@ import hashlib
 import math
 import os
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings, target
+from hypothesis import HealthCheck, Phase, given, settings, target
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -26,9 +29,10 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
-
-from . import checks, device_identity, layout_programs, strategies
-from .spec import Case, KernelSpec
+from pallascheck.properties import checks, strategies
+from pallascheck.properties.device import identity as device_identity
+from pallascheck.properties.device import layout_programs
+from pallascheck.properties.spec import Case, KernelSpec
 
 CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
 REPORTED = CHECKS + ("crash",)  # a crash is reported as its own failed row
@@ -102,10 +106,17 @@ def check_case(
     """Run the selected checks on one case (on the backend's device: ``Backend.placement``);
     raises CheckFailure on the first failure."""
     device = oracle_device(backend, case)
-    with backend.placement(), (numeric.on_device(device) if device is not None else contextlib.nullcontext()):
+    with backend.placement(), numeric.on_device(device) if device is not None else contextlib.nullcontext():
         try:
-            return _check_case(spec, case, config, backend, context=context, selected=selected,
-                               tally=tally if tally is not None else Tally())
+            return _check_case(
+                spec,
+                case,
+                config,
+                backend,
+                context=context,
+                selected=selected,
+                tally=tally if tally is not None else Tally(),
+            )
         except checks.CheckFailure as failure:
             raise _explained(spec, case, config, backend, failure) from None
 
@@ -113,15 +124,17 @@ def check_case(
 EXPLAINED = ("values", "reference", "gradients", "contract")
 
 
-def _explained(spec: KernelSpec, case: Case, config: Any, backend: Backend,
-               failure: checks.CheckFailure) -> checks.CheckFailure:
+def _explained(
+    spec: KernelSpec, case: Case, config: Any, backend: Backend, failure: checks.CheckFailure
+) -> checks.CheckFailure:
     """``failure`` with the spec's explanation of its worst element appended."""
     if spec.explain is None or failure.outcome.check not in EXPLAINED or failure.outcome.worst is None:
         return failure
     config = None if failure.context.config == "xla_reference" else config
     note = spec.explain(case, spec.oracle(case), config, arithmetic_for(backend.name), failure.outcome)
-    return checks.CheckFailure(dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}"),
-                               failure.context)
+    return checks.CheckFailure(
+        dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}"), failure.context
+    )
 
 
 ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"
@@ -147,8 +160,16 @@ def oracle_device(backend: Backend, case: Case) -> Any:
     return None if choice == "host" else jax.devices(backend.platform)[0]
 
 
-def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, context: checks.Context,
-                selected: Sequence[str], tally: Tally) -> Tally:
+def _check_case(
+    spec: KernelSpec,
+    case: Case,
+    config: Any,
+    backend: Backend,
+    *,
+    context: checks.Context,
+    selected: Sequence[str],
+    tally: Tally,
+) -> Tally:
     arith = arithmetic_for(backend.name)
     ctx = context.with_config(config)
     start = time.perf_counter()
@@ -180,7 +201,7 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
         now on a thread, so that a layout's first case compiles its float64 programs at
         the same time (a production attention case on an H100: 11 programs, 23-26 s of
         compiling one after another); they still run one at a time
-        (properties/device_programs.py). The calls are submitted in the order they
+        (properties/device/programs.py). The calls are submitted in the order they
         depend on each other: a bound that needs the exact gradients waits for them on
         its own thread, and they were submitted before it, so they never wait for a
         thread it holds. Host oracles are computed when asked, as before."""
@@ -197,9 +218,20 @@ def _check_case(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, 
 
     started: list[concurrent.futures.Future] = []
     try:
-        return _checks(spec, case, config, backend, ctx=ctx, selected=selected, tally=tally, arith=arith,
-                       start=start, kernel_side=kernel_side, kernel_side_started=kernel_side_started,
-                       oracle_side_started=oracle_side_started)
+        return _checks(
+            spec,
+            case,
+            config,
+            backend,
+            ctx=ctx,
+            selected=selected,
+            tally=tally,
+            arith=arith,
+            start=start,
+            kernel_side=kernel_side,
+            kernel_side_started=kernel_side_started,
+            oracle_side_started=oracle_side_started,
+        )
     finally:  # nothing of this case runs on beside the next one (its memory, its GPU time)
         for future in started:
             future.cancel()  # those not begun: a failed check needs them no more
@@ -213,10 +245,21 @@ _KERNEL_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thre
 _ORACLE_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=10, thread_name_prefix="pallascheck-oracle")
 
 
-def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx: checks.Context,
-            selected: Sequence[str], tally: Tally, arith: Any, start: float, kernel_side: Callable[..., Any],
-            kernel_side_started: Callable[..., Callable[[], Any]],
-            oracle_side_started: Callable[[Callable[[], Any]], Callable[[], Any]]) -> Tally:
+def _checks(
+    spec: KernelSpec,
+    case: Case,
+    config: Any,
+    backend: Backend,
+    *,
+    ctx: checks.Context,
+    selected: Sequence[str],
+    tally: Tally,
+    arith: Any,
+    start: float,
+    kernel_side: Callable[..., Any],
+    kernel_side_started: Callable[..., Callable[[], Any]],
+    oracle_side_started: Callable[[Callable[[], Any]], Callable[[], Any]],
+) -> Tally:
     def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
         t0 = time.perf_counter()
         outcome = dataclasses.replace(fn(), check=name)
@@ -268,14 +311,21 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
         bound = bound_result()
     values_setup_seconds = time.perf_counter() - start  # oracle + kernel run + bound
     if "values" in selected:
-        timed("values", _rerun_on_failure(
-            lambda: checks.check_values(out, expected, bound, context=ctx), backend, failing=lambda: out,
-            rerun=lambda: _np(kernel_side(spec.kernel, config, backend)),
-            judge=lambda again: checks.compare(again, expected, bound)))
+        timed(
+            "values",
+            _rerun_on_failure(
+                lambda: checks.check_values(out, expected, bound, context=ctx),
+                backend,
+                failing=lambda: out,
+                rerun=lambda: _np(kernel_side(spec.kernel, config, backend)),
+                judge=lambda again: checks.compare(again, expected, bound),
+            ),
+        )
         tally.probabilistic_budget = max(
             tally.probabilistic_budget, checks.compare(out, expected, prob_bound()).budget_used
         )
     if "reference" in selected:
+
         def reference() -> checks.Outcome:
             ref_ctx = dataclasses.replace(ctx, config="xla_reference")
             reference_out = _np(reference_result())
@@ -285,58 +335,80 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
                 tally.add_contract_budget("reference", contract_used)
             if reference_vjp:
                 got = {k: _np(v) for k, v in reference_vjp_result().items()}
-                o = o.merge(checks.check_gradients(got, exact_gradients(), reference_gradient_bound(),
-                                                   context=ref_ctx))
+                o = o.merge(checks.check_gradients(got, exact_gradients(), reference_gradient_bound(), context=ref_ctx))
                 o.examples = 1
             return o
+
         timed("reference", reference)
     if "configs_agree" in selected and config != default:
+
         def agree() -> checks.Outcome:
             other = _np(kernel_side(spec.kernel, default, backend))
             return checks.check_configs_agree({config: (out, bound), default: (other, default_bound())}, context=ctx)
+
         timed("configs_agree", agree)
     if has_gradients:
+
         def gradients() -> checks.Outcome:
             checks.check_gradient_dtypes(kernel_gradients(), case.arrays, context=ctx)
             return checks.check_gradients(kernel_gradients(), exact_gradients(), gradient_bound(), context=ctx)
-        timed("gradients", _rerun_on_failure(
-            gradients, backend, failing=kernel_gradients,
-            rerun=lambda: {k: _np(v) for k, v in kernel_side(spec.gradients.kernel_vjp, config, backend).items()},
-            judge=lambda again: checks.check_gradients(again, exact_gradients(), gradient_bound(), context=ctx,
-                                                       raise_on_failure=False)))
+
+        timed(
+            "gradients",
+            _rerun_on_failure(
+                gradients,
+                backend,
+                failing=kernel_gradients,
+                rerun=lambda: {k: _np(v) for k, v in kernel_side(spec.gradients.kernel_vjp, config, backend).items()},
+                judge=lambda again: checks.check_gradients(
+                    again, exact_gradients(), gradient_bound(), context=ctx, raise_on_failure=False
+                ),
+            ),
+        )
     if "contract" in selected and (spec.contract is not None or gradient_contract):
+
         def contract() -> checks.Outcome:
             parts = []
             if spec.contract is not None:
                 parts.append(checks.compare(kernel_out(), expected, contract_bound()))
                 tally.add_contract_budget("values", parts[-1].budget_used)
             if gradient_contract:
-                parts.append(checks.check_gradients(
-                    kernel_gradients(), exact_gradients(), gradient_contract_bound(), context=ctx,
-                    raise_on_failure=False,
-                ))
+                parts.append(
+                    checks.check_gradients(
+                        kernel_gradients(),
+                        exact_gradients(),
+                        gradient_contract_bound(),
+                        context=ctx,
+                        raise_on_failure=False,
+                    )
+                )
                 tally.add_contract_budget("gradients", parts[-1].budget_used)
             o = functools.reduce(checks.Outcome.merge, parts)
             o.examples = 1
             if not o.passed:
                 raise checks.CheckFailure(dataclasses.replace(o, check="contract"), ctx)
             return o
+
         timed("contract", contract)
     if "deterministic" in selected:
+
         def deterministic() -> checks.Outcome:
             runs = [kernel_out, lambda: kernel_side(spec.kernel, config, backend)]
             if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
                 runs.append(lambda: kernel_side(spec.kernel, config, shuffled))
             return checks.check_same_bits(runs, context=ctx)
+
         timed("deterministic", deterministic)
     if "metamorphic" in selected:
         for relation in spec.relations:
+
             def metamorphic(relation=relation) -> checks.Outcome:
                 # a relation runs kernels and oracles both: on the host side, in numpy
                 with numeric.kernel_side():
                     lhs, rhs, rel_bound = relation.run(case, config, backend, kernel_out())
                 return checks.check_relation(_np(lhs), _np(rhs), rel_bound, relation=relation.name, context=ctx)
+
             timed("metamorphic", metamorphic)
     return tally
 
@@ -352,8 +424,14 @@ def _checks(spec: KernelSpec, case: Case, config: Any, backend: Backend, *, ctx:
 RERUNS_ON_FAILURE = 2
 
 
-def _rerun_on_failure(check: Callable[[], checks.Outcome], backend: Backend, *, failing: Callable[[], Any],
-                      rerun: Callable[[], Any], judge: Callable[[Any], checks.Outcome]) -> Callable[[], checks.Outcome]:
+def _rerun_on_failure(
+    check: Callable[[], checks.Outcome],
+    backend: Backend,
+    *,
+    failing: Callable[[], Any],
+    rerun: Callable[[], Any],
+    judge: Callable[[Any], checks.Outcome],
+) -> Callable[[], checks.Outcome]:
     """``check``, whose CheckFailure on hardware also says what ``RERUNS_ON_FAILURE``
     reruns gave (``checks.rerun_note``): ``failing()`` is the output it judged,
     ``rerun()`` computes it again, ``judge`` checks a rerun's output the same way."""
@@ -370,8 +448,9 @@ def _rerun_on_failure(check: Callable[[], checks.Outcome], backend: Backend, *, 
                     reruns.append(rerun())
                 except Exception as err:  # noqa: BLE001 - reported with the failure it would otherwise hide
                     reruns.append(err)
-            note = checks.rerun_note(failing(), reruns, judge,
-                                     device=device_identity.describe(jax.devices()[0]))  # where hardware checks run
+            note = checks.rerun_note(
+                failing(), reruns, judge, device=device_identity.describe(jax.devices()[0])
+            )  # where hardware checks run
             outcome = dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}")
             raise checks.CheckFailure(outcome, failure.context) from failure
 
@@ -383,7 +462,10 @@ def run_errors(spec: KernelSpec, *, context: checks.Context) -> checks.Outcome:
     outcome = checks.Outcome("errors", True, 0.0, "no bad inputs declared", examples=0)
     for bad in spec.bad_inputs():
         o = checks.check_errors(
-            bad.call, bad.exception, bad.match, context=dataclasses.replace(context, config=bad.name),
+            bad.call,
+            bad.exception,
+            bad.match,
+            context=dataclasses.replace(context, config=bad.name),
             raise_on_failure=False,
         )
         if not o.passed:
@@ -411,7 +493,7 @@ class Search:
     database: str | None = None
     database_key: str = ""
     before_case: Callable[[Case, Any], None] | None = None
-    after_case: Callable[[Case, Any, "Tally"], None] | None = None
+    after_case: Callable[[Case, Any, Tally], None] | None = None
 
 
 def _merge_into(tally: Tally, case_tally: Tally) -> None:
@@ -479,8 +561,9 @@ def tier_cases(spec: KernelSpec, shapes: str) -> Callable[[str, Backend], st.Sea
     if shapes == "small":
         return spec.cases
     if spec.production is None:
-        raise ValueError(f"{spec.name} has no production shape tier (properties/production.py lists the "
-                         f"families that have one)")
+        raise ValueError(
+            f"{spec.name} has no production shape tier (properties/production.py lists the families that have one)"
+        )
     return spec.production
 
 
@@ -502,8 +585,9 @@ def fingerprint(case: Case) -> tuple[str, ...]:
     """A digest per array of ``case``: the cases of one layout are drawn distinct by it."""
     # hashed in place: copying the arrays first took 9.8 of the 102 s that a GLU
     # production check spent on an H100's host, most of the rest drawing them
-    return tuple(hashlib.sha1(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).hexdigest()
-                 for a in case.arrays.values())
+    return tuple(
+        hashlib.sha1(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).hexdigest() for a in case.arrays.values()
+    )
 
 
 def run_property(
@@ -548,8 +632,11 @@ def run_property(
     few_layouts = per_layout == 1 or not backend.is_interpreted
     if few_layouts and not search.targeted and search.database is None:
         dtypes = list(spec.dtypes_for(backend))
-        drawn = strategies.in_turn(case_lists, lambda case: spec.configs(case, backend),
-                                   strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1, seed))
+        drawn = strategies.in_turn(
+            case_lists,
+            lambda case: spec.configs(case, backend),
+            strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1, seed),
+        )
     else:
         drawn = case_lists.flatmap(
             lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
@@ -562,8 +649,13 @@ def run_property(
     database = DirectoryBasedExampleDatabase(search.database) if search.database else None
 
     @settings(
-        max_examples=examples, database=database, deadline=None, phases=phases, derandomize=False,
-        suppress_health_check=list(HealthCheck), print_blob=False,
+        max_examples=examples,
+        database=database,
+        deadline=None,
+        phases=phases,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
     )
     @hypothesis_seed(dtype_seed(seed, dtype))
     @given(drawn)
@@ -636,7 +728,12 @@ def _book(tally: Tally, failure: BaseException, context: checks.Context) -> None
 
 
 def save_failure(
-    directory: str, spec: KernelSpec, dtype: str, backend: Backend, case: Case, config: Any,
+    directory: str,
+    spec: KernelSpec,
+    dtype: str,
+    backend: Backend,
+    case: Case,
+    config: Any,
     failure: Exception,
 ) -> str:
     """Save the failing case as ``failure_path(directory, spec.name, dtype, check)``
@@ -646,8 +743,14 @@ def save_failure(
     if check == "crash":
         failure = f"{type(failure).__name__}: {failure}"
     path = failure_path(directory, spec.name, dtype, check)
-    meta = {"kernel": spec.name, "dtype": dtype, "backend": str(backend), "check": check,
-            "config": config_to_json(config), "message": str(failure)}
+    meta = {
+        "kernel": spec.name,
+        "dtype": dtype,
+        "backend": str(backend),
+        "check": check,
+        "config": config_to_json(config),
+        "message": str(failure),
+    }
     Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
     return path
 

@@ -1,16 +1,17 @@
-"""KernelSpec: everything the harness needs to check one kernel, and the registry.
+"""KernelSpec: everything the harness needs to check one kernel (data only).
 
 A spec binds a kernel to its float64 oracle, its error bound, its input
-strategies, its config space and the checks that apply. ``verify``, the test
-suite and fuzz campaigns iterate the registry; register a spec for your own
-kernel and every check runs on it.
+strategies, its config space and the checks that apply. The registry of specs
+(``verify``, the test suite and fuzz campaigns iterate it) is ``registry.py``,
+above the families it lists.
 """
+
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -41,7 +42,7 @@ class Case:
         np.savez(path, **payload)
 
     @staticmethod
-    def load(path: str) -> "Case":
+    def load(path: str) -> Case:
         import ml_dtypes
 
         with np.load(path) as data:
@@ -145,13 +146,17 @@ def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]
     return lambda case, ref, arith: bound(case, ref, None, arith)
 
 
-def any_order_gradient_contract(bound: Callable[..., Mapping[str, np.ndarray]]) -> Callable[..., Mapping[str, np.ndarray]]:
+def any_order_gradient_contract(
+    bound: Callable[..., Mapping[str, np.ndarray]],
+) -> Callable[..., Mapping[str, np.ndarray]]:
     """``any_order_contract`` for a GradientSpec bound."""
     return lambda case, ref, grads, arith: bound(case, ref, grads, None, arith)
 
 
 def config_fields(
-    blocks: Any, configs: Callable[[Case, Backend], Sequence[Any]] | None = None, default: Any = None,
+    blocks: Any,
+    configs: Callable[[Case, Backend], Sequence[Any]] | None = None,
+    default: Any = None,
     mosaic_gpu_default: Any = None,
 ) -> dict[str, Any]:
     """A KernelSpec's config fields. For a kernel that is not ours, its fixed tiling
@@ -166,90 +171,3 @@ def config_fields(
         fields["dtypes_on"] = {n: ("bfloat16", "float16") for n in MOSAIC_GPU}
         fields["default_config_on"] = {n: mosaic_gpu_default for n in MOSAIC_GPU}
     return fields
-
-
-_REGISTRY: dict[str, KernelSpec] = {}
-
-
-def register(spec: KernelSpec) -> KernelSpec:
-    """Add (or replace) a spec; returns it so it can be used as a decorator result."""
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-ENTRY_POINTS = "pallascheck.specs"
-_entry_points_loaded = False
-
-
-def registry() -> dict[str, KernelSpec]:
-    """All registered specs: the built-in kernels first, then those of installed packages
-    that declare an entry point in the group ``pallascheck.specs`` (a KernelSpec, or a
-    module that registers its specs on import), e.g. in pyproject.toml::
-
-        [project.entry-points."pallascheck.specs"]
-        my_kernels = "my_package.specs"
-    """
-    global _entry_points_loaded
-    from . import builtin_specs  # noqa: F401 - registers the shipped kernels on import
-
-    if not _entry_points_loaded:
-        _entry_points_loaded = True
-        from importlib.metadata import entry_points
-
-        for entry in entry_points(group=ENTRY_POINTS):
-            loaded = entry.load()
-            if isinstance(loaded, KernelSpec):
-                register(loaded)
-    return dict(_REGISTRY)
-
-
-def bundled_names() -> list[str]:
-    """The specs of kernels that are not ours, built on request, never part of the
-    default registry: JAX's bundled Pallas kernels ("jax:gpu.attention", ...) and,
-    where Tokamax is installed, Tokamax's ops ("tokamax:layer_norm:xla", ...)."""
-    from . import jax_bundled, tokamax_client
-
-    return sorted(jax_bundled.BUNDLED) + tokamax_client.names()
-
-
-def is_module_target(name: str) -> bool:
-    """``MODULE:NAME``: a spec defined in a user's module (not "jax:..." or "tokamax:...")."""
-    return ":" in name and not name.startswith(("jax:", "tokamax:"))
-
-
-def module_spec(target: str) -> KernelSpec:
-    """The spec ``MODULE:NAME`` names: ``NAME`` is a ``KernelSpec`` attribute of the
-    importable module, or a key of its ``VARIANTS`` dict (the broken kernels of
-    ``tests/broken``, whose values are (spec, dtypes, examples), on the module's
-    ``BACKENDS``). Renamed to ``target``, so that reports, saved cases and replay
-    commands name it the way it was asked for."""
-    module_name, _, name = target.partition(":")
-    module = importlib.import_module(module_name)
-    if isinstance(getattr(module, name, None), KernelSpec):
-        spec = getattr(module, name)
-    elif name in getattr(module, "VARIANTS", {}):
-        spec = dataclasses.replace(module.VARIANTS[name][0], backends=getattr(module, "BACKENDS", GENERIC))
-    else:
-        raise ValueError(f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]")
-    return dataclasses.replace(spec, name=target)
-
-
-def get_spec(name: str) -> KernelSpec:
-    if is_module_target(name):
-        return module_spec(name)
-    specs = registry()
-    if name in specs:
-        return specs[name]
-    from . import jax_bundled, tokamax_client
-
-    if name in jax_bundled.BUNDLED:
-        return jax_bundled.spec(name)
-    if name in tokamax_client.TOKAMAX:
-        return tokamax_client.spec(name)  # without Tokamax: ModuleNotFoundError saying how to install it
-    raise KeyError(f"no kernel spec named {name!r}; registered: {sorted(specs)}; outside kernels: {bundled_names()}")
-
-
-def selected(names: Sequence[str] | None) -> dict[str, KernelSpec]:
-    """The specs named (every registered one for None), bundled ones included."""
-    return dict(registry()) if not names else {
-        n: get_spec(n) for n in names if n in registry() or n in bundled_names() or is_module_target(n)}

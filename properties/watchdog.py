@@ -12,6 +12,7 @@ stack of every thread) to stderr and, where asked, to a file, saves the case for
 other units on; pytest-xdist reports the test as failed (its worker crashed) and starts
 another worker; a run in one process stops there, with the report.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,10 +20,11 @@ import faulthandler
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from .runner import Search, config_to_json
-from .spec import Case
+from pallascheck.properties.runner import Search, config_to_json
+from pallascheck.properties.spec import Case
 
 CASE_TIMEOUT_S = 300.0
 HANG_EXIT_CODE = 124  # what timeout(1) exits with
@@ -34,9 +36,18 @@ class CaseWatchdog:
     when a case hangs (pytest's plugin stops capturing output there, so that the
     report reaches the terminal)."""
 
-    def __init__(self, timeout_s: float, *, kernel: str, dtype: str, backend: str, replay: str = "",
-                 failure_dir: str | None = None, report_path: str | None = None,
-                 before_report: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        timeout_s: float,
+        *,
+        kernel: str,
+        dtype: str,
+        backend: str,
+        replay: str = "",
+        failure_dir: str | None = None,
+        report_path: str | None = None,
+        before_report: Callable[[], None] | None = None,
+    ):
         if not timeout_s > 0:
             raise ValueError(f"case timeout must be > 0 seconds, got {timeout_s!r}")
         self.timeout_s = timeout_s
@@ -64,17 +75,25 @@ class CaseWatchdog:
             self._timer = None
 
     def report(self, case: Case, config: Any) -> str:
-        return (f"[hang] kernel={self.kernel} dtype={self.dtype} backend={self.backend} config={config}: "
-                f"no result in {self.timeout_s:g} s on the case {case.describe()}"
-                + (f"\n  replay: {self.replay}" if self.replay else ""))
+        return (
+            f"[hang] kernel={self.kernel} dtype={self.dtype} backend={self.backend} config={config}: "
+            f"no result in {self.timeout_s:g} s on the case {case.describe()}"
+            + (f"\n  replay: {self.replay}" if self.replay else "")
+        )
 
     def _expired(self, case: Case, config: Any) -> None:
         message = self.report(case, config)
         if self.failure_dir is not None:
             os.makedirs(self.failure_dir, exist_ok=True)
             path = os.path.join(self.failure_dir, f"{self.kernel}-{self.dtype}-hang.npz")
-            meta = {"kernel": self.kernel, "dtype": self.dtype, "backend": self.backend, "check": "hang",
-                    "config": config_to_json(config), "message": message}
+            meta = {
+                "kernel": self.kernel,
+                "dtype": self.dtype,
+                "backend": self.backend,
+                "check": "hang",
+                "config": config_to_json(config),
+                "message": message,
+            }
             Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
             message += f"\n  saved: {path} (pallascheck replay {path})"
         if self.before_report is not None:

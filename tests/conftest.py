@@ -7,6 +7,7 @@ that runs out steals the last ones queued on the other. The tests whose kernels 
 in the interpreters that call back into Python are the longest ones (up to a minute
 each on 2 cores, cold: docs/results.md); each half starts with half of them, so that
 no worker is left running one of them alone at the end while the other idles."""
+
 from __future__ import annotations
 
 import pytest

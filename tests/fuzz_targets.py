@@ -6,6 +6,7 @@ not a kernel), broken one way: it hangs, aborts the
 process, allocates without bound, or is wrong at the first element (a value
 failure whose worst element is the same at every shape: one signature).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ def _wrong_first_element(x, interpret=None):
 
 
 def _spec(fn, name):
-    return elementwise_like(fn, name=name, activation="relu", dtypes=("float32",), differentiable=False,
-                            interpret="interpret")
+    return elementwise_like(
+        fn, name=name, activation="relu", dtypes=("float32",), differentiable=False, interpret="interpret"
+    )
 
 
 SOUND = _spec(_relu, "relu")

@@ -3,6 +3,7 @@ accuracy they assume, against the f32 kernels (kernels/activations.py) run by
 XLA:CPU and against float64 derivatives computed by jax autodiff.
 
 """
+
 from __future__ import annotations
 
 import jax
@@ -64,7 +65,9 @@ def _sup_abs(fn, k: int, on_grid: np.ndarray) -> float:
         best = float(a.max())
         for i in candidates:
             res = scipy.optimize.minimize_scalar(
-                lambda z: -abs(float(g(jnp.float64(z)))), bounds=(GRID[i] - H, GRID[i] + H), method="bounded",
+                lambda z: -abs(float(g(jnp.float64(z)))),
+                bounds=(GRID[i] - H, GRID[i] + H),
+                method="bounded",
                 options={"xatol": 1e-12},
             )
             best = max(best, -float(res.fun))
@@ -114,12 +117,9 @@ def test_evaluation_error_of_f32_kernel(name):
     err = np.abs(got - model.fn(z))
     bound = np.broadcast_to(model.evaluation_error(np.abs(z), U32, T32), z.shape)
     bad = err > bound
-    assert not bad.any(), (
-        f"{name}: {bad.sum()} points over; worst z={z[bad][np.argmax((err - bound)[bad])]!r}"
-    )
+    assert not bad.any(), f"{name}: {bad.sum()} points over; worst z={z[bad][np.argmax((err - bound)[bad])]!r}"
     ratio = np.max(np.where(bound > 0, err / np.where(bound > 0, bound, 1), 0.0))
     assert ratio <= 1.0, ratio
-
 
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu"])
@@ -134,14 +134,9 @@ def test_evaluation_error_near_underflow(name):
     assert np.all(err <= bound), (z, got, model.fn(z), err, bound)
 
 
-
-
 @pytest.mark.parametrize(
     "name",
-    [
-        n
-        for n in sorted(ACTIVATIONS)
-    ],
+    [n for n in sorted(ACTIVATIONS)],
 )
 def test_derivative_error_of_f32_autodiff(name):
     """|f'(z) computed by jax autodiff of the f32 kernel activation (what the matmul
@@ -160,7 +155,11 @@ def test_derivative_error_of_f32_autodiff(name):
 TRANSCENDENTALS = {  # name: (f32 function, float64 reference, f32 inputs)
     "exp": (jnp.exp, np.exp, np.linspace(-87, 88, 1_000_001)),
     "tanh": (jnp.tanh, np.tanh, np.concatenate([np.linspace(-10, 10, 1_000_001), np.geomspace(1e-30, 1, 200_000)])),
-    "erf": (lax.erf, scipy.special.erf, np.concatenate([np.linspace(-6, 6, 1_000_001), np.geomspace(1e-30, 1, 200_000)])),
+    "erf": (
+        lax.erf,
+        scipy.special.erf,
+        np.concatenate([np.linspace(-6, 6, 1_000_001), np.geomspace(1e-30, 1, 200_000)]),
+    ),
     "log": (jnp.log, np.log, np.geomspace(1e-37, 1e38, 1_000_001)),
     "rsqrt": (lax.rsqrt, lambda x: 1 / np.sqrt(x), np.geomspace(1e-37, 1e38, 1_000_001)),
 }
@@ -168,10 +167,7 @@ TRANSCENDENTALS = {  # name: (f32 function, float64 reference, f32 inputs)
 
 @pytest.mark.parametrize(
     "name",
-    [
-        n
-        for n in TRANSCENDENTALS
-    ],
+    [n for n in TRANSCENDENTALS],
 )
 def test_transcendental_accuracy_on_xla_cpu(name):
     """Arithmetic.transcendental_rel: XLA:CPU f32 exp/log/erf/tanh/rsqrt are within

@@ -8,6 +8,7 @@
 - the Mosaic GPU interpreter's config space fits the GPU's SMEM, and the case that
   deadlocked the interpreter finishes.
 """
+
 from __future__ import annotations
 
 import jax
@@ -68,8 +69,9 @@ def test_fully_masked_rows_give_zero_output_and_zero_gradients(dtype: str, each_
     bias = np.zeros((sq, skv), np_dtype(dtype))
     bias[5] = -np.inf  # row 5: masked by -inf bias
     # causal with seq_q - seq_kv = 8: rows 0..7 see no key
-    out, (dq, dk, dv, dbias) = _grads(q, k, v, g, backend, _config(backend), mask=jnp.asarray(mask), causal=True,
-                                      bias_value=bias)
+    out, (dq, dk, dv, dbias) = _grads(
+        q, k, v, g, backend, _config(backend), mask=jnp.asarray(mask), causal=True, bias_value=bias
+    )
     for name, x in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv), ("dbias", dbias)):
         assert not np.isnan(x.astype(np.float64)).any(), f"{name} has NaN"
     empty = [3, 5] + list(range(8))
@@ -88,8 +90,16 @@ def _check_against_oracle(out, grads, ref, q, k, v, g, backend, config, dtype: s
     fwd = oracle.bound(ref, dtype=q.dtype, arith=arith, block_k=config.block_k)
     checks.check_values(out, ref.out, fwd, context=ctx)
     exact = oracle.oracle_vjp(ref, q, k, v, None, g)
-    bounds = oracle.gradient_bound(ref, g, fwd, dtype=q.dtype, arith=arith, block_q=config.block_q_bwd,
-                                   block_k=config.block_k_bwd, block_k_forward=config.block_k)
+    bounds = oracle.gradient_bound(
+        ref,
+        g,
+        fwd,
+        dtype=q.dtype,
+        arith=arith,
+        block_q=config.block_q_bwd,
+        block_k=config.block_k_bwd,
+        block_k_forward=config.block_k,
+    )
     checks.check_gradients(dict(zip(("dq", "dk", "dv"), grads)), exact, bounds, context=ctx)
 
 
@@ -127,9 +137,12 @@ def test_unaligned_length_1000_within_bound(each_backend: Backend) -> None:
 # block_q_bwd, block_k_bwd, bytes). `verify --backend triton --examples 15` drew the
 # first; the rest came from compiling the largest configs of the space.
 TRITON_REFUSED = [
-    (128, True, 64, 64, 32, 64, 245760), (64, True, 128, 128, 64, 64, 393216),
-    (64, True, 64, 128, 64, 64, 278528), (64, True, 64, 32, 64, 128, 262144),
-    (64, True, 64, 64, 64, 128, 262144), (64, False, 128, 128, 64, 64, 262144),
+    (128, True, 64, 64, 32, 64, 245760),
+    (64, True, 128, 128, 64, 64, 393216),
+    (64, True, 64, 128, 64, 64, 278528),
+    (64, True, 64, 32, 64, 128, 262144),
+    (64, True, 64, 64, 64, 128, 262144),
+    (64, False, 128, 128, 64, 64, 262144),
 ]
 
 
@@ -154,7 +167,7 @@ def test_mosaic_gpu_interpreter_space_fits_shared_memory(head_dim: int, bias: bo
 
 def test_warp_specialised_dkdv_with_gqa_causal_mask_finishes(each_backend: Backend) -> None:
     """The case that deadlocked the Mosaic GPU interpreter on a 2-core machine (XLA:CPU's
-    pool starved by warpgroups blocked at barriers; properties/compilation.py's
+    pool starved by warpgroups blocked at barriers; properties/device/compilation.py's
     INTERPRETER_FLAGS): GQA, causal and a mask through the warp-specialised dk/dv
     kernel with 128-row q blocks (with the mask's bias tiles no GPU's SMEM holds it: a
     config for the interpreter only). Values and gradients within their bounds; a hang ends the run with a report."""

@@ -2,6 +2,7 @@
 reason and picks a correct one; pinned configs are bitwise deterministic across
 recompiles, dump/load, processes and TPU-interpreter grid shuffles; a result tuned
 elsewhere warns and runs the defaults; a damaged result file is refused by name."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import numpy as np
 import pytest
 
 import pallascheck
+from broken.matmul_variants import unmasked_k_padding_at_largest_block
 from pallascheck.kernels import matmul, pinning
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties.matmul_spec import make_spec
-from broken.matmul_variants import unmasked_k_padding_at_largest_block
+from pallascheck.properties.families.matmul import make_spec
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((24, 40)), jnp.float32)  # K = 40: 32 does not divide it
 Y = jnp.asarray(np.random.default_rng(1).standard_normal((40, 24)), jnp.float32)
@@ -34,10 +35,12 @@ def tuned() -> pallascheck.AutotuneResult:
 
 
 def test_broken_config_is_rejected_and_a_correct_one_chosen():
-    broken = make_spec(unmasked_k_padding_at_largest_block, name="matmul[unmasked_k_padding_at_largest_block]",
-                       differentiable=False)
-    result = pallascheck.autotune(product, X, Y, backends=["interpret"], repeats=2, adversarial=("normal",),
-                                  specs={"matmul": broken})
+    broken = make_spec(
+        unmasked_k_padding_at_largest_block, name="matmul[unmasked_k_padding_at_largest_block]", differentiable=False
+    )
+    result = pallascheck.autotune(
+        product, X, Y, backends=["interpret"], repeats=2, adversarial=("normal",), specs={"matmul": broken}
+    )
     (entry,) = result.entries
     rejected = {json.dumps(r["config"]["fields"], sort_keys=True): r["reason"] for r in entry["rejected"]}
     assert rejected and all(json.loads(k)["block_k"] == 32 for k in rejected), rejected
@@ -61,9 +64,11 @@ def test_pinned_configs_are_bitwise_deterministic(tuned, tmp_path):
         loaded = np.asarray(product(X, Y))
     np.save(tmp_path / "x.npy", np.asarray(X))
     np.save(tmp_path / "y.npy", np.asarray(Y))
-    script = ("import numpy as np, jax.numpy as jnp; from pallascheck.kernels import matmul; "
-              f"d = {str(tmp_path)!r}; x, y = (jnp.asarray(np.load(f'{{d}}/{{n}}.npy')) for n in 'xy'); "
-              "np.save(f'{d}/out.npy', np.asarray(matmul.matmul(x, y)))")
+    script = (
+        "import numpy as np, jax.numpy as jnp; from pallascheck.kernels import matmul; "
+        f"d = {str(tmp_path)!r}; x, y = (jnp.asarray(np.load(f'{{d}}/{{n}}.npy')) for n in 'xy'); "
+        "np.save(f'{d}/out.npy', np.asarray(matmul.matmul(x, y)))"
+    )
     env = dict(os.environ, PALLASCHECK_CONFIGS=path)
     subprocess.run([sys.executable, "-c", script], env=env, check=True)
     other_process = np.load(tmp_path / "out.npy")
@@ -89,13 +94,16 @@ def test_result_tuned_elsewhere_warns_and_runs_the_defaults(tuned):
     assert got.tobytes() == default.tobytes()
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda text: text[: len(text) // 2], r"bad.json: not a pallascheck autotuning result \(invalid JSON"),
-    (lambda text: json.dumps({"entries": []}), r"bad.json: not a pallascheck autotuning result \(field 'format'"),
-    (lambda text: text.replace('"version": 1', '"version": 7'), r"bad.json.version: 7 is not supported"),
-    (lambda text: text.replace('"block_m"', '"block_mm"'), r"bad.json.entries\[0\].chosen.fields: .*block_mm"),
-    (lambda text: text.replace('"matmul.Config"', '"nosuch.Config"'), r"bad.json.entries\[0\].chosen.type"),
-])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda text: text[: len(text) // 2], r"bad.json: not a pallascheck autotuning result \(invalid JSON"),
+        (lambda text: json.dumps({"entries": []}), r"bad.json: not a pallascheck autotuning result \(field 'format'"),
+        (lambda text: text.replace('"version": 1', '"version": 7'), r"bad.json.version: 7 is not supported"),
+        (lambda text: text.replace('"block_m"', '"block_mm"'), r"bad.json.entries\[0\].chosen.fields: .*block_mm"),
+        (lambda text: text.replace('"matmul.Config"', '"nosuch.Config"'), r"bad.json.entries\[0\].chosen.type"),
+    ],
+)
 def test_damaged_result_is_refused_naming_file_and_field(tuned, damage, message):
     with pytest.raises(ValueError, match=message):
         pallascheck.AutotuneResult.loads(damage(tuned.dumps()), "bad.json")
@@ -107,15 +115,19 @@ def test_bad_arguments_are_refused():
 
 
 def test_production_size_takes_the_production_tiers_layout_and_needs_a_gpu(capsys):
+    from pallascheck import cli
     from pallascheck.bench import autotune_workloads
-    from pallascheck.fuzz import cli
     from pallascheck.properties import production
 
-    shapes = {name: [l for l in production.FAMILIES[name]() if l.name.startswith(layout + ":")][0].fields
-              for name, layout in autotune_workloads.PRODUCTION_LAYOUTS.items()}
+    shapes = {
+        name: [l for l in production.FAMILIES[name]() if l.name.startswith(layout + ":")][0].fields
+        for name, layout in autotune_workloads.PRODUCTION_LAYOUTS.items()
+    }
     _, (x, y) = autotune_workloads.WORKLOADS["matmul"]("production", "bfloat16")
-    assert (x.shape, y.shape) == ((shapes["matmul"]["m"][0], shapes["matmul"]["k"][0]),
-                                  (shapes["matmul"]["k"][0], shapes["matmul"]["n"][0]))
+    assert (x.shape, y.shape) == (
+        (shapes["matmul"]["m"][0], shapes["matmul"]["k"][0]),
+        (shapes["matmul"]["k"][0], shapes["matmul"]["n"][0]),
+    )
     with pytest.raises(ValueError, match="rms_norm has no production layout"):
         autotune_workloads.WORKLOADS["rms_norm"]("production", "bfloat16")
     with pytest.raises(SystemExit, match="needs a GPU backend, not interpret"):

@@ -1,4 +1,4 @@
-"""JAX's own Pallas kernels as outside clients (``properties/jax_bundled.py``), checked
+"""JAX's own Pallas kernels as outside clients (``properties/outside/jax_bundled.py``), checked
 with specs the builders made, in the interpreters on the CPU (and with ``--backend
 triton`` / ``mosaic_gpu`` on a GPU). A weakness found in them is an expected finding,
 kept as a strict xfail that raises only the finding's own exception, so that it flips
@@ -27,6 +27,7 @@ Findings (jax 0.11.2 and 0.12.0.1):
 - attention_mgpu (H200, jax 0.11.2): bf16 inputs fail to lower ("Expected dtypes to
   match but src had type bfloat16 and dst had type float16"); f16 passes every check.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,12 +37,16 @@ import jax
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, jax_bundled, runner
-from pallascheck.properties.attention_spec import attention_like
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties import checks, runner
+from pallascheck.properties.families.attention import attention_like
+from pallascheck.properties.outside import jax_bundled
+from pallascheck.properties.registry import get_spec
 
-INTERPRETED = {name: next(b for b in get_spec(name).backends if Backend(b).is_interpreted)
-               for name in jax_bundled.BUNDLED if name != "jax:gpu.attention_mgpu"}
+INTERPRETED = {
+    name: next(b for b in get_spec(name).backends if Backend(b).is_interpreted)
+    for name in jax_bundled.BUNDLED
+    if name != "jax:gpu.attention_mgpu"
+}
 
 
 class GradientFinding(AssertionError):
@@ -65,16 +70,23 @@ class RowsOutsideGroupsFinding(AssertionError):
 
 
 RESIDUALS_IN_INPUT_DTYPE = pytest.mark.xfail(
-    strict=True, raises=GradientFinding,
-    reason="row statistics saved in the input dtype: bf16/f16 gradients leave their bound (module docstring)")
+    strict=True,
+    raises=GradientFinding,
+    reason="row statistics saved in the input dtype: bf16/f16 gradients leave their bound (module docstring)",
+)
 PARTIALS_IN_INPUT_DTYPE = pytest.mark.xfail(
-    strict=True, raises=ValuesFinding,
-    reason="unnormalised split outputs kept in the input dtype: bf16 leaves the contract (module docstring)")
+    strict=True,
+    raises=ValuesFinding,
+    reason="unnormalised split outputs kept in the input dtype: bf16 leaves the contract (module docstring)",
+)
 # jax 0.11's interpreter divides by the zero row length (ZeroDivisionError); jax 0.12's
 # fails in a gather with a TypeError, which counts as refusing
 ZERO_LENGTH_ROW_CRASH = pytest.mark.xfail(
-    condition=tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12), strict=True, raises=CrashOnBadInput,
-    reason="softmax does not check for zero-length rows (module docstring)")
+    condition=tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12),
+    strict=True,
+    raises=CrashOnBadInput,
+    reason="softmax does not check for zero-length rows (module docstring)",
+)
 NO_VALIDATION = pytest.mark.xfail(strict=True, raises=SilentBadInput, reason="computes on bad input (module docstring)")
 
 
@@ -83,16 +95,23 @@ def _params(names, marks: dict) -> list:
 
 
 PROPERTIES = [(name, dtype) for name in INTERPRETED for dtype in get_spec(name).dtypes]
-LOW_PRECISION_NORMS = {(f"jax:gpu.{k}", d): RESIDUALS_IN_INPUT_DTYPE
-                       for k in ("layer_norm", "rms_norm") for d in ("bfloat16", "float16")}
+LOW_PRECISION_NORMS = {
+    (f"jax:gpu.{k}", d): RESIDUALS_IN_INPUT_DTYPE for k in ("layer_norm", "rms_norm") for d in ("bfloat16", "float16")
+}
 FINDINGS = {**LOW_PRECISION_NORMS, ("jax:gpu.paged_attention", "bfloat16"): PARTIALS_IN_INPUT_DTYPE}
 
 
 @pytest.mark.parametrize(("name", "dtype"), _params(PROPERTIES, FINDINGS))
 def test_bundled_kernel(name: str, dtype: str, examples: int) -> None:
     """Every check of the builder-made spec, on the kernel's interpreter."""
-    tally = runner.run_property(get_spec(name), dtype, Backend(INTERPRETED[name]), examples=examples, seed=0,
-                                replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend {INTERPRETED[name]}")
+    tally = runner.run_property(
+        get_spec(name),
+        dtype,
+        Backend(INTERPRETED[name]),
+        examples=examples,
+        seed=0,
+        replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend {INTERPRETED[name]}",
+    )
     if tally.failure.startswith("[gradients]"):
         raise GradientFinding(tally.failure)
     if tally.failure.startswith(("[values]", "[contract]")):
@@ -100,10 +119,19 @@ def test_bundled_kernel(name: str, dtype: str, examples: int) -> None:
     assert not tally.failure, tally.failure
 
 
-@pytest.mark.parametrize("name", _params([(n,) for n in INTERPRETED], {
-    ("jax:gpu.attention",): NO_VALIDATION, ("jax:gpu.layer_norm",): NO_VALIDATION,
-    ("jax:gpu.rms_norm",): NO_VALIDATION, ("jax:tpu.megablox.gmm",): NO_VALIDATION,
-    ("jax:gpu.softmax",): ZERO_LENGTH_ROW_CRASH}))
+@pytest.mark.parametrize(
+    "name",
+    _params(
+        [(n,) for n in INTERPRETED],
+        {
+            ("jax:gpu.attention",): NO_VALIDATION,
+            ("jax:gpu.layer_norm",): NO_VALIDATION,
+            ("jax:gpu.rms_norm",): NO_VALIDATION,
+            ("jax:tpu.megablox.gmm",): NO_VALIDATION,
+            ("jax:gpu.softmax",): ZERO_LENGTH_ROW_CRASH,
+        },
+    ),
+)
 def test_bundled_kernel_refuses_bad_input(name: str) -> None:
     outcome = runner.run_errors(get_spec(name), context=checks.Context(kernel=name))
     if not outcome.passed and "nothing was raised" in outcome.detail:
@@ -117,11 +145,14 @@ def test_bundled_kernel_refuses_bad_input(name: str) -> None:
 @pytest.mark.parametrize("name", ["jax:gpu.ragged_dot_mgpu", "jax:tpu.megablox.gmm"])
 def test_grouped_matmuls_under_ragged_dot_semantics(name: str, examples: int) -> None:
     """Under jax.lax.ragged_dot's promise (rows in no group are 0)."""
-    factory = {"jax:gpu.ragged_dot_mgpu": jax_bundled.gpu_ragged_dot_mgpu,
-               "jax:tpu.megablox.gmm": jax_bundled.tpu_megablox_gmm}[name]
+    factory = {
+        "jax:gpu.ragged_dot_mgpu": jax_bundled.gpu_ragged_dot_mgpu,
+        "jax:tpu.megablox.gmm": jax_bundled.tpu_megablox_gmm,
+    }[name]
     spec = factory(rows_outside_groups="zero")
-    tally = runner.run_property(spec, spec.dtypes[-1], Backend(INTERPRETED[name]), examples=examples, seed=0,
-                                selected=("values",))
+    tally = runner.run_property(
+        spec, spec.dtypes[-1], Backend(INTERPRETED[name]), examples=examples, seed=0, selected=("values",)
+    )
     if tally.failure.startswith("[values]") and "oracle=np.float64(0.0)" in tally.failure:
         raise RowsOutsideGroupsFinding(tally.failure)
     assert not tally.failure, tally.failure
@@ -149,7 +180,9 @@ def test_broken_bundled_attention_is_caught(examples: int) -> None:
     spec = jax_bundled.gpu_attention()
     with causal_loop_one_block_short():
         tally = runner.run_property(spec, "float32", Backend("interpret"), examples=examples, seed=0)
-    assert tally.failure.startswith("[values]") or tally.failure.startswith("[gradients]"), tally.failure or "not caught"
+    assert tally.failure.startswith("[values]") or tally.failure.startswith("[gradients]"), (
+        tally.failure or "not caught"
+    )
 
 
 def test_bundled_attention_scale_convention_is_told_apart(examples: int) -> None:
@@ -157,8 +190,15 @@ def test_bundled_attention_scale_convention_is_told_apart(examples: int) -> None
     convention fails the values check, under its own it passes (test_bundled_kernel)."""
     mha = jax_bundled._module("gpu.attention").mha
     wrong = attention_like(
-        lambda q, k, v, interpret: mha(q, k, v, None, interpret=interpret), name="mha_as_1_over_sqrt_d",
-        gqa=False, seq_q=(32, 64), seq_kv=None, differentiable=False, backends=("interpret",), interpret="interpret")
+        lambda q, k, v, interpret: mha(q, k, v, None, interpret=interpret),
+        name="mha_as_1_over_sqrt_d",
+        gqa=False,
+        seq_q=(32, 64),
+        seq_kv=None,
+        differentiable=False,
+        backends=("interpret",),
+        interpret="interpret",
+    )
     tally = runner.run_property(wrong, "float32", Backend("interpret"), examples=examples, seed=0, selected=("values",))
     assert tally.failure.startswith("[values]"), "a scale convention that differs went unnoticed"
 
@@ -173,15 +213,26 @@ def test_attention_mgpu_scale_convention(each_backend: Backend, examples: int) -
     assert not tally.failure, tally.failure
     mod = jax_bundled._module("gpu.attention_mgpu")
     config = mod.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
-    scaled = attention_like(lambda q, k, v: mod.attention(q, k, v, config), name="attention_mgpu_as_1_over_sqrt_d",
-                            seq_q=(128,), seq_kv=(128,), head_dims=(64,), dtypes=("float16",),
-                            differentiable=False, backends=("mosaic_gpu",))
+    scaled = attention_like(
+        lambda q, k, v: mod.attention(q, k, v, config),
+        name="attention_mgpu_as_1_over_sqrt_d",
+        seq_q=(128,),
+        seq_kv=(128,),
+        head_dims=(64,),
+        dtypes=("float16",),
+        differentiable=False,
+        backends=("mosaic_gpu",),
+    )
     tally = runner.run_property(scaled, "float16", each_backend, examples=examples, seed=0, selected=("values",))
     assert tally.failure.startswith("[values]"), "the 1/sqrt(d) convention was not told apart"
 
 
-TRITON_FINDINGS = [("jax:gpu.attention", "float32"), ("jax:gpu.decode_attention", "float32"),
-                   ("jax:gpu.paged_attention", "float32"), ("jax:gpu.softmax", "bfloat16")]
+TRITON_FINDINGS = [
+    ("jax:gpu.attention", "float32"),
+    ("jax:gpu.decode_attention", "float32"),
+    ("jax:gpu.paged_attention", "float32"),
+    ("jax:gpu.softmax", "bfloat16"),
+]
 
 
 @pytest.mark.xfail(strict=True, raises=ValuesFinding, reason="tf32 q.k / bf16 max shift on Triton (module docstring)")
@@ -191,8 +242,14 @@ def test_bundled_kernel_findings_on_triton(name: str, dtype: str, each_backend: 
     subtraction) does not happen in the CPU interpreter."""
     if each_backend.name != "triton":
         pytest.skip("a Triton finding: run with --backend triton on a GPU")
-    tally = runner.run_property(get_spec(name), dtype, each_backend, examples=16, seed=0,
-                                replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend triton --examples 16")
+    tally = runner.run_property(
+        get_spec(name),
+        dtype,
+        each_backend,
+        examples=16,
+        seed=0,
+        replay_hint=f"pallascheck verify --kernel {name} --dtype {dtype} --backend triton --examples 16",
+    )
     if tally.failure.startswith(("[values]", "[contract]", "[gradients]")):
         raise ValuesFinding(tally.failure)
     assert not tally.failure, tally.failure

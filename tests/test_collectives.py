@@ -1,19 +1,21 @@
 """The distributed kernels (kernels/collectives.py) on meshes of 2, 4 and 8 CPU devices.
 
-Each device count runs in one child process (properties/multidevice.py) that draws
+Each device count runs in one child process (properties/device/multidevice.py) that draws
 many examples inside, so the pytest process stays single-device and ``-n auto``
-stays correct. The checks themselves are in properties/collectives_checks.py.
+stays correct. The checks themselves are in properties/families/collectives.py.
 """
+
 from __future__ import annotations
 
 import os
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pallascheck.properties import multidevice, sharding
+from pallascheck.properties.device import multidevice, sharding
 
-CHECKS = "pallascheck.properties.collectives_checks"
+CHECKS = "pallascheck.properties.families.collectives"
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # where the child imports broken.* from
 VARIANTS = "broken.collectives_variants:VARIANTS"
 # examples per kernel per device count (ci); more under the dev/fuzz profiles
@@ -54,8 +56,11 @@ def test_broken_variants_are_caught() -> None:
 
     names = sorted(set(collectives_variants.VARIANTS) - set(collectives_variants.DEADLOCKS))
     result = multidevice.run_with_cpu_devices(
-        f"{CHECKS}:run_variants", 4,
-        {"variants": VARIANTS, "names": names, "examples": 12}, timeout_s=400, import_path=TESTS_DIR,
+        f"{CHECKS}:run_variants",
+        4,
+        {"variants": VARIANTS, "names": names, "examples": 12},
+        timeout_s=400,
+        import_path=TESTS_DIR,
     )
     survived = [name for name in names if not result[name]["caught"]]
     assert not survived, f"survived: {survived}"
@@ -72,8 +77,10 @@ def test_deadlock_is_a_timeout_not_a_hang() -> None:
     a loaded machine, and a deadlock waits out the whole limit."""
     with pytest.raises(multidevice.ChildTimeout, match=r"deadlock(.|\n)*running variant deadlock_missing_send"):
         multidevice.run_with_cpu_devices(
-            f"{CHECKS}:run_variants", 4,
-            {"variants": VARIANTS, "names": ["deadlock_missing_send"], "examples": 1}, timeout_s=8,
+            f"{CHECKS}:run_variants",
+            4,
+            {"variants": VARIANTS, "names": ["deadlock_missing_send"], "examples": 1},
+            timeout_s=8,
             import_path=TESTS_DIR,
         )
 
@@ -126,7 +133,9 @@ def test_sharding_strategies_draw_valid_layouts(data) -> None:
     axis = data.draw(st.sampled_from(layout.names))
     dim = data.draw(st.integers(0, 2))
     spec = data.draw(sharding.partition_specs(3, layout, required={dim: axis}))
-    entries = [() if e is None else (e if isinstance(e, tuple) else (e,)) for e in tuple(spec) + (None,) * (3 - len(spec))]
+    entries = [
+        () if e is None else (e if isinstance(e, tuple) else (e,)) for e in tuple(spec) + (None,) * (3 - len(spec))
+    ]
     used = [a for e in entries for a in e]
     assert len(used) == len(set(used)) and set(used) <= set(layout.names)
     assert entries[dim][-1] == axis

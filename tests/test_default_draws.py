@@ -6,6 +6,7 @@ A mutant of a code path that no case reaches cannot die, so the draws are part o
 the checks' strength (docs/mutation.md): each dtype must draw its own layouts, and
 the optional operands must be drawn given somewhere in every spec's default run.
 Only the draws are recorded here; no kernel runs."""
+
 from __future__ import annotations
 
 import hypothesis
@@ -13,10 +14,12 @@ import pytest
 from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, jax_bundled, runner, strategies, tokamax_client
-from pallascheck.properties.spec import get_spec, registry
+from pallascheck.properties import checks, runner, strategies
+from pallascheck.properties.outside import jax_bundled
+from pallascheck.properties.outside import tokamax as tokamax_client
+from pallascheck.properties.registry import get_spec, registry
 
-VERIFY_EXAMPLES = 3  # fuzz/cli.py: verify's --examples
+VERIFY_EXAMPLES = 3  # pallascheck/cli/__init__.py: verify's --examples
 
 
 def _draws(monkeypatch, name: str) -> dict[str, list[tuple]]:
@@ -41,8 +44,16 @@ def test_each_dtype_draws_its_own_layouts(monkeypatch) -> None:
     assert len({case[0] for cases in drawn.values() for case in cases}) > VERIFY_EXAMPLES
 
 
-@pytest.mark.parametrize("name, operand", [("layer_norm", "scale"), ("layer_norm", "offset"), ("rms_norm", "scale"),
-                                           ("attention", "bias"), ("attention", "mask")])
+@pytest.mark.parametrize(
+    "name, operand",
+    [
+        ("layer_norm", "scale"),
+        ("layer_norm", "offset"),
+        ("rms_norm", "scale"),
+        ("attention", "bias"),
+        ("attention", "mask"),
+    ],
+)
 def test_verify_draws_each_optional_operand_given_and_not(monkeypatch, name: str, operand: str) -> None:
     cases = [dict(shapes) for cases in _draws(monkeypatch, name).values() for shapes, _ in cases]
     assert any(operand in c for c in cases) and any(operand not in c for c in cases)
@@ -55,8 +66,11 @@ CI_EXAMPLES = 4
 
 
 def _callback_properties() -> list[tuple[str, str]]:
-    mosaic = [(name, "mosaic_gpu_interpret") for name, spec in registry().items()
-              if spec.runs_on(Backend("mosaic_gpu_interpret"))]  # test_kernel_properties' CPU session
+    mosaic = [
+        (name, "mosaic_gpu_interpret")
+        for name, spec in registry().items()
+        if spec.runs_on(Backend("mosaic_gpu_interpret"))
+    ]  # test_kernel_properties' CPU session
     outside = []  # test_bundled_kernels, test_tokamax: each kernel in its own interpreter
     for name in sorted(jax_bundled.BUNDLED) + sorted(tokamax_client.TOKAMAX):
         interpreter = next((b for b in get_spec(name).backends if Backend(b).is_interpreted), None)
@@ -117,8 +131,9 @@ def test_in_turn_draws_replay_a_failing_example(monkeypatch) -> None:
         return tally or runner.Tally()
 
     monkeypatch.setattr(runner, "check_case", fail_on_third)
-    tally = runner.run_property(get_spec("matmul"), "bfloat16", Backend("mosaic_gpu_interpret"),
-                                examples=CI_EXAMPLES, seed=0)
+    tally = runner.run_property(
+        get_spec("matmul"), "bfloat16", Backend("mosaic_gpu_interpret"), examples=CI_EXAMPLES, seed=0
+    )
     assert [f.check for f in tally.findings] == ["values"], tally.failure
     assert seen[-1] == seen[2]  # the replay drew the third example's case again
 

@@ -16,6 +16,7 @@ norm with sqrt and log of its variance): within the bound everywhere; the larges
 budget used, 0.99994, is an f16 product flushed to 0, whose error is its own size, which
 is then the bound (a rounding never errs by more).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,18 @@ BF16 = ml_dtypes.bfloat16
 def _elementwise(x, y):
     a = jnp.exp(x) + jnp.exp2(y) - jnp.expm1(x) + jnp.log1p(jnp.abs(y)) + jnp.log(1.0 + x * x)
     b = jnp.tanh(x) * jax.nn.sigmoid(y) + lax.erf(x) - jnp.sqrt(jnp.abs(y)) + lax.rsqrt(1.0 + y * y)
-    c = jnp.power(jnp.abs(x) + 1.0, y) + x ** 3 + (1.0 + y * y) ** -2 + jnp.sin(x) * jnp.cos(y)
+    c = jnp.power(jnp.abs(x) + 1.0, y) + x**3 + (1.0 + y * y) ** -2 + jnp.sin(x) * jnp.cos(y)
     return jnp.maximum(a, b) - jnp.minimum(b, c) + jnp.where(x > y + 0.5, a / (1.0 + y * y), c)
 
 
 def _reductions(x, y):
     s = jnp.sum(x, axis=1, keepdims=True) + jnp.max(y, axis=1, keepdims=True) - jnp.min(x, axis=0)
-    c = jnp.cumsum(y, axis=1) + lax.cumlogsumexp(x, axis=1) + lax.cummax(y, axis=0) + jnp.cumprod(1.0 + x / 64.0, axis=1)
+    c = (
+        jnp.cumsum(y, axis=1)
+        + lax.cumlogsumexp(x, axis=1)
+        + lax.cummax(y, axis=0)
+        + jnp.cumprod(1.0 + x / 64.0, axis=1)
+    )
     return s + c + jax.nn.logsumexp(x, axis=1, keepdims=True) + jax.nn.softmax(y, axis=0)
 
 
@@ -75,8 +81,12 @@ def _loops(x, y):
     return ys + carry + twice + looped + scaled(jax.nn.relu(x)) + jax.nn.softplus(y)
 
 
-REFERENCES = {"elementwise": _elementwise, "reductions": _reductions, "dots_and_shapes": _dots_and_shapes,
-              "loops": _loops}
+REFERENCES = {
+    "elementwise": _elementwise,
+    "reductions": _reductions,
+    "dots_and_shapes": _dots_and_shapes,
+    "loops": _loops,
+}
 
 
 def _inputs(seed: int) -> list[np.ndarray]:
@@ -143,6 +153,7 @@ def test_a_comparison_within_its_error_is_unverifiable() -> None:
 def test_a_select_on_an_undecided_comparison_is_bounded_by_its_cases() -> None:
     """relu'(z) g at z within its error of 0: the kernel may give g or 0, so the bound
     there covers |g| (the hand-derived matmul gradient bound charges the same)."""
+
     def fn(z, g):
         return jnp.where(z * 3.0 > 1.0, g, 0.0)
 
@@ -191,6 +202,7 @@ def test_facts_refuse_what_they_cannot_model() -> None:
 def test_an_integer_reduction_reduces_its_operands_masks_with_it() -> None:
     """A row's group index as a count of group ends at or below it (the ragged-dot
     reference's form): an integer reduce_sum over a [rows, groups] comparison."""
+
     def scaled_by_group(x, ends):
         group = jnp.sum(jnp.arange(x.shape[0])[:, None] >= ends[None, :], axis=1)
         return x * group.astype(x.dtype)
@@ -205,8 +217,11 @@ def test_a_fully_masked_row_is_exactly_zero_and_verifiable() -> None:
     """exp(-inf) is exactly 0 and sums and products of exact zeros are exactly 0: an
     online softmax's empty row (l == 0 decides it) must not be made unverifiable by
     underflow floors charged to values that are exactly 0."""
+
     def fn(s):
-        p = jnp.exp(s - jnp.where(jnp.isneginf(jnp.max(s, axis=1, keepdims=True)), 0.0, jnp.max(s, axis=1, keepdims=True)))
+        p = jnp.exp(
+            s - jnp.where(jnp.isneginf(jnp.max(s, axis=1, keepdims=True)), 0.0, jnp.max(s, axis=1, keepdims=True))
+        )
         l = 0.5 * jnp.sum(p, axis=1)
         return jnp.where(l == 0.0, 1.0, l)
 
@@ -219,6 +234,7 @@ def test_a_fully_masked_row_is_exactly_zero_and_verifiable() -> None:
 def test_a_one_hot_sum_is_exact_and_a_dense_one_is_not() -> None:
     """Additions of exact zeros are exact: picking one term by a mask and summing is
     exact (the target logit of a cross-entropy), whatever the length of the row."""
+
     def fn(z, labels):
         picked = jnp.sum(jnp.where(jnp.arange(z.shape[1])[None, :] == labels[:, None], z, 0.0), axis=1)
         return picked, jnp.sum(z, axis=1)
@@ -234,10 +250,10 @@ def test_top_k_copies_values_and_flags_indices_of_near_ties() -> None:
         values, indices = lax.top_k(x * 3.0, 2)  # x * 3 rounds: every value carries an error
         return values, indices
 
-    x = np.array([[1.0, 1.0 + 2.0 ** -23, 0.0], [4.0, 2.0, 0.0]], np.float32)  # row 0: within 2 errors
+    x = np.array([[1.0, 1.0 + 2.0**-23, 0.0], [4.0, 2.0, 0.0]], np.float32)  # row 0: within 2 errors
     d = derive.derive(fn, [x], facts=Facts(), arith=CPU)
-    np.testing.assert_array_equal(d.values[0], [[3.0 * (1.0 + 2.0 ** -23), 3.0], [12.0, 6.0]])
-    assert np.all(d.bounds[0] >= 12.0 * 2.0 ** -24 * np.array([[0.25], [1.0]]))
+    np.testing.assert_array_equal(d.values[0], [[3.0 * (1.0 + 2.0**-23), 3.0], [12.0, 6.0]])
+    assert np.all(d.bounds[0] >= 12.0 * 2.0**-24 * np.array([[0.25], [1.0]]))
     assert d.unverifiable[1].tolist() == [[True, True], [False, False]]
     assert not d.unverifiable[0].any()
 
@@ -245,6 +261,7 @@ def test_top_k_copies_values_and_flags_indices_of_near_ties() -> None:
 def test_exact_additions_do_not_round() -> None:
     """0 + x is x, and z - m of two exact floats within a factor 2 is exact (Sterbenz):
     the cross-entropy's m - t at logits near 1e4 is exact, not u |m|."""
+
     def fn(z):
         t = 0.0 + z[:, 1]
         return jnp.max(z, axis=1) - t, z[:, 0] - z[:, 1]
@@ -262,7 +279,7 @@ def _online_log_sum_exp(x):
     m = jnp.full((x.shape[0], 1), -jnp.inf, jnp.float32)
     l = jnp.zeros((x.shape[0], 1), jnp.float32)
     for start in range(0, x.shape[1], 4):
-        tile = s[:, start:start + 4]
+        tile = s[:, start : start + 4]
         m_new = jnp.maximum(m, jnp.max(tile, axis=1, keepdims=True))
         l = jnp.exp(m - m_new) * l + jnp.sum(jnp.exp(tile - m_new), axis=1, keepdims=True)
         m = m_new
@@ -285,7 +302,7 @@ def test_the_error_of_a_softmax_max_cancels() -> None:
     exp is within e and its final rounding, p within its own logit's error and the
     sum's (about expm1(2e) p)."""
     x = (1e6 + np.random.default_rng(0).uniform(0.0, 3.0, (4, 32))).astype(np.float32)
-    e = 2.0 ** -24 * 3e6
+    e = 2.0**-24 * 3e6
     lse = derive.derive(_online_log_sum_exp, [x], facts=Facts(), arith=CPU)
     assert not lse.unverifiable[0].any()
     assert np.all(lse.bounds[0] <= 2.5 * e)  # e (the logits) + e (m + log l rounds at 3e6) + the rest
@@ -301,19 +318,25 @@ def test_a_sum_of_exact_terms_on_one_grid_is_exact() -> None:
     variance is exactly 0 up to the mean's rounding, and rsqrt(var + eps) is decided
     (it was unverifiable: the sum's gamma bound, 4.6, made the variance's 2e-3 > eps).
     A row whose terms need more than 24 bits together still pays its rounding."""
+
     def statistics(x):
         x = x.astype(jnp.float32)
         mean = jnp.sum(x, axis=1, keepdims=True) / x.shape[1]
         c = x - mean
         return jnp.sum(x, axis=1), lax.rsqrt(jnp.sum(c * c, axis=1) / x.shape[1] + 1e-5)
 
-    x = np.stack([np.full(100, -7712.0), np.linspace(1.0, 2.0 ** 20, 100)]).astype(BF16)
-    x[1, 0] = 2.0 ** -10  # a term 2^30 times finer than the largest: not on a 24-bit grid
+    x = np.stack([np.full(100, -7712.0), np.linspace(1.0, 2.0**20, 100)]).astype(BF16)
+    x[1, 0] = 2.0**-10  # a term 2^30 times finer than the largest: not on a 24-bit grid
     d = derive.derive(statistics, [x], facts=Facts(), arith=CPU)
     assert d.bounds[0][0] == 0.0 and d.bounds[0][1] > 0.0
     assert not d.unverifiable[1].any()
-    assert _within(jax.jit(statistics)(x)[1], dataclasses.replace(d, values=d.values[1:], bounds=d.bounds[1:],
-                                                                  unverifiable=d.unverifiable[1:])) <= 1.0
+    assert (
+        _within(
+            jax.jit(statistics)(x)[1],
+            dataclasses.replace(d, values=d.values[1:], bounds=d.bounds[1:], unverifiable=d.unverifiable[1:]),
+        )
+        <= 1.0
+    )
 
 
 def test_division_by_a_constant_is_a_rounded_reciprocal() -> None:
@@ -322,9 +345,9 @@ def test_division_by_a_constant_is_a_rounded_reciprocal() -> None:
     x = np.random.default_rng(0).uniform(1.0, 2.0, 4096).astype(np.float32)
     by_three = derive.derive(lambda v: v / 3.0, [x], facts=Facts(), arith=CPU)
     assert _within(jax.jit(lambda v: v / 3.0)(x), by_three) <= 1.0
-    assert np.all(by_three.bounds[0] >= 2.0 * 2.0 ** -24 * by_three.values[0])
+    assert np.all(by_three.bounds[0] >= 2.0 * 2.0**-24 * by_three.values[0])
     by_four = derive.derive(lambda v: v / 4.0, [x], facts=Facts(), arith=CPU)
-    assert np.all(by_four.bounds[0] <= 2.0 ** -24 * by_four.values[0] * 1.0000001)
+    assert np.all(by_four.bounds[0] <= 2.0**-24 * by_four.values[0] * 1.0000001)
 
 
 def test_a_sum_of_squares_is_never_negative() -> None:
@@ -334,6 +357,7 @@ def test_a_sum_of_squares_is_never_negative() -> None:
     But a computed square is never negative, nor a sum or quotient of such, so the
     kernel's var + eps is at least eps: rsqrt is decided. The same shift without the
     square (c + eps) may be negative and stays undecided."""
+
     def rstd(x):
         x = x.astype(jnp.float32)
         c = x - jnp.sum(x, axis=1, keepdims=True) / x.shape[1]
@@ -354,5 +378,5 @@ def test_a_rounding_moves_a_value_no_further_than_zero() -> None:
     x = np.array([3e-19, 1.0], np.float32)
     fn = lambda v: (v * v).astype(jnp.float16)  # noqa: E731
     d = derive.derive(fn, [x], facts=Facts(), arith=CPU)
-    assert d.bounds[0][0] <= 2.0e-37 and d.bounds[0][1] >= 2.0 ** -11  # 9e-38 and its f32 product's floor
+    assert d.bounds[0][0] <= 2.0e-37 and d.bounds[0][1] >= 2.0**-11  # 9e-38 and its f32 product's floor
     assert _within(jax.jit(fn)(x), d) <= 1.0

@@ -1,19 +1,20 @@
-"""bench/derived_references.py: the jax.numpy references of our kernels compute what
+"""studies/derived_references.py: the jax.numpy references of our kernels compute what
 the family oracles compute (a wrong reference would show as a gap above the
 derived bound: the only gap allowed is the rounding of the f32 constants it states), and the bounds derived from them hold for our kernels on one drawn
 case per family, values and gradients. The measured tables (every family x dtype,
 more cases, `verify` draws, the broken variants) are in docs/derived_bounds.md."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pallascheck.bench.derived_bounds import drawn_cases
-from pallascheck.bench.derived_references import REFERENCES, judged, reference_gap
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import derive
 from pallascheck.oracles.tolerance import CPU
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties.registry import get_spec
+from studies.derived_bounds import drawn_cases
+from studies.derived_references import REFERENCES, judged, reference_gap
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))

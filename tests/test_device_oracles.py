@@ -3,6 +3,7 @@ are the host's numpy ones: the same code path, checked here on the CPU device, w
 is what runs on a GPU backend. The oracle's own error (XLA may fuse a multiply-add
 or sum in another order than numpy) must stay far below the smallest bound it is
 compared with: here below 1e-6 of it, elementwise."""
+
 from __future__ import annotations
 
 import jax
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties.spec import get_spec
+from pallascheck.properties.registry import get_spec
 
 # the families with a Mosaic GPU kernel: their oracles are written against numeric.xp
 DEVICE_SPECS = ("attention", "matmul", "ragged_dot", "gated_linear_unit")
@@ -29,8 +30,10 @@ def _evaluate(spec, case, config, arith):
         grad_bounds = spec.gradients.bound(case, ref, exact, config, arith)
         out.update({k: exact[k] for k in grad_bounds})
         bounds.update(grad_bounds)
-    return ({k: np.asarray(v, dtype=np.float64) for k, v in out.items()},
-            {k: np.asarray(np.broadcast_to(v, np.shape(out[k])), dtype=np.float64) for k, v in bounds.items()})
+    return (
+        {k: np.asarray(v, dtype=np.float64) for k, v in out.items()},
+        {k: np.asarray(np.broadcast_to(v, np.shape(out[k])), dtype=np.float64) for k, v in bounds.items()},
+    )
 
 
 @pytest.mark.parametrize("name", DEVICE_SPECS)
@@ -69,8 +72,12 @@ def _attention_case(bias_shape: tuple[int, ...] | None):
 
     rng = np.random.default_rng(0)
     bf16 = ml_dtypes.bfloat16
-    arrays = {"q": rng.standard_normal((2, 33, 4, 16)), "k": rng.standard_normal((2, 40, 2, 16)),
-              "v": rng.standard_normal((2, 40, 2, 16)), "cotangent": rng.standard_normal((2, 33, 4, 16))}
+    arrays = {
+        "q": rng.standard_normal((2, 33, 4, 16)),
+        "k": rng.standard_normal((2, 40, 2, 16)),
+        "v": rng.standard_normal((2, 40, 2, 16)),
+        "cotangent": rng.standard_normal((2, 33, 4, 16)),
+    }
     arrays = {k: v.astype(bf16) for k, v in arrays.items()} | {"mask": rng.random((2, 4, 33, 40)) < 0.7}
     if bias_shape:
         arrays["bias"] = rng.standard_normal(bias_shape).astype(bf16)
@@ -82,8 +89,8 @@ def _attention_case(bias_shape: tuple[int, ...] | None):
 @pytest.mark.parametrize("bias_shape", [None, (2, 1, 1, 40), (1, 4, 33, 40)])
 def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large attention case is computed on the device one (batch, kv head) slice at a
-    time (properties/attention_slices.py): the same values and bounds as the whole."""
-    from pallascheck.properties import attention_slices
+    time (properties/families/attention_slices.py): the same values and bounds as the whole."""
+    from pallascheck.properties.families import attention_slices
 
     spec, arith = get_spec("attention"), arithmetic_for("interpret")
     case = _attention_case(bias_shape)
@@ -116,8 +123,12 @@ def test_compare_on_the_device_is_compare_on_the_host() -> None:
     host = checks.compare(actual, expected, bound)
     with numeric.on_device(jax.devices("cpu")[0]):
         device = checks.compare(actual, numeric.f64(expected), numeric.f64(bound))
-    assert (device.passed, device.budget_used, device.detail, device.worst) == \
-        (host.passed, host.budget_used, host.detail, host.worst)
+    assert (device.passed, device.budget_used, device.detail, device.worst) == (
+        host.passed,
+        host.budget_used,
+        host.detail,
+        host.worst,
+    )
     assert not host.passed and host.worst.index == (3, 4)
 
 
@@ -126,17 +137,22 @@ def _budgets(spec, case, config, backend: Backend, oracles: str, monkeypatch: py
 
     monkeypatch.setenv(runner.ORACLES_ENV_VAR, oracles)
     tally = runner.check_case(spec, case, config, backend, context=checks.Context(spec.name, "bfloat16", "interpret"))
-    return {k: o.budget_used for k, o in tally.outcomes.items()} | \
-        {f"contract {k}": b for k, b in tally.contract_budgets.items()} | {"probabilistic": tally.probabilistic_budget}
+    return (
+        {k: o.budget_used for k, o in tally.outcomes.items()}
+        | {f"contract {k}": b for k, b in tally.contract_budgets.items()}
+        | {"probabilistic": tally.probabilistic_budget}
+    )
 
 
 @pytest.mark.parametrize("name", ["attention", "matmul"])
-def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With device oracles the runner asks for a case's oracle and bounds from several
     threads at once, compiled together and run one at a time (runner.py,
-    properties/device_programs.py): every check sees the budgets the host's numpy
+    properties/device/programs.py): every check sees the budgets the host's numpy
     oracles give. Attention is sliced, every slice's programs shared by the threads."""
-    from pallascheck.properties import attention_slices
+    from pallascheck.properties.families import attention_slices
 
     spec, backend = get_spec(name), Backend("interpret")
     monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", 1)
@@ -208,7 +224,16 @@ def test_gradient_bound_stays_a_number_where_dz_may_overflow(family: str) -> Non
     x, w, g = _overflowing_dz(family)
     ref = module.oracle(x, w, activation="silu")
     grads = module.oracle_vjp(x, w, g, activation="silu")
-    bound = module.gradient_bound(ref, grads, x, w, g, activation="silu", operand_dtype=np.float32,
-                                  arith=arithmetic_for("interpret"), block_k=None)
+    bound = module.gradient_bound(
+        ref,
+        grads,
+        x,
+        w,
+        g,
+        activation="silu",
+        operand_dtype=np.float32,
+        arith=arithmetic_for("interpret"),
+        block_k=None,
+    )
     assert not any(np.isnan(b).any() for b in bound.values()), bound
     assert all(np.isinf(b).any() for b in bound.values())  # the case does reach unbounded errors

@@ -1,6 +1,7 @@
 """The documentation builds with no warning, its links resolve, and its Python
 examples are valid: every block parses, every pallascheck import in it resolves, and
 the blocks marked <!-- run --> run as written."""
+
 from __future__ import annotations
 
 import ast
@@ -17,13 +18,30 @@ BLOCK = re.compile(r"(<!-- run -->\n)?```python\n(.*?)```", re.S)
 
 
 def _blocks() -> list[tuple[str, bool, str]]:
-    return [(f"{page.relative_to(ROOT)}#{i}", bool(marked), code)
-            for page in PAGES for i, (marked, code) in enumerate(BLOCK.findall(page.read_text()))]
+    return [
+        (f"{page.relative_to(ROOT)}#{i}", bool(marked), code)
+        for page in PAGES
+        for i, (marked, code) in enumerate(BLOCK.findall(page.read_text()))
+    ]
 
 
 def test_docs_build_strictly(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("attention_like") > 1  # the docstrings are in
 
@@ -37,8 +55,11 @@ def test_readme_links_resolve() -> None:
 @pytest.mark.parametrize("name,run,code", _blocks(), ids=[b[0] for b in _blocks()])
 def test_python_example(name, run, code) -> None:
     tree = ast.parse(code, filename=name)
-    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-               and "pallascheck" in ast.unparse(node)]
+    imports = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "pallascheck" in ast.unparse(node)
+    ]
     namespace: dict = {}
     exec(compile(ast.Module(imports, []), name, "exec"), namespace)  # the names it imports exist
     if run:

@@ -1,13 +1,14 @@
-"""``elementwise_like`` (properties/elementwise_spec.py) on user Pallas kernels written
+"""``elementwise_like`` (properties/families/elementwise.py) on user Pallas kernels written
 here: a correct one passes every check in f32, bf16 and f16 (xla_reference within
 its bound included); broken ones fail the check that should catch them, in the
 dtypes where the bug shows; and the bounds are sound on every finite bf16 and f16
 input.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,9 @@ from jax.experimental import pallas as pl
 from pallascheck.kernels.activations import ACTIVATIONS
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles.tolerance import CPU
-from pallascheck.properties import elementwise_spec, runner, strategies
-from pallascheck.properties.elementwise_spec import Compute, elementwise_like
+from pallascheck.properties import runner, strategies
+from pallascheck.properties.families import elementwise as elementwise_spec
+from pallascheck.properties.families.elementwise import Compute, elementwise_like
 from pallascheck.properties.spec import Case, KernelSpec
 
 INTERPRET = Backend("interpret")
@@ -56,14 +58,17 @@ def user_kernel(act: Callable[[jax.Array], jax.Array], *, upcast: bool = True) -
     def kernel(x, interpret):
         return call(forward, x, interpret=interpret)
 
-    kernel.defvjp(lambda x, interpret: (kernel(x, interpret), x),
-                  lambda interpret, x, g: (call(backward, x, g, interpret=interpret),))
+    kernel.defvjp(
+        lambda x, interpret: (kernel(x, interpret), x),
+        lambda interpret, x, g: (call(backward, x, g, interpret=interpret),),
+    )
     return lambda x, *, interpret=False: kernel(x, interpret)
 
 
 def interpreted(fn: Callable[..., jax.Array], activation: str, **options) -> KernelSpec:
-    return elementwise_like(fn, name=f"user_{activation}", activation=activation, backends=("interpret",),
-                            interpret="interpret", **options)
+    return elementwise_like(
+        fn, name=f"user_{activation}", activation=activation, backends=("interpret",), interpret="interpret", **options
+    )
 
 
 GELU = interpreted(user_kernel(functools.partial(jax.nn.gelu, approximate=False)), "gelu")
@@ -78,8 +83,14 @@ def test_user_kernel_passes_every_check(dtype: str, examples: int) -> None:
     assert not tally.failure, tally.failure
     cases = examples * runner.CASES_PER_LAYOUT
     ran = {check: outcome.examples for check, outcome in tally.outcomes.items()}
-    assert ran == {"values": cases, "reference": cases, "gradients": cases, "contract": cases,
-                   "deterministic": cases, "metamorphic": 2 * cases}, ran
+    assert ran == {
+        "values": cases,
+        "reference": cases,
+        "gradients": cases,
+        "contract": cases,
+        "deterministic": cases,
+        "metamorphic": 2 * cases,
+    }, ran
 
 
 def _values(spec: KernelSpec, dtype: str, selected: tuple[str, ...] = ("values",)) -> runner.Tally:
@@ -102,6 +113,7 @@ def test_wrong_constant_fails_values_in_float32() -> None:
     """gelu_tanh with 0.0447 for 0.044715 errs by ~5e-6 relative near |x| = 2, 12x the
     f32 bound; in bf16/f16 that is far below half an ulp (the bound explains it:
     measured budget 0.8), so f32 is the dtype where it must fail."""
+
     def typo(x: jax.Array) -> jax.Array:
         return 0.5 * x * (1.0 + jnp.tanh(0.7978845608028654 * (x + 0.0447 * x * x * x)))
 
@@ -114,8 +126,9 @@ def test_compute_dtype_is_the_implementation_bound_not_the_contract() -> None:
     """Stated as computing in bf16 (``Compute("bfloat16")``), the kernel without the
     upcast is within its implementation bound (the values check passes: the model of
     bf16 arithmetic is sound), and the f32 contract still fails it."""
-    spec = interpreted(user_kernel(GELU_TANH, upcast=False), "gelu_tanh", shapes=BROKEN_SHAPES,
-                       compute=Compute("bfloat16"))
+    spec = interpreted(
+        user_kernel(GELU_TANH, upcast=False), "gelu_tanh", shapes=BROKEN_SHAPES, compute=Compute("bfloat16")
+    )
     tally = _values(spec, "bfloat16", selected=("values", "contract"))
     assert tally.failure.startswith("[contract]"), tally.failure or "the contract did not fail"
     assert tally.outcomes["values"].passed and tally.outcomes["values"].examples >= 1
@@ -123,6 +136,7 @@ def test_compute_dtype_is_the_implementation_bound_not_the_contract() -> None:
 
 def skipped_first_element(act: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
     """``act`` everywhere but the first element, left as it was."""
+
     def wrong(x: jax.Array) -> jax.Array:
         return act(x).reshape(-1).at[0].set(x.reshape(-1)[0]).reshape(x.shape)
 
@@ -135,10 +149,14 @@ def sigmoid_without_negative_branch(x: jax.Array) -> jax.Array:
     return 1.0 / (1.0 + jnp.exp(-jnp.abs(x)))
 
 
-@pytest.mark.parametrize(("act", "activation", "relation"), [
-    (skipped_first_element(jax.nn.silu), "silu", "element_permutation"),
-    (sigmoid_without_negative_branch, "sigmoid", "reflection"),
-], ids=["skipped_first_element", "sigmoid_without_negative_branch"])
+@pytest.mark.parametrize(
+    ("act", "activation", "relation"),
+    [
+        (skipped_first_element(jax.nn.silu), "silu", "element_permutation"),
+        (sigmoid_without_negative_branch, "sigmoid", "reflection"),
+    ],
+    ids=["skipped_first_element", "sigmoid_without_negative_branch"],
+)
 def test_relations_catch_bugs_without_the_oracle(act, activation: str, relation: str) -> None:
     """Only the relations run (no oracle): a result that depends on the element's
     position breaks element_permutation; a wrong branch for x < 0 breaks sigmoid(x) +

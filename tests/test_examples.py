@@ -4,6 +4,7 @@ planted bug fails the values check, with a message naming the facts and the verd
 One dtype (bf16: what these kernels run in) and one Hypothesis example (two cases) each,
 to keep the interpret-mode compiles cheap; seed 0 reaches every planted bug.
 """
+
 from __future__ import annotations
 
 import functools

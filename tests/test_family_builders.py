@@ -14,6 +14,7 @@ and option set; the example counts are small ones that reach each bug's inputs f
 seed 0 (ties for the tie rule, NaN for the order, large logits or smoothing for the
 losses).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,9 @@ from jax.experimental import pallas as pl
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.properties.cross_entropy_spec import cross_entropy_like
+from pallascheck.properties.families.cross_entropy import cross_entropy_like
+from pallascheck.properties.families.top_k import top_k_like
 from pallascheck.properties.spec import KernelSpec
-from pallascheck.properties.top_k_spec import top_k_like
 
 INTERPRET = Backend("interpret")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -70,11 +71,21 @@ def _top_k_kernel(x_ref, values_ref, indices_ref, *, steps: int, lower_index_win
     indices_ref[...] = indices
 
 
-@functools.partial(jax.jit, static_argnums=(1,),
-                   static_argnames=("interpret", "lower_index_wins", "one_short", "first_k_indices", "check_k"))
-def pallas_top_k(x: jax.Array, k: int, *, interpret: bool = False, lower_index_wins: bool = True,
-                 one_short: bool = False, first_k_indices: bool = False, check_k: bool = True,
-                 ) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit,
+    static_argnums=(1,),
+    static_argnames=("interpret", "lower_index_wins", "one_short", "first_k_indices", "check_k"),
+)
+def pallas_top_k(
+    x: jax.Array,
+    k: int,
+    *,
+    interpret: bool = False,
+    lower_index_wins: bool = True,
+    one_short: bool = False,
+    first_k_indices: bool = False,
+    check_k: bool = True,
+) -> tuple[jax.Array, jax.Array]:
     """(values, indices) of the k largest per row of x [rows, n]; the flags are the bugs."""
     if check_k and not 1 <= k <= x.shape[1]:
         raise ValueError(f"k must satisfy 1 <= k <= n = {x.shape[1]}, got {k}")
@@ -87,14 +98,25 @@ def pallas_top_k(x: jax.Array, k: int, *, interpret: bool = False, lower_index_w
 TOP_K_K, TOP_K_N = (5, 16), (37, 300)
 
 
-def _top_k(name: str, output: str = "values_indices", ties: str = "lower_index", order: str = "numbers",
-           **bugs) -> KernelSpec:
+def _top_k(
+    name: str, output: str = "values_indices", ties: str = "lower_index", order: str = "numbers", **bugs
+) -> KernelSpec:
     def fn(x, k, interpret):
         values, indices = pallas_top_k(x, k, interpret=interpret, **bugs)
         return {"values_indices": (values, indices), "indices_values": (indices, values), "values": values}[output]
 
-    return top_k_like(fn, name=name, k=TOP_K_K, rows=(3,), n=TOP_K_N, output=output, ties=ties, order=order,
-                      backends=("interpret",), interpret="interpret")
+    return top_k_like(
+        fn,
+        name=name,
+        k=TOP_K_K,
+        rows=(3,),
+        n=TOP_K_N,
+        output=output,
+        ties=ties,
+        order=order,
+        backends=("interpret",),
+        interpret="interpret",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,22 +127,29 @@ def test_top_k_like_passes(dtype: str) -> None:
     assert tally.outcomes["values"].examples >= 8 and tally.outcomes["values"].budget_used == 0.0
 
 
-@pytest.mark.parametrize(("output", "ties", "bugs"), [
-    ("indices_values", "lower_index", {}),
-    ("values", "lower_index", {"lower_index_wins": False}),  # no indices: their tie rule is not checked
-    ("values_indices", "any", {"lower_index_wins": False}),  # stated: any of equal values may come first
-])
+@pytest.mark.parametrize(
+    ("output", "ties", "bugs"),
+    [
+        ("indices_values", "lower_index", {}),
+        ("values", "lower_index", {"lower_index_wins": False}),  # no indices: their tie rule is not checked
+        ("values_indices", "any", {"lower_index_wins": False}),  # stated: any of equal values may come first
+    ],
+)
 def test_top_k_like_output_and_tie_facts(output: str, ties: str, bugs: dict) -> None:
-    tally = _check(_top_k(f"pallas_top_k[{output},{ties}]", output, ties, **bugs), "bfloat16", examples=3,
-                   selected=("values",))
+    tally = _check(
+        _top_k(f"pallas_top_k[{output},{ties}]", output, ties, **bugs), "bfloat16", examples=3, selected=("values",)
+    )
     assert not tally.failure, tally.failure
 
 
-@pytest.mark.parametrize(("output", "ties", "bugs"), [
-    ("values_indices", "lower_index", {"lower_index_wins": False}),  # a tie rule other than the one stated
-    ("values", "lower_index", {"one_short": True}),  # the k-th slot never filled: caught on the values alone
-    ("values_indices", "any", {"first_k_indices": True}),  # right values, indices 0..k-1: no tie rule excuses them
-])
+@pytest.mark.parametrize(
+    ("output", "ties", "bugs"),
+    [
+        ("values_indices", "lower_index", {"lower_index_wins": False}),  # a tie rule other than the one stated
+        ("values", "lower_index", {"one_short": True}),  # the k-th slot never filled: caught on the values alone
+        ("values_indices", "any", {"first_k_indices": True}),  # right values, indices 0..k-1: no tie rule excuses them
+    ],
+)
 def test_top_k_like_catches(output: str, ties: str, bugs: dict) -> None:
     tally = _check(_top_k(f"broken_top_k[{bugs}]", output, ties, **bugs), "bfloat16", examples=3, selected=("values",))
     assert tally.failure.startswith("[values]"), tally.failure or "not caught"
@@ -129,12 +158,21 @@ def test_top_k_like_catches(output: str, ties: str, bugs: dict) -> None:
 def test_top_k_like_order_fact() -> None:
     """Under the total order (the default) lax.top_k passes; the kernel above, which
     compares numbers, fails the values check on NaN or -0.0."""
-    exact = top_k_like(lambda x, k, interpret: jax.lax.top_k(x, k), name="lax_top_k", k=TOP_K_K, rows=(3,),
-                       n=TOP_K_N, dtypes=("float32",), backends=("interpret",), interpret="interpret")
+    exact = top_k_like(
+        lambda x, k, interpret: jax.lax.top_k(x, k),
+        name="lax_top_k",
+        k=TOP_K_K,
+        rows=(3,),
+        n=TOP_K_N,
+        dtypes=("float32",),
+        backends=("interpret",),
+        interpret="interpret",
+    )
     tally = _check(exact, "float32", examples=3)
     assert not tally.failure, tally.failure
-    tally = _check(_top_k("pallas_top_k_under_the_total_order", order="total"), "float32", examples=3,
-                   selected=("values",))
+    tally = _check(
+        _top_k("pallas_top_k_under_the_total_order", order="total"), "float32", examples=3, selected=("values",)
+    )
     assert tally.failure.startswith("[values]"), tally.failure or "not caught"
 
 
@@ -175,13 +213,20 @@ def _loss_kernel(z_ref, y_ref, loss_ref, *, eps: float, ignore_index: int, subtr
 def _token_losses(logits, labels, eps, ignore_index, interpret, bugs):
     """Per-token losses [T] in f32: one program per BLOCK_T tokens."""
     tokens, vocab = logits.shape
-    body = functools.partial(_loss_kernel, eps=eps, ignore_index=ignore_index, subtract_max=not bugs.no_max_subtraction,
-                             smoothing_over=vocab - 1 if bugs.smoothing_over_v_minus_one else vocab)
+    body = functools.partial(
+        _loss_kernel,
+        eps=eps,
+        ignore_index=ignore_index,
+        subtract_max=not bugs.no_max_subtraction,
+        smoothing_over=vocab - 1 if bugs.smoothing_over_v_minus_one else vocab,
+    )
     return pl.pallas_call(
-        body, grid=(pl.cdiv(tokens, BLOCK_T),),
+        body,
+        grid=(pl.cdiv(tokens, BLOCK_T),),
         in_specs=[pl.BlockSpec((BLOCK_T, vocab), lambda i: (i, 0)), pl.BlockSpec((BLOCK_T,), lambda i: (i,))],
         out_specs=pl.BlockSpec((BLOCK_T,), lambda i: (i,)),
-        out_shape=jax.ShapeDtypeStruct((tokens,), jnp.float32), interpret=interpret,
+        out_shape=jax.ShapeDtypeStruct((tokens,), jnp.float32),
+        interpret=interpret,
     )(logits, labels)
 
 
@@ -212,18 +257,41 @@ def _pallas_cross_entropy(logits, labels, *, reduction, ignore_index, label_smoo
     return jnp.sum(losses) / jnp.maximum(jnp.sum(labels != ignore_index), 1).astype(jnp.float32)
 
 
-def pallas_cross_entropy(logits: jax.Array, labels: jax.Array, *, reduction: str = "mean", ignore_index: int = -100,
-                         label_smoothing: float = 0.0, interpret: bool = False, bugs: Bugs = Bugs()) -> jax.Array:
+def pallas_cross_entropy(
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    interpret: bool = False,
+    bugs: Bugs = Bugs(),
+) -> jax.Array:
     """Softmax cross-entropy of logits [T, V] against int labels [T], f32 loss."""
-    return _pallas_cross_entropy(logits, labels, reduction=reduction, ignore_index=ignore_index,
-                                 label_smoothing=label_smoothing, interpret=interpret, bugs=bugs)
+    return _pallas_cross_entropy(
+        logits,
+        labels,
+        reduction=reduction,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        interpret=interpret,
+        bugs=bugs,
+    )
 
 
 def _cross_entropy(name: str, differentiable: bool = True, **bugs) -> KernelSpec:
     return cross_entropy_like(
-        functools.partial(pallas_cross_entropy, bugs=Bugs(**bugs)), name=name, reduction=("none", "mean"),
-        ignore_index=-100, label_smoothing=(0.0, 0.1), tokens=(7,), vocab=(100,), differentiable=differentiable,
-        backends=("interpret",), interpret="interpret")
+        functools.partial(pallas_cross_entropy, bugs=Bugs(**bugs)),
+        name=name,
+        reduction=("none", "mean"),
+        ignore_index=-100,
+        label_smoothing=(0.0, 0.1),
+        tokens=(7,),
+        vocab=(100,),
+        differentiable=differentiable,
+        backends=("interpret",),
+        interpret="interpret",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -236,16 +304,26 @@ def test_cross_entropy_like_passes(dtype: str) -> None:
 
 @pytest.mark.parametrize("bug", ["no_max_subtraction", "smoothing_over_v_minus_one"])
 def test_cross_entropy_like_catches(bug: str) -> None:
-    tally = _check(_cross_entropy(f"broken_cross_entropy[{bug}]", differentiable=False, **{bug: True}), "float32",
-                   examples=4, selected=("values",))
+    tally = _check(
+        _cross_entropy(f"broken_cross_entropy[{bug}]", differentiable=False, **{bug: True}),
+        "float32",
+        examples=4,
+        selected=("values",),
+    )
     assert tally.failure.startswith("[values]"), tally.failure or "not caught"
 
 
 def test_cross_entropy_like_passes_only_the_options_stated() -> None:
     """One reduction, no ignore index, no smoothing: fn gets no keyword but interpret."""
-    bare = cross_entropy_like(lambda z, y, interpret: pallas_cross_entropy(z, y, reduction="none", interpret=interpret),
-                              name="bare_cross_entropy", tokens=(7,), vocab=(100,), differentiable=False,
-                              backends=("interpret",), interpret="interpret")
+    bare = cross_entropy_like(
+        lambda z, y, interpret: pallas_cross_entropy(z, y, reduction="none", interpret=interpret),
+        name="bare_cross_entropy",
+        tokens=(7,),
+        vocab=(100,),
+        differentiable=False,
+        backends=("interpret",),
+        interpret="interpret",
+    )
     tally = _check(bare, "float32", examples=2, selected=("values",))
     assert not tally.failure, tally.failure
 
@@ -259,14 +337,17 @@ def test_cross_entropy_like_reports_short_labels_computed_silently() -> None:
 # ---------------------------------------------------------------------------- facts
 
 
-@pytest.mark.parametrize("build", [
-    lambda: top_k_like(pallas_top_k, name="x", output="indices"),
-    lambda: top_k_like(pallas_top_k, name="x", ties="first"),
-    lambda: top_k_like(pallas_top_k, name="x", order="bits"),
-    lambda: top_k_like(pallas_top_k, name="x", k=(50,), n=(37,)),
-    lambda: cross_entropy_like(pallas_cross_entropy, name="x", reduction=("avg",)),
-    lambda: cross_entropy_like(pallas_cross_entropy, name="x", label_smoothing=(1.5,)),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: top_k_like(pallas_top_k, name="x", output="indices"),
+        lambda: top_k_like(pallas_top_k, name="x", ties="first"),
+        lambda: top_k_like(pallas_top_k, name="x", order="bits"),
+        lambda: top_k_like(pallas_top_k, name="x", k=(50,), n=(37,)),
+        lambda: cross_entropy_like(pallas_cross_entropy, name="x", reduction=("avg",)),
+        lambda: cross_entropy_like(pallas_cross_entropy, name="x", label_smoothing=(1.5,)),
+    ],
+)
 def test_builders_refuse_unknown_facts(build) -> None:
     with pytest.raises(ValueError):
         build()

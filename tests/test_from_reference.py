@@ -2,6 +2,7 @@
 custom VJP, checked against the derivation over its reference's VJP; a backward
 kernel with a wrong derivative fails them), bad inputs, the message of an
 unverifiable element, and the refusal of a kernel that returns the wrong dtype."""
+
 from __future__ import annotations
 
 import functools
@@ -9,12 +10,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.experimental import pallas as pl
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.specs import Facts, Input, from_reference
+from pallascheck.specs import Input, from_reference
 
 INTERPRET = Backend("interpret")
 
@@ -25,6 +25,7 @@ def silu_reference(x):
 
 def silu_kernel(wrong_backward: bool = False):
     """silu in one block in f32, with a backward kernel for its custom VJP."""
+
     def forward(x_ref, o_ref):
         x = x_ref[...].astype(jnp.float32)
         o_ref[...] = (x * jax.nn.sigmoid(x)).astype(o_ref.dtype)
@@ -42,14 +43,17 @@ def silu_kernel(wrong_backward: bool = False):
     def silu(x, interpret):
         return call(forward, x, interpret=interpret)
 
-    silu.defvjp(lambda x, interpret: (silu(x, interpret), x),
-                lambda interpret, x, g: (call(backward, x, g, interpret=interpret),))
+    silu.defvjp(
+        lambda x, interpret: (silu(x, interpret), x),
+        lambda interpret, x, g: (call(backward, x, g, interpret=interpret),),
+    )
     return lambda x, interpret=False: silu(x, interpret)
 
 
 def _spec(kernel, **kw):
-    return from_reference(kernel, silu_reference, name="silu", inputs={"x": (8, 32)}, dtypes=("float32",),
-                          differentiable=True, **kw)
+    return from_reference(
+        kernel, silu_reference, name="silu", inputs={"x": (8, 32)}, dtypes=("float32",), differentiable=True, **kw
+    )
 
 
 def test_gradients_are_checked_against_the_derived_vjp() -> None:
@@ -70,6 +74,7 @@ def test_bad_inputs_must_be_refused() -> None:
 
 def test_an_unverifiable_element_fails_with_its_cause() -> None:
     """A decision as the output: where x*y is within its error of 1 no bound exists."""
+
     def reference(x, y):
         return (x * y > 1.0).astype(x.dtype) + x
 
@@ -84,7 +89,12 @@ def test_an_unverifiable_element_fails_with_its_cause() -> None:
 
 
 def test_a_result_of_another_dtype_is_refused() -> None:
-    spec = from_reference(lambda x, interpret=False: x.astype(jnp.float16), silu_reference, name="cast",
-                          inputs={"x": (4,)}, dtypes=("float32",))
+    spec = from_reference(
+        lambda x, interpret=False: x.astype(jnp.float16),
+        silu_reference,
+        name="cast",
+        inputs={"x": (4,)},
+        dtypes=("float32",),
+    )
     tally = runner.run_property(spec, "float32", INTERPRET, examples=1, seed=0)
     assert "must return one array of shape (4,) and dtype float32" in tally.failure, tally.failure

@@ -1,6 +1,7 @@
 """Fuzz campaigns find broken kernels and keep replayable reproducers; survive kernels
 that hang, crash or eat memory; keep one record per bug; lose nothing when
 interrupted; and resume without redoing what they found."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,13 @@ import os
 import random
 
 import pytest
-
 from fuzz_targets import WRONG_FIRST_ELEMENT
-from pallascheck.fuzz import bandit, campaign, cli, corpus
+
+from pallascheck import cli
+from pallascheck.fuzz import bandit, campaign, corpus
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
-from pallascheck.properties.matmul_spec import SPEC as MATMUL
+from pallascheck.properties.families.matmul import SPEC as MATMUL
 from pallascheck.properties.spec import Case
 
 TESTS = os.path.dirname(__file__)
@@ -61,8 +63,11 @@ def test_hang_crash_and_memory_hog_become_reproducers_while_the_campaign_goes_on
 
     def sound_fuzzed_after_last_death(events: list[dict]) -> bool:
         deaths = [e["t"] for e in events if e["outcome"] != "pass"]
-        return any(e["kernel"] == "fuzz_targets:SOUND" and e["outcome"] == "pass" and e["t"] > max(deaths)
-                   for e in events) if deaths else False
+        return (
+            any(e["kernel"] == "fuzz_targets:SOUND" and e["outcome"] == "pass" and e["t"] > max(deaths) for e in events)
+            if deaths
+            else False
+        )
 
     def stop_once_shown(line: str) -> None:
         # Ctrl-C (the campaign books what it found, then stops) as soon as the three
@@ -77,14 +82,22 @@ def test_hang_crash_and_memory_hog_become_reproducers_while_the_campaign_goes_on
 
     # case_timeout 10 s: still twice a worker's start plus its first (compiling) case on
     # a loaded 2-core machine, so only HANGS is a hang; the hang costs that long.
-    result = _run(targets, backend, tmp_path, seconds=45, jobs=2, progress=stop_once_shown,
-                  limits=campaign.Limits(case_timeout=10, memory_bytes=int(1.5 * 2**30)))
+    result = _run(
+        targets,
+        backend,
+        tmp_path,
+        seconds=45,
+        jobs=2,
+        progress=stop_once_shown,
+        limits=campaign.Limits(case_timeout=10, memory_bytes=int(1.5 * 2**30)),
+    )
     found = {f["kernel"].split(":")[1]: f for f in result.new_failures}
     assert {k: f["kind"] for k, f in found.items()} == {"HANGS": "hang", "ABORTS": "crash", "HOARDS": "oom"}
     for f in found.values():  # the input in flight when the worker was lost, replayable
         assert os.path.exists(f["case"]) and Case.load(f["case"]).params["__failure__"]["check"] == f["kind"]
-    assert sound_fuzzed_after_last_death(_lines(tmp_path / "events.jsonl")), \
+    assert sound_fuzzed_after_last_death(_lines(tmp_path / "events.jsonl")), (
         "the sound kernel was not fuzzed after the last worker was lost"
+    )
 
 
 def test_two_failures_of_one_bug_share_a_signature(tmp_path) -> None:
@@ -92,8 +105,9 @@ def test_two_failures_of_one_bug_share_a_signature(tmp_path) -> None:
     stored = []
     for seed in (1, 2):  # two campaigns' runs of one kernel, each finding the bug on its own inputs
         directory = tmp_path / f"run-{seed}"
-        tally = runner.run_property(WRONG_FIRST_ELEMENT, "float32", Backend("interpret"), examples=4, seed=seed,
-                                    failure_dir=str(directory))
+        tally = runner.run_property(
+            WRONG_FIRST_ELEMENT, "float32", Backend("interpret"), examples=4, seed=seed, failure_dir=str(directory)
+        )
         (saved,) = directory.iterdir()
         pattern = corpus.worst_pattern(tally.failed_outcome.worst)
         sig = corpus.signature(WRONG_FIRST_ELEMENT.name, "float32", "values", "value", pattern)
@@ -102,8 +116,9 @@ def test_two_failures_of_one_bug_share_a_signature(tmp_path) -> None:
     assert first_is_new and not second_is_new and second["count"] == 2
     assert os.listdir(tmp_path / "corpus" / "failures") == [first["signature"]]
     # A bug that is worst at the last element has another pattern, so another signature.
-    assert corpus.worst_pattern(checks.Worst("out", (6,), (7,), 1.0, 0.1)) != \
-        corpus.worst_pattern(checks.Worst("out", (0,), (7,), 1.0, 0.1))
+    assert corpus.worst_pattern(checks.Worst("out", (6,), (7,), 1.0, 0.1)) != corpus.worst_pattern(
+        checks.Worst("out", (0,), (7,), 1.0, 0.1)
+    )
 
 
 def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
@@ -112,8 +127,10 @@ def test_interrupted_campaign_keeps_what_it_found(tmp_path, backend) -> None:
     def interrupt_once_found(line: str) -> None:
         if "value" in line:
             raise KeyboardInterrupt  # Ctrl-C once the first failure is booked
-    result = _run(["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"], backend, tmp_path,
-                  progress=interrupt_once_found)
+
+    result = _run(
+        ["fuzz_targets:WRONG_FIRST_ELEMENT", "fuzz_targets:SOUND"], backend, tmp_path, progress=interrupt_once_found
+    )
     assert result.interrupted
     state = json.loads((tmp_path / "campaign.json").read_text())
     found = corpus.Corpus(str(tmp_path)).failures()
@@ -155,7 +172,7 @@ def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> Non
     assert second.tasks > 0 and second.repeats == 0
     after = json.loads((tmp_path / "campaign.json").read_text())
     assert after["seconds"] > before["seconds"]
-    resumed = _lines(tmp_path / "events.jsonl")[-second.tasks:]
+    resumed = _lines(tmp_path / "events.jsonl")[-second.tasks :]
     assert all(e["seed"] >= before["next_seed"] for e in resumed)  # no seed run twice
     assert not any(found_checks & set(e["checks"]) for e in resumed if e["kernel"] == targets[0])
     assert all(f["count"] == 1 for f in corpus.Corpus(str(tmp_path)).failures().values())
@@ -167,8 +184,21 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     help_text = capsys.readouterr().out
     for flag in ("--jobs", "--resume", "--case-timeout", "--memory-gb", "--random", "--cases"):
         assert flag in help_text
-    argv = ["fuzz", "--kernel", "rms_norm", "--dtype", "float32", "--minutes", "0.001", "--examples", "1",
-            "--jobs", "1", "--corpus", str(tmp_path)]
+    argv = [
+        "fuzz",
+        "--kernel",
+        "rms_norm",
+        "--dtype",
+        "float32",
+        "--minutes",
+        "0.001",
+        "--examples",
+        "1",
+        "--jobs",
+        "1",
+        "--corpus",
+        str(tmp_path),
+    ]
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
     assert event["outcome"] == "pass" and event["cases"] == runner.CASES_PER_LAYOUT
@@ -196,8 +226,17 @@ def test_bandit_opens_kinds_and_slots_then_spends_where_budgets_climb() -> None:
 def test_an_untargeted_campaign_serves_every_pair_in_turn(tmp_path) -> None:
     # A soak reports cases per kernel x dtype: a uniform draw of pairs left some with half
     # the tasks of others, so untargeted runs take the least-served pair next.
-    run = campaign.Campaign(["matmul", "rms_norm"], Backend("interpret"), str(tmp_path), examples=1, targeted=False,
-                            dtypes=None, paths=(), first_seed=0, resume=False)
+    run = campaign.Campaign(
+        ["matmul", "rms_norm"],
+        Backend("interpret"),
+        str(tmp_path),
+        examples=1,
+        targeted=False,
+        dtypes=None,
+        paths=(),
+        first_seed=0,
+        resume=False,
+    )
     assert len(run.pairs) == 6
     for rounds in (1, 2, 3):
         served = [run.next_task() for _ in run.pairs]
@@ -222,7 +261,7 @@ def test_two_distinct_failures_are_booked_each_under_its_check(tmp_path, capsys)
 
 
 def test_time_to_find_on_a_gpu_backend_takes_the_variants_written_for_it_there() -> None:
-    from pallascheck.bench import time_to_find
+    from studies import time_to_find
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     on_gpu = time_to_find.variants(tests_dir, Backend("mosaic_gpu"))
@@ -256,7 +295,10 @@ def test_replay_repeat_tells_an_intermittent_failure_from_a_steady_one(tmp_path,
         Case(case.arrays, {**case.params, "__failure__": {**meta, "kernel": target}}).save(path)
         rc = cli.main(["replay", path, "--path", TESTS, "--repeat", "4"])
         verdicts[target] = (rc, capsys.readouterr().out.strip().splitlines()[-1])
-    assert verdicts["fuzz_targets:WRONG_FIRST_ELEMENT"] == (1, "failed 4 of 4 runs in this process: it fails every time")
+    assert verdicts["fuzz_targets:WRONG_FIRST_ELEMENT"] == (
+        1,
+        "failed 4 of 4 runs in this process: it fails every time",
+    )
     rc, line = verdicts["fuzz_targets:WRONG_ON_ITS_FIRST_CALL"]
     assert rc == 1 and line.startswith("failed 1 of 4 runs in this process: intermittent")
     assert verdicts["fuzz_targets:SOUND"] == (0, "failed 0 of 4 runs in this process: it never fails")

@@ -1,6 +1,7 @@
 """`pallascheck report`: the corpus summary is right and the HTML page is a valid,
 self-contained document (checked by a strict parser and, where installed, by a real
 browser) — also for a corpus that is empty or was cut short mid-line."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,14 @@ REPLAY_HANG = "pallascheck replay failures/softmax-f32-hang/case.npz --timeout 6
 
 # (kernel, dtype, kind, config, shapes, {check: (budget, error, bound)}) per written case.
 CASES = [
-    ("matmul", "bfloat16", "random", {"block_m": 64}, {"a": [8, 16], "b": [16, 8]},
-     {"values": (0.25, 0.5, 2.0), "deterministic": (0.0, None, None)}),
+    (
+        "matmul",
+        "bfloat16",
+        "random",
+        {"block_m": 64},
+        {"a": [8, 16], "b": [16, 8]},
+        {"values": (0.25, 0.5, 2.0), "deterministic": (0.0, None, None)},
+    ),
     ("matmul", "bfloat16", "large", {"block_m": 64}, {"a": [8, 16], "b": [16, 8]}, {"values": (0.5, 1.0, 2.0)}),
     ("matmul", "bfloat16", "random", {"block_m": 32}, {"a": [4, 4], "b": [4, 4]}, {"values": (3.0, 6.0, 2.0)}),
     ("matmul", "float32", "random", None, {"a": [8, 16], "b": [16, 8]}, {"values": (None, None, None)}),
@@ -37,40 +44,118 @@ CASES = [
 
 def _write_corpus(root) -> None:
     campaign = {
-        "version": 1, "backend": "interpret", "jax": "0.12.0", "started": 1.7e9, "seconds": 12.0, "targeted": False,
+        "version": 1,
+        "backend": "interpret",
+        "jax": "0.12.0",
+        "started": 1.7e9,
+        "seconds": 12.0,
+        "targeted": False,
         "arms": [
-            {"kernel": "matmul", "dtype": "bfloat16", "level": "kind", "option": "random", "pulls": 3,
-             "best_budget": 3.0, "mean_reward": 0.4, "retired": True},
-            {"kernel": "softmax", "dtype": "float32", "level": "slot", "option": 1, "pulls": 1,
-             "best_budget": 0.125, "mean_reward": 0.1, "retired": True},
+            {
+                "kernel": "matmul",
+                "dtype": "bfloat16",
+                "level": "kind",
+                "option": "random",
+                "pulls": 3,
+                "best_budget": 3.0,
+                "mean_reward": 0.4,
+                "retired": True,
+            },
+            {
+                "kernel": "softmax",
+                "dtype": "float32",
+                "level": "slot",
+                "option": 1,
+                "pulls": 1,
+                "best_budget": 0.125,
+                "mean_reward": 0.1,
+                "retired": True,
+            },
         ],
         "next_seed": 7,
     }
     (root / "campaign.json").write_text(json.dumps(campaign))
     events = [
-        {"t": 2.0, "kernel": "matmul", "dtype": "bfloat16", "kind": "random", "config_slot": 0, "seed": 1, "cases": 3,
-         "seconds": 1.5, "best_budget": {"values": 3.0}, "outcome": "value", "signature": "matmul-bf16-values"},
-        {"t": 9.0, "kernel": "softmax", "dtype": "float32", "kind": "masked", "config_slot": 1, "seed": 2, "cases": 2,
-         "seconds": 6.0, "best_budget": {"values": None}, "outcome": "hang", "signature": "softmax-f32-hang"},
+        {
+            "t": 2.0,
+            "kernel": "matmul",
+            "dtype": "bfloat16",
+            "kind": "random",
+            "config_slot": 0,
+            "seed": 1,
+            "cases": 3,
+            "seconds": 1.5,
+            "best_budget": {"values": 3.0},
+            "outcome": "value",
+            "signature": "matmul-bf16-values",
+        },
+        {
+            "t": 9.0,
+            "kernel": "softmax",
+            "dtype": "float32",
+            "kind": "masked",
+            "config_slot": 1,
+            "seed": 2,
+            "cases": 2,
+            "seconds": 6.0,
+            "best_budget": {"values": None},
+            "outcome": "hang",
+            "signature": "softmax-f32-hang",
+        },
     ]
     # The campaign was killed while appending a third event.
     (root / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"t": 11.5, "kern')
     lines = []
     for t, (kernel, dtype, kind, config, shapes, checks) in enumerate(CASES):
-        lines.append(json.dumps({
-            "t": float(t + 1), "kernel": kernel, "dtype": dtype, "kind": kind, "config": config, "shapes": shapes,
-            "checks": {name: {"budget": b, "error": e, "bound": bd} for name, (b, e, bd) in checks.items()},
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "t": float(t + 1),
+                    "kernel": kernel,
+                    "dtype": dtype,
+                    "kind": kind,
+                    "config": config,
+                    "shapes": shapes,
+                    "checks": {name: {"budget": b, "error": e, "bound": bd} for name, (b, e, bd) in checks.items()},
+                }
+            )
+        )
     (root / "cases.jsonl").write_text("\n".join(lines) + "\n")
     failures = [
-        {"signature": "softmax-f32-hang", "kernel": "softmax", "dtype": "float32", "check": "values", "kind": "hang",
-         "message": "no result in 60 s\n(worker killed)", "replay": REPLAY_HANG, "first_seen_t": 9.0, "count": 1,
-         "minimised": False, "shapes": {"x": [2, 128]}, "config": "default", "backend": "interpret"},
-        {"signature": "matmul-bf16-values", "kernel": "matmul", "dtype": "bfloat16", "check": "values", "kind": "value",
-         "message": "matmul <bfloat16>: error 6 > bound 2 at (1, 3)\nconfig ...", "replay": REPLAY_VALUE,
-         "first_seen_t": 2.0, "count": 3, "minimised": True, "shapes": {"a": [4, 4], "b": [4, 4]},
-         "config": {"block_m": 32}, "backend": "interpret", "input_kind": "random", "config_slot": 1, "budget": 3.0,
-         "worst": {"output": "out", "index": [1, 3], "shape": [4, 4], "error": 6.0, "bound": 2.0}},
+        {
+            "signature": "softmax-f32-hang",
+            "kernel": "softmax",
+            "dtype": "float32",
+            "check": "values",
+            "kind": "hang",
+            "message": "no result in 60 s\n(worker killed)",
+            "replay": REPLAY_HANG,
+            "first_seen_t": 9.0,
+            "count": 1,
+            "minimised": False,
+            "shapes": {"x": [2, 128]},
+            "config": "default",
+            "backend": "interpret",
+        },
+        {
+            "signature": "matmul-bf16-values",
+            "kernel": "matmul",
+            "dtype": "bfloat16",
+            "check": "values",
+            "kind": "value",
+            "message": "matmul <bfloat16>: error 6 > bound 2 at (1, 3)\nconfig ...",
+            "replay": REPLAY_VALUE,
+            "first_seen_t": 2.0,
+            "count": 3,
+            "minimised": True,
+            "shapes": {"a": [4, 4], "b": [4, 4]},
+            "config": {"block_m": 32},
+            "backend": "interpret",
+            "input_kind": "random",
+            "config_slot": 1,
+            "budget": 3.0,
+            "worst": {"output": "out", "index": [1, 3], "shape": [4, 4], "error": 6.0, "bound": 2.0},
+        },
     ]
     for failure in failures:
         directory = root / "failures" / failure["signature"]
@@ -153,11 +238,20 @@ def test_summary_counts_what_the_corpus_holds(corpus) -> None:
     assert matmul_bf16 == {"count": 3, "inf": 0, "median": 0.5, "p90": 3.0, "max": 3.0}
     # A null budget is infinite: counted, and the maximum of its kernel.
     assert summary["budget_used"]["by_kernel_dtype"]["matmul"]["float32"]["inf"] == 1
-    assert summary["budget_used"]["by_kernel"]["matmul"] == {"count": 4, "inf": 1, "median": 0.5, "p90": "inf", "max": "inf"}
+    assert summary["budget_used"]["by_kernel"]["matmul"] == {
+        "count": 4,
+        "inf": 1,
+        "median": 0.5,
+        "p90": "inf",
+        "max": "inf",
+    }
     assert summary["budget_used"]["by_kernel"]["softmax"]["max"] == 0.125
 
     # Checks without an error (bit comparisons, the NaN case) are not points.
-    assert summary["error_vs_bound"] == {"matmul": {"points": 3, "above_bound": 1}, "softmax": {"points": 2, "above_bound": 0}}
+    assert summary["error_vs_bound"] == {
+        "matmul": {"points": 3, "above_bound": 1},
+        "softmax": {"points": 2, "above_bound": 0},
+    }
     assert summary["error_vs_bound_by_dtype_check"] == {
         "bfloat16 values": {"points": 3, "zero_error": 0, "above_bound": 1, "median_budget": 0.5, "max_budget": 3.0},
         "float32 values": {"points": 2, "zero_error": 1, "above_bound": 0, "median_budget": 0.0, "max_budget": 0.125},
@@ -183,21 +277,33 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     for src in page.images:
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix)
-        assert base64.b64decode(src[len(prefix):], validate=True).startswith(PNG_SIGNATURE)
+        assert base64.b64decode(src[len(prefix) :], validate=True).startswith(PNG_SIGNATURE)
     assert os.path.getsize(html_path) < 400_000
 
     failure_rows = [row for row in page.rows if row and row[0] in ("value", "hang")]
     assert [row[:5] for row in failure_rows] == [
-        ["value", "matmul", "bfloat16", "values", "3"], ["hang", "softmax", "float32", "values", "1"]]
+        ["value", "matmul", "bfloat16", "values", "3"],
+        ["hang", "softmax", "float32", "values", "1"],
+    ]
     assert [row[-1] for row in failure_rows] == ["#1", "#2"]  # links to each failure in full
-    assert failure_rows[0][-2] == "matmul <bfloat16>: error 6 > bound 2 at (1, 3)"  # first line, unescaped by the parser
+    assert (
+        failure_rows[0][-2] == "matmul <bfloat16>: error 6 > bound 2 at (1, 3)"
+    )  # first line, unescaped by the parser
     assert "&lt;bfloat16&gt;" in text
     # each failure in full on the page: worst element, error, bound, budget, shapes, config, replay
-    value = text[text.index('id="finding-1"'):text.index('id="finding-2"')]
-    for shown in ("out[1, 3] of shape (4, 4)", "<dd>6</dd>", "<dd>2</dd>", "<dd>3</dd>", "a=4x4, b=4x4",
-                  "block_m=32", "random, 1", REPLAY_VALUE):
+    value = text[text.index('id="finding-1"') : text.index('id="finding-2"')]
+    for shown in (
+        "out[1, 3] of shape (4, 4)",
+        "<dd>6</dd>",
+        "<dd>2</dd>",
+        "<dd>3</dd>",
+        "a=4x4, b=4x4",
+        "block_m=32",
+        "random, 1",
+        REPLAY_VALUE,
+    ):
         assert shown in value, shown
-    assert "not recorded" in text[text.index('id="finding-2"'):] and REPLAY_HANG in text
+    assert "not recorded" in text[text.index('id="finding-2"') :] and REPLAY_HANG in text
     # the bandit in words
     assert "inputs of kind \u201crandom\u201d" in text and "config #1 of the kernel&#x27;s config space" in text
     assert "Bandit" not in text and "slot None" not in text
@@ -210,13 +316,25 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     assert ["matmul", "bfloat16", "3", "0", "0.5", "3", "3"] in page.rows  # the budget table
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (apt-get install chromium)")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (apt-get install chromium)"
+)
 def test_page_renders_in_chromium(corpus, tmp_path) -> None:
     html_path, _ = report.write(corpus)
     dom = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", f"file://{os.path.abspath(html_path)}"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            f"file://{os.path.abspath(html_path)}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     assert dom.count('<tr class="failure">') == 2 and dom.count('<div class="finding"') == 2
     assert REPLAY_VALUE in dom and REPLAY_HANG in dom
@@ -240,7 +358,10 @@ def test_command_prints_both_paths_and_names_a_missing_corpus(corpus, tmp_path, 
     report.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["report", corpus, "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
-    assert capsys.readouterr().out.split() == [str(tmp_path / "out" / "report.html"), str(tmp_path / "out" / "report.json")]
+    assert capsys.readouterr().out.split() == [
+        str(tmp_path / "out" / "report.html"),
+        str(tmp_path / "out" / "report.json"),
+    ]
     missing = parser.parse_args(["report", str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit, match="CORPUS .*nowhere.* is not a directory"):
         missing.func(missing)

@@ -1,6 +1,7 @@
 """A VJP returns each gradient in its primal's dtype (checks.check_gradient_dtypes):
 a bf16 parameter's gradient returned in f32 passes every value bound, so the dtype is
 checked on its own."""
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -10,8 +11,11 @@ import pytest
 from pallascheck.properties import checks
 
 CONTEXT = checks.Context(kernel="k", dtype="bfloat16", backend="interpret")
-PRIMALS = {"x": np.ones((2, 3), ml_dtypes.bfloat16), "scale": np.ones(3, ml_dtypes.bfloat16),
-           "cotangent": np.ones((2, 3), ml_dtypes.bfloat16)}
+PRIMALS = {
+    "x": np.ones((2, 3), ml_dtypes.bfloat16),
+    "scale": np.ones(3, ml_dtypes.bfloat16),
+    "cotangent": np.ones((2, 3), ml_dtypes.bfloat16),
+}
 
 
 def test_gradients_in_their_primals_dtypes_pass() -> None:

@@ -3,13 +3,14 @@ session (``--backend``; the CPU default adds ``mosaic_gpu_interpret`` for the ke
 that have Mosaic GPU versions): values, the accuracy contract, xla_reference within
 the same bound, configs agreeing, gradients, determinism, metamorphic relations; and
 bad input raising the promised errors."""
+
 from __future__ import annotations
 
 import pytest
 
 from pallascheck.properties import checks, runner
 from pallascheck.properties.pytest_plugin import spec_tests
-from pallascheck.properties.spec import registry
+from pallascheck.properties.registry import registry
 
 SPECS = registry()
 

@@ -1,12 +1,13 @@
-"""Kernel-side calls compiled once per layout on hardware (properties/layout_programs.py).
+"""Kernel-side calls compiled once per layout on hardware (properties/device/layout_programs.py).
 A hardware backend's name is enough here: the function under test is plain jax.numpy."""
+
 from __future__ import annotations
 
 import jax
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import layout_programs
+from pallascheck.properties.device import layout_programs
 from pallascheck.properties.spec import Case
 
 HARDWARE, INTERPRETER = Backend("mosaic_gpu"), Backend("interpret")
@@ -25,8 +26,10 @@ def test_a_layout_is_traced_once_and_every_case_runs_its_program() -> None:
 
     for seed in range(3):  # one layout: one trace
         case = _case(seed)
-        np.testing.assert_array_equal(np.asarray(layout_programs.call(scaled, HARDWARE, case, 1.0)),
-                                      case.arrays["x"] * np.float32(2.0) + np.float32(1.0))
+        np.testing.assert_array_equal(
+            np.asarray(layout_programs.call(scaled, HARDWARE, case, 1.0)),
+            case.arrays["x"] * np.float32(2.0) + np.float32(1.0),
+        )
     assert len(traces) == 1
     layout_programs.call(scaled, HARDWARE, _case(0, n=5), 1.0)  # new shapes
     layout_programs.call(scaled, HARDWARE, _case(0, scale=3.0), 1.0)  # new parameters
@@ -103,8 +106,14 @@ def test_on_hardware_the_vjp_runs_on_a_thread_beside_the_forward_and_a_wrong_one
         return lambda x, interpret=False: f(x)
 
     def spec(wrong_backward: bool):
-        return from_reference(silu(wrong_backward), lambda x: x * jax.nn.sigmoid(x), name="silu",
-                              inputs={"x": (8, 32)}, dtypes=("float32",), differentiable=True)
+        return from_reference(
+            silu(wrong_backward),
+            lambda x: x * jax.nn.sigmoid(x),
+            name="silu",
+            inputs={"x": (8, 32)},
+            dtypes=("float32",),
+            differentiable=True,
+        )
 
     good = runner.run_property(spec(False), "float32", hardware, examples=1, seed=0, cases_per_layout=3)
     assert not good.failure, good.failure
@@ -129,5 +138,6 @@ def test_a_programs_numpy_inputs_are_copied_to_the_device_before_it_is_called(mo
     for place_inputs in (True, False):
         case = _case(0)
         np.testing.assert_array_equal(
-            np.asarray(layout_programs.call(doubled, HARDWARE, case, place_inputs=place_inputs)), case.arrays["x"] * 2)
+            np.asarray(layout_programs.call(doubled, HARDWARE, case, place_inputs=place_inputs)), case.arrays["x"] * 2
+        )
     assert len(seen) == 1 and isinstance(seen[0][0]["x"], np.ndarray)

@@ -2,6 +2,7 @@
 every token ignored, vocabulary-parallel equal to unsharded on 2/4/8 devices, the
 traced-label contract, real vocabulary sizes, the fused kernel's memory, and the
 loss of logits with a large common offset (plain, fused and vocabulary-parallel)."""
+
 from __future__ import annotations
 
 import jax
@@ -17,8 +18,8 @@ from pallascheck.oracles import cross_entropy as ce_oracle
 from pallascheck.oracles import linear_cross_entropy as lce_oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import checks, runner
-from pallascheck.properties.cross_entropy_spec import IGNORE_INDEX, SPEC, logits_of
-from pallascheck.properties.multidevice import run_with_cpu_devices
+from pallascheck.properties.device.multidevice import run_with_cpu_devices
+from pallascheck.properties.families.cross_entropy import IGNORE_INDEX, SPEC, logits_of
 from pallascheck.properties.spec import Case
 
 
@@ -40,7 +41,9 @@ def test_out_of_range_label_under_jit_is_nan_not_garbage(backend) -> None:
     per_token = jax.jit(lambda z, y: ce.cross_entropy(z, y, reduction="none", backend=backend))
     out = np.asarray(per_token(logits, labels))
     assert np.isfinite(out[0]) and np.isnan(out[1]) and out[2] == 0.0
-    grad = np.asarray(jax.jit(jax.grad(lambda z, y: ce.cross_entropy(z, y, reduction="sum", backend=backend)))(logits, labels))
+    grad = np.asarray(
+        jax.jit(jax.grad(lambda z, y: ce.cross_entropy(z, y, reduction="sum", backend=backend)))(logits, labels)
+    )
     assert np.isfinite(grad[0]).all() and np.isnan(grad[1]).all() and (grad[2] == 0).all()
 
 
@@ -49,9 +52,7 @@ def test_out_of_range_label_under_jit_is_nan_not_garbage(backend) -> None:
 # to z, the input is [z, z, z, z] and its exact loss is log 4. [z, z, z - 8, z - 16] is
 # exact at 1e8. Each row's expected loss and gradient are the float64 oracle's for the
 # f32 input; the kernels must be within 1e-6 of it (relative to a loss of order 1).
-LARGE_LOGITS = np.asarray(
-    [[z, z, z - 1, z - 2] for z in (1e4, 1e5, 1e8)] + [[1e8, 1e8, 1e8 - 8, 1e8 - 16]], np.float32
-)
+LARGE_LOGITS = np.asarray([[z, z, z - 1, z - 2] for z in (1e4, 1e5, 1e8)] + [[1e8, 1e8, 1e8 - 8, 1e8 - 16]], np.float32)
 
 
 def _exact_loss_and_gradient(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -85,15 +86,27 @@ def test_tied_max_near_the_largest_logit(backend) -> None:
     logits = np.full((3, 40), big / 2, np.float32)
     logits[:, [7, 29]] = big
     labels = np.asarray([7, 29, 3], np.int32)  # the last: a label below the max
-    case = Case({"logits": logits.astype(ml_dtypes.bfloat16), "labels": labels,
-                 "cotangent": np.asarray([1.0, -0.75, 0.5], np.float32), "shift": np.zeros(3)},
-                {"label_smoothing": 0.0, "ignore_index": IGNORE_INDEX, "reduction": "none"})
+    case = Case(
+        {
+            "logits": logits.astype(ml_dtypes.bfloat16),
+            "labels": labels,
+            "cotangent": np.asarray([1.0, -0.75, 0.5], np.float32),
+            "shift": np.zeros(3),
+        },
+        {"label_smoothing": 0.0, "ignore_index": IGNORE_INDEX, "reduction": "none"},
+    )
     ref = SPEC.oracle(case)
     assert np.array_equal(SPEC.expected(ref)[:2], [np.log(2.0)] * 2), SPEC.expected(ref)
     assert np.isclose(ce_oracle.oracle_vjp(ref, case.arrays["cotangent"])["dlogits"][1, 29], -0.75 * -0.5)
     config = SPEC.configs(case, backend)[0]
-    tally = runner.check_case(SPEC, case, config, backend, context=checks.Context("cross_entropy", "bfloat16", str(backend)),
-                              selected=("values", "gradients"))
+    tally = runner.check_case(
+        SPEC,
+        case,
+        config,
+        backend,
+        context=checks.Context("cross_entropy", "bfloat16", str(backend)),
+        selected=("values", "gradients"),
+    )
     assert all(o.passed for o in tally.outcomes.values())
 
 
@@ -106,8 +119,15 @@ def test_unbounded_logit_error_times_a_zero_weight_leaves_the_gradient_bound_a_n
     w = np.zeros((4, 6), np.float32)
     w[0], w[1, 2] = np.linspace(-1e19, 1e19, 6), 0.5
     ref = lce_oracle.oracle(x, w, np.asarray([0, 2, 5], np.int32), eps=0.0, ignore_index=IGNORE_INDEX, reduction="mean")
-    bound = lce_oracle.gradient_bound(ref, np.float32(1.0), operand_dtype=np.float32, arith=arithmetic_for("interpret"),
-                                      block_h=32, block_v=64, block_t=32)
+    bound = lce_oracle.gradient_bound(
+        ref,
+        np.float32(1.0),
+        operand_dtype=np.float32,
+        arith=arithmetic_for("interpret"),
+        block_h=32,
+        block_v=64,
+        block_t=32,
+    )
     assert not any(np.isnan(b).any() for b in bound.values()), bound
     assert all(np.isinf(b).any() for b in bound.values())  # the case does reach unbounded errors
 
@@ -115,8 +135,11 @@ def test_unbounded_logit_error_times_a_zero_weight_leaves_the_gradient_bound_a_n
 # The fused kernel forms its logits as x @ w: with x = [1, 1] and w = [offset row; small
 # row], every product is exact even where f32 dots run as tf32 (GPUs) or the inputs are
 # bf16, and the f32 sum z + small is exact (z < 2^24, or multiples of 8 at 1.5 * 2^26).
-FUSED_OFFSETS = ((10240.0, (0.0, 0.0, -1.0, -2.0)), (131072.0, (0.0, 0.0, -1.0, -2.0)),
-                 (1.5 * 2.0**26, (0.0, 0.0, -8.0, -16.0)))
+FUSED_OFFSETS = (
+    (10240.0, (0.0, 0.0, -1.0, -2.0)),
+    (131072.0, (0.0, 0.0, -1.0, -2.0)),
+    (1.5 * 2.0**26, (0.0, 0.0, -8.0, -16.0)),
+)
 
 
 def test_fused_exact_loss_at_large_logits(backend) -> None:
@@ -141,8 +164,10 @@ def test_vocab_parallel_exact_loss_at_large_logits() -> None:
     loss, grad = _exact_loss_and_gradient(LARGE_LOGITS)
     rows = LARGE_LOGITS[:, [2, 0, 3, 1]]  # the max on both shards, the label (now 1) on the first
     result = run_with_cpu_devices(
-        "pallascheck.properties.cross_entropy_sharded:sharded_losses", 2,
-        {"logits": rows.astype(np.float64).tolist(), "labels": [1] * len(rows)}, timeout_s=300,
+        "pallascheck.properties.families.cross_entropy_sharded:sharded_losses",
+        2,
+        {"logits": rows.astype(np.float64).tolist(), "labels": [1] * len(rows)},
+        timeout_s=300,
     )
     np.testing.assert_allclose(result["loss"], loss, rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.asarray(result["dlogits"])[:, [1, 3, 0, 2]], grad, rtol=0, atol=1e-6)
@@ -154,8 +179,10 @@ def test_vocab_parallel_equals_unsharded(devices: int, examples: int) -> None:
     examples each (every case compiles a sharded and an unsharded kernel)."""
     per_dtype = max(1, examples // 4)
     result = run_with_cpu_devices(
-        "pallascheck.properties.cross_entropy_sharded:sharded_matches_unsharded", devices,
-        {"examples": per_dtype, "seed": devices}, timeout_s=600,
+        "pallascheck.properties.families.cross_entropy_sharded:sharded_matches_unsharded",
+        devices,
+        {"examples": per_dtype, "seed": devices},
+        timeout_s=600,
     )
     assert not result["failure"], result["failure"]
     assert result["devices"] == devices and result["examples"] == 2 * per_dtype
@@ -169,11 +196,19 @@ def test_real_vocabulary_sizes(vocab: int, backend) -> None:
     logits, _ = logits_of(vocab, 2, vocab, dtype, "normal")
     logits[1, -1] = 30.0  # the largest logit in the last, partial tile
     labels = np.asarray([0, vocab - 1], np.int32)
-    case = Case({"logits": logits, "labels": labels, "cotangent": np.ones((2,), np.float32)},
-                {"label_smoothing": 0.1, "ignore_index": IGNORE_INDEX, "reduction": "none"})
+    case = Case(
+        {"logits": logits, "labels": labels, "cotangent": np.ones((2,), np.float32)},
+        {"label_smoothing": 0.1, "ignore_index": IGNORE_INDEX, "reduction": "none"},
+    )
     config = SPEC.configs(case, backend)[-1]
-    tally = runner.check_case(SPEC, case, config, backend, context=checks.Context("cross_entropy", dtype, str(backend)),
-                              selected=("values", "gradients"))
+    tally = runner.check_case(
+        SPEC,
+        case,
+        config,
+        backend,
+        context=checks.Context("cross_entropy", dtype, str(backend)),
+        selected=("values", "gradients"),
+    )
     assert all(o.passed for o in tally.outcomes.values())
 
 

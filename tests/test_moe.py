@@ -3,6 +3,7 @@ traced group sizes, many groups, the activation aliases and leading axes, and th
 every kernel lowers for Triton (checked on any machine). Each rule runs on every
 backend of the session (``each_backend``: with the CPU default, the Pallas kernels in
 ``interpret`` and the Mosaic GPU kernels, bf16 only, in their interpreter)."""
+
 from __future__ import annotations
 
 import jax
@@ -38,8 +39,9 @@ def _ragged_inputs(m: int, groups: int, dtype: str, seed: int = 0):
 
 def _check_ragged(out, lhs, rhs, sizes, backend, name):
     ref = rd_oracle.oracle(lhs, rhs, sizes)
-    b = rd_oracle.bound(ref, operand_dtype=lhs.dtype, arith=arithmetic_for(backend.name),
-                        block_k=_config(backend).block_k)
+    b = rd_oracle.bound(
+        ref, operand_dtype=lhs.dtype, arith=arithmetic_for(backend.name), block_k=_config(backend).block_k
+    )
     checks.check_values(np.asarray(out), ref.out, b, context=checks.Context(kernel=name, backend=str(backend)))
 
 
@@ -49,7 +51,9 @@ def test_many_groups_mostly_empty(each_backend: Backend) -> None:
     lhs, rhs = _ragged_inputs(40, 37, _dtype(backend))
     sizes = np.zeros(37, np.int32)
     sizes[[0, 3, 4, 5, 20, 36]] = [1, 2, 13, 7, 9, 6]  # 38 rows: the last 2 in no group
-    out = rd.ragged_dot(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes), config=_config(backend), backend=backend)
+    out = rd.ragged_dot(
+        jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes), config=_config(backend), backend=backend
+    )
     _check_ragged(out, lhs, rhs, sizes, backend, "ragged_dot[37 groups]")
 
 
@@ -66,8 +70,13 @@ def test_rows_in_no_group_get_zero_gradient(each_backend: Backend) -> None:
     backend = each_backend
     lhs, rhs = _ragged_inputs(33, 2, _dtype(backend))
     sizes = jnp.array([4, 20], jnp.int32)
-    dlhs = jax.grad(lambda a: rd.ragged_dot(a, jnp.asarray(rhs), sizes, config=_config(backend),
-                                            backend=backend).astype(jnp.float32).sum())(jnp.asarray(lhs))
+    dlhs = jax.grad(
+        lambda a: (
+            rd.ragged_dot(a, jnp.asarray(rhs), sizes, config=_config(backend), backend=backend)
+            .astype(jnp.float32)
+            .sum()
+        )
+    )(jnp.asarray(lhs))
     assert np.all(np.asarray(dlhs)[24:] == 0) and np.all(np.asarray(dlhs)[:24] != 0)
 
 
@@ -81,8 +90,9 @@ def test_glu_activation_aliases_and_leading_axes(each_backend: Backend) -> None:
     assert swish.shape == (2, 3, 16) and np.array_equal(np.asarray(swish), np.asarray(silu))
     bilinear = glu.gated_linear_unit(x, w, activation=None, config=cfg, backend=backend)
     ref = glu_oracle.oracle(np.asarray(x), np.asarray(w), activation="none")
-    b = glu_oracle.bound(ref, activation="none", operand_dtype=x.dtype, arith=arithmetic_for(backend.name),
-                         block_k=cfg.block_k)
+    b = glu_oracle.bound(
+        ref, activation="none", operand_dtype=x.dtype, arith=arithmetic_for(backend.name), block_k=cfg.block_k
+    )
     checks.check_values(np.asarray(bilinear), ref.out, b, context=checks.Context(kernel="glu[bilinear]"))
 
 
@@ -102,10 +112,24 @@ def test_forward_and_backward_lower_for_triton() -> None:
         sizes = jax.ShapeDtypeStruct((5,), jnp.int32)
         for cfg in (rd.Config(64, 64, 32), rd.Config(128, 128, 64, num_warps=8, num_stages=4)):
             cot = jnp.ones((300, 96), dtype)
-            _lower_for_triton(lambda a, b, s, cfg=cfg, cot=cot: jax.vjp(
-                lambda a, b: rd.ragged_dot(a, b, s, config=cfg, backend=gpu), a, b)[1](cot), lhs, rhs, sizes)
+            _lower_for_triton(
+                lambda a, b, s, cfg=cfg, cot=cot: jax.vjp(
+                    lambda a, b: rd.ragged_dot(a, b, s, config=cfg, backend=gpu), a, b
+                )[1](cot),
+                lhs,
+                rhs,
+                sizes,
+            )
         for activation in ("none", "silu", "gelu_tanh", "relu", "sigmoid"):
             cot = jnp.ones((100, 48), dtype)
-            _lower_for_triton(lambda a, b, act=activation, cot=cot: jax.vjp(
-                lambda a, b: glu.gated_linear_unit(a, b, activation=act, config=glu.Config(64, 64, 32), backend=gpu),
-                a, b)[1](cot), jax.ShapeDtypeStruct((100, 70), dtype), jax.ShapeDtypeStruct((70, 2, 48), dtype))
+            _lower_for_triton(
+                lambda a, b, act=activation, cot=cot: jax.vjp(
+                    lambda a, b: glu.gated_linear_unit(
+                        a, b, activation=act, config=glu.Config(64, 64, 32), backend=gpu
+                    ),
+                    a,
+                    b,
+                )[1](cot),
+                jax.ShapeDtypeStruct((100, 70), dtype),
+                jax.ShapeDtypeStruct((70, 2, 48), dtype),
+            )

@@ -1,6 +1,7 @@
 """``pallascheck mutate``: the operators write the kernel bugs they name, and the
 command scores a kernel's checks by the mutants they kill - ours (rms_norm, a few
 mutants with a pinned seed) and a user's own kernel and spec imported with --path."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,12 @@ import textwrap
 
 import pytest
 
-from pallascheck.fuzz import cli
+from pallascheck import cli
 from pallascheck.fuzz.mutation import operators
 
 # A kernel module with one instance of each bug class, and code that is never mutated
 # (argument validation, the config dataclass, error paths).
-KERNEL = textwrap.dedent('''\
+KERNEL = textwrap.dedent("""\
     import dataclasses
     import jax
     import jax.numpy as jnp
@@ -57,35 +58,77 @@ KERNEL = textwrap.dedent('''\
         _validate(x)
         spec = pl.BlockSpec((8, 8), lambda i: (i, 0))
         return pl.pallas_call(_kernel, grid=(pl.cdiv(x.shape[0], 8),), in_specs=[spec], out_specs=spec)(x[: x.shape[0]])
-''')
+""")
 
 
 def _mutations(operator: str) -> set[tuple[str, str]]:
-    return {(" ".join(m.before.split()), " ".join(m.after.split()))
-            for m in operators.generate(KERNEL, operators=[operator])}
+    return {
+        (" ".join(m.before.split()), " ".join(m.after.split()))
+        for m in operators.generate(KERNEL, operators=[operator])
+    }
 
 
-@pytest.mark.parametrize("operator, expected", [
-    ("index_offset", {("i", "(i + 1)"), ("0", "(0 + 1)"), ("step * 8", "(step * 8 + 1)"), ("8", "(8 - 1)"),
-                      ("pl.program_id(0)", "(pl.program_id(0) + 1)"), ("x.shape[0]", "(x.shape[0] - 1)")}),
-    ("loop_bound", {("0", "(0 + 1)"), ("n", "(n - 1)")}),
-    ("cdiv", {("pl.cdiv(x.shape[0], 8)", "((x.shape[0]) // (8))")}),
-    ("mask", {("(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n)", "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) <= n)"),
-              ("(step >= 0)", "(step < 0)"),
-              ("(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n) & (step >= 0)",
-               "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n) | (step >= 0)")}),
-    ("cast", {("x_ref[pl.ds(step * 8, 8)].astype(jnp.float32)", "x_ref[pl.ds(step * 8, 8)]"),
-              ("jnp.dot(x, x, preferred_element_type=jnp.float32)", "jnp.dot(x, x)")}),
-    ("accumulator", {("acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)", "pass"),
-                     ("jnp.zeros((8, 8), jnp.float32)", "jnp.ones((8, 8), jnp.float32)"), ("-jnp.inf", "0.0")}),
-    ("rescale", {("acc * jnp.exp(m_prev - m_new)", "(acc)"), ("acc_ref[...] *= LOG2_E", "pass")}),
-    ("reduction", {("x", "m"), ("acc", "x"), ("1", "0")}),
-    ("pipeline", {("slot", "(slot + 1)"), ("step % 2", "((step + 1) % 2)")}),
-    ("constant", {("1.4426950408889634", repr(1.4426950408889634 * (1 + 2**-7)))}),
-    ("running_stat", {("jnp.maximum(m_prev, jnp.max(x, axis=1, keepdims=True))", "jnp.max(x, axis=1, keepdims=True)"),
-                      ("acc + jnp.dot(x, x, preferred_element_type=jnp.float32)",
-                       "(jnp.dot(x, x, preferred_element_type=jnp.float32))")}),
-])
+@pytest.mark.parametrize(
+    "operator, expected",
+    [
+        (
+            "index_offset",
+            {
+                ("i", "(i + 1)"),
+                ("0", "(0 + 1)"),
+                ("step * 8", "(step * 8 + 1)"),
+                ("8", "(8 - 1)"),
+                ("pl.program_id(0)", "(pl.program_id(0) + 1)"),
+                ("x.shape[0]", "(x.shape[0] - 1)"),
+            },
+        ),
+        ("loop_bound", {("0", "(0 + 1)"), ("n", "(n - 1)")}),
+        ("cdiv", {("pl.cdiv(x.shape[0], 8)", "((x.shape[0]) // (8))")}),
+        (
+            "mask",
+            {
+                (
+                    "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n)",
+                    "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) <= n)",
+                ),
+                ("(step >= 0)", "(step < 0)"),
+                (
+                    "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n) & (step >= 0)",
+                    "(lax.broadcasted_iota(jnp.int32, (8, 1), 0) < n) | (step >= 0)",
+                ),
+            },
+        ),
+        (
+            "cast",
+            {
+                ("x_ref[pl.ds(step * 8, 8)].astype(jnp.float32)", "x_ref[pl.ds(step * 8, 8)]"),
+                ("jnp.dot(x, x, preferred_element_type=jnp.float32)", "jnp.dot(x, x)"),
+            },
+        ),
+        (
+            "accumulator",
+            {
+                ("acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)", "pass"),
+                ("jnp.zeros((8, 8), jnp.float32)", "jnp.ones((8, 8), jnp.float32)"),
+                ("-jnp.inf", "0.0"),
+            },
+        ),
+        ("rescale", {("acc * jnp.exp(m_prev - m_new)", "(acc)"), ("acc_ref[...] *= LOG2_E", "pass")}),
+        ("reduction", {("x", "m"), ("acc", "x"), ("1", "0")}),
+        ("pipeline", {("slot", "(slot + 1)"), ("step % 2", "((step + 1) % 2)")}),
+        ("constant", {("1.4426950408889634", repr(1.4426950408889634 * (1 + 2**-7)))}),
+        (
+            "running_stat",
+            {
+                ("jnp.maximum(m_prev, jnp.max(x, axis=1, keepdims=True))", "jnp.max(x, axis=1, keepdims=True)"),
+                (
+                    "acc + jnp.dot(x, x, preferred_element_type=jnp.float32)",
+                    "(jnp.dot(x, x, preferred_element_type=jnp.float32))",
+                ),
+            },
+        ),
+    ],
+)
 def test_each_operator_writes_its_bug(operator: str, expected: set[tuple[str, str]]) -> None:
     found = _mutations(operator)
     assert expected <= found, f"missing {expected - found}; found {found}"
@@ -96,8 +139,11 @@ def test_validation_config_and_error_paths_are_not_mutated() -> None:
     assert {m.function for m in mutants} == {"<module>", "_kernel", "_kernel.body", "call"}
     assert not any("raise" in m.diff(KERNEL, "k.py") or "block: int" in m.before for m in mutants)
     for m in mutants:  # one change each, and the rest of the module byte for byte
-        changed = [line for line in m.diff(KERNEL, "k.py").splitlines() if line.startswith(("-", "+"))
-                   and not line.startswith(("---", "+++"))]
+        changed = [
+            line
+            for line in m.diff(KERNEL, "k.py").splitlines()
+            if line.startswith(("-", "+")) and not line.startswith(("---", "+++"))
+        ]
         assert len(changed) == 2, m.label
 
 
@@ -114,9 +160,27 @@ def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_pat
     first run's budget ends after the baseline; the resumed run keeps its results
     and runs the rest."""
     out = tmp_path / "rms_norm.jsonl"
-    args = ["mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "1", "--seed", "0", "--jobs", "1",
-            "--operator", "rescale", "--operator", "constant",
-            "--function", "rms_statistics|layer_norm_statistics|<module>", "--out", str(out)]
+    args = [
+        "mutate",
+        "--kernel",
+        "rms_norm",
+        "--dtype",
+        "float32",
+        "--examples",
+        "1",
+        "--seed",
+        "0",
+        "--jobs",
+        "1",
+        "--operator",
+        "rescale",
+        "--operator",
+        "constant",
+        "--function",
+        "rms_statistics|layer_norm_statistics|<module>",
+        "--out",
+        str(out),
+    ]
     assert cli.main(args + ["--budget", "0.1"]) == 0
     assert "not run (over --budget): #0, #1, #5, #6" in capsys.readouterr().out
     assert cli.main(args + ["--resume"]) == 0
@@ -124,8 +188,11 @@ def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_pat
     status: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         status.setdefault((r["function"], r["operator"]), []).append(r["status"])
-    assert status == {("<module>", "constant"): ["equivalent"] * 2, ("rms_statistics", "rescale"): ["killed"] * 2,
-                      ("layer_norm_statistics", "rescale"): ["unreached"] * 3}
+    assert status == {
+        ("<module>", "constant"): ["equivalent"] * 2,
+        ("rms_statistics", "rescale"): ["killed"] * 2,
+        ("layer_norm_statistics", "rescale"): ["unreached"] * 3,
+    }
     killed = [r for r in rows if r["status"] == "killed"]
     assert all(r["check"] == "values" and r["cases"] == 1 for r in killed)
     assert "mutation score 40.0% (2/5)" in capsys.readouterr().out
@@ -157,7 +224,7 @@ USER_KERNEL = textwrap.dedent('''\
         return y[:n].reshape(x.shape)
 ''')
 
-USER_SPEC = textwrap.dedent('''\
+USER_SPEC = textwrap.dedent("""\
     from pallascheck.specs import elementwise_like
 
     from my_relu import relu
@@ -165,7 +232,7 @@ USER_SPEC = textwrap.dedent('''\
     # lengths of several blocks: an index map off by one reads or writes a neighbour block
     SPEC = elementwise_like(relu, name="my_relu", activation="relu", shapes=((40,), (3, 33)), dtypes=("float32",),
                             differentiable=False, interpret="interpret")
-''')
+""")
 
 
 def test_mutate_works_on_a_users_kernel_and_spec(tmp_path, capsys) -> None:
@@ -176,9 +243,27 @@ def test_mutate_works_on_a_users_kernel_and_spec(tmp_path, capsys) -> None:
     (project / "my_relu.py").write_text(USER_KERNEL)
     (project / "my_relu_spec.py").write_text(USER_SPEC)
     out = tmp_path / "mutants.jsonl"
-    code = cli.main(["mutate", "--kernel", "my_relu_spec:SPEC", "--path", str(project), "--examples", "1",
-                     "--jobs", "1", "--operator", "index_offset", "--operator", "running_stat",
-                     "--out", str(out), "--fail-under", "100"])
+    code = cli.main(
+        [
+            "mutate",
+            "--kernel",
+            "my_relu_spec:SPEC",
+            "--path",
+            str(project),
+            "--examples",
+            "1",
+            "--jobs",
+            "1",
+            "--operator",
+            "index_offset",
+            "--operator",
+            "running_stat",
+            "--out",
+            str(out),
+            "--fail-under",
+            "100",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "mutating my_relu (" in printed

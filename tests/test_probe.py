@@ -1,9 +1,10 @@
 """``pallascheck probe``: the measurements on the session's backends hold the
 tolerance model, and the probe tells arithmetics apart (emulated dots with a known rounding,
 order and accumulator width must be classified as what they are)."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ def _emulated(mode: str, groups: Callable[[int], list[list[int]]], flush: bool =
     """A dot that adds the exact products of each group of K positions, in the order
     ``groups(K)`` gives, into an f32 accumulator rounded by ``mode``; a group of
     several terms is added at once, as tensor cores add theirs (probe.fused_group_sum)."""
+
     def dot(x, y):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         acc = np.zeros((x.shape[0], y.shape[1]))
@@ -26,6 +28,7 @@ def _emulated(mode: str, groups: Callable[[int], list[list[int]]], flush: bool =
                 terms = np.where(np.abs(terms) < np.finfo(np.float32).tiny, 0.0, terms)
             acc = probe.round_f32(acc + probe.fused_group_sum(terms, axis=1), mode)
         return acc.astype(np.float32)
+
     return dot
 
 

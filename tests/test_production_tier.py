@@ -1,6 +1,7 @@
 """The production shape tier (properties/production.py): named layouts of real
 models, drawn in the spec's own domain, and a memory rule that skips, saying so, the
 layouts whose oracle would not fit the device."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,15 +11,21 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, runner
-from pallascheck.properties.spec import Case, get_spec
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Case
 
 
 def _drawn(strategy: st.SearchStrategy[Case], examples: int) -> list[Case]:
     """The cases of ``examples`` Hypothesis examples of ``strategy``."""
     cases = []
 
-    @settings(max_examples=examples, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def draw(data: st.DataObject) -> None:
         cases.append(data.draw(strategy))
@@ -44,8 +51,9 @@ def test_layouts_that_do_not_fit_are_skipped_saying_why(monkeypatch: pytest.Monk
         get_spec("matmul").production("bfloat16", Backend("interpret"))
 
 
-def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(monkeypatch: pytest.MonkeyPatch,
-                                                                           capsys: pytest.CaptureFixture) -> None:
+def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     # 20 GiB, an H100's share with 3 jobs: matmul's decode layouts fit, none of the GLU's.
     # Before, every GLU task of a 3-job production fuzz there died drawing its first
     # case and was booked as the kernel's failure.
@@ -53,27 +61,31 @@ def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(monke
     monkeypatch.setenv(production.SHARING_ENV_VAR, "3")
     kept, lines = production.planned(["matmul", "gated_linear_unit", "top_k"], Backend("interpret"))
     assert kept == ["matmul", "top_k"], lines
-    assert lines[-1] == ("not checked: gated_linear_unit: no production layout fits "
-                         "(fewer --jobs give each process a larger share)"), lines
+    assert lines[-1] == (
+        "not checked: gated_linear_unit: no production layout fits (fewer --jobs give each process a larger share)"
+    ), lines
     assert any("skipped by the memory rule: llama-3 8B, decode batch 16" in line for line in lines), lines
-    from pallascheck.fuzz import cli
+    from pallascheck import cli
 
     with pytest.raises(SystemExit, match="nothing to check: no selected kernel has a production layout that fits"):
         cli._fitting(["gated_linear_unit"], Backend("interpret"))
     assert "not checked: gated_linear_unit" in capsys.readouterr().out
 
 
-def test_a_resumed_production_campaign_keeps_to_the_memory_rule(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_a_resumed_production_campaign_keeps_to_the_memory_rule(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """``fuzz --resume`` takes the tier and kernels from the saved campaign, so the rule
     above applies to it too: before, a resumed production GLU campaign on 3 jobs skipped
     it (the command line's tier is the default, small) and booked the kernel as crashed."""
     import json
 
-    from pallascheck.fuzz import campaign, cli, corpus
+    from pallascheck import cli
+    from pallascheck.fuzz import campaign, corpus
 
-    (tmp_path / corpus.STATE).write_text(json.dumps({"shapes": "production", "targets": ["gated_linear_unit"],
-                                                     "backend": "mosaic_gpu"}))
+    (tmp_path / corpus.STATE).write_text(
+        json.dumps({"shapes": "production", "targets": ["gated_linear_unit"], "backend": "mosaic_gpu"})
+    )
     monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)  # an H100 shared by 3 jobs
     monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
     monkeypatch.setattr(cli, "_available_backend", lambda name: Backend("mosaic_gpu"))
@@ -95,7 +107,8 @@ def test_production_glu_weights_keep_float16_outputs_in_range(fan_in: bool) -> N
     """At d 4096 the gate and up dots of "positive" entries are each about d/4: their
     product overflows float16 unless the weights are drawn at a model's 1/sqrt(d)
     scale, as the production tier draws them."""
-    from pallascheck.properties import gated_linear_unit_spec as glu_spec, strategies
+    from pallascheck.properties import strategies
+    from pallascheck.properties.families import gated_linear_unit as glu_spec
 
     domain = glu_spec.Domain(leading=((16,),), d=(4096,), f=(32,), fan_in_weights=fan_in)
     strategy = glu_spec.cases("float16", Backend("interpret"), domain=domain)
@@ -120,7 +133,7 @@ def test_attention_bias_layouts_draw_only_biases_the_device_oracle_slices(kernel
     whose domain takes no bias gets none. Drawn at the layout's fields with tiny sizes."""
     import dataclasses
 
-    from pallascheck.properties import attention_spec
+    from pallascheck.properties.families import attention as attention_spec
 
     (layout,) = [l for l in production.FAMILIES["attention"]() if l.name.startswith("per-head bias")]
     tiny = dict(heads=((1, 4, 2),), seq_q=(8,), head_dims=(16,))

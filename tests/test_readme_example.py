@@ -1,5 +1,6 @@
 """The README's "check your own kernel" example, run as written in a fresh project
 directory with no conftest: it must be ten lines or fewer and pass."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,19 @@ def test_readme_example_is_ten_lines_or_fewer() -> None:
 def test_readme_example_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "test_my_attention.py").write_text(readme_example())
     env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--backend", "interpret",
-               "--examples", "1", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--backend",
+        "interpret",
+        "--examples",
+        "1",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # one test per dtype on interpret (mosaic_gpu_interpret is not among its backends)

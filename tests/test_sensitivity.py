@@ -11,6 +11,7 @@ session in ``mosaic_gpu_interpret``); and may export ``NOT_ON``: variant name ->
 that refuses exact gelu); those are skipped on that backend with the reason, and
 count as neither caught nor survived.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,11 +27,13 @@ from pallascheck.properties.pytest_plugin import backends_under_test
 _MODULES = {module: importlib.import_module(f"broken.{module}") for module in MODULES}
 VARIANTS = {
     f"{module}/{name}": (dataclasses.replace(spec, backends=getattr(m, "BACKENDS", GENERIC)), dtypes, examples)
-    for module, m in _MODULES.items() for name, (spec, dtypes, examples) in m.VARIANTS.items()
+    for module, m in _MODULES.items()
+    for name, (spec, dtypes, examples) in m.VARIANTS.items()
 }
 NOT_ON = {
     f"{module}/{name}": backends
-    for module, m in _MODULES.items() for name, backends in getattr(m, "NOT_ON", {}).items()
+    for module, m in _MODULES.items()
+    for name, backends in getattr(m, "NOT_ON", {}).items()
 }
 
 
@@ -39,7 +42,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cases = [
             (variant, backend)
             for backend in backends_under_test(metafunc.config)
-            for variant in sorted(VARIANTS) if VARIANTS[variant][0].runs_on(backend)
+            for variant in sorted(VARIANTS)
+            if VARIANTS[variant][0].runs_on(backend)
         ]
         metafunc.parametrize("variant_case", cases, ids=[f"{v}-{b}" for v, b in cases])
 

@@ -1,6 +1,7 @@
 """``softmax_like`` on a user's Pallas softmax with a custom VJP: the correct kernel
 passes every check in every dtype; each planted bug is caught by the check it
 breaks. (JAX's bundled ``ops.gpu.softmax`` is checked in test_bundled_kernels.py.)"""
+
 from __future__ import annotations
 
 import functools
@@ -15,7 +16,7 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import softmax as softmax_oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import runner
-from pallascheck.properties.softmax_spec import softmax_like
+from pallascheck.properties.families.softmax import softmax_like
 
 EXAMPLES = 3
 
@@ -29,8 +30,11 @@ def _forward_kernel(x_ref, o_ref, *, subtract_max: bool):
 
 def _forward(x: jax.Array, interpret: bool, subtract_max: bool) -> jax.Array:
     rows = x.reshape(-1, x.shape[-1])
-    out = pl.pallas_call(functools.partial(_forward_kernel, subtract_max=subtract_max),
-                         out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype), interpret=interpret)(rows)
+    out = pl.pallas_call(
+        functools.partial(_forward_kernel, subtract_max=subtract_max),
+        out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype),
+        interpret=interpret,
+    )(rows)
     return out.reshape(x.shape)
 
 
@@ -86,6 +90,7 @@ def test_gradient_bound_is_unbounded_not_nan_where_an_exact_zero_meets_an_unboun
     ref = softmax_oracle.oracle(x)
     assert ref.rows[0, 1] == 0.0
     forward = np.array([[0.0, 0.0, np.inf]])
-    bound = softmax_oracle.gradient_bound(ref, np.ones_like(x), forward, dtype=np.float32,
-                                          arith=arithmetic_for("interpret"), compute_dtype=np.float32)
+    bound = softmax_oracle.gradient_bound(
+        ref, np.ones_like(x), forward, dtype=np.float32, arith=arithmetic_for("interpret"), compute_dtype=np.float32
+    )
     assert not np.isnan(bound).any() and np.isinf(bound[0, 1]), bound

@@ -1,4 +1,4 @@
-"""Tokamax's ops as an outside client (``properties/tokamax_client.py``): specs the
+"""Tokamax's ops as an outside client (``properties/outside/tokamax.py``): specs the
 builders made, run on the CPU: the XLA implementations on ``interpret`` (compiled
 XLA:CPU), the Pallas-Triton attention in Pallas' interpreter, the Mosaic TPU attention
 in the TPU interpreter, the Hopper ragged dot in the Mosaic GPU interpreter. Skipped,
@@ -39,10 +39,12 @@ Findings (tokamax 0.0.17, jax 0.12.0.1; budget = error / our bound):
   interpreter cannot run the Triton attention's backward kernel (pl.program_id under
   pl.when), so that spec is forward-only on the CPU.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +53,10 @@ import numpy as np
 import pytest
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, runner, tokamax_client
-from pallascheck.properties.spec import Case, KernelSpec, get_spec
+from pallascheck.properties import checks, runner
+from pallascheck.properties.outside import tokamax as tokamax_client
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Case, KernelSpec
 
 tokamax = pytest.importorskip("tokamax", reason=f"Tokamax is not installed: {tokamax_client.PIP}")
 import pydantic_core  # noqa: E402 - a dependency of Tokamax's
@@ -89,11 +93,15 @@ FINDINGS: dict[tuple[str, str], tuple[str, ...]] = {
     ("tokamax:gated_linear_unit:xla", "bfloat16"): ("values", "contract", "gradients"),
     ("tokamax:gated_linear_unit:xla", "float16"): ("values", "contract"),
     # test_linear_cross_entropy_in_the_input_dtype
-    **{("tokamax:linear_softmax_cross_entropy_loss:xla", d): ("values", "contract", "gradients")
-       for d in ("bfloat16", "float16")},
+    **{
+        ("tokamax:linear_softmax_cross_entropy_loss:xla", d): ("values", "contract", "gradients")
+        for d in ("bfloat16", "float16")
+    },
     # test_chunked_xla_cross_entropy_pads_the_vocabulary (and the input dtype's loss)
-    **{("tokamax:linear_softmax_cross_entropy_loss:chunked_xla", d): ("values", "contract", "gradients")
-       for d in ("float32", "bfloat16", "float16")},
+    **{
+        ("tokamax:linear_softmax_cross_entropy_loss:chunked_xla", d): ("values", "contract", "gradients")
+        for d in ("float32", "bfloat16", "float16")
+    },
     # test_attention_scales_q_in_bfloat16
     ("tokamax:dot_product_attention:triton", "bfloat16"): ("values", "contract"),
     ("tokamax:dot_product_attention:mosaic_tpu", "bfloat16"): ("values", "contract", "gradients"),
@@ -137,19 +145,30 @@ PROPERTIES = [(name, dtype) for name in ON_CPU for dtype in get_spec(name).dtype
 def _run_spec(name: str, dtype: str, backend: Backend, examples: int, not_run: tuple[str, ...]) -> str:
     """Every check of ``name`` but those a documented finding breaks (``FINDINGS``)
     and ``not_run``: the failure message ("" if they pass)."""
-    replay = (f"pallascheck verify --kernel {name} --dtype {dtype} --backend {backend} "
-              f"--examples {examples}")
+    replay = f"pallascheck verify --kernel {name} --dtype {dtype} --backend {backend} --examples {examples}"
     broken = FINDINGS.get((name, dtype), ()) + not_run
-    tally = runner.run_property(get_spec(name), dtype, backend, examples=examples, seed=0, replay_hint=replay,
-                                selected=[c for c in runner.CHECKS if c not in broken])
+    tally = runner.run_property(
+        get_spec(name),
+        dtype,
+        backend,
+        examples=examples,
+        seed=0,
+        replay_hint=replay,
+        selected=[c for c in runner.CHECKS if c not in broken],
+    )
     return tally.failure
 
 
 @pytest.mark.parametrize(("name", "dtype"), PROPERTIES)
 def test_tokamax_spec(name: str, dtype: str, request: pytest.FixtureRequest) -> None:
     """The builder-made spec on its CPU interpreter."""
-    failure = _run_spec(name, dtype, _interpreter(get_spec(name)),
-                        request.config.getoption("--examples") or EXAMPLES, INTERPRETER_LIMITS.get(name, ()))
+    failure = _run_spec(
+        name,
+        dtype,
+        _interpreter(get_spec(name)),
+        request.config.getoption("--examples") or EXAMPLES,
+        INTERPRETER_LIMITS.get(name, ()),
+    )
     assert not failure, failure
 
 
@@ -178,9 +197,15 @@ GPU_FINDINGS = {
 }
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=GpuFinding, reason=GPU_FINDINGS[name]))
-    if name in GPU_FINDINGS else name for name in sorted(tokamax_client.TOKAMAX)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=GpuFinding, reason=GPU_FINDINGS[name]))
+        if name in GPU_FINDINGS
+        else name
+        for name in sorted(tokamax_client.TOKAMAX)
+    ],
+)
 @gpu_test
 def test_tokamax_spec_on_the_gpu(name: str, backend: Backend, request: pytest.FixtureRequest) -> None:
     """With ``--backend mosaic_gpu`` or ``triton`` on an NVIDIA GPU: every spec that
@@ -205,8 +230,14 @@ def _failure(spec: KernelSpec, case: Case, selected: tuple[str, ...], backend: B
     backend = backend or _interpreter(spec)
     dtype = case.arrays[next(name for name in ("q", "x", "lhs") if name in case.arrays)].dtype.name
     try:
-        runner.check_case(spec, case, spec.default_config, backend, selected=selected,
-                          context=checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend)))
+        runner.check_case(
+            spec,
+            case,
+            spec.default_config,
+            backend,
+            selected=selected,
+            context=checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend)),
+        )
     except checks.CheckFailure as failure:
         return str(failure)
     return ""
@@ -225,20 +256,30 @@ def _np_dtype(dtype: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
 
 
-def _attention_case(seq: int, head_dim: int, dtype: str, *, qk_scale: float = 1.0, seed: int = 0,
-                    mask: np.ndarray | None = None, cotangent: str = "normal") -> Case:
+def _attention_case(
+    seq: int,
+    head_dim: int,
+    dtype: str,
+    *,
+    qk_scale: float = 1.0,
+    seed: int = 0,
+    mask: np.ndarray | None = None,
+    cotangent: str = "normal",
+) -> Case:
     rng = np.random.default_rng(seed)
     npd, shape = _np_dtype(dtype), (1, seq, 1, head_dim)
     arrays = {n: (rng.standard_normal(shape) * (qk_scale if n in "qk" else 1.0)).astype(npd) for n in "qkv"}
-    arrays["cotangent"] = (rng.uniform(0.5, 1.0, shape) if cotangent == "positive"
-                           else rng.standard_normal(shape)).astype(npd)
+    arrays["cotangent"] = (
+        rng.uniform(0.5, 1.0, shape) if cotangent == "positive" else rng.standard_normal(shape)
+    ).astype(npd)
     if mask is not None:
         arrays["mask"] = mask
     return Case(arrays, {"causal": False, "sm_scale": None})
 
 
-@pytest.mark.xfail(strict=True, raises=SemanticDifference,
-                   reason="a row with no visible key: Tokamax gives the mean of v, ours 0")
+@pytest.mark.xfail(
+    strict=True, raises=SemanticDifference, reason="a row with no visible key: Tokamax gives the mean of v, ours 0"
+)
 @pytest.mark.parametrize("implementation", ["xla", "xla_chunked", "triton"])
 def test_attention_row_with_no_visible_key(implementation: str) -> None:
     """Row 3 of the mask all False: Tokamax's masked logits are f32's most negative
@@ -249,8 +290,13 @@ def test_attention_row_with_no_visible_key(implementation: str) -> None:
     mask[:, 0] = True
     assert not _failure(spec, _attention_case(17, 16, "float32", mask=mask), ("values",))
     mask[3] = False
-    _found(_failure(spec, _attention_case(17, 16, "float32", mask=mask), ("values",)), SemanticDifference, "",
-           "worst element (0, 3,", "oracle=np.float64(0.0)")
+    _found(
+        _failure(spec, _attention_case(17, 16, "float32", mask=mask), ("values",)),
+        SemanticDifference,
+        "",
+        "worst element (0, 3,",
+        "oracle=np.float64(0.0)",
+    )
 
 
 @pytest.mark.xfail(strict=True, raises=ValuesFinding, reason="q scaled in bf16 before the q.k dot")
@@ -284,11 +330,15 @@ def _cross_entropy_case(vocab: int, dtype: str = "float32") -> Case:
     """Logits ~ N(0, 0.16): no large values, nothing adversarial."""
     rng = np.random.default_rng(0)
     tokens, hidden, npd = 8, 16, _np_dtype(dtype)
-    return Case({"x": rng.standard_normal((tokens, hidden)).astype(npd),
-                 "w": (0.1 * rng.standard_normal((hidden, vocab))).astype(npd),
-                 "labels": rng.integers(0, vocab, tokens).astype(np.int32),
-                 "cotangent": rng.standard_normal(tokens).astype(np.float32)},
-                {"label_smoothing": 0.0, "ignore_index": -100, "reduction": "none"})
+    return Case(
+        {
+            "x": rng.standard_normal((tokens, hidden)).astype(npd),
+            "w": (0.1 * rng.standard_normal((hidden, vocab))).astype(npd),
+            "labels": rng.integers(0, vocab, tokens).astype(np.int32),
+            "cotangent": rng.standard_normal(tokens).astype(np.float32),
+        },
+        {"label_smoothing": 0.0, "ignore_index": -100, "reduction": "none"},
+    )
 
 
 @pytest.mark.xfail(strict=True, raises=ValuesFinding, reason="zero-padded vocabulary columns enter the logsumexp")
@@ -321,8 +371,14 @@ def test_gated_linear_unit_rounds_the_projections(dtype: str) -> None:
     our xla_reference (f32 gate and up) passes on the same case."""
     rng = np.random.default_rng(0)
     npd = _np_dtype(dtype)
-    case = Case({"x": rng.standard_normal((17, 64)).astype(npd), "weights": rng.standard_normal((64, 2, 33)).astype(npd),
-                 "cotangent": rng.standard_normal((17, 33)).astype(npd)}, {"activation": "silu"})
+    case = Case(
+        {
+            "x": rng.standard_normal((17, 64)).astype(npd),
+            "weights": rng.standard_normal((64, 2, 33)).astype(npd),
+            "cotangent": rng.standard_normal((17, 33)).astype(npd),
+        },
+        {"activation": "silu"},
+    )
     spec = get_spec("tokamax:gated_linear_unit:xla")
     assert not _failure(spec, case, ("reference", "gradients"))
     _found(_failure(spec, case, ("values",)), ValuesFinding, "[values]")
@@ -337,23 +393,34 @@ def test_gated_linear_unit_gradients_see_the_rounded_projections() -> None:
     f32-intermediate model does not allow; our xla_reference, which keeps them in f32,
     uses 0.90 of its values bound on the same draw. Replay: pallascheck verify --kernel
     tokamax:gated_linear_unit:xla --dtype bfloat16 --backend interpret --examples 1."""
-    tally = runner.run_property(get_spec("tokamax:gated_linear_unit:xla"), "bfloat16", Backend("interpret"),
-                                examples=1, seed=0, selected=("gradients",))
+    tally = runner.run_property(
+        get_spec("tokamax:gated_linear_unit:xla"),
+        "bfloat16",
+        Backend("interpret"),
+        examples=1,
+        seed=0,
+        selected=("gradients",),
+    )
     _found(tally.failure, GradientFinding, "[gradients]", "dweights:")
 
 
 def _norm_case(kind: str, std: float, dtype: str) -> Case:
     rng = np.random.default_rng(0)
     npd = _np_dtype(dtype)
-    arrays = {"x": (std * rng.standard_normal((4, 64))).astype(npd), "scale": rng.standard_normal(64).astype(npd),
-              "cotangent": rng.standard_normal((4, 64)).astype(npd)}
+    arrays = {
+        "x": (std * rng.standard_normal((4, 64))).astype(npd),
+        "scale": rng.standard_normal(64).astype(npd),
+        "cotangent": rng.standard_normal((4, 64)).astype(npd),
+    }
     if kind == "layer_norm":
         arrays["offset"] = rng.standard_normal(64).astype(npd)
     return Case(arrays, {"eps": 1e-6})
 
 
 @pytest.mark.xfail(strict=True, raises=GradientFinding, reason="the cube of rsqrt(var + eps) underflows f32")
-@pytest.mark.parametrize(("kind", "dtype"), [(k, d) for k in ("layer_norm", "rms_norm") for d in ("float32", "bfloat16")])
+@pytest.mark.parametrize(
+    ("kind", "dtype"), [(k, d) for k in ("layer_norm", "rms_norm") for d in ("float32", "bfloat16")]
+)
 def test_norm_gradients_at_a_large_variance(kind: str, dtype: str) -> None:
     """Rows of std 1e15: dx leaves its bound (autodiff of rsqrt(var + eps) multiplies by
     rsqrt(var + eps)^3 ~ 1e-45, below f32's normal range); at std 1e6 it passes."""
@@ -391,13 +458,15 @@ def test_attention_takes_float16_on_the_cpu() -> None:
     jax.block_until_ready(tokamax.dot_product_attention(q, q, q, implementation="xla"))
 
 
-@pytest.mark.xfail(strict=True, raises=pydantic_core.PydanticSerializationError,
-                   reason="the activation is written into the HLO as JSON; a functools.partial does not serialise")
+@pytest.mark.xfail(
+    strict=True,
+    raises=pydantic_core.PydanticSerializationError,
+    reason="the activation is written into the HLO as JSON; a functools.partial does not serialise",
+)
 def test_gated_linear_unit_takes_a_partial_activation() -> None:
     """The adapter passes plain functions; the idiomatic partial fails."""
     x, w = jnp.ones((4, 8)), jnp.ones((8, 2, 16))
-    tokamax.gated_linear_unit(x, w, activation=functools.partial(jax.nn.gelu, approximate=False),
-                              implementation="xla")
+    tokamax.gated_linear_unit(x, w, activation=functools.partial(jax.nn.gelu, approximate=False), implementation="xla")
 
 
 def test_key_zero_visible() -> None:
@@ -442,8 +511,9 @@ def test_cudnn_attention_gradient_at_unaligned_lengths(backend: Backend) -> None
 
     def grads(seq: int) -> Any:
         q = jnp.ones((1, seq, 2, 64), jnp.bfloat16)
-        return jax.grad(lambda q: jnp.sum(tokamax.dot_product_attention(
-            q, q, q, implementation="cudnn").astype(jnp.float32)))(q)
+        return jax.grad(
+            lambda q: jnp.sum(tokamax.dot_product_attention(q, q, q, implementation="cudnn").astype(jnp.float32))
+        )(q)
 
     jax.block_until_ready(grads(64))
     jax.block_until_ready(grads(17))
@@ -457,9 +527,15 @@ def _ragged_dot_case(m: int, k: int, n: int, groups: int) -> Case:
     """N(0, 1) bf16 operands and cotangent, ``groups`` equal groups covering every row."""
     rng = np.random.default_rng(0)
     bf16 = _np_dtype("bfloat16")
-    return Case({"lhs": rng.standard_normal((m, k)).astype(bf16), "rhs": rng.standard_normal((groups, k, n)).astype(bf16),
-                 "group_sizes": np.full(groups, m // groups, np.int32),
-                 "cotangent": rng.standard_normal((m, n)).astype(bf16)}, {"layout": "equal"})
+    return Case(
+        {
+            "lhs": rng.standard_normal((m, k)).astype(bf16),
+            "rhs": rng.standard_normal((groups, k, n)).astype(bf16),
+            "group_sizes": np.full(groups, m // groups, np.int32),
+            "cotangent": rng.standard_normal((m, n)).astype(bf16),
+        },
+        {"layout": "equal"},
+    )
 
 
 @pytest.mark.xfail(strict=True, raises=DrhsFinding, reason="drhs wrong at 1024 rows per group")
@@ -473,8 +549,12 @@ def test_mosaic_gpu_ragged_dot_drhs_at_1024_rows_per_group(backend: Backend) -> 
     _on_hopper(backend)
     spec = tokamax_client.ragged_dot_mosaic_gpu_api()
     assert not _failure(spec, _ragged_dot_case(2048, 256, 256, 8), ("gradients",), backend)
-    _found(_failure(spec, _ragged_dot_case(8192, 512, 512, 8), ("gradients",), backend), DrhsFinding,
-           "[gradients]", "drhs:")
+    _found(
+        _failure(spec, _ragged_dot_case(8192, 512, 512, 8), ("gradients",), backend),
+        DrhsFinding,
+        "[gradients]",
+        "drhs:",
+    )
 
 
 @pytest.mark.xfail(strict=True, raises=LoweringLimit, reason="the backward needs rows a multiple of 64")
@@ -486,8 +566,10 @@ def test_mosaic_gpu_ragged_dot_backward_over_200_rows(backend: Backend) -> None:
     def grads(m: int) -> Any:
         lhs, rhs = jnp.ones((m, 64), jnp.bfloat16), jnp.ones((1, 64, 64), jnp.bfloat16)
         sizes = jnp.array([m], jnp.int32)
-        return jax.grad(lambda lhs, rhs: jnp.sum(tokamax.ragged_dot(
-            lhs, rhs, sizes, implementation="mosaic").astype(jnp.float32)), argnums=(0, 1))(lhs, rhs)
+        return jax.grad(
+            lambda lhs, rhs: jnp.sum(tokamax.ragged_dot(lhs, rhs, sizes, implementation="mosaic").astype(jnp.float32)),
+            argnums=(0, 1),
+        )(lhs, rhs)
 
     jax.block_until_ready(grads(256))
     _lowering_limit(lambda: grads(200), "multiple of its tiling 64")

@@ -11,12 +11,13 @@ that a model that was too loose in the wrong place would be caught too.
 Run as the package installs (see pyproject.toml), e.g. with a shim on PYTHONPATH
 mapping ``pallascheck.<sub>`` to the top-level folders.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 from pallascheck.oracles import algebra, tolerance
 from pallascheck.oracles.algebra import Bounded
-from pallascheck.oracles.tolerance import CPU, GPU, TPU, TF32, Accumulation
+from pallascheck.oracles.tolerance import CPU, GPU, TF32, TPU, Accumulation
 
 SETTINGS = settings(
     max_examples=50,
@@ -270,12 +271,28 @@ def test_unsupported_dtype_raises(bad):
 
 DEPTH_TABLE = [  # (order, n, expected longest chain)
     *[(tolerance.SEQUENTIAL, n, n - 1) for n in (1, 2, 3, 8, 1000)],
-    *[(tolerance.PAIRWISE, n, d) for n, d in ((1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4),
-                                              (1024, 10), (1025, 11))],
+    *[
+        (tolerance.PAIRWISE, n, d)
+        for n, d in ((1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (1024, 10), (1025, 11))
+    ],
     # blocked (n, b): n = 1, n < b, n = b, n = b + 1, several blocks, ragged last block, b = 1
-    *[(tolerance.blocked(b), n, d) for n, b, d in ((1, 4, 0), (3, 4, 2), (4, 4, 3), (5, 4, 4), (8, 4, 4),
-                                                   (9, 4, 5), (16, 4, 6), (1, 1, 0), (5, 1, 4),
-                                                   (128, 32, 34), (129, 32, 35), (100, 32, 34))],
+    *[
+        (tolerance.blocked(b), n, d)
+        for n, b, d in (
+            (1, 4, 0),
+            (3, 4, 2),
+            (4, 4, 3),
+            (5, 4, 4),
+            (8, 4, 4),
+            (9, 4, 5),
+            (16, 4, 6),
+            (1, 1, 0),
+            (5, 1, 4),
+            (128, 32, 34),
+            (129, 32, 35),
+            (100, 32, 34),
+        )
+    ],
 ]
 
 
@@ -342,7 +359,11 @@ def test_arithmetic_profiles_match_their_hardware_descriptions():
         assert arith.transcendental_rel(np.float32) == 6 * u32  # 3 ulp
     assert CPU.dot_order(32) == tolerance.blocked(32)
     assert GPU.dot_order(32) == tolerance.SEQUENTIAL == TPU.dot_order(32)
-    assert tolerance.arithmetic_for("interpret") is CPU and tolerance.arithmetic_for("triton") is GPU and tolerance.arithmetic_for("mosaic_gpu") is GPU
+    assert (
+        tolerance.arithmetic_for("interpret") is CPU
+        and tolerance.arithmetic_for("triton") is GPU
+        and tolerance.arithmetic_for("mosaic_gpu") is GPU
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -424,8 +445,15 @@ def test_dot_low_precision_operands_f32_accumulation(fmt, flush, data):
     else:
         rounded = [rnd(p, "float32") for p in prods]
     computed = simulate_sum(rounded, order, "float32", flush=flush)
-    bound = algebra.dot(value, magnitude, len(a), arith=arith, operand_dtype=DTYPES[fmt], order=order,
-                        flushed_magnitude=flushed_part(a, b))
+    bound = algebra.dot(
+        value,
+        magnitude,
+        len(a),
+        arith=arith,
+        operand_dtype=DTYPES[fmt],
+        order=order,
+        flushed_magnitude=flushed_part(a, b),
+    )
     assert_within(computed - sum(prods, Fraction(0)), float(bound.err), f"{fmt} dot {order}")
 
 
@@ -455,8 +483,9 @@ def test_dot_f32_operands_cpu(a, data, fma):
         computed = acc
     else:
         computed = simulate_sum([r(p) for p in read], order, "float32", flush=True)
-    bound = algebra.dot(value, magnitude, len(a), arith=CPU, operand_dtype=np.float32, order=order,
-                        flushed_magnitude=flushed_part(a, b))
+    bound = algebra.dot(
+        value, magnitude, len(a), arith=CPU, operand_dtype=np.float32, order=order, flushed_magnitude=flushed_part(a, b)
+    )
     assert_within(computed - sum(prods, Fraction(0)), float(bound.err), f"f32 dot {order} fma={fma}")
 
 
@@ -529,8 +558,11 @@ def test_worst_case_summation(fmt, order, n, one_less_fails):
     u = tolerance.unit_roundoff(DTYPES[fmt])
     # the construction: every one of the `depth` additions on the path errs by u(1 - 2^(1-p))
     assert computed - exact == depth * (2 * TWO**-p - _round_up_step(fmt)) * scale
-    bound = float(algebra.reduce_sum(Bounded.exact(np.array([float(t) for t in terms])), 0, arith=CPU,
-                                     order=order, dtype=DTYPES[fmt]).err)
+    bound = float(
+        algebra.reduce_sum(
+            Bounded.exact(np.array([float(t) for t in terms])), 0, arith=CPU, order=order, dtype=DTYPES[fmt]
+        ).err
+    )
     ratio = assert_within(computed - exact, bound, f"{fmt} {order} n={n}")
     # the bound is not loose: against its gamma part alone, error / (gamma_k sum|x|) =
     # (1 - 2^(1-p)) (1 - k u) / (1 + k u (1 + 2^(1-p))) (gamma_k = k u / (1 - k u),
@@ -563,8 +595,9 @@ def test_worst_case_dot_cpu():
     assert representable(x, "bfloat16")
     prods = [Fraction(1)] + [x] * (n - 1)
     computed = simulate_sum(prods, tolerance.SEQUENTIAL, "float32", flush=True)
-    bound = algebra.dot(float(sum(prods)), float(sum(prods)), n, arith=CPU, operand_dtype=ml_dtypes.bfloat16,
-                        order=tolerance.SEQUENTIAL)
+    bound = algebra.dot(
+        float(sum(prods)), float(sum(prods)), n, arith=CPU, operand_dtype=ml_dtypes.bfloat16, order=tolerance.SEQUENTIAL
+    )
     ratio = assert_within(computed - sum(prods), float(bound.err), "dot worst case")
     assert ratio > 0.98, ratio
 
@@ -586,9 +619,19 @@ def _values_across_range(fmt: str, count: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     mags = np.exp2(rng.uniform(math.log2(sub) - 3, math.log2(big), count))
     edges = [
-        sub / 2, sub / 2 * (1 + 2.0**-20), sub / 2 * (1 - 2.0**-20), sub * 1.5, sub * 2.5,
-        2.0**emin, 2.0**emin * (1 - 2.0**-30), 2.0**emin - sub / 2, big, big * (1 + 2.0 ** (-p - 1) * 0.99),
-        1 + 2.0**-p, 1 + 2.0**-p * (1 + 2.0**-20), 3 * 2.0**-p,
+        sub / 2,
+        sub / 2 * (1 + 2.0**-20),
+        sub / 2 * (1 - 2.0**-20),
+        sub * 1.5,
+        sub * 2.5,
+        2.0**emin,
+        2.0**emin * (1 - 2.0**-30),
+        2.0**emin - sub / 2,
+        big,
+        big * (1 + 2.0 ** (-p - 1) * 0.99),
+        1 + 2.0**-p,
+        1 + 2.0**-p * (1 + 2.0**-20),
+        3 * 2.0**-p,
     ]
     vals = np.concatenate([mags, edges, (np.arange(1, 64) + 0.5) * sub])
     vals = vals[vals <= big * (1 + 2.0 ** (-p - 1) * 0.99)]
@@ -665,9 +708,7 @@ def round_tf32(x: np.ndarray) -> np.ndarray:
 def test_round_tf32_emulation_is_correct_rounding():
     rng = np.random.default_rng(2)
     x = np.ldexp(rng.uniform(1, 2, 20000), rng.integers(-126, 120, 20000)).astype(np.float32)
-    ties = (np.ldexp(rng.integers(2**10, 2**11, 2000) * 2 + 1, rng.integers(-100, 100, 2000) - 12)).astype(
-        np.float32
-    )
+    ties = (np.ldexp(rng.integers(2**10, 2**11, 2000) * 2 + 1, rng.integers(-100, 100, 2000) - 12)).astype(np.float32)
     x = np.concatenate([x, -x, ties, [1 + 2.0**-11, 1 + 3 * 2.0**-11, 2 - 2.0**-23]]).astype(np.float32)
     got = round_tf32(x)
     for xi, gi in zip(x, got):
@@ -692,8 +733,9 @@ def test_dot_gpu_tf32_operands_chopped_accumulation(a, data):
     value, magnitude = float(sum(exact, Fraction(0))), float(frac_abs_sum(exact))
     bound = algebra.dot(value, magnitude, len(a), arith=GPU, operand_dtype=np.float32, order=GPU.dot_order(block_k))
     for mode in ("chop", "nearest"):
-        computed = simulate_sum([rnd(p, "float32", flush=True) for p in prods], GPU.dot_order(block_k), "float32",
-                                mode=mode, flush=True)
+        computed = simulate_sum(
+            [rnd(p, "float32", flush=True) for p in prods], GPU.dot_order(block_k), "float32", mode=mode, flush=True
+        )
         assert_within(computed - sum(exact, Fraction(0)), float(bound.err), f"gpu dot {mode}")
 
 
@@ -705,10 +747,17 @@ def test_dot_tpu_bf16_passes(a, data):
     ab = [rnd(x, "bfloat16") for x in a]
     bb = [rnd(y, "bfloat16") for y in b]
     exact = [x * y for x, y in zip(a, b)]
-    computed = simulate_sum([rnd(x * y, "float32", flush=True) for x, y in zip(ab, bb)], tolerance.SEQUENTIAL,
-                            "float32", flush=True)
-    bound = algebra.dot(float(sum(exact, Fraction(0))), float(frac_abs_sum(exact)), len(a), arith=TPU,
-                        operand_dtype=np.float32, order=TPU.dot_order(32))
+    computed = simulate_sum(
+        [rnd(x * y, "float32", flush=True) for x, y in zip(ab, bb)], tolerance.SEQUENTIAL, "float32", flush=True
+    )
+    bound = algebra.dot(
+        float(sum(exact, Fraction(0))),
+        float(frac_abs_sum(exact)),
+        len(a),
+        arith=TPU,
+        operand_dtype=np.float32,
+        order=TPU.dot_order(32),
+    )
     assert_within(computed - sum(exact, Fraction(0)), float(bound.err), "tpu dot")
 
 
@@ -800,8 +849,7 @@ def test_divide_and_rsqrt_unbounded_when_interval_reaches_zero():
 
 @pytest.mark.parametrize("flush", [True, False], ids=["ftz", "gradual"])
 @SETTINGS
-@given(x=st.floats(-100, 88, allow_nan=False), rel=rel_err, abs_err=st.sampled_from([0.0, 1e-6, 0.01, 1.0]),
-       t=position)
+@given(x=st.floats(-100, 88, allow_nan=False), rel=rel_err, abs_err=st.sampled_from([0.0, 1e-6, 0.01, 1.0]), t=position)
 def test_exp(flush, x, rel, abs_err, t):
     """exp of any point of [x - e, x + e], computed to float64 and rounded to f32
     (relative error <= u + 2^-52 < the model's t), is within err of exp(x)."""
@@ -859,11 +907,14 @@ def test_probabilistic_bound_on_random_sequential_f32_sums():
     assert ratio_prob <= 1.0, ratio_prob
     assert ratio_det < float(tolerance.probabilistic_gamma(100, u) / tolerance.gamma(100, u)), ratio_det
     # the whole-sum version through the algebra
-    whole = algebra.reduce_sum(Bounded.exact(terms[0].astype(np.float64)), 0, arith=CPU.with_probabilistic(),
-                               order=tolerance.SEQUENTIAL)
+    whole = algebra.reduce_sum(
+        Bounded.exact(terms[0].astype(np.float64)), 0, arith=CPU.with_probabilistic(), order=tolerance.SEQUENTIAL
+    )
     assert err[0, -1] <= whole.err
-    assert whole.err < algebra.reduce_sum(Bounded.exact(terms[0].astype(np.float64)), 0, arith=CPU,
-                                          order=tolerance.SEQUENTIAL).err
+    assert (
+        whole.err
+        < algebra.reduce_sum(Bounded.exact(terms[0].astype(np.float64)), 0, arith=CPU, order=tolerance.SEQUENTIAL).err
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -916,8 +967,13 @@ def test_xla_cpu_dot_with_subnormal_operands_within_bound():
         xs = [Fraction(float(v)) for v in x[i]]
         ys = [Fraction(float(v)) for v in y[:, 0]]
         prods = [p * q for p, q in zip(xs, ys)]
-        bound = algebra.dot(float(sum(prods)), float(frac_abs_sum(prods)), n,
-                            flushed_magnitude=float(sub[i] @ np.abs(y[:, 0].astype(np.float64))), **kw)
+        bound = algebra.dot(
+            float(sum(prods)),
+            float(frac_abs_sum(prods)),
+            n,
+            flushed_magnitude=float(sub[i] @ np.abs(y[:, 0].astype(np.float64))),
+            **kw,
+        )
         assert_within(Fraction(float(got[i])) - sum(prods, Fraction(0)), float(bound.err), f"row {i}")
 
 

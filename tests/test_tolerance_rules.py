@@ -2,38 +2,50 @@
 contract-only variant shows how they differ (the implementation bound passes it, the
 contract does not); Tokamax's own tolerances (the ``tokamax`` rule) apply by op and
 dtype, and tell outputs apart that our bounds judge otherwise."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import ml_dtypes
 import numpy as np
-from broken import loss_variants
 
-from pallascheck.bench import tokamax_tolerances, tolerance_rules
+from broken import loss_variants
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties.spec import Case, registry
+from pallascheck.properties.registry import registry
+from pallascheck.properties.spec import Case
+from studies import tokamax_tolerances, tolerance_rules
 
 INTERPRET = Backend("interpret")
 
 
 def test_rules_tell_a_contract_only_variant_apart() -> None:
     spec, _, examples = loss_variants.VARIANTS["lse_minus_target"]
-    result = tolerance_rules.judge("lse_minus_target", spec, ("float32",), INTERPRET, examples, 0,
-                                   "broken")
+    result = tolerance_rules.judge("lse_minus_target", spec, ("float32",), INTERPRET, examples, 0, "broken")
     assert result.caught["contract"] and not result.caught["implementation"], result
     # Tokamax's tests have no cross-entropy tolerance: not applicable, neither a kill nor a miss
     assert not result.applies["tokamax"] and result.worst["tokamax"] is None, result
     summary = tolerance_rules.summary([result])
     assert summary["contract"]["kills"] == 1 and summary["implementation"]["misses"] == 1
-    assert summary["tokamax"] == {"kills": 0, "misses": 0, "false_alarms": 0, "variants": 1, "variants_applied": 0,
-                                  "shipped": 0, "shipped_applied": 0}
+    assert summary["tokamax"] == {
+        "kills": 0,
+        "misses": 0,
+        "false_alarms": 0,
+        "variants": 1,
+        "variants_applied": 0,
+        "shipped": 0,
+        "shipped_applied": 0,
+    }
 
 
 def test_specs_map_to_tokamax_ops_by_name() -> None:
     op_of = tokamax_tolerances.op_of
     assert op_of("layer_norm[ln_eps_outside_sqrt]") == op_of("tokamax:rms_norm:xla") == "normalization"
-    assert op_of("mosaic_gpu_attention[missing_rescale]") == op_of("tokamax:dot_product_attention:xla_chunked") == "attention"
+    assert (
+        op_of("mosaic_gpu_attention[missing_rescale]")
+        == op_of("tokamax:dot_product_attention:xla_chunked")
+        == "attention"
+    )
     assert op_of("lce_dropped_last_hidden_chunk") == "linear_softmax_cross_entropy_loss"
     assert op_of("glu[gate_and_up_swapped]") == "gated_linear_unit"
     assert op_of("ce_no_max_subtraction") is op_of("matmul[y_tile_wraps]") is op_of("top_k") is None
@@ -47,6 +59,7 @@ def _rounded_kernel(spec, nudge_ulps: int = 0):
     """``spec`` with its kernel replaced by the oracle rounded to the inputs' dtype (a
     correctly rounded kernel), moved ``nudge_ulps`` ulps away from the exact value;
     gradients likewise, unmoved."""
+
     def out(case: Case, config, backend) -> np.ndarray:
         dtype = next(iter(case.arrays.values())).dtype
         exact = np.asarray(spec.expected(spec.oracle(case)), np.float64)
@@ -67,8 +80,15 @@ def _rounded_kernel(spec, nudge_ulps: int = 0):
 
 def _norm_case(dtype) -> Case:
     rng = np.random.default_rng(0)
-    return Case({"x": rng.standard_normal((4, 32)).astype(dtype), "cotangent": rng.standard_normal((4, 32)).astype(dtype),
-                 "scale": np.full(32, 3.0, dtype), "offset": rng.standard_normal(32).astype(dtype)}, {"eps": 1e-6})
+    return Case(
+        {
+            "x": rng.standard_normal((4, 32)).astype(dtype),
+            "cotangent": rng.standard_normal((4, 32)).astype(dtype),
+            "scale": np.full(32, 3.0, dtype),
+            "offset": rng.standard_normal(32).astype(dtype),
+        },
+        {"eps": 1e-6},
+    )
 
 
 def test_tokamax_rule_applies_to_norms_in_bf16_not_f16() -> None:
@@ -92,8 +112,14 @@ def test_tokamax_rule_passes_a_glu_output_our_bound_fails() -> None:
     spec = dataclasses.replace(registry()["gated_linear_unit"], gradients=None)
     rng = np.random.default_rng(0)
     for dtype, applies in ((ml_dtypes.bfloat16, True), (np.float16, False)):
-        case = Case({"x": rng.standard_normal((17, 64)).astype(dtype), "weights": rng.standard_normal((64, 2, 16)).astype(dtype),
-                     "cotangent": rng.standard_normal((17, 16)).astype(dtype)}, {"activation": "silu"})
+        case = Case(
+            {
+                "x": rng.standard_normal((17, 64)).astype(dtype),
+                "weights": rng.standard_normal((64, 2, 16)).astype(dtype),
+                "cotangent": rng.standard_normal((17, 16)).astype(dtype),
+            },
+            {"activation": "silu"},
+        )
         verdict = tolerance_rules.judge_case(_rounded_kernel(spec), case, spec.default_config, INTERPRET)
         assert verdict["contract"] <= 1.0 and verdict["implementation"] <= 1.0, verdict  # correctly rounded passes
         verdict = tolerance_rules.judge_case(_rounded_kernel(spec, 1), case, spec.default_config, INTERPRET)

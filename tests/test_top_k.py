@@ -2,6 +2,7 @@
 vocab (201088, not a multiple of a power-of-two block count), the deepest m stage,
 k up to 128, NaN payloads, the tie rule stated directly, both slot layouts, and the
 TPU interpreter (race detection, SMEM stop state, shuffled grids)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,7 @@ from pallascheck.kernels import top_k
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import top_k as oracle
 from pallascheck.properties import checks
-from pallascheck.properties.top_k_spec import logits as draw_logits
+from pallascheck.properties.families.top_k import logits as draw_logits
 
 VOCAB = 201088  # 1571 * 128: a multiple of no power-of-two block count above 128
 
@@ -25,7 +26,9 @@ def _check(x: np.ndarray, k: int, config: top_k.Config, backend) -> np.ndarray:
     values, indices = top_k.top_k(jnp.asarray(x), k, config=config, backend=backend)
     expected = oracle.oracle(x, k)
     checks.check_values(
-        oracle.encode(np.asarray(values), np.asarray(indices)), expected.out, oracle.bound(expected),
+        oracle.encode(np.asarray(values), np.asarray(indices)),
+        expected.out,
+        oracle.bound(expected),
         context=checks.Context(kernel="top_k", dtype=x.dtype.name, backend=str(backend), config=config),
     )
     return np.asarray(indices)
@@ -87,12 +90,15 @@ def test_nan_payloads_follow_the_total_order(dtype: str, backend) -> None:
     _check(x, row.size, top_k.Config(num_blocks=8, m_schedule=(2,)), backend)
 
 
-@pytest.mark.parametrize("field, first, other, seed, kind", [
-    # the unrolled slot layout is what the GPU runs, the stacked one the TPU's
-    ("layout", "unrolled", "stacked", 5, "log_probs"),
-    # a vector stop state is the GPU's, SMEM scalars the TPU's
-    ("stop_state", "vector", "scalars", 7, "strided_ones"),
-])
+@pytest.mark.parametrize(
+    "field, first, other, seed, kind",
+    [
+        # the unrolled slot layout is what the GPU runs, the stacked one the TPU's
+        ("layout", "unrolled", "stacked", 5, "log_probs"),
+        # a vector stop state is the GPU's, SMEM scalars the TPU's
+        ("stop_state", "vector", "scalars", 7, "strided_ones"),
+    ],
+)
 def test_both_forms_of_a_config_field_agree_with_the_oracle(backend, field, first, other, seed, kind) -> None:
     """The interpreters run both forms; Triton cannot lower the TPU's, and must say so."""
     x = draw_logits(seed, (9, 300), "float32", kind)

@@ -1,4 +1,5 @@
 """Errors a user can act on: each names what to change."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from pallascheck.fuzz import cli, targets
-
+from pallascheck import cli
+from pallascheck.fuzz import targets
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import runner
 from pallascheck.specs import elementwise_like
@@ -19,16 +20,24 @@ from pallascheck.specs import elementwise_like
 def _forward_only_relu(x, interpret=False):
     def body(x_ref, o_ref):
         o_ref[...] = jnp.maximum(x_ref[...], 0)
+
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x)
 
 
 def test_forward_only_kernel_with_default_differentiable_names_the_option() -> None:
-    spec = elementwise_like(_forward_only_relu, name="forward_only_relu", activation="relu", dtypes=("float32",),
-                            interpret="interpret")
+    spec = elementwise_like(
+        _forward_only_relu, name="forward_only_relu", activation="relu", dtypes=("float32",), interpret="interpret"
+    )
     tally = runner.run_property(spec, "float32", Backend("interpret"), examples=1, selected=("gradients",))
     assert "this kernel has no VJP: pass differentiable=False" in tally.failure, tally.failure
-    forward_only = elementwise_like(_forward_only_relu, name="forward_only_relu", activation="relu",
-                                    dtypes=("float32",), interpret="interpret", differentiable=False)
+    forward_only = elementwise_like(
+        _forward_only_relu,
+        name="forward_only_relu",
+        activation="relu",
+        dtypes=("float32",),
+        interpret="interpret",
+        differentiable=False,
+    )
     assert not runner.run_property(forward_only, "float32", Backend("interpret"), examples=1).failure
 
 

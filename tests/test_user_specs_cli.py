@@ -2,6 +2,7 @@
 the ``replay`` command they print, exactly as printed, in a temporary project
 (``--path DIR`` and ``MODULE:NAME``). The module's kernel has a planted bug, so that
 each command has a failure to report and replay."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-USER_MODULE = textwrap.dedent('''
+USER_MODULE = textwrap.dedent("""
     import functools
     import jax
     import jax.numpy as jnp
@@ -33,7 +34,7 @@ USER_MODULE = textwrap.dedent('''
         return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x, y)
 
     SPEC = from_reference(fused, reference, name="fused", inputs={"x": (8, 16), "y": (8, 16)}, dtypes=("float32",))
-''')
+""")
 
 
 def _run(command: str | list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -68,8 +69,10 @@ def test_verify_runs_a_user_spec_and_its_printed_replays_run_as_printed(project:
 
 
 def test_fuzz_runs_a_user_spec_and_its_printed_replay_runs_as_printed(project: Path) -> None:
-    done = _run("pallascheck fuzz --path specs_dir --kernel my_specs:SPEC --minutes 0.1 --jobs 1 --examples 2 "
-                "--corpus corpus", project)
+    done = _run(
+        "pallascheck fuzz --path specs_dir --kernel my_specs:SPEC --minutes 0.1 --jobs 1 --examples 2 --corpus corpus",
+        project,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
     printed = re.search(r"replay: (pallascheck replay .*)", out).group(1)
@@ -84,12 +87,19 @@ def test_an_installed_package_declares_its_specs_by_entry_point(tmp_path: Path) 
     package = tmp_path / "site"
     (package / "my_kernels").mkdir(parents=True)
     (package / "my_kernels" / "__init__.py").write_text(
-        USER_MODULE + "\nfrom pallascheck.specs import register\nregister(SPEC)\n")
+        USER_MODULE + "\nfrom pallascheck.specs import register\nregister(SPEC)\n"
+    )
     info = package / "my_kernels-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kernels\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[pallascheck.specs]\nmy_kernels = my_kernels\n")
     code = "from pallascheck.properties.spec import registry; print('fused' in registry())"
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(package)))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(package)),
+    )
     assert done.stdout.strip() == "True", done.stdout + done.stderr[-3000:]

@@ -1,5 +1,6 @@
 """`pallascheck verify`'s output explains itself: a legend, a marked verdict, failures
 first, one line per kernel by default and every row with --full."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,9 @@ import sys
 import pytest
 
 from pallascheck.fuzz import verify
-from pallascheck.properties import compilation
 from pallascheck.fuzz.verify import Row
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties.device import compilation
 
 ROWS = [
     Row("matmul", "float32", "values", True, 6, 0.5, 0.1, 1.0, contract_budget=0.25),
@@ -53,20 +55,42 @@ def test_legend_names_every_column() -> None:
 
 def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path, monkeypatch, capsys) -> None:
     from fuzz_targets import SOUND, WRONG_FIRST_ELEMENT
-    from pallascheck.fuzz import cli
-    from pallascheck.properties import spec
+
+    from pallascheck import cli
+    from pallascheck.properties import registry
 
     for kernel in (SOUND, WRONG_FIRST_ELEMENT):  # plain jnp relus: no compile to speak of
-        monkeypatch.setitem(spec._REGISTRY, kernel.name, kernel)
-    argv = ["verify", "--kernel", SOUND.name, "--kernel", WRONG_FIRST_ELEMENT.name, "--examples", "1", "--jobs", "1",
-            "--backend", "interpret", "--failures", str(tmp_path / "failures")]
+        monkeypatch.setitem(registry._REGISTRY, kernel.name, kernel)
+    argv = [
+        "verify",
+        "--kernel",
+        SOUND.name,
+        "--kernel",
+        WRONG_FIRST_ELEMENT.name,
+        "--examples",
+        "1",
+        "--jobs",
+        "1",
+        "--backend",
+        "interpret",
+        "--failures",
+        str(tmp_path / "failures"),
+    ]
     monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 1
     out = capsys.readouterr().out
-    order = [out.index(s) for s in ("How to read this:", "FAILURES (1;", "[values] kernel=relu_wrong_at_first_element",
-                                    "Per kernel", "\nFAIL: ")]
+    order = [
+        out.index(s)
+        for s in (
+            "How to read this:",
+            "FAILURES (1;",
+            "[values] kernel=relu_wrong_at_first_element",
+            "Per kernel",
+            "\nFAIL: ",
+        )
+    ]
     assert order == sorted(order), out
-    summary = out[out.index("Per kernel"):].splitlines()
+    summary = out[out.index("Per kernel") :].splitlines()
     ok, fail = verify.marks()
     assert summary[3].startswith(fail) and WRONG_FIRST_ELEMENT.name in summary[3], summary
     assert summary[4].startswith(ok) and f" {SOUND.name} " in summary[4], summary
@@ -82,8 +106,9 @@ def test_a_hardware_property_runs_in_parts_that_depend_on_examples_alone() -> No
     assert len(seeds) == 4 and verify.part_seed(7, min(parts, key=lambda u: u.part)) == 7
     assert len({u.key for u in parts}) == 4 and len({u.hang_report for u in parts}) == 4
     # the interpreters compile on every core already: one part, the whole property
-    (interpreted,) = [u for u in verify.plan("interpret", ["matmul"], ["bfloat16"], examples=15)
-                      if u.kind == "property"]
+    (interpreted,) = [
+        u for u in verify.plan("interpret", ["matmul"], ["bfloat16"], examples=15) if u.kind == "property"
+    ]
     assert (interpreted.parts, verify.part_examples(15, interpreted), verify.part_seed(7, interpreted)) == (1, 15, 7)
 
 
@@ -101,23 +126,35 @@ def test_the_rows_of_a_propertys_parts_merge_into_one_row_per_check() -> None:
 
 def test_a_first_run_starts_the_distributed_unit_and_leaves_the_bad_input_checks_last(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # no durations recorded: every unit is unknown
-    kinds = [u.kind for u in verify.plan("interpret", None, None)]
+    kinds = [u.kind for u in verify.plan(Backend("interpret"), None, None)]
     assert kinds[0] == "distributed", kinds
     assert kinds.index("errors") > max(i for i, k in enumerate(kinds) if k == "property"), kinds
     # a GPU run leaves them to the CPU run: they run in the TPU interpreter whatever --backend says
-    assert "distributed" not in {u.kind for u in verify.plan("mosaic_gpu", None, None)}
-    assert verify.distributed_elsewhere("mosaic_gpu", None) and not verify.distributed_elsewhere("interpret", None)
+    assert "distributed" not in {u.kind for u in verify.plan(Backend("mosaic_gpu"), None, None)}
+    assert verify.distributed_elsewhere(Backend("mosaic_gpu"), None) and not verify.distributed_elsewhere(
+        Backend("interpret"), None
+    )
 
 
 @pytest.mark.parametrize("worker", [True, False])
 def test_only_a_workers_host_blas_and_xla_autotuning_are_limited_on_a_gpu_backend(tmp_path, worker: bool) -> None:
-    code = ("from pallascheck.properties import compilation; import os, threadpoolctl\n"
-            f"compilation.configure('mosaic_gpu', worker={worker})\n"
-            "print(os.environ.get('XLA_FLAGS', ''))\n"
-            "print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))")
-    env = dict(os.environ, PALLASCHECK_CACHE_DIR="", OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2",
-               XLA_FLAGS="--xla_gpu_enable_command_buffer=")
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    code = (
+        "from pallascheck.properties.device import compilation; import os, threadpoolctl\n"
+        "from pallascheck.kernels.backends import Backend\n"
+        f"compilation.configure(Backend('mosaic_gpu'), worker={worker})\n"
+        "print(os.environ.get('XLA_FLAGS', ''))\n"
+        "print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))"
+    )
+    env = dict(
+        os.environ,
+        PALLASCHECK_CACHE_DIR="",
+        OPENBLAS_NUM_THREADS="2",
+        OMP_NUM_THREADS="2",
+        XLA_FLAGS="--xla_gpu_enable_command_buffer=",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     flags, threads = out.stdout.splitlines()[-2:]
     assert int(threads) == (compilation.WORKER_BLAS_THREADS if worker else 2), out
     expected = ["--xla_gpu_enable_command_buffer=", *(compilation.GPU_WORKER_FLAGS if worker else ())]

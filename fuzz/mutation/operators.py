@@ -12,13 +12,14 @@ named like ``_validate`` / ``_check`` / ``configs`` / ``smem_bytes`` / ``xla_ref
 annotations and the jit/custom_vjp/dataclass decorators; a mutant there tests the
 harness' error checks or its config space, not the kernel's arithmetic.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import random
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -30,26 +31,47 @@ OPERATORS: dict[str, str] = {
     "cdiv": "pl.cdiv written as floor division, or floor division as pl.cdiv",
     "mask": "a comparison flipped or made (non-)inclusive; a mask's & made |",
     "cast": "a cast removed (.astype, preferred_element_type), a dtype narrowed or widened, or a rounding to "
-            "bfloat16 added after a reduction",
+    "bfloat16 added after a reduction",
     "accumulator": "an accumulator's initial value changed (zeros -> ones, -inf -> 0) or its initialisation dropped",
     "rescale": "a factor or divisor dropped (a * b -> a, a / b -> a, x *= s removed)",
     "reduction": "a reduction's operand swapped for its neighbour (the local bound just before it), or its axis shifted",
     "pipeline": "a pipeline slot or barrier index shifted (x.at[i] -> x.at[i + 1], a % n -> (a + 1) % n)",
     "constant": "a constant perturbed: eps-like (|c| < 1e-3) x10, others by 2^-7 relative",
     "running_stat": "a max/min or running statistic replaced by the new value (maximum(m, x) -> x, acc + x -> x, "
-                    "+= -> =)",
+    "+= -> =)",
 }
 
 # Functions and classes whose mutants test the harness' error checks or the config
 # space, not the kernel.
-EXCLUDED_FUNCTIONS = re.compile(r"_?validate.*|.*_validate|_?check(_\w+)?|_?smem_bytes|xla_reference.*|configs"
-                                r"|supported_activations|__\w+__")
+EXCLUDED_FUNCTIONS = re.compile(
+    r"_?validate.*|.*_validate|_?check(_\w+)?|_?smem_bytes|xla_reference.*|configs"
+    r"|supported_activations|__\w+__"
+)
 EXCLUDED_CLASSES = re.compile(r".*Config")
 # Decorators that wire a function up rather than compute (pl.when / pl.loop stay in).
-WIRING_DECORATORS = re.compile(r"(functools\.)?partial|jax\.jit|jit|jax\.custom_vjp|custom_vjp|dataclass(es\.dataclass)?"
-                               r"|property|staticmethod|classmethod|functools\.\w+")
-REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod", "dot", "matmul", "dot_general", "einsum", "cumsum",
-                        "logsumexp", "wgmma", "argmax", "argmin", "var"})
+WIRING_DECORATORS = re.compile(
+    r"(functools\.)?partial|jax\.jit|jit|jax\.custom_vjp|custom_vjp|dataclass(es\.dataclass)?"
+    r"|property|staticmethod|classmethod|functools\.\w+"
+)
+REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "max",
+        "min",
+        "prod",
+        "dot",
+        "matmul",
+        "dot_general",
+        "einsum",
+        "cumsum",
+        "logsumexp",
+        "wgmma",
+        "argmax",
+        "argmin",
+        "var",
+    }
+)
 TWO_OPERANDS = frozenset({"dot", "matmul", "dot_general", "wgmma"})
 INITIALISERS = frozenset({"zeros", "zeros_like", "full", "full_like", "empty"})
 # A perturbation of 2^-7 relative is just above bfloat16's unit roundoff: a constant
@@ -76,10 +98,15 @@ class Mutant:
         return f"#{self.id} {self.operator} line {self.line} ({self.function}): {_short(self.before)} -> {_short(self.after)}"
 
     def diff(self, original: str, path: str) -> str:
-        return "".join(difflib.unified_diff(
-            original.splitlines(keepends=True), self.source.splitlines(keepends=True),
-            fromfile=f"a/{path}", tofile=f"b/{path} (mutant #{self.id})", n=1,
-        ))
+        return "".join(
+            difflib.unified_diff(
+                original.splitlines(keepends=True),
+                self.source.splitlines(keepends=True),
+                fromfile=f"a/{path}",
+                tofile=f"b/{path} (mutant #{self.id})",
+                n=1,
+            )
+        )
 
 
 def _short(code: str, width: int = 70) -> str:
@@ -88,8 +115,13 @@ def _short(code: str, width: int = 70) -> str:
 
 
 def generate(
-    source: str, *, path: str = "<kernel>", operators: Sequence[str] | None = None, function: str | None = None,
-    max_mutants: int | None = None, seed: int = 0,
+    source: str,
+    *,
+    path: str = "<kernel>",
+    operators: Sequence[str] | None = None,
+    function: str | None = None,
+    max_mutants: int | None = None,
+    seed: int = 0,
 ) -> list[Mutant]:
     """Every mutant of ``source`` by ``operators`` (default all), in functions whose
     dotted name matches the regex ``function`` (default any); ``max_mutants``: a
@@ -114,8 +146,18 @@ def generate(
             compile(mutated, path, "exec")
         except SyntaxError:
             continue
-        mutants.append(Mutant(len(mutants), found.operator, found.function, found.line, found.reach,
-                              wrapper.module.code_for_node(found.old), wrapper.module.code_for_node(found.new), mutated))
+        mutants.append(
+            Mutant(
+                len(mutants),
+                found.operator,
+                found.function,
+                found.line,
+                found.reach,
+                wrapper.module.code_for_node(found.old),
+                wrapper.module.code_for_node(found.new),
+                mutated,
+            )
+        )
     if max_mutants is not None and len(mutants) > max_mutants:
         keep = set(random.Random(seed).sample(range(len(mutants)), max_mutants))
         mutants = [m for m in mutants if m.id in keep]
@@ -233,15 +275,29 @@ def _number(node: cst.BaseExpression) -> int | None:
     """The value of an integer literal (possibly negated), else None."""
     if isinstance(node, cst.Integer):
         return int(node.value, 0)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
         return -int(node.expression.value, 0)
     return None
 
 
-_FLIPPED = {cst.LessThan: cst.GreaterThanEqual, cst.LessThanEqual: cst.GreaterThan, cst.GreaterThan: cst.LessThanEqual,
-            cst.GreaterThanEqual: cst.LessThan, cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}
-_INCLUSIVE = {cst.LessThan: cst.LessThanEqual, cst.LessThanEqual: cst.LessThan, cst.GreaterThan: cst.GreaterThanEqual,
-              cst.GreaterThanEqual: cst.GreaterThan}
+_FLIPPED = {
+    cst.LessThan: cst.GreaterThanEqual,
+    cst.LessThanEqual: cst.GreaterThan,
+    cst.GreaterThan: cst.LessThanEqual,
+    cst.GreaterThanEqual: cst.LessThan,
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+}
+_INCLUSIVE = {
+    cst.LessThan: cst.LessThanEqual,
+    cst.LessThanEqual: cst.LessThan,
+    cst.GreaterThan: cst.GreaterThanEqual,
+    cst.GreaterThanEqual: cst.GreaterThan,
+}
 
 
 class _Finder(cst.CSTVisitor):
@@ -299,7 +355,9 @@ class _Finder(cst.CSTVisitor):
                     for target in small.targets:
                         unpacked._add(target.target)
                     carried += unpacked.names
-        self.scopes.append(_Scope(node.name.value, carried, params + [n for n in bindings.names if n not in params], True))
+        self.scopes.append(
+            _Scope(node.name.value, carried, params + [n for n in bindings.names if n not in params], True)
+        )
         return not EXCLUDED_FUNCTIONS.fullmatch(node.name.value)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -368,11 +426,24 @@ class _Finder(cst.CSTVisitor):
             self.add("cast", node, node.func.value)
         if module_call and short in REDUCTIONS:
             self.reduction(node, positional[: 2 if short in TWO_OPERANDS else 1])
-        if module_call and short in ("maximum", "minimum", "max", "min") and len(positional) == 2 and not any(
-                a.keyword for a in node.args):
+        if (
+            module_call
+            and short in ("maximum", "minimum", "max", "min")
+            and len(positional) == 2
+            and not any(a.keyword for a in node.args)
+        ):
             self.add("running_stat", node, positional[1].value)
-        if module_call and short in ("full", "full_like") and len(positional) >= 2 and "-inf" in self.code(
-                positional[1].value).replace(" ", "").replace("jnp.", "").replace("np.", "").replace("math.", ""):
+        if (
+            module_call
+            and short in ("full", "full_like")
+            and len(positional) >= 2
+            and "-inf"
+            in self.code(positional[1].value)
+            .replace(" ", "")
+            .replace("jnp.", "")
+            .replace("np.", "")
+            .replace("math.", "")
+        ):
             self.add("accumulator", positional[1].value, "0.0")
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "preferred_element_type":
@@ -398,7 +469,9 @@ class _Finder(cst.CSTVisitor):
                 name = get_full_name_for_node(value.func) or ""
                 if name.rsplit(".", 1)[-1] in ("zeros", "zeros_like") and isinstance(value.func, cst.Attribute):
                     ones = value.func.attr.value.replace("zeros", "ones")
-                    self.add("accumulator", value, value.with_changes(func=value.func.with_changes(attr=cst.Name(ones))))
+                    self.add(
+                        "accumulator", value, value.with_changes(func=value.func.with_changes(attr=cst.Name(ones)))
+                    )
 
     def reduction(self, node: cst.Call, operands: Sequence[cst.Arg]) -> None:
         for operand in operands:
@@ -434,7 +507,8 @@ class _Finder(cst.CSTVisitor):
         if isinstance(node.value, cst.Attribute) and node.value.attr.value == "at":
             for element in node.slice:
                 if isinstance(element.slice, cst.Index) and isinstance(
-                        element.slice.value, (cst.Name, cst.Integer, cst.BinaryOperation)):
+                    element.slice.value, (cst.Name, cst.Integer, cst.BinaryOperation)
+                ):
                     self.add("pipeline", element.slice.value, f"({self.code(element.slice.value)} + 1)")
 
     def visit_Slice(self, node: cst.Slice) -> None:
@@ -451,8 +525,10 @@ class _Finder(cst.CSTVisitor):
             op = type(target.operator)
             for table in (_FLIPPED, _INCLUSIVE):
                 if op in table:
-                    new_op = table[op](whitespace_before=target.operator.whitespace_before,
-                                       whitespace_after=target.operator.whitespace_after)
+                    new_op = table[op](
+                        whitespace_before=target.operator.whitespace_before,
+                        whitespace_after=target.operator.whitespace_after,
+                    )
                     self.add("mask", node, node.deep_replace(target.operator, new_op))
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
@@ -461,10 +537,17 @@ class _Finder(cst.CSTVisitor):
         left, right = self.code(node.left), self.code(node.right)
         op = node.operator
         if isinstance(op, cst.FloorDivide):
-            self.add("cdiv", node, f"pl.cdiv({left}, {right})" if "pl" in self.imports else f"(-(-({left}) // ({right})))")
+            self.add(
+                "cdiv", node, f"pl.cdiv({left}, {right})" if "pl" in self.imports else f"(-(-({left}) // ({right})))"
+            )
         elif isinstance(op, cst.BitAnd):
-            self.add("mask", node, node.with_changes(operator=cst.BitOr(
-                whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after)))
+            self.add(
+                "mask",
+                node,
+                node.with_changes(
+                    operator=cst.BitOr(whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after)
+                ),
+            )
         elif isinstance(op, cst.Modulo):
             self.add("pipeline", node, f"(({left} + 1) % {right})")
         elif isinstance(op, (cst.Multiply, cst.Divide)):
@@ -485,7 +568,10 @@ class _Finder(cst.CSTVisitor):
         if len(node.targets) != 1 or self.function_scope() is None:
             return
         value = node.value
-        if not isinstance(value, cst.Call) or (get_full_name_for_node(value.func) or "").rsplit(".", 1)[-1] not in INITIALISERS:
+        if (
+            not isinstance(value, cst.Call)
+            or (get_full_name_for_node(value.func) or "").rsplit(".", 1)[-1] not in INITIALISERS
+        ):
             return
         self.initialisers(value)
         if isinstance(node.targets[0].target, cst.Subscript):  # a scratch/output ref initialised in place

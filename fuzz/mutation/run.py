@@ -18,6 +18,7 @@ same draws, spec and dtype after the other, until a check fails. A mutant is
 Results go to a JSON-lines file as they arrive, so an interrupted run keeps what it
 found and ``resume`` continues it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,14 +30,14 @@ import os
 import tempfile
 import time
 import types
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from pallascheck.fuzz.mutation import worker as mutant_worker
+from pallascheck.fuzz.mutation.operators import Mutant
+from pallascheck.fuzz.workers import Death, Task, Worker
 from pallascheck.properties import runner
 from pallascheck.properties.spec import KernelSpec
-
-from ..workers import Death, Task, Worker
-from . import worker as mutant_worker
-from .operators import Mutant
 
 KILLED, SURVIVED, EQUIVALENT, UNREACHED, NOT_RUN = "killed", "survived", "equivalent", "unreached", "not run"
 # A mutant's case may compile what the baseline found in the persistent cache: it
@@ -44,8 +45,16 @@ KILLED, SURVIVED, EQUIVALENT, UNREACHED, NOT_RUN = "killed", "survived", "equiva
 MIN_CASE_TIMEOUT_S = 120.0
 CASE_TIMEOUT_FACTOR = 10.0
 # Modules whose functions are the harness, not the kernel under test.
-HARNESS_PREFIXES = ("pallascheck.properties", "pallascheck.oracles", "pallascheck.fuzz", "jax", "numpy", "hypothesis",
-                    "functools", "builtins")
+HARNESS_PREFIXES = (
+    "pallascheck.properties",
+    "pallascheck.oracles",
+    "pallascheck.fuzz",
+    "jax",
+    "numpy",
+    "hypothesis",
+    "functools",
+    "builtins",
+)
 
 
 class BaselineFailure(RuntimeError):
@@ -72,8 +81,14 @@ class Settings:
 
     def header(self) -> dict[str, Any]:
         """What must match for a saved result to be reused."""
-        return {"units": [list(u) for u in self.units], "module": self.module, "backend": self.backend,
-                "examples": self.examples, "seed": self.seed, "checks": list(self.checks)}
+        return {
+            "units": [list(u) for u in self.units],
+            "module": self.module,
+            "backend": self.backend,
+            "examples": self.examples,
+            "seed": self.seed,
+            "checks": list(self.checks),
+        }
 
 
 @dataclasses.dataclass
@@ -88,11 +103,24 @@ class Outcome:
 
     def row(self, original: str, path: str) -> dict[str, Any]:
         m = self.mutant
-        return {"kind": "mutant", "key": source_key(m.source), "id": m.id, "operator": m.operator,
-                "function": m.function, "line": m.line, "before": m.before, "after": m.after, "status": self.status,
-                "check": self.check, "kernel": self.unit[0] if self.unit else None,
-                "dtype": self.unit[1] if self.unit else None, "cases": self.cases, "seconds": round(self.seconds, 2),
-                "message": self.message, "diff": m.diff(original, path)}
+        return {
+            "kind": "mutant",
+            "key": source_key(m.source),
+            "id": m.id,
+            "operator": m.operator,
+            "function": m.function,
+            "line": m.line,
+            "before": m.before,
+            "after": m.after,
+            "status": self.status,
+            "check": self.check,
+            "kernel": self.unit[0] if self.unit else None,
+            "dtype": self.unit[1] if self.unit else None,
+            "cases": self.cases,
+            "seconds": round(self.seconds, 2),
+            "message": self.message,
+            "diff": m.diff(original, path),
+        }
 
 
 @dataclasses.dataclass
@@ -144,8 +172,10 @@ def kernel_module(spec: KernelSpec) -> str:
         if len(found) == 1:
             return found.pop()
         if found:
-            raise ValueError(f"spec {spec.name!r} calls kernels of several modules {sorted(found)}: name the one to "
-                             f"mutate with --module")
+            raise ValueError(
+                f"spec {spec.name!r} calls kernels of several modules {sorted(found)}: name the one to "
+                f"mutate with --module"
+            )
         frontier = following
     raise ValueError(f"spec {spec.name!r}: no kernel module found behind its kernel function: name it with --module")
 
@@ -205,8 +235,7 @@ class _Job:
             self.started = self.last_message = time.monotonic()
         self.unit = self.units.pop(0)
         self.digests[self.unit] = []
-        self.worker.start(Task(*self.unit, "any", None, settings.seed,
-                               settings.examples, settings.checks, False))
+        self.worker.start(Task(*self.unit, "any", None, settings.seed, settings.examples, settings.checks, False))
         return True
 
     def receive(self, kind: str, payload: Any) -> None:
@@ -239,7 +268,9 @@ def _spawn(settings: Settings, mutant: Mutant | None, slot: int, directory: str)
     goes when ``next_task`` is called."""
     folder = os.path.join(directory, f"worker-{slot}-{'baseline' if mutant is None else mutant.id}")
     os.makedirs(folder, exist_ok=True)
-    return _Job(mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units))
+    return _Job(
+        mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units)
+    )
 
 
 def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
@@ -274,7 +305,9 @@ class _Retired:
 
 
 def _step(
-    job: _Job, settings: Settings, timeout: float,
+    job: _Job,
+    settings: Settings,
+    timeout: float,
 ) -> tuple[tuple[str, str] | None, dict[str, Any] | None, Death | None]:
     """Poll the job's worker; returns (the unit finished or None, its result, death)."""
     messages, death = job.worker.poll(timeout, settings.memory_bytes)
@@ -296,7 +329,9 @@ def run_baseline(settings: Settings, directory: str, progress: Callable[[str], N
                 raise BaselineFailure(f"the unmutated kernel's worker was lost ({death.kind}): {death.message}")
             if result is not None:
                 if result["failure"]:
-                    raise BaselineFailure(f"the unmutated kernel fails its checks ({' '.join(unit)}):\n{result['failure']}")
+                    raise BaselineFailure(
+                        f"the unmutated kernel fails its checks ({' '.join(unit)}):\n{result['failure']}"
+                    )
                 job.lines = set(result["lines"])
                 progress(f"baseline {' '.join(unit)}: {len(job.digests[unit])} cases passed")
                 if not job.next_task(settings):
@@ -324,7 +359,9 @@ def _finish(job: _Job, status: str, baseline: _Job, **fields: Any) -> Outcome:
     return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, **fields)
 
 
-def _first_difference(digests: dict[tuple[str, str], list[str]], baseline: dict[tuple[str, str], list[str]]) -> str | None:
+def _first_difference(
+    digests: dict[tuple[str, str], list[str]], baseline: dict[tuple[str, str], list[str]]
+) -> str | None:
     """Where a mutant's inputs or outputs first differ from the baseline's ("SPEC DTYPE case N"), or None."""
     for unit, theirs in baseline.items():
         ours = digests.get(unit, [])
@@ -337,8 +374,13 @@ def _first_difference(digests: dict[tuple[str, str], list[str]], baseline: dict[
 
 
 def run(
-    settings: Settings, mutants: Sequence[Mutant], original: str, display_path: str,
-    *, resume: bool = False, progress: Callable[[str], None] = lambda line: None,
+    settings: Settings,
+    mutants: Sequence[Mutant],
+    original: str,
+    display_path: str,
+    *,
+    resume: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> Result:
     """The baseline, then every mutant on ``settings.jobs`` workers; each outcome is
     appended to ``settings.out`` as it arrives (``resume``: outcomes already there
@@ -360,8 +402,19 @@ def run(
 
     import jax
 
-    out.write(json.dumps({"kind": "header", **settings.header(), "origin": display_path, "jax": jax.__version__,
-                          "mutants": len(mutants), "jobs": settings.jobs}) + "\n")
+    out.write(
+        json.dumps(
+            {
+                "kind": "header",
+                **settings.header(),
+                "origin": display_path,
+                "jax": jax.__version__,
+                "mutants": len(mutants),
+                "jobs": settings.jobs,
+            }
+        )
+        + "\n"
+    )
     out.flush()
     interrupted = False
     baseline_seconds = 0.0
@@ -373,8 +426,10 @@ def run(
     retired = _Retired()
     with tempfile.TemporaryDirectory(prefix="pallascheck-mutate-") as directory:
         try:
-            progress(f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
-                     + ", ".join(" ".join(u) for u in settings.units))
+            progress(
+                f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
+                + ", ".join(" ".join(u) for u in settings.units)
+            )
             baseline = run_baseline(settings, directory, progress)
             baseline_seconds = time.monotonic() - start
             timeout = settings.case_timeout_s or max(MIN_CASE_TIMEOUT_S, CASE_TIMEOUT_FACTOR * baseline.slowest_step)
@@ -383,8 +438,10 @@ def run(
                 if source_key(m.source) in previous:
                     row = previous[source_key(m.source)]
                     unit = (row["kernel"], row["dtype"]) if row["kernel"] else None
-                    record(Outcome(m, row["status"], row["check"], unit, row["cases"], row["seconds"], row["message"]),
-                           reused=True)
+                    record(
+                        Outcome(m, row["status"], row["check"], unit, row["cases"], row["seconds"], row["message"]),
+                        reused=True,
+                    )
                 elif not any(line in baseline.lines for line in range(m.reach[0], m.reach[1] + 1)):
                     record(Outcome(m, UNREACHED, message="no case drawn runs this line"))
                 else:
@@ -403,11 +460,25 @@ def run(
                     unit, result, death = _step(job, settings, timeout)
                     outcome = None
                     if death is not None:
-                        outcome = _finish(job, KILLED, baseline, check=death.kind, unit=job.unit,
-                                          cases=job.killed_at or job.cases, message=death.message)
+                        outcome = _finish(
+                            job,
+                            KILLED,
+                            baseline,
+                            check=death.kind,
+                            unit=job.unit,
+                            cases=job.killed_at or job.cases,
+                            message=death.message,
+                        )
                     elif result is not None and result["failure"]:
-                        outcome = _finish(job, KILLED, baseline, check=result["check"] or "crash", unit=unit,
-                                          cases=job.killed_at or job.cases, message=_gist(result["failure"]))
+                        outcome = _finish(
+                            job,
+                            KILLED,
+                            baseline,
+                            check=result["check"] or "crash",
+                            unit=unit,
+                            cases=job.killed_at or job.cases,
+                            message=_gist(result["failure"]),
+                        )
                     elif result is not None and not job.next_task(settings):
                         outcome = _finish(job, SURVIVED, baseline, cases=job.cases)
                     if outcome is not None:

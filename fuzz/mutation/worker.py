@@ -12,6 +12,7 @@ and its VJP returned on it, bit for bit. The unmutated baseline also records the
 kernel module's executed lines (``coverage``), so that a mutant on a line no case
 reaches is known without running it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +23,14 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
-from ..workers import Task
+from pallascheck.fuzz.workers import Task
 
 
 class _MutantLoader(importlib.abc.Loader):
@@ -119,6 +121,7 @@ def _recorded(fn: Callable[..., Any], outputs: list[Any]) -> Callable[..., Any]:
         else:
             outputs.append(out)
         return out
+
     return recorded
 
 
@@ -142,11 +145,10 @@ def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any])
 def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, Any]:
     import jax
 
+    from pallascheck.fuzz import targets
     from pallascheck.kernels.backends import get_backend
     from pallascheck.properties import runner
     from pallascheck.properties.spec import Case
-
-    from .. import targets
 
     try:
         mutant = setup.get("mutant")
@@ -176,7 +178,13 @@ def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, 
         conn.send(("checked", {"passed": all(o.passed for o in tally.outcomes.values()), "digest": h.hexdigest()}))
 
     tally = runner.run_property(
-        spec, task.dtype, backend, examples=task.examples, seed=task.seed, selected=task.checks, shrink=False,
+        spec,
+        task.dtype,
+        backend,
+        examples=task.examples,
+        seed=task.seed,
+        selected=task.checks,
+        shrink=False,
         search=runner.Search(before_case=before, after_case=after),
     )
     return {

@@ -5,6 +5,7 @@ Each variant swaps one kernel body (forward, dk/dv or dq) through
 the public signature, so the harness must catch it from the numbers alone. Logit-level
 bugs are injected through a ``Tile`` subclass that the default bodies call.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallascheck.kernels import attention, block_io
-from pallascheck.kernels.attention import NEG_INF, Bodies, Tile, dot_f32, guard_neg_inf, store_forward
-from pallascheck.properties.attention_spec import make_spec
+from pallascheck.kernels.attention import (
+    NEG_INF,
+    Bodies,
+    Tile,
+    dot_f32,
+    guard_neg_inf,
+    store_forward,
+)
+from pallascheck.properties.families.attention import make_spec
 
 
 def _as(tile: Tile, cls: type, **changes) -> Tile:
@@ -54,8 +62,9 @@ def _forward_variant(q_ref, k_ref, v_ref, bias_ref, mask_ref, o_ref, lse_ref, *,
     block_q = q_ref.shape[0]
     i = pl.program_id(2)
     q_start = i * block_q
-    q = block_io.load(q_ref, (tile.positions(q_start, block_q, 0) < tile.seq_q) & tile.col_ok(),
-                      masked_io=tile.masked_io)
+    q = block_io.load(
+        q_ref, (tile.positions(q_start, block_q, 0) < tile.seq_q) & tile.col_ok(), masked_io=tile.masked_io
+    )
     acc_dtype = jnp.float16 if bug == "f16_accumulator" else jnp.float32
 
     def step(j, carry):
@@ -70,8 +79,16 @@ def _forward_variant(q_ref, k_ref, v_ref, bias_ref, mask_ref, o_ref, lse_ref, *,
         if bug == "mask_after_exp":
             # BUG: the max runs over masked logits too; the mask is applied to exp's result
             s = tile.logits(q, k, bias_ref, mask_ref, q_start, k_start, (0, k_start))
-            unmasked = Tile.logits(dataclasses.replace(tile, causal=False, has_mask=False), q, k, bias_ref,
-                                   None, q_start, k_start, (0, k_start))
+            unmasked = Tile.logits(
+                dataclasses.replace(tile, causal=False, has_mask=False),
+                q,
+                k,
+                bias_ref,
+                None,
+                q_start,
+                k_start,
+                (0, k_start),
+            )
             m_new = jnp.maximum(m, jnp.max(unmasked, axis=1, keepdims=True))
             m_safe = guard_neg_inf(m_new)
             p = jnp.where(s == NEG_INF, 0.0, jnp.exp(unmasked - m_safe))
@@ -106,7 +123,20 @@ def _forward_bug(bug: str):
 
 
 def _dkdv_missing_delta(
-    q_ref, do_ref, k_ref, v_ref, lse_ref, delta_ref, bias_ref, mask_ref, dk_ref, dv_ref, ds_ref, *, tile, block_q,
+    q_ref,
+    do_ref,
+    k_ref,
+    v_ref,
+    lse_ref,
+    delta_ref,
+    bias_ref,
+    mask_ref,
+    dk_ref,
+    dv_ref,
+    ds_ref,
+    *,
+    tile,
+    block_q,
 ):
     """ds = p * dp: the - delta term of the softmax Jacobian is dropped (dk, dbias wrong)."""
     block_k = k_ref.shape[0]
@@ -132,13 +162,15 @@ def _dkdv_missing_delta(
 
     zeros = jnp.zeros((block_k, tile.width), jnp.float32)
     if ds_ref is not None:
+
         def zero_ds(i, carry):
             attention.store_ds(tile, ds_ref, jnp.zeros((block_q, block_k), jnp.float32), i * block_q, k_start)
             return carry
 
         lax.fori_loop(0, pl.cdiv(tile.seq_q, block_q), zero_ds, 0)
-    dk, dv = lax.fori_loop(tile.first_q_block_seeing(j, block_q, block_k), pl.cdiv(tile.seq_q, block_q), step,
-                           (zeros, zeros))
+    dk, dv = lax.fori_loop(
+        tile.first_q_block_seeing(j, block_q, block_k), pl.cdiv(tile.seq_q, block_q), step, (zeros, zeros)
+    )
     attention.store_kv_grads(tile, dk_ref, dv_ref, dk * jnp.float32(tile.sm_scale), dv, k_start)
 
 
@@ -167,8 +199,10 @@ _DTYPES = {"f16_accumulator": ("float32",)}
 # (which charges tf32 there) covers both. Seen on the H200: the variant passed every
 # check in 12 examples.
 NOT_ON = {
-    "f16_accumulator": {"triton": "f32 dots run at tf32 (f16's precision): an f16 accumulator costs no more "
-                                  "than the kernel's own p.v products, inside the bound"},
+    "f16_accumulator": {
+        "triton": "f32 dots run at tf32 (f16's precision): an f16 accumulator costs no more "
+        "than the kernel's own p.v products, inside the bound"
+    },
 }
 DEFAULT_DTYPES = ("bfloat16",)
 EXAMPLES = 12
@@ -187,6 +221,5 @@ def _spec(name: str, bodies: Bodies):
 
 
 VARIANTS = {
-    name: (_spec(name, bodies), _DTYPES.get(name, DEFAULT_DTYPES), EXAMPLES)
-    for name, bodies in VARIANT_BODIES.items()
+    name: (_spec(name, bodies), _DTYPES.get(name, DEFAULT_DTYPES), EXAMPLES) for name, bodies in VARIANT_BODIES.items()
 }

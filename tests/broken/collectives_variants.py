@@ -1,7 +1,7 @@
 """Deliberately broken distributed kernels. Each reuses the real launch code of
 kernels/collectives.py (mesh, shard_map, semaphores, buffers) and changes one thing
 in the kernel body; tests/test_collectives.py requires the multi-device checks
-(properties/collectives_checks.py) to catch every one.
+(properties/families/collectives.py) to catch every one.
 
 They need N CPU devices, so they run in a child process, and one of them deadlocks
 by design; hence they are not in ``broken.MODULES`` (whose single-process
@@ -9,11 +9,13 @@ by design; hence they are not in ``broken.MODULES`` (whose single-process
 (the property that runs it, the broken kernel with the public signature);
 ``DEADLOCKS`` names those that must come back as a timeout.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,13 +36,28 @@ class OffByOneOtherAxes(Ring):
 
     def peer(self, offset: int) -> dict[str, jax.Array]:
         others = {
-            name: lax.rem(lax.axis_index(name) + 1, lax.axis_size(name)) for name in self.axis_names if name != self.axis
+            name: lax.rem(lax.axis_index(name) + 1, lax.axis_size(name))
+            for name in self.axis_names
+            if name != self.axis
         }
         return {**super().peer(offset), **others}
 
 
-def _all_gather_body(x_ref, out_ref, local_sem, send_sems, recv_sems, *, ring: Ring, bidirectional: bool,
-                     same_slot=False, wait_recv=True, shared_recv_sem=False, skip_last_send_on=None, ring_cls=Ring):
+def _all_gather_body(
+    x_ref,
+    out_ref,
+    local_sem,
+    send_sems,
+    recv_sems,
+    *,
+    ring: Ring,
+    bidirectional: bool,
+    same_slot=False,
+    wait_recv=True,
+    shared_recv_sem=False,
+    skip_last_send_on=None,
+    ring_cls=Ring,
+):
     """kernels/collectives.py's _all_gather_kernel (rightward ring) with a switch per bug."""
     ring = ring_cls(ring.axis_names, ring.axis, ring.size)
     rows, p = x_ref.shape[0], ring.size

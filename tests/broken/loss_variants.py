@@ -9,6 +9,7 @@ process with 2 CPU devices, two cases: where every shard has the same max, e.g.
 few distinct values, the bug is invisible), which the real kernel passes in
 tests/test_losses.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,9 +21,11 @@ from jax import lax
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels import linear_cross_entropy as lce
 from pallascheck.oracles import cross_entropy as ce_oracle
-from pallascheck.properties import cross_entropy_sharded
-from pallascheck.properties.cross_entropy_spec import make_spec
-from pallascheck.properties.linear_cross_entropy_spec import make_spec as make_linear_spec
+from pallascheck.properties.families import cross_entropy_sharded
+from pallascheck.properties.families.cross_entropy import make_spec
+from pallascheck.properties.families.linear_cross_entropy import (
+    make_spec as make_linear_spec,
+)
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,8 +69,9 @@ def _unmasked_last_tile_forward(logits_ref, labels_ref, m_ref, s_ref, t_ref, sd_
 
 def _smoothing_over_v_minus_one_finish(stats, *, label_smoothing, vocab):
     """The smoothing mass spread over V - 1 classes instead of V."""
-    return ce.finish(stats, label_smoothing=label_smoothing * vocab / (vocab - 1) if vocab > 1 else label_smoothing,
-                     vocab=vocab)
+    return ce.finish(
+        stats, label_smoothing=label_smoothing * vocab / (vocab - 1) if vocab > 1 else label_smoothing, vocab=vocab
+    )
 
 
 def _mean_over_all_tokens(losses, counted, reduction):
@@ -87,8 +91,12 @@ def _unmerged_shard_max_combine(stats, axis_name, local_vocab):
     """Across shards: sums of exp(z - m_local) added without rescaling to the global max."""
     if axis_name is None:
         return stats
-    return ce.Stats(stats.max, lax.psum(stats.sumexp, axis_name),  # BUG: no pmax, no rescale
-                    lax.psum(stats.target, axis_name), lax.psum(stats.shifted_sum, axis_name))
+    return ce.Stats(
+        stats.max,
+        lax.psum(stats.sumexp, axis_name),  # BUG: no pmax, no rescale
+        lax.psum(stats.target, axis_name),
+        lax.psum(stats.shifted_sum, axis_name),
+    )
 
 
 def _lse_minus_target_finish(stats, *, label_smoothing, vocab):
@@ -132,36 +140,55 @@ def lse_minus_target_spec():
     """The textbook finish with the bound of its own arithmetic (a kernel author's
     implementation bound for it) and cross-entropy's accuracy contract, on logits
     with a large common offset."""
-    def textbook_bound(case, ref, config, arith):
-        return ce_oracle.loss_bound(ref, arith=arith, block_v=None if config is None else config.block_v,
-                                    finish="textbook")
 
-    spec = make_spec(lse_minus_target, "ce_lse_minus_target", regime={"kind": "offset", "label_smoothing": 0.0, "ignored": 0.0})
+    def textbook_bound(case, ref, config, arith):
+        return ce_oracle.loss_bound(
+            ref, arith=arith, block_v=None if config is None else config.block_v, finish="textbook"
+        )
+
+    spec = make_spec(
+        lse_minus_target, "ce_lse_minus_target", regime={"kind": "offset", "label_smoothing": 0.0, "ignored": 0.0}
+    )
     return dataclasses.replace(spec, bound=textbook_bound)
+
+
 # Each variant draws from the part of the input space where its bug shows (the same
 # strategies and checks; only some choices pinned).
 _SMOOTHED = {"label_smoothing": 0.1, "kind": "normal"}
 VARIANTS = {
-    "no_max_subtraction": (make_spec(no_max_subtraction, "ce_no_max_subtraction", regime={"kind": "large"}), _F32_BF16, 2),
+    "no_max_subtraction": (
+        make_spec(no_max_subtraction, "ce_no_max_subtraction", regime={"kind": "large"}),
+        _F32_BF16,
+        2,
+    ),
     "unmasked_last_tile": (make_spec(unmasked_last_tile, "ce_unmasked_last_tile"), _F32_BF16, 2),
     "smoothing_over_v_minus_one": (
-        make_spec(smoothing_over_v_minus_one, "ce_smoothing_v_minus_one", regime={**_SMOOTHED, "ignored": 0.0}), _F32_BF16, 2,
+        make_spec(smoothing_over_v_minus_one, "ce_smoothing_v_minus_one", regime={**_SMOOTHED, "ignored": 0.0}),
+        _F32_BF16,
+        2,
     ),
     "mean_over_all_tokens": (
-        make_spec(mean_over_all_tokens, "ce_mean_over_all_tokens", regime={"ignored": 0.3, "reduction": "mean"}), _F32_BF16, 3,
+        make_spec(mean_over_all_tokens, "ce_mean_over_all_tokens", regime={"ignored": 0.3, "reduction": "mean"}),
+        _F32_BF16,
+        3,
     ),
     "backward_without_smoothing": (
-        make_spec(backward_without_smoothing, "ce_backward_without_smoothing", regime={**_SMOOTHED, "ignored": 0.0}), _F32_BF16, 2,
+        make_spec(backward_without_smoothing, "ce_backward_without_smoothing", regime={**_SMOOTHED, "ignored": 0.0}),
+        _F32_BF16,
+        2,
     ),
     "unmerged_shard_max": (
         dataclasses.replace(
             make_spec(unmerged_shard_max, "ce_unmerged_shard_max", dtypes=("float32",)),
             relations=(cross_entropy_sharded.relation(f"{__name__}:unmerged_shard_max", import_path=TESTS_DIR),),
         ),
-        ("float32",), 1,
+        ("float32",),
+        1,
     ),
     "lse_minus_target": (lse_minus_target_spec(), _F32_BF16, 2),
     "fused_dropped_last_hidden_chunk": (
-        make_linear_spec(fused_dropped_last_hidden_chunk, "lce_dropped_last_hidden_chunk"), _F32_BF16, 4,
+        make_linear_spec(fused_dropped_last_hidden_chunk, "lce_dropped_last_hidden_chunk"),
+        _F32_BF16,
+        4,
     ),
 }

@@ -1,9 +1,11 @@
 """Deliberately broken matmuls. Each reuses the real tiling (matmul.tiled_call)
 and changes one thing; the sensitivity test requires the checks to catch each."""
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,12 +15,26 @@ from jax.experimental import pallas as pl
 from pallascheck.kernels import block_io, matmul
 from pallascheck.kernels.activations import get_activation
 from pallascheck.kernels.backends import get_backend
-from pallascheck.properties.matmul_spec import make_spec
+from pallascheck.properties.families.matmul import make_spec
 from pallascheck.properties.strategies import DTYPES
 
 
-def _body(x_ref, y_ref, *out_refs, m_size, n_size, k_size, block_k, activation, masked_io,
-          acc_dtype=jnp.float32, tiles=None, y_tile=None, mask=True, act_per_tile=False):
+def _body(
+    x_ref,
+    y_ref,
+    *out_refs,
+    m_size,
+    n_size,
+    k_size,
+    block_k,
+    activation,
+    masked_io,
+    acc_dtype=jnp.float32,
+    tiles=None,
+    y_tile=None,
+    mask=True,
+    act_per_tile=False,
+):
     """The real kernel body (kernels/matmul.py) with switches for each bug."""
     num_k_tiles = x_ref.shape[1] // block_k if tiles is None else tiles(k_size, block_k)
     block_m, block_n = x_ref.shape[0], y_ref.shape[1]
@@ -51,9 +67,14 @@ def _variant(**switches: Any) -> Callable[..., jax.Array]:
 
     def run(x, y, *, activation="none", out_dtype=None, config=None, backend=None):
         return matmul.tiled_call(
-            x, y, out_dtype=x.dtype if out_dtype is None else jnp.dtype(out_dtype),
-            activation=activation, save_preactivation=False, config=config or matmul.Config(),
-            backend=get_backend(backend), body=functools.partial(_body, **switches),
+            x,
+            y,
+            out_dtype=x.dtype if out_dtype is None else jnp.dtype(out_dtype),
+            activation=activation,
+            save_preactivation=False,
+            config=config or matmul.Config(),
+            backend=get_backend(backend),
+            body=functools.partial(_body, **switches),
         )
 
     return run
@@ -79,8 +100,10 @@ def _missing_activation_derivative(x, y, *, activation="none", out_dtype=None, c
     def bwd(res, g):
         x, y = res
         dz = g.astype(x.dtype)
-        return (matmul.matmul(dz, y.T, config=config, backend=backend),
-                matmul.matmul(x.T, dz.astype(y.dtype), config=config, backend=backend))
+        return (
+            matmul.matmul(dz, y.T, config=config, backend=backend),
+            matmul.matmul(x.T, dz.astype(y.dtype), config=config, backend=backend),
+        )
 
     f.defvjp(fwd, bwd)
     return f(x, y)

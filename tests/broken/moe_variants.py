@@ -1,10 +1,12 @@
 """Deliberately broken ragged_dot and gated_linear_unit kernels. Each reuses the
 real tiling (ragged_dot.grouped_call / drhs_call, gated_linear_unit.fused_call) and
 changes one thing; the sensitivity test requires the checks to catch each."""
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +18,27 @@ from pallascheck.kernels import gated_linear_unit as glu
 from pallascheck.kernels import ragged_dot as rd
 from pallascheck.kernels.activations import get_activation
 from pallascheck.kernels.backends import get_backend
-from pallascheck.properties import gated_linear_unit_spec, ragged_dot_spec
+from pallascheck.properties.families import gated_linear_unit as gated_linear_unit_spec
+from pallascheck.properties.families import ragged_dot as ragged_dot_spec
 
 
-def _forward_body(starts_ref, ends_ref, lhs_ref, rhs_ref, out_ref, *, m_size, n_size, k_size, block_k,
-                  num_groups, transpose_rhs, masked_io, inclusive_end=False, empty_reads_next=False):
+def _forward_body(
+    starts_ref,
+    ends_ref,
+    lhs_ref,
+    rhs_ref,
+    out_ref,
+    *,
+    m_size,
+    n_size,
+    k_size,
+    block_k,
+    num_groups,
+    transpose_rhs,
+    masked_io,
+    inclusive_end=False,
+    empty_reads_next=False,
+):
     """kernels/ragged_dot.py's forward body (transpose_rhs=False only) with switches."""
     block_m, block_n = out_ref.shape
     first_row = pl.program_id(0) * block_m
@@ -60,14 +78,23 @@ def _forward_body(starts_ref, ends_ref, lhs_ref, rhs_ref, out_ref, *, m_size, n_
 def _ragged_forward_variant(**switches: Any) -> Callable[..., jax.Array]:
     def run(lhs, rhs, group_sizes, *, config=None, backend=None):
         starts, ends = rd.group_offsets(group_sizes, lhs.shape[0])
-        return rd.grouped_call(lhs, rhs, starts, ends, transpose_rhs=False, config=config or rd.Config(),
-                               backend=get_backend(backend), body=functools.partial(_forward_body, **switches))
+        return rd.grouped_call(
+            lhs,
+            rhs,
+            starts,
+            ends,
+            transpose_rhs=False,
+            config=config or rd.Config(),
+            backend=get_backend(backend),
+            body=functools.partial(_forward_body, **switches),
+        )
 
     return run
 
 
-def _drhs_dropping_last_partial_tile(starts_ref, ends_ref, lhs_ref, dout_ref, out_ref, *, k_size, n_size,
-                                     block_k, masked_io):
+def _drhs_dropping_last_partial_tile(
+    starts_ref, ends_ref, lhs_ref, dout_ref, out_ref, *, k_size, n_size, block_k, masked_io
+):
     """kernels/ragged_dot.py's drhs body, its row-tile loop ending at floor(end / block_k)."""
     block_m, block_n = out_ref.shape
     group = pl.program_id(0)
@@ -97,8 +124,17 @@ def _ragged_dot_short_drhs(lhs, rhs, group_sizes, *, config=None, backend=None):
         lhs, rhs = res
         starts, ends = rd.group_offsets(group_sizes, lhs.shape[0])
         dlhs = rd.grouped_call(g, rhs, starts, ends, transpose_rhs=True, config=config, backend=backend)
-        drhs = rd.drhs_call(lhs, g, starts, ends, rhs.shape[0], out_dtype=rhs.dtype, config=config,
-                            backend=backend, body=_drhs_dropping_last_partial_tile)
+        drhs = rd.drhs_call(
+            lhs,
+            g,
+            starts,
+            ends,
+            rhs.shape[0],
+            out_dtype=rhs.dtype,
+            config=config,
+            backend=backend,
+            body=_drhs_dropping_last_partial_tile,
+        )
         return dlhs, drhs
 
     f.defvjp(lambda lhs, rhs: (f(lhs, rhs), (lhs, rhs)), bwd)
@@ -107,8 +143,14 @@ def _ragged_dot_short_drhs(lhs, rhs, group_sizes, *, config=None, backend=None):
 
 def _glu_gate_up_swapped(x, weights, *, activation=None, config=None, backend=None):
     """The real fused kernel reading weights[:, 1] as the gate and weights[:, 0] as up."""
-    out = glu.fused_call(x.reshape(-1, x.shape[-1]), weights[:, ::-1, :], activation=glu.canonical_activation(activation),
-                         save_residuals=False, config=config or glu.Config(), backend=get_backend(backend))
+    out = glu.fused_call(
+        x.reshape(-1, x.shape[-1]),
+        weights[:, ::-1, :],
+        activation=glu.canonical_activation(activation),
+        save_residuals=False,
+        config=config or glu.Config(),
+        backend=get_backend(backend),
+    )
     return out.reshape(*x.shape[:-1], weights.shape[2])
 
 
@@ -127,8 +169,9 @@ def _glu_missing_activation_derivative(x, weights, *, activation=None, config=No
         return glu.gated_linear_unit(x, weights, activation=name, config=config, backend=backend)
 
     def fwd(x, weights):
-        _, gate, up = glu.fused_call(x.reshape(-1, x.shape[-1]), weights, activation=name, save_residuals=True,
-                                     config=config, backend=backend)
+        _, gate, up = glu.fused_call(
+            x.reshape(-1, x.shape[-1]), weights, activation=name, save_residuals=True, config=config, backend=backend
+        )
         return f(x, weights), (x, weights, gate, up)
 
     def bwd(res, g):
@@ -146,13 +189,28 @@ def _glu_missing_activation_derivative(x, weights, *, activation=None, config=No
 
 # name -> (spec maker, kernel, differentiable, dtypes where it is wrong)
 _BROKEN = {
-    "ragged_dot/group_boundary_off_by_one": (ragged_dot_spec.make_spec, _ragged_forward_variant(inclusive_end=True), False, ("float32",)),
-    "ragged_dot/empty_group_reads_next_rows": (ragged_dot_spec.make_spec, _ragged_forward_variant(empty_reads_next=True), False, ("float32",)),
+    "ragged_dot/group_boundary_off_by_one": (
+        ragged_dot_spec.make_spec,
+        _ragged_forward_variant(inclusive_end=True),
+        False,
+        ("float32",),
+    ),
+    "ragged_dot/empty_group_reads_next_rows": (
+        ragged_dot_spec.make_spec,
+        _ragged_forward_variant(empty_reads_next=True),
+        False,
+        ("float32",),
+    ),
     "ragged_dot/drhs_drops_last_partial_tile": (ragged_dot_spec.make_spec, _ragged_dot_short_drhs, True, ("float32",)),
     "glu/gate_and_up_swapped": (gated_linear_unit_spec.make_spec, _glu_gate_up_swapped, False, ("float32",)),
     # gelu - gelu_tanh is below 3e-4 |z|: far above f32's bound, within bf16's.
     "glu/tanh_gelu_for_exact": (gated_linear_unit_spec.make_spec, _glu_tanh_for_exact_gelu, False, ("float32",)),
-    "glu/missing_activation_derivative": (gated_linear_unit_spec.make_spec, _glu_missing_activation_derivative, True, ("float32",)),
+    "glu/missing_activation_derivative": (
+        gated_linear_unit_spec.make_spec,
+        _glu_missing_activation_derivative,
+        True,
+        ("float32",),
+    ),
 }
 # Enough examples for Hypothesis to reach the triggering cases (an empty group, an activation).
 EXAMPLES = 30

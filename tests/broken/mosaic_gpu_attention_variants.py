@@ -6,6 +6,7 @@ one line changed, so the tiling, the TMA pipeline, the custom_vjp wiring and the
 signature stay the real ones and the harness must catch the bug from the numbers.
 The Mosaic GPU steps run only on the Mosaic GPU backends (see ``NOT_ON``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +16,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallascheck.kernels import attention, mosaic_gpu_attention as mga
+from pallascheck.kernels import attention
+from pallascheck.kernels import mosaic_gpu_attention as mga
 from pallascheck.kernels.backends import MOSAIC_GPU, Backend
-from pallascheck.kernels.mosaic_gpu_attention import Bodies, as_lhs, guard_neg_inf, mma, mma_onto, rows_of
-from pallascheck.properties.attention_spec import make_spec
+from pallascheck.kernels.mosaic_gpu_attention import (
+    Bodies,
+    as_lhs,
+    guard_neg_inf,
+    mma,
+    mma_onto,
+    rows_of,
+)
+from pallascheck.properties.families.attention import make_spec
 
 
 def _kv_blocks_without_diagonal(t, q_block):
@@ -141,12 +150,12 @@ _ONLY = {
     "second_consumer_reads_first_rows": lambda case: case.arrays["q"].shape[1] > 64,
     # a q stream longer than the 2 or 3 slots (q blocks of 64), and something the q rows
     # decide: the causal mask or the ds tile of a bias
-    "dkdv_q_block_of_slot": lambda case: case.arrays["q"].shape[1] > 128 and (
-        case.params["causal"] or "bias" in case.arrays),
+    "dkdv_q_block_of_slot": lambda case: (
+        case.arrays["q"].shape[1] > 128 and (case.params["causal"] or "bias" in case.arrays)
+    ),
 }
 # variants whose bug lives in the warp-specialised kernels only: drawn with those configs
 _SPECIALISED = {"second_consumer_reads_first_rows"}
-
 
 
 def _interpreter_raises_on_races() -> bool:
@@ -164,17 +173,20 @@ NOT_ON: dict[str, dict[str, str]] = {}
 if not _interpreter_raises_on_races():
     # The interpreter runs each TMA copy when it is issued, so a late wait reads the
     # right data; only its race detector sees the missing happens-before edge.
-    NOT_ON["barrier_waited_late"] = {"mosaic_gpu_interpret": (
-        "the interpreter completes TMA copies at issue and this jax's interpreter cannot "
-        "raise on a race (InterpretGPUParams(on_race='raise') needs jax >= 0.12)"
-    )}
+    NOT_ON["barrier_waited_late"] = {
+        "mosaic_gpu_interpret": (
+            "the interpreter completes TMA copies at issue and this jax's interpreter cannot "
+            "raise on a race (InterpretGPUParams(on_race='raise') needs jax >= 0.12)"
+        )
+    }
 
 
 def _cases_where(spec, keep):
     """spec with only the cases ``keep(case, backend)`` accepts."""
     base = spec.cases
-    return dataclasses.replace(spec, cases=lambda dtype, backend: base(dtype, backend).filter(
-        lambda case: keep(case, backend)))
+    return dataclasses.replace(
+        spec, cases=lambda dtype, backend: base(dtype, backend).filter(lambda case: keep(case, backend))
+    )
 
 
 def _spec(name: str, bodies: Bodies):
@@ -187,8 +199,9 @@ def _spec(name: str, bodies: Bodies):
         def specialised(case, backend):
             return [c for c in space(case, backend) if c.consumers == 2]
 
-        spec = dataclasses.replace(_cases_where(spec, lambda case, backend: bool(specialised(case, backend))),
-                                   configs=specialised)
+        spec = dataclasses.replace(
+            _cases_where(spec, lambda case, backend: bool(specialised(case, backend))), configs=specialised
+        )
     return spec
 
 

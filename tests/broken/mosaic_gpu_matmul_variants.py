@@ -15,10 +15,11 @@ synchronously and its race detector keeps no clock for wgmma's SMEM reads, and o
 H200 the result was bit-identical to the real kernel's up to 4096x4096x8192 (the TMA
 copy landed after the wgmma had read the slot): no check can see it from the values.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,13 +30,13 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallascheck.kernels import mosaic_gpu_attention, mosaic_gpu_matmul
 from pallascheck.kernels.activations import get_activation
 from pallascheck.kernels.backends import MOSAIC_GPU, get_backend
-from pallascheck.properties.matmul_spec import make_spec
+from pallascheck.properties.families.matmul import make_spec
 
 
 def _body(x_gmem, y_gmem, *refs, num_k_tiles, activation, bug):
     """``_matmul_body`` with the line of ``bug`` swapped in."""
     n_out = (len(refs) - 3) // 2
-    out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out:n_out + 3], refs[n_out + 3:]
+    out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out : n_out + 3], refs[n_out + 3 :]
     stages, tile_m, tile_k = x_smem.shape
     tile_n = y_smem.shape[2]
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
@@ -96,9 +97,14 @@ def _variant(bug: str) -> Callable[..., jax.Array]:
 
     def run(x, y, *, activation="none", out_dtype=None, config=None, backend="mosaic_gpu_interpret"):
         return mosaic_gpu_matmul.tiled_call(
-            x, y, out_dtype=x.dtype if out_dtype is None else jnp.dtype(out_dtype), activation=activation,
-            save_preactivation=False, config=config or mosaic_gpu_matmul.Config(),
-            backend=get_backend(backend), body=functools.partial(_body, bug=bug),
+            x,
+            y,
+            out_dtype=x.dtype if out_dtype is None else jnp.dtype(out_dtype),
+            activation=activation,
+            save_preactivation=False,
+            config=config or mosaic_gpu_matmul.Config(),
+            backend=get_backend(backend),
+            body=functools.partial(_body, bug=bug),
         )
 
     return run
@@ -109,6 +115,10 @@ BACKENDS = MOSAIC_GPU
 # draws; 12 examples reach it for every variant.
 EXAMPLES = 12
 VARIANTS = {
-    name: (make_spec(_variant(name), name=f"mosaic_gpu_matmul[{name}]", differentiable=False), ("bfloat16", "float16"), EXAMPLES)
+    name: (
+        make_spec(_variant(name), name=f"mosaic_gpu_matmul[{name}]", differentiable=False),
+        ("bfloat16", "float16"),
+        EXAMPLES,
+    )
     for name in ("stale_accumulator", "y_tile_off_by_one", "accumulator_rounded_to_bf16")
 }

@@ -19,11 +19,13 @@ when their trigger is present:
   straddles a row tile boundary join its sum. Needs a group whose rows start inside
   one row tile and end in a later one (not reachable at fewer than 65 rows).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +36,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallascheck.kernels import mosaic_gpu_ragged_dot as mrd
 from pallascheck.kernels.backends import MOSAIC_GPU, get_backend
-from pallascheck.properties.ragged_dot_spec import make_spec
+from pallascheck.properties.families.ragged_dot import make_spec
 from pallascheck.properties.spec import Case, KernelSpec
 
 
@@ -43,8 +45,9 @@ def _rows_in_group_off_by_one(rows, start, end):
     return (rows >= start - 1) & (rows < end)  # BUG: start - 1
 
 
-def _group_product_short_k(acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num_k_tiles, transpose_rhs, stages,
-                           transforms):
+def _group_product_short_k(
+    acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num_k_tiles, transpose_rhs, stages, transforms
+):
     """``_group_product`` whose pipeline stops before the last K tile."""
     tile_m, tile_n = acc_ref.shape
     tile_k = lhs_gmem.shape[1] // num_k_tiles
@@ -55,14 +58,16 @@ def _group_product_short_k(acc_ref, lhs_gmem, rhs_gmem, m_index, n_index, *, num
 
     w_spec = (
         plgpu.BlockSpec((tile_n, tile_k), lambda kt: (n_index, kt), transforms=transforms, delay_release=1)
-        if transpose_rhs else
-        plgpu.BlockSpec((tile_k, tile_n), lambda kt: (kt, n_index), transforms=transforms, delay_release=1)
+        if transpose_rhs
+        else plgpu.BlockSpec((tile_k, tile_n), lambda kt: (kt, n_index), transforms=transforms, delay_release=1)
     )
     plgpu.emit_pipeline(
         step,
         grid=(max(num_k_tiles - 1, 1),),  # BUG: the last K tile is never loaded
-        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kt: (m_index, kt), transforms=transforms, delay_release=1),
-                  w_spec],
+        in_specs=[
+            plgpu.BlockSpec((tile_m, tile_k), lambda kt: (m_index, kt), transforms=transforms, delay_release=1),
+            w_spec,
+        ],
         max_concurrent_steps=stages,
     )(lhs_gmem, rhs_gmem)
     return acc_ref[...]
@@ -77,8 +82,9 @@ def _for_each_group_shared_accumulator(lo, hi, group_step, shape):
     )
 
 
-def _drhs_kernel_first_tile_unmasked(bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_rows: int,
-                                     stages: int, transforms: tuple[Any, ...]) -> None:
+def _drhs_kernel_first_tile_unmasked(
+    bounds_gmem, lhs_gmem, dout_gmem, out_gmem, out_smem, *, tile_rows: int, stages: int, transforms: tuple[Any, ...]
+) -> None:
     """``_drhs_kernel`` that masks the group's last row tile only."""
     tile_m, tile_n = out_smem.shape
     group, k_index, n_index = lax.axis_index("g"), lax.axis_index("k"), lax.axis_index("n")
@@ -104,10 +110,12 @@ def _drhs_kernel_first_tile_unmasked(bounds_gmem, lhs_gmem, dout_gmem, out_gmem,
                 step,
                 grid=(pl.cdiv(end, tile_rows) - first_tile,),
                 in_specs=[
-                    plgpu.BlockSpec((tile_rows, tile_m), lambda r: (first_tile + r, k_index), transforms=transforms,
-                                    delay_release=1),
-                    plgpu.BlockSpec((tile_rows, tile_n), lambda r: (first_tile + r, n_index), transforms=transforms,
-                                    delay_release=1),
+                    plgpu.BlockSpec(
+                        (tile_rows, tile_m), lambda r: (first_tile + r, k_index), transforms=transforms, delay_release=1
+                    ),
+                    plgpu.BlockSpec(
+                        (tile_rows, tile_n), lambda r: (first_tile + r, n_index), transforms=transforms, delay_release=1
+                    ),
                 ],
                 max_concurrent_steps=stages,
             )(lhs_gmem, dout_gmem)
@@ -115,8 +123,9 @@ def _drhs_kernel_first_tile_unmasked(bounds_gmem, lhs_gmem, dout_gmem, out_gmem,
         return acc_ref[...]
 
     acc = pl.run_scoped(accumulate, plgpu.ACC((tile_m, tile_n), jnp.float32))
-    mrd.store_tiles((out_gmem.at[group],), (out_smem,), (acc,), pl.ds(k_index * tile_m, tile_m),
-                    pl.ds(n_index * tile_n, tile_n))
+    mrd.store_tiles(
+        (out_gmem.at[group],), (out_smem,), (acc,), pl.ds(k_index * tile_m, tile_m), pl.ds(n_index * tile_n, tile_n)
+    )
 
 
 def _with_drhs(drhs_body: Callable[..., None]) -> Callable[..., jax.Array]:
@@ -134,8 +143,7 @@ def _with_drhs(drhs_body: Callable[..., None]) -> Callable[..., jax.Array]:
         lhs, rhs, group_sizes = residuals
         g = g.astype(lhs.dtype)
         dlhs = mrd.grouped_call(g, rhs, group_sizes, transpose_rhs=True, config=config, backend=backend)
-        drhs = mrd.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config, backend=backend,
-                             body=drhs_body)
+        drhs = mrd.drhs_call(lhs, g, group_sizes, out_dtype=rhs.dtype, config=config, backend=backend, body=drhs_body)
         return dlhs, drhs, None
 
     core.defvjp(core_fwd, core_bwd)
@@ -151,8 +159,13 @@ def _variant(**part: Any) -> Callable[..., jax.Array]:
 
     def run(lhs, rhs, group_sizes, *, config=None, backend="mosaic_gpu_interpret"):
         return mrd.grouped_call(
-            lhs, rhs, jnp.asarray(group_sizes, jnp.int32), transpose_rhs=False, config=config or mrd.Config(),
-            backend=get_backend(backend), body=functools.partial(mrd._forward_kernel, **part),
+            lhs,
+            rhs,
+            jnp.asarray(group_sizes, jnp.int32),
+            transpose_rhs=False,
+            config=config or mrd.Config(),
+            backend=get_backend(backend),
+            body=functools.partial(mrd._forward_kernel, **part),
         )
 
     return run
@@ -173,7 +186,7 @@ def _row_owners(case: Case) -> np.ndarray:
 def _two_groups_share_a_tile(case: Case) -> bool:
     """Two non-empty groups own rows of one 64-row tile."""
     owners = _row_owners(case)
-    return any(len(set(owners[i:i + 64]) - {-1}) >= 2 for i in range(0, len(owners), 64))
+    return any(len(set(owners[i : i + 64]) - {-1}) >= 2 for i in range(0, len(owners), 64))
 
 
 def _group_straddles_a_tile(case: Case) -> bool:
@@ -196,7 +209,11 @@ def _two_k_tiles(case: Case) -> bool:
 _BROKEN = {
     "group_boundary_off_by_one": (_variant(rows_in_group=_rows_in_group_off_by_one), _two_groups_share_a_tile, None),
     "last_k_tile_dropped": (_variant(group_product=_group_product_short_k), _two_k_tiles, [_TWO_K_TILES]),
-    "accumulator_not_rezeroed": (_variant(for_each_group=_for_each_group_shared_accumulator), _two_groups_share_a_tile, None),
+    "accumulator_not_rezeroed": (
+        _variant(for_each_group=_for_each_group_shared_accumulator),
+        _two_groups_share_a_tile,
+        None,
+    ),
     "drhs_first_tile_unmasked": (_with_drhs(_drhs_kernel_first_tile_unmasked), _group_straddles_a_tile, None),
 }
 

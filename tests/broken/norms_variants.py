@@ -6,10 +6,11 @@ the harness must catch it from the numbers alone.
 
 ``VARIANTS`` maps a variant name to ``(kernel it breaks, callable)``.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,9 +19,8 @@ from jax.experimental import pallas as pl
 
 from pallascheck.kernels import norms
 from pallascheck.oracles import norms as norms_oracle
-from pallascheck.properties.norms_spec import Domain
-from pallascheck.properties.norms_spec import cases as norms_cases
-from pallascheck.properties.norms_spec import make_spec
+from pallascheck.properties.families.norms import Domain, make_spec
+from pallascheck.properties.families.norms import cases as norms_cases
 from pallascheck.properties.spec import KernelSpec
 from pallascheck.properties.strategies import DTYPES
 
@@ -93,9 +93,7 @@ def _unmasked_padding_forward(x_ref, scale_ref, offset_ref, y_ref, mean_ref, rst
 # -------------------------------------------------------------------- backward bodies
 
 
-def _missing_rstd_backward(
-    x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, tile
-):
+def _missing_rstd_backward(x_ref, scale_ref, mean_ref, rstd_ref, g_ref, dx_ref, dscale_ref, doffset_ref, *, kind, tile):
     """dx without the final rstd factor."""
     g, gs, xhat, rstd, ok = norms.backward_operands(tile, x_ref, scale_ref, mean_ref, rstd_ref, g_ref)
     proj = jnp.sum(gs * xhat, axis=1, keepdims=True) / tile.features
@@ -184,7 +182,8 @@ ln_dscale_drops_last_row_block = _variant(
 )
 
 ln_one_pass_variance = _variant(
-    "layer_norm", "Layer norm with var = E[x^2] - E[x]^2 in f32 (within its own one-pass bound).",
+    "layer_norm",
+    "Layer norm with var = E[x^2] - E[x]^2 in f32 (within its own one-pass bound).",
     forward_body=_one_pass_variance_forward,
 )
 
@@ -225,21 +224,32 @@ def _one_pass_spec() -> KernelSpec:
 
     def bound(case, ref, config, arith):
         compute = np.float32 if config is not None else case.arrays["x"].dtype
-        return norms_oracle.bound(ref, out_dtype=case.arrays["x"].dtype, arith=arith, compute_dtype=compute,
-                                  variance="one_pass").reshape(case.arrays["x"].shape)
+        return norms_oracle.bound(
+            ref, out_dtype=case.arrays["x"].dtype, arith=arith, compute_dtype=compute, variance="one_pass"
+        ).reshape(case.arrays["x"].shape)
 
     def gradient_bound(case, ref, grads, config, arith):
         x = case.arrays["x"]
-        bounds = norms_oracle.gradient_bound(ref, case.arrays["cotangent"], x_dtype=x.dtype, param_dtype=x.dtype,
-                                             block_rows=config.block_rows, arith=arith, with_offset=True,
-                                             variance="one_pass")
+        bounds = norms_oracle.gradient_bound(
+            ref,
+            case.arrays["cotangent"],
+            x_dtype=x.dtype,
+            param_dtype=x.dtype,
+            block_rows=config.block_rows,
+            arith=arith,
+            with_offset=True,
+            variance="one_pass",
+        )
         bounds["dx"] = bounds["dx"].reshape(x.shape)
         return bounds
 
     return dataclasses.replace(
-        spec, bound=bound, gradients=dataclasses.replace(spec.gradients, bound=gradient_bound),
+        spec,
+        bound=bound,
+        gradients=dataclasses.replace(spec.gradients, bound=gradient_bound),
         cases=lambda dtype, backend: norms_cases("layer_norm", dtype, backend, domain=Domain(x_kinds=("normal",))).map(
-            _rows_moved_to_the_one_pass_limit),
+            _rows_moved_to_the_one_pass_limit
+        ),
     )
 
 

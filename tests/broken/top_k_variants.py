@@ -1,16 +1,18 @@
 """Deliberately broken top-k kernels. Each runs the real kernels (kernels/top_k.py)
 with one of its swappable ``Parts`` replaced, or (the flipped tie rule) on its input
 reversed; the sensitivity test requires the bit-exact checks to catch each."""
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from pallascheck.kernels import top_k
-from pallascheck.properties.top_k_spec import make_spec
+from pallascheck.properties.families.top_k import make_spec
 
 
 def _with(parts: top_k.Parts) -> Callable[..., Any]:

@@ -1,0 +1,73 @@
+"""Run planning: what runs where. One home for how many worker processes a command
+starts, how they share a device's memory, and which production kernels fit it.
+
+verify, fuzz and mutate ask here; the memory rule itself (a production layout's
+footprint against the device's allocator limit) is ``properties/production.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties import production
+
+Command = Literal["verify", "fuzz", "mutate"]
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def gpu_devices(backend: Backend) -> int:
+    """How many GPUs the workers spread over (0 for a CPU backend)."""
+    if backend.platform != "gpu":
+        return 0
+    import jax
+
+    return jax.local_device_count()
+
+
+def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> int:
+    """Worker processes when ``--jobs`` is not given.
+
+    - verify and mutate: every core on the CPU; on a GPU three quarters of the cores,
+      processes that share the device, each allocating memory as needed. Their work is
+      compiling (a small-tier case is milliseconds on the GPU): on an H100 host of 16
+      cores, with one BLAS thread per worker, `verify --examples 15` took 108.6 s at 8
+      jobs and 88.8 s at 12, cold (docs/results.md).
+    - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
+      production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
+    """
+    if command == "fuzz":
+        gpus = gpu_devices(backend)
+        if gpus and shapes == "production":
+            return gpus
+        return max(cores(), gpus)
+    return cores() if backend.platform == "cpu" else max(1, cores() * 3 // 4)
+
+
+def default_memory_bytes(jobs: int) -> int:
+    """Resident memory per worker before it counts as out of memory: three quarters
+    of the machine's, shared among the workers."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(0.75 * total / jobs)
+
+
+def share_devices(command: Command, backend: Backend, jobs: int) -> None:
+    """Tell the workers how many of them share each device, so that each plans its
+    production layouts with its share of the memory: verify's workers all use the first
+    device; fuzz's take the GPUs in turn."""
+    if command == "fuzz":
+        production.share_devices(-(-jobs // max(gpu_devices(backend), 1)))
+    else:
+        production.share_devices(jobs)
+
+
+def fitting(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str]]:
+    """``names`` whose production layouts fit the memory each process may use, and the
+    lines saying per family what was drawn and what was skipped by the memory rule."""
+    return production.planned(names, backend)

@@ -1,0 +1,156 @@
+"""``pallascheck fuzz``: a campaign that searches for inputs that break kernels."""
+
+from __future__ import annotations
+
+import argparse
+
+from pallascheck.cli._common import (
+    add_backend_option,
+    add_target_options,
+    available_backend,
+    examples_help,
+    fitting,
+    progress_printer,
+)
+from pallascheck.fuzz import campaign, corpus, plan, targets, verify
+from pallascheck.properties import runner, watchdog
+from pallascheck.properties.registry import bundled_names, registry
+
+
+def run(args: argparse.Namespace) -> int:
+    targets.add_paths(args.path or ())
+    try:  # a typo creates nothing: no corpus directory, no compilation cache, no workers
+        targets.check_names(args.kernel or ())
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
+    backend = available_backend(args.backend)
+    # a resumed campaign keeps its tier and kernels: the memory rule below must see them
+    saved = corpus.read_state(args.corpus) if args.resume else None
+    shapes = saved.get("shapes", args.shapes) if saved else args.shapes
+    if args.kernel:
+        named = list(args.kernel)
+    elif args.resume:
+        named = list((saved or {}).get("targets", []))
+    else:
+        named = list(registry())
+    missing = verify.not_on(backend, [n for n in named if n in registry() or n in bundled_names()])
+    if missing:
+        print(f"not on {backend} (no implementation): {', '.join(missing)}")
+    named = [n for n in named if n not in missing]
+    if shapes == "production" and not args.kernel and not saved and named:  # every kernel: those with a production tier
+        untiered = verify.without_production(named)
+        print(f"no production shape tier: {', '.join(untiered) or 'none'}")
+        named = [n for n in named if n not in untiered]
+    jobs = args.jobs or plan.default_jobs("fuzz", backend, shapes)
+    if backend.platform != "cpu":
+        plan.share_devices("fuzz", backend, jobs)  # workers round-robin the GPUs
+        if shapes == "production":
+            named = fitting(named, backend)
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else plan.default_memory_bytes(jobs)
+    mode = "random draws" if args.random else "targeted search"
+    print(
+        f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
+        f"({mode}, {jobs} jobs); corpus {args.corpus}/",
+        flush=True,
+    )
+    progress = progress_printer()
+    try:
+        result = campaign.run(
+            named,
+            backend,
+            args.corpus,
+            seconds=60.0 * args.minutes,
+            examples=args.examples,
+            jobs=jobs,
+            targeted=not args.random,
+            dtypes=args.dtype,
+            paths=args.path or (),
+            first_seed=args.seed,
+            resume=args.resume,
+            limits=campaign.Limits(args.case_timeout, memory),
+            progress=progress,
+            shapes=shapes,
+            layout_cases=args.cases,
+        )
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
+    status = "interrupted" if result.interrupted else "done"
+    print(
+        f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
+        f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones"
+    )
+    if result.stopped_in_flight:
+        print(
+            f"{result.stopped_in_flight} tasks still running {campaign.OVERRUN_S:.0f} s after the time given were "
+            "stopped; the failures they had saved are booked unminimised"
+        )
+    for found in result.new_failures:
+        print(
+            f"\n[{found['kind']}] {found['kernel']} {found['dtype']} [{found['check']}]: "
+            f"{corpus.headline(found['message'])}"
+            f"\n  replay: {found['replay']}"
+        )
+    print(f"\nreport: pallascheck report {args.corpus}")
+    if result.interrupted:
+        return 130
+    return 1 if result.new_failures else 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``pallascheck fuzz``."""
+    fuzz = sub.add_parser(
+        "fuzz",
+        help="search for inputs that break kernels, keeping every failure once",
+        description="Run tasks (one Hypothesis run of --examples cases of one kernel, dtype, input kind and config "
+        "slot) in worker processes until the time is up. Targeted (default): Hypothesis climbs toward the inputs "
+        "that use the most of their error bound and a bandit spends the next task where that budget climbs. A hang "
+        "(no progress for --case-timeout s), a crash or a worker above --memory-gb becomes a saved reproducer and "
+        "the worker is restarted. Failures are shrunk, deduplicated by signature and saved under CORPUS/failures/ "
+        "with a replay command; --resume continues a campaign where it stopped.",
+    )
+    add_backend_option(fuzz)
+    fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
+    fuzz.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="worker processes (default: every core; on a GPU backend at --shapes production one "
+        "per GPU; the workers take the GPUs in turn, each seeing its own)",
+    )
+    fuzz.add_argument(
+        "--examples", type=int, default=8, help=examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT)
+    )
+    fuzz.add_argument(
+        "--cases",
+        type=int,
+        default=None,
+        help="cases per Hypothesis example, all of its one compiled layout (default: as --examples "
+        "says). A layout's first case pays its compiles (about 15 s at --shapes production on "
+        "an H100) and each later one about a second there: more cases per layout is a soak's "
+        "volume, fewer is more layouts and configs per minute (a search). A resumed campaign "
+        "keeps its own unless given",
+    )
+    fuzz.add_argument("--seed", type=int, default=1000, help="the first task's Hypothesis seed (then +1 per task)")
+    add_target_options(
+        fuzz,
+        "a registered name, or MODULE:NAME for a KernelSpec (or a VARIANTS entry) of an importable module (see --path)",
+    )
+    fuzz.add_argument("--corpus", default=".pallascheck/corpus", help="where reproducers, logs and state go")
+    fuzz.add_argument("--resume", action="store_true", help="continue the campaign saved in --corpus")
+    fuzz.add_argument(
+        "--random", action="store_true", help="untargeted: the pairs in turn, unpinned draws (the baseline, and a soak)"
+    )
+    fuzz.add_argument(
+        "--case-timeout",
+        type=float,
+        default=watchdog.CASE_TIMEOUT_S,
+        help="seconds a worker may go without progress (a case, or a task's first compile) before it counts as hung",
+    )
+    fuzz.add_argument(
+        "--memory-gb",
+        type=float,
+        default=0.0,
+        help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
+        "machine's, shared among the jobs)",
+    )
+    fuzz.set_defaults(func=run)

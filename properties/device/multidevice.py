@@ -1,0 +1,111 @@
+"""Run a check in a fresh Python process that sees N CPU devices.
+
+JAX fixes the number of CPU devices when its CPU backend starts
+(``jax_num_cpu_devices``), so a check that needs a mesh of 2, 4 or 8 devices cannot
+run inside a pytest worker that has already used JAX with one. ``run_with_cpu_devices``
+starts a child interpreter, sets the device count before anything touches JAX, calls
+``"package.module:function"(**kwargs)`` there and returns its JSON result.
+
+The child runs under a wall-clock limit in its own process group: a kernel that
+deadlocks (a DMA wait with no matching send) surfaces as ``ChildTimeout`` naming the
+target, never as a hung test run. Any exception in the child surfaces as
+``ChildFailed`` carrying the child's traceback. A fresh process per call also means the
+TPU interpreter's global state never leaks from a failed check into the next one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+
+class ChildFailed(RuntimeError):
+    """The target raised (or the child died); the message holds its traceback."""
+
+
+class ChildTimeout(TimeoutError):
+    """The target did not finish within the limit: a deadlock or a hang."""
+
+
+def resolve(target: str) -> Any:
+    """The object named by ``"package.module:name"``."""
+    if ":" not in target:
+        raise ValueError(f"target must be 'package.module:name', got {target!r}")
+    module_name, name = target.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def run_with_cpu_devices(
+    target: str,
+    devices: int,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    timeout_s: float = 300.0,
+    import_path: str | None = None,
+) -> Any:
+    """``target(**kwargs)`` in a child process with ``devices`` CPU devices; its JSON result.
+
+    ``import_path`` is put first on the child's module path, for targets (or kernels
+    the target resolves by name) that live outside installed packages, such as the
+    deliberately broken kernels under tests/."""
+    if not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be an int >= 1, got {devices!r}")
+    if ":" not in target:
+        raise ValueError(f"target must be 'package.module:function', got {target!r}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PALLASCHECK_CPU_DEVICES=str(devices))
+    if import_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (import_path, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="pallascheck-child-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        request = json.dumps({"target": target, "kwargs": dict(kwargs or {}), "result": result_path})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pallascheck.properties.device.multidevice", request],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: no orphaned JAX threads
+            output, _ = proc.communicate()
+            raise ChildTimeout(
+                f"{target} on {devices} CPU devices did not finish in {timeout_s:g} s "
+                f"(deadlock: a wait with no matching send?)\n--- child output (tail) ---\n{output[-4000:]}"
+            ) from None
+        if proc.returncode != 0 or not os.path.exists(result_path):
+            raise ChildFailed(
+                f"{target} on {devices} CPU devices failed (exit {proc.returncode})\n"
+                f"--- child output (tail) ---\n{output[-8000:]}"
+            )
+        with open(result_path) as f:
+            return json.load(f)
+
+
+def _child_main(request_json: str) -> None:
+    import warnings
+
+    request = json.loads(request_json)
+    # As in the pytest configuration: a Pallas API the oldest supported JAX deprecates
+    # is removed in a newer one, so using it is an error here too.
+    warnings.filterwarnings("error", message=r".*is deprecated, use pl\.", category=DeprecationWarning)
+    import jax
+
+    # Before any JAX computation: the CPU backend reads this once, when it starts.
+    jax.config.update("jax_num_cpu_devices", int(os.environ["PALLASCHECK_CPU_DEVICES"]))
+    result = resolve(request["target"])(**request["kwargs"])
+    with open(request["result"], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])
