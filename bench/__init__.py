@@ -1,2 +1,2 @@
 """Timing: kernel benchmarks against their baselines (``pallascheck bench``) and the
-harness's own speed (``pallascheck bench --harness``), on one timing core."""
+harness's own speed (``python -m studies.harness``), on one timing core."""

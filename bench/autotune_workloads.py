@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from pallascheck.kernels import attention, cross_entropy, matmul, norms, ragged_dot
-from pallascheck.properties import production
+from pallascheck.properties.registry import get_spec
 
 SIZES = ("small", "bench", "production")
 # The production tier's layout each family's workload takes at --size production
-# (properties/production.py, the one home of model shapes): a layout of each that fits
+# (each family's ``production_layouts``, properties/families/<op>.py): a layout of each that fits
 # an H100 under the memory rule.
 PRODUCTION_LAYOUTS = {
     "matmul": "llama-3 8B MLP up, 8k tokens",
@@ -29,7 +29,7 @@ PRODUCTION_LAYOUTS = {
 
 def production_fields(family: str) -> dict[str, Any]:
     """The domain fields of ``family``'s layout in ``PRODUCTION_LAYOUTS``."""
-    (layout,) = [l for l in production.FAMILIES[family]() if l.name.startswith(PRODUCTION_LAYOUTS[family] + ":")]
+    (layout,) = [l for l in get_spec(family).production_layouts if l.name.startswith(PRODUCTION_LAYOUTS[family] + ":")]
     return layout.fields
 
 

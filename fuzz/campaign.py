@@ -378,12 +378,14 @@ def run(
     progress: Callable[[str], None] | None = None,
     shapes: str = "small",
     layout_cases: int | None = None,
+    tasks: int | None = None,
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
     ``jobs`` worker processes; ``examples`` Hypothesis examples per task, drawn from
     the ``shapes`` tier, each checking ``layout_cases`` cases of one compiled layout
     (None: ``runner.layout_cases``). ``stop_on_first``: stop at the first failure
-    (time-to-first-failure measurements)."""
+    (time-to-first-failure measurements). ``tasks``: start no more than this many tasks
+    (a run bounded by work, not by the clock; ``seconds`` still ends it)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if examples < 1:
@@ -392,6 +394,8 @@ def run(
         raise ValueError(f"jobs must be >= 1, got {jobs!r}")
     if layout_cases is not None and layout_cases < 1:
         raise ValueError(f"cases per layout (--cases) must be >= 1, got {layout_cases!r}")
+    if tasks is not None and tasks < 1:
+        raise ValueError(f"tasks (--tasks) must be >= 1, got {tasks!r}")
     campaign = Campaign(
         targets_,
         backend,
@@ -448,7 +452,11 @@ def run(
                     workers[i] = worker = new_worker(i)
                 result.count(found, time.monotonic() - campaign.run_start)
                 # At least one task runs, however short the time given.
-                stop = (stop_on_first and result.new_failures) or (time.monotonic() >= deadline and started)
+                stop = (
+                    (stop_on_first and result.new_failures)
+                    or (time.monotonic() >= deadline and started)
+                    or (tasks is not None and started >= tasks)
+                )
                 if worker.task is None and worker.ready and not stop:
                     task = campaign.next_task()
                     if task is not None:
@@ -459,7 +467,12 @@ def run(
                 last_progress = time.monotonic()
                 progress(_progress_line(campaign, result, best))
             if (stop_on_first and result.new_failures) or (
-                not busy and ((time.monotonic() >= deadline and started) or not campaign.open_pairs())
+                not busy
+                and (
+                    (time.monotonic() >= deadline and started)
+                    or not campaign.open_pairs()
+                    or (tasks is not None and started >= tasks)
+                )
             ):
                 break
             if busy and time.monotonic() >= deadline + OVERRUN_S:

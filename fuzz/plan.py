@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import production
+from pallascheck.properties import production, registry
 
 Command = Literal["verify", "fuzz", "mutate"]
 
@@ -70,4 +70,4 @@ def share_devices(command: Command, backend: Backend, jobs: int) -> None:
 def fitting(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str]]:
     """``names`` whose production layouts fit the memory each process may use, and the
     lines saying per family what was drawn and what was skipped by the memory rule."""
-    return production.planned(names, backend)
+    return production.planned(registry.selected(list(names)), backend)

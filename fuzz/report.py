@@ -45,6 +45,7 @@ import numpy as np
 
 from pallascheck.fuzz.corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, headline
 from pallascheck.fuzz.corpus import STATE as CAMPAIGN
+from pallascheck.properties import check_kinds
 
 # The JSON's throughput curve and the page's tables stay readable (and the page small)
 # for campaigns of a million cases; report.json keeps every distinct coverage value.
@@ -54,14 +55,6 @@ COVERAGE_ROWS = 20
 DPI = 90
 BUDGET_FLOOR = 1e-3  # error / bound below this is drawn at the figure's floor: far from the bound either way
 BUDGET_CAP = 1e4  # and above this at its ceiling: a failure either way
-CHECK_COLOURS = {
-    "values": "C0",
-    "reference": "C1",
-    "configs_agree": "C2",
-    "gradients": "C3",
-    "contract": "C4",
-    "metamorphic": "C5",
-}
 
 
 @dataclasses.dataclass
@@ -419,7 +412,7 @@ def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
             error, bound = (np.array(v) for v in zip(*points[::stride]))
             keep = (error > 0) & (bound > 0)
             ratio, x = error[keep] / bound[keep], bound[keep]
-            colour = CHECK_COLOURS.get(check, "C7")
+            colour = check_kinds.COLOURS.get(check, "C7")
             zeros = int((error == 0).sum())
             inside = (ratio >= BUDGET_FLOOR) & (ratio <= top) & (x >= low) & (x <= high)
             ax.scatter(

@@ -20,12 +20,13 @@ import math
 import multiprocessing
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, runner, watchdog
+from pallascheck.properties import check_kinds, checks, runner, watchdog
 from pallascheck.properties.device import compilation, multidevice
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.registry import get_spec, selected
@@ -455,9 +456,9 @@ def legend(full: bool = False) -> str:
     return "\n".join(
         lines
         + [
-            "  checks       values, reference (xla_reference within the same bound), configs_agree, gradients,",
-            "               contract, deterministic (bitwise reruns), metamorphic (invariances), errors (bad",
-            "               input refused), crash (the kernel raised)",
+            *textwrap.wrap(
+                check_kinds.legend_line(), width=100, initial_indent="  checks       ", subsequent_indent=" " * 15
+            ),
         ]
     )
 

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as _pltriton
 
-_triton_load = getattr(_pltriton, "load", None) or pl.load
-_triton_store = getattr(_pltriton, "store", None) or pl.store
+# pl.load and pl.store: the older jax's spelling, absent from the newer one's annotations
+_triton_load = getattr(_pltriton, "load", None) or getattr(pl, "load")
+_triton_store = getattr(_pltriton, "store", None) or getattr(pl, "store")
 
 
 def load(ref: Any, mask: jax.Array, *, masked_io: bool) -> jax.Array:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -16,12 +17,13 @@ from jax._src import config as jax_config
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+_TritonParams: Any  # the class of one of two layouts
 try:  # jax >= 0.7: Triton compiler params live in pallas.triton
     from jax.experimental.pallas import triton as _pltriton
 
     _TritonParams = _pltriton.CompilerParams
 except (ImportError, AttributeError):  # older layout
-    from jax.experimental.pallas import gpu as _plgpu
+    from jax.experimental.pallas import gpu as _plgpu  # type: ignore[attr-defined]  # absent from jax >= 0.7
 
     _TritonParams = _plgpu.TritonCompilerParams
 
@@ -35,7 +37,7 @@ _TpuInterpretParams = getattr(pltpu, "InterpretParams", None) or getattr(pltpu, 
 # Mosaic GPU interpreter fill out-of-bounds source elements with zeros, as the
 # hardware's TMA does: not an error there. Pallas' generic interpreter
 # (interpret=True) pads blocks with uninitialised values and has no such check.
-OUT_OF_BOUNDS_READS_RAISE = {"out_of_bounds_reads": "raise"}
+OUT_OF_BOUNDS_READS_RAISE: dict[str, Any] = {"out_of_bounds_reads": "raise"}
 
 
 @contextlib.contextmanager
@@ -55,9 +57,9 @@ def poisoned_scratch(enabled: bool = True) -> Iterator[None]:
         yield
 
 
-shard_map = getattr(jax, "shard_map", None)
+shard_map: Any = getattr(jax, "shard_map", None)
 if shard_map is None:  # pragma: no cover - only on jax without jax.shard_map
-    from jax.experimental.shard_map import shard_map  # type: ignore[no-redef]
+    from jax.experimental.shard_map import shard_map
 
 
 def triton_compiler_params(num_warps: int | None, num_stages: int | None) -> Any:
@@ -94,9 +96,9 @@ def reset_tpu_interpreter() -> None:
 def float64_enabled(enabled: bool = True) -> Iterator[None]:
     """Enable float64 in JAX inside the block only (oracles); ``enabled=False``
     disables it again inside such a block (kernels run from an oracle scope)."""
-    enable = getattr(jax, "enable_x64", None)
+    enable: Any = getattr(jax, "enable_x64", None)
     if enable is None:  # pragma: no cover
-        from jax.experimental import enable_x64 as enable
+        from jax.experimental import enable_x64 as enable  # type: ignore[attr-defined, no-redef]  # jax before jax.enable_x64
     with enable(enabled):
         yield
 
@@ -127,6 +129,7 @@ def tpu_interpret_races_found() -> bool:
     kernel starts after the previous one's memory was released, and cleared by
     :func:`reset_tpu_interpreter`. Read it after ``block_until_ready``.
     """
+    _interp: ModuleType  # the module of one of two layouts
     try:
         from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _interp
     except ImportError:  # releases where the interpreter is one module
@@ -149,7 +152,9 @@ def mosaic_gpu_interpret_params() -> Any:
     require_backend_available("mosaic_gpu_interpret")
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    raise_on_race = {"on_race": "raise"} if "on_race" in plgpu.InterpretGPUParams.__dataclass_fields__ else {}
+    raise_on_race: dict[str, Any] = (
+        {"on_race": "raise"} if "on_race" in plgpu.InterpretGPUParams.__dataclass_fields__ else {}
+    )
     return plgpu.InterpretGPUParams(
         detect_races=True, uninitialized_memory="nan", **OUT_OF_BOUNDS_READS_RAISE, **raise_on_race
     )

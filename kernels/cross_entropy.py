@@ -126,6 +126,10 @@ _GPU_MAX_TILE_ELEMENTS = 1 << 13
 def configs(tokens: int, vocab: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for ``tokens`` rows of ``vocab`` classes."""
     be = get_backend(backend)
+    bts: tuple[int, ...]
+    bvs: tuple[int, ...]
+    warps: tuple[int, ...]
+    stages: tuple[int, ...]
     if be.is_triton:
         bts, bvs, warps, stages = (4, 16, 32), (256, 1024, 2048), (4, 8), (1, 2)
     else:  # interpreters: keep the space small, every config costs a compile

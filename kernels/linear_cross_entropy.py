@@ -74,6 +74,8 @@ class Config:
 def configs(tokens: int, hidden: int, vocab: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for x [tokens, hidden] @ w [hidden, vocab]."""
     be = get_backend(backend)
+    bts: tuple[int, ...]
+    warps: tuple[int, ...]
     if be.is_triton:
         bts, bvs, bhs, warps, stages = (32, 64), (64, 128), (32, 64), (4, 8), (1, 2)
     else:  # interpreters: keep the space small, every config costs a compile

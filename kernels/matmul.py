@@ -79,6 +79,10 @@ def configs(
     be = get_backend(backend)
     if be.is_mosaic_gpu:
         return mosaic_gpu_matmul.configs(m, n, k, itemsize, be, out_itemsize)
+    mn: tuple[int, ...]
+    kk: tuple[int, ...]
+    warps: tuple[int, ...]
+    stages: tuple[int, ...]
     if be.is_triton:
         mn, kk, warps, stages = (64, 128), (32, 64), (4, 8), (3, 4)
     else:  # interpreters: keep the space small, every config costs a compile

@@ -85,7 +85,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -256,7 +256,7 @@ def configs(
 
 def _tiled(dtype: Any) -> tuple[Any, Any]:
     """SMEM transforms wgmma reads and the WGMMA register layout loads/stores from."""
-    return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))
+    return (plgpu.TilingTransform((8, _SWIZZLE // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(_SWIZZLE))  # type: ignore[abstract]  # concrete; jax's Transform Protocol stubs transform_array
 
 
 # ---------------------------------------------------------------------------------
@@ -293,6 +293,8 @@ class Tile:
         return self.causal or self.seq_kv % self.block_kv != 0
 
     def bias_window(self, bias_ref: Any, b: Any, h: Any, rows: Any, cols: Any) -> Any:
+        if self.bias_dims is None:
+            raise ValueError("bias_window: this call has no bias")
         bb, hb = self.bias_dims
         return bias_ref.at[b if bb > 1 else 0, h if hb > 1 else 0, rows, cols]
 
@@ -351,7 +353,7 @@ def mma_onto(t: Tile, acc: jax.Array, a: Any, b: Any) -> jax.Array:
     accumulator (``ACC.init``), so there the f32 product is added in registers. Both are
     one f32 accumulation chain over the keys, as the tolerance model has it on a GPU."""
     if t.interpreted:
-        return acc + mma(a, b, acc.shape)
+        return acc + mma(a, b, cast(tuple[int, int], acc.shape))  # acc is 2-D
     return pl.run_state(lambda acc_ref: plgpu.wgmma(acc_ref, a, b))(plgpu.ACC.init(acc))
 
 
@@ -583,7 +585,7 @@ def forward_step(t: Tile, pipe: Pipeline, r: ForwardRefs, step: Any, carry: Any)
     m_new = jnp.maximum(m, s.max(axis=1))
     m_safe = guard_neg_inf(m_new)
     alpha = jnp.exp(m - m_safe)
-    p = jnp.exp(s - rows_of(m_safe, s.shape, 0))
+    p = jnp.exp(s - rows_of(m_safe, cast(tuple[int, int], s.shape), 0))  # s is 2-D
     l = alpha * l + p.sum(axis=1)
     acc = acc * rows_of(alpha, acc.shape, 0)
     lhs = as_lhs(t, p, r.lhs)

@@ -150,7 +150,7 @@ def fused_call(
     out_dtypes = [x.dtype] + [jnp.dtype(jnp.float32)] * (2 if save_residuals else 0)
     stages = config.max_concurrent_steps
     w_transforms = mosaic_gpu_matmul.operand_transforms(tk, x.dtype)
-    scratch = (
+    scratch: tuple[Any, ...] = (
         plgpu.SMEM((stages, tm, tk), x.dtype, transforms=mosaic_gpu_matmul.operand_transforms(tk, x.dtype)),
         plgpu.SMEM((stages, tk, tn), x.dtype, transforms=w_transforms),
         plgpu.SMEM((stages, tk, tn), x.dtype, transforms=w_transforms),

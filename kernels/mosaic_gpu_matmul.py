@@ -166,6 +166,10 @@ def configs(
     and ``out_itemsize``-byte outputs (default: the inputs'); configs whose SMEM (with
     an f32 pre-activation tile) does not fit are left out."""
     be = get_backend(backend)
+    ms: tuple[int, ...]
+    ns: tuple[int, ...]
+    ks: tuple[int, ...]
+    stages: tuple[int, ...]
     if be.is_interpreted:  # every config costs a compile and an interpreted run
         ms, ns, ks, stages = (64,), (64, 128), (32, 64), (2,)
         # the warp-specialised form once per K step, at its smallest tiles
@@ -205,7 +209,7 @@ def operand_transforms(minor: int, dtype: Any) -> tuple[Any, ...]:
     """The (8, swizzle) tiling and swizzle that wgmma and TMA need for an SMEM tile
     whose minor dimension holds ``minor`` elements of ``dtype``."""
     swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
-    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle))
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle))  # type: ignore[abstract]  # concrete; jax's Transform Protocol stubs transform_array
 
 
 def k_ring(
@@ -433,7 +437,7 @@ def _one_consumer_call(
     over the (M/tile_m, N/tile_n) grid."""
     tm, tn, tk, stages = config.tile_m, config.tile_n, config.tile_k, config.max_concurrent_steps
     (mp, kp), np_ = x.shape, y.shape[1]
-    scratch = (
+    scratch: tuple[Any, ...] = (
         plgpu.SMEM((stages, tm, tk), x.dtype, transforms=operand_transforms(tk, x.dtype)),
         plgpu.SMEM((stages, tk, tn), y.dtype, transforms=operand_transforms(tk, y.dtype)),
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # the x and the y copy of a slot

@@ -126,6 +126,10 @@ def configs(m: int, k: int, n: int, g: int, itemsize: int = 2, backend: str | Ba
     On the GPU, tile_m = 128 is offered only when the average group has >= 128 rows:
     every group boundary inside a row tile costs that tile one more K pass."""
     be = get_backend(backend)
+    ms: tuple[int, ...]
+    ns: tuple[int, ...]
+    ks: tuple[int, ...]
+    stages: tuple[int, ...]
     if be.is_interpreted:  # every config costs a compile and an interpreted run
         ms, ns, ks, rows, stages = (64,), (64, 128), (32, 64), (64,), (2,)
     else:

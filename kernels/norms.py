@@ -110,6 +110,7 @@ _GPU_MAX_BLOCK_ELEMENTS = 1 << 14
 def configs(rows: int, features: int, backend: str | Backend | None = None) -> list[Config]:
     """The autotuning space for normalising ``rows`` rows of ``features`` features."""
     be = get_backend(backend)
+    warps: tuple[int, ...]
     if be.is_triton:
         choices, warps, stages = (1, 4, 16), (4, 8), (1,)
     else:  # interpreters: keep the space small, every config costs a compile
@@ -315,8 +316,11 @@ def forward_call(
     param = pl.BlockSpec((1, width), lambda i: (0, 0))
     stat = pl.BlockSpec((br, 1), lambda i: (i, 0))
     stat_shape = jax.ShapeDtypeStruct((rows, 1), jnp.float32)
-    kernel = functools.partial(body, kind=kind, eps=eps, tile=tile)
+    kernel: KernelBody = functools.partial(body, kind=kind, eps=eps, tile=tile)
+    params: tuple[jax.Array, ...]
     if layer:
+        if offset is None:
+            raise ValueError("layer_norm's forward_call needs an offset (only rms_norm's has none)")
         params = (scale.reshape(1, features), offset.reshape(1, features))
         in_specs = [row_block, param, param]
         out_shape = [jax.ShapeDtypeStruct(x2d.shape, x2d.dtype), stat_shape, stat_shape]
@@ -364,7 +368,8 @@ def backward_call(
     partial_spec = pl.BlockSpec((1, width), lambda i: (i, 0))
     partial_shape = jax.ShapeDtypeStruct((blocks, features), jnp.float32)
     dx_shape = jax.ShapeDtypeStruct(x2d.shape, x2d.dtype)
-    kernel = functools.partial(body, kind=kind, tile=tile)
+    kernel: KernelBody = functools.partial(body, kind=kind, tile=tile)
+    args: tuple[jax.Array | None, ...]
     if layer:
         args = (x2d, scale.reshape(1, features), mean, rstd, g)
         in_specs = [row_block, param, stat, stat, row_block]
@@ -423,6 +428,7 @@ def make_norm(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     layer = kind == "layer_norm"
+    norm: Callable[..., jax.Array]
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
     def core(x2d, scale, offset, eps, config, backend):

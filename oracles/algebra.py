@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import jax
 import numpy as np
 
 from pallascheck.oracles.numeric import namespace
@@ -31,6 +32,10 @@ from pallascheck.oracles.tolerance import (
     smallest_normal,
     unit_roundoff,
 )
+
+# An operation computes in its operands' namespace and returns an array of their kind:
+# numpy on the host, a JAX array on the device
+_Array = TypeVar("_Array", np.ndarray, jax.Array)
 
 
 def _f64(value: Any) -> Any:
@@ -62,7 +67,7 @@ def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounde
     return Bounded(value, err)
 
 
-def subnormal_part(value: Any, dtype: Any = np.float32) -> np.ndarray:
+def subnormal_part(value: _Array, dtype: Any = np.float32) -> _Array:
     """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0."""
     xp = namespace(value)
     value = xp.abs(xp.asarray(value, dtype=np.float64))
@@ -77,14 +82,14 @@ def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
     return tiny if arith.flush_subnormals else unit_roundoff(dtype) * tiny
 
 
-def rounding(magnitude: np.ndarray, dtype: Any, arith: Arithmetic) -> np.ndarray:
+def rounding(magnitude: _Array, dtype: Any, arith: Arithmetic) -> _Array:
     """Error of one rounding of a result of at most ``magnitude``; unbounded where
     the result may overflow to infinity."""
     err = unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
     return namespace(magnitude).where(magnitude <= largest_finite(dtype), err, np.inf)
 
 
-def times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def times(a: _Array | float, b: _Array | float) -> _Array:
     """a * b for non-negative error terms, with 0 * inf = inf: an unbounded error
     means the value may have overflowed to inf, and the kernel's exact zero times it
     is then NaN (IEEE), so the product stays unbounded; ``checks.compare`` admits any

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -116,7 +116,8 @@ class Facts:
         return f"Facts({self.describe()})"
 
     def describe(self) -> str:
-        orders = ", ".join(f"{k}={_order_name(v)}" for k, v in self.orders)
+        pairs = cast(tuple[tuple[str, Accumulation], ...], self.orders)  # as __post_init__ left them
+        orders = ", ".join(f"{k}={_order_name(v)}" for k, v in pairs)
         return (
             f"compute_dtype={self.compute_dtype or 'as in the reference'}, order={_order_name(self.order)}"
             + (f" ({orders})" if orders else "")
@@ -284,7 +285,8 @@ class _Evaluator(ShiftAlgebra):
 
     def as_dot_operand(self, eqn: Any, t: Tracked) -> Tracked:
         """``t`` cast to ``Facts.dot_operands`` where it is held in a wider dtype."""
-        dtype = {"inputs": self.narrowest_input}.get(self.facts.dot_operands, self.facts.dot_operands)
+        named: dict[str | None, str | None] = {"inputs": self.narrowest_input}
+        dtype = named.get(self.facts.dot_operands, self.facts.dot_operands)
         if dtype is None or not t.is_float or unit_roundoff(dtype) <= unit_roundoff(t.carried):
             return t
         return dataclasses.replace(t, err=t.err + self.rounding_of(t, dtype), carried=dtype)
@@ -610,11 +612,13 @@ _STRUCTURAL: dict[str, tuple[int, ...] | None] = {
 
 # ------------------------------------------------------------------------ rules
 Rule = Callable[[_Evaluator, Any, list[Tracked]], "Tracked | list[Tracked]"]
+OneRule = Callable[[_Evaluator, Any, list[Tracked]], Tracked]  # a rule of one output
 _RULES: dict[str, Rule] = {}
+_R = TypeVar("_R", bound=Rule)
 
 
-def rule(*names: str) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
+def rule(*names: str) -> Callable[[_R], _R]:
+    def register(fn: _R) -> _R:
         for n in names:
             _RULES[n] = fn
         return fn
@@ -667,7 +671,7 @@ def _exact_op(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
         return Tracked(value, jnp.zeros(value.shape, F64), bad, dom, "float64")
     if not ins:  # iota: exact integers in a float dtype
         return ev.exact(value, dtype_name(_var_dtype(eqn.outvars[0])))
-    err = sum(jnp.broadcast_to(t.err, value.shape) for t in ins)
+    err = cast(jax.Array, sum(jnp.broadcast_to(t.err, value.shape) for t in ins))  # ins is not empty
     return Tracked(value.astype(F64), err, bad, dom, ins[0].carried)
 
 
@@ -707,7 +711,7 @@ def _neg(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
     return ev.shifted(out, tuple(Shift(s.symbol, sign * s.coef, s.index) for s in x.shifts), x.scaled)
 
 
-def _int_or_exact(fn: Rule) -> Rule:
+def _int_or_exact(fn: OneRule) -> OneRule:
     """Integer arithmetic (index computations) is exact; floats go to ``fn``."""
 
     def wrapped(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
@@ -891,7 +895,7 @@ def _elementwise_min(arrays: Sequence[jax.Array]) -> jax.Array:
 
 def _unary(
     fn: Callable[..., tuple[jax.Array, jax.Array, jax.Array]], transcendental: bool = True, bounded_below: bool = False
-) -> Rule:
+) -> OneRule:
     """A unary float function. ``fn(x, err, value)`` (``bounded_below``: ``fn(x, err,
     value, low)``, low the least computed operand, ``_Evaluator.lower``) returns
     (propagated error, relative size the evaluation error scales with, unverifiable mask)."""
@@ -985,7 +989,7 @@ def _sin_cos(x, e, v):
     return jnp.minimum(e, 2.0), jnp.abs(v), _no(x)
 
 
-def _exp_of_named(scale: float, plain: Rule) -> Rule:
+def _exp_of_named(scale: float, plain: OneRule) -> OneRule:
     """exp(s (v + c d + r)) = exp(s (v + r)) e^(s c d): an additive operand's names become
     the result's factor, and the rule's own error (on v, r) is charged in its frame."""
 
@@ -1001,7 +1005,7 @@ def _exp_of_named(scale: float, plain: Rule) -> Rule:
     return apply
 
 
-def _log_of_named(plain: Rule) -> Rule:
+def _log_of_named(plain: OneRule) -> OneRule:
     """log((v + r) F) = log(v + r) + log F: a scaled operand's factor becomes the result's
     additive names (log l, l carrying e^(-d), carries -d); the evaluation's relative error
     applies to the whole computed log, at most |log(v + r)| + D."""
@@ -1667,18 +1671,18 @@ def derive(
         floats = [t.carried for t in inputs if t.is_float]
         ev.narrowest_input = max(floats, key=unit_roundoff) if floats else "float64"
         outs = [ev.folded(o) for o in ev.run(jaxpr, [], inputs)]
-        result = [], [], [], [], []
+        result: tuple[list[np.ndarray], ...] = [], [], [], [], []
         culprits = []
-        for var, out in zip(jaxpr.jaxpr.outvars, outs):
+        for outvar, out in zip(jaxpr.jaxpr.outvars, outs):
             inner = out.dom
             culprits.append(np.asarray(out.bad))
-            dt = np.dtype(var.aval.dtype)
+            dt = _var_dtype(outvar)
             if _is_float(dt):
                 target = facts.out_dtype or dtype_name(dt)
                 if unit_roundoff(target) > unit_roundoff(out.carried):
                     out = ev.finish(
                         _OUTPUT,
-                        var,
+                        outvar,
                         out.value,
                         out.err,
                         ev.rounding(out.magnitude, target),

@@ -30,6 +30,7 @@ cores (``compilation.INTERPRETER_FLAGS``; ``--case-timeout`` then reports the ha
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -47,7 +48,7 @@ from pallascheck.properties.device import compilation
 from pallascheck.properties.spec import KernelSpec
 
 PROFILE_ENV_VAR = "PALLASCHECK_PROFILE"
-_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))
+_COMMON: dict[str, Any] = dict(deadline=None, suppress_health_check=list(HealthCheck))
 # Settings objects, not registered profiles: registering would take over a user's own
 # profile of the same name (``--hypothesis-profile ci``) in sessions that never use us.
 PROFILES = {
@@ -117,8 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--case-timeout") > 0:
         raise pytest.UsageError(f"--case-timeout must be > 0 seconds, got {config.getoption('--case-timeout')}")
     if config.getoption("--pallascheck-session"):
-        for name, chosen in PROFILES.items():
-            settings.register_profile(name, chosen)
+        for name, profile in PROFILES.items():
+            settings.register_profile(name, profile)
         settings.load_profile(profile_name(config))
         # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
         compilation.configure(get_backend(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret")))
@@ -145,7 +146,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         chosen = backends_under_test(metafunc.config)
         metafunc.parametrize("each_backend", chosen, ids=[str(b) for b in chosen])
     if "pallascheck_spec_case" in metafunc.fixturenames:
-        specs = metafunc.definition.get_closest_marker("pallascheck_specs").args[0]
+        marker = metafunc.definition.get_closest_marker("pallascheck_specs")
+        if marker is None:
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: the pallascheck_spec_case fixture is for spec_tests' tests only"
+            )
+        specs = marker.args[0]
         cases = [
             (spec, dtype, b)
             for b in backends_under_test(metafunc.config)

@@ -29,13 +29,11 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties import checks, strategies
+from pallascheck.properties import check_kinds, checks, strategies
+from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
 from pallascheck.properties.spec import Case, KernelSpec
-
-CHECKS = ("values", "reference", "configs_agree", "gradients", "contract", "deterministic", "metamorphic")
-REPORTED = CHECKS + ("crash",)  # a crash is reported as its own failed row
 
 
 def _np(a: Any) -> np.ndarray:
@@ -283,25 +281,26 @@ def _checks(
     soon = oracle_side_started
     expected_result = soon(lambda: spec.expected(ref))
     reference_vjp = "reference" in selected and g is not None and g.reference_vjp is not None
-    if has_gradients or reference_vjp:
+    need = check_kinds.needs(selected)
+    if "exact_gradients" in need and (has_gradients or reference_vjp):
         exact_gradients = soon(lambda: g.oracle_vjp(case, ref))
-    if {"values", "configs_agree"} & set(selected):
+    if "bound" in need:
         bound_result = soon(lambda: spec.bound(case, ref, config, arith))
-    if "values" in selected:
+    if "probabilistic_bound" in need:
         prob_bound = soon(lambda: spec.bound(case, ref, config, arith.with_probabilistic()))
-    if "reference" in selected:
+    if "reference_bound" in need:
         reference_bound = soon(lambda: spec.bound(case, ref, None, arith))
     if reference_vjp:
         reference_gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), None, arith))
-    if spec.contract is not None and {"reference", "contract"} & set(selected):
+    if spec.contract is not None and "contract_bound" in need:
         contract_bound = soon(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
     default = spec.default_config_for(backend)
-    if "configs_agree" in selected and config != default:
+    if "default_bound" in need and config != default:
         default_bound = soon(lambda: spec.bound(case, ref, default, arith))
     if has_gradients:
         gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), config, arith))
     gradient_contract = has_gradients and g.contract is not None
-    if "contract" in selected and gradient_contract:
+    if "gradient_contract_bound" in need and gradient_contract:
         gradient_contract_bound = soon(lambda: g.contract(case, ref, exact_gradients(), arith))
     expected = expected_result()
     kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))

@@ -13,11 +13,16 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles.tolerance import Arithmetic
+
+# What a kernel, xla_reference or their VJPs return: a JAX array (or a numpy one); the
+# runner brings it to the host
+Output = jax.Array | np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +38,7 @@ class Case:
 
     def save(self, path: str) -> None:
         """Write the case as .npz (arrays bit-exact; bf16 stored as its uint16 bits)."""
-        payload = {}
+        payload: dict[str, Any] = {}  # keywords of np.savez, whose own (allow_pickle) are not arrays
         dtypes = {}
         for key, value in self.arrays.items():
             dtypes[key] = value.dtype.name
@@ -55,15 +60,26 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
+class Layout:
+    """One production layout: its name (model and shape), the fields of the family's
+    Domain it sets (the spec's own domain keeps the rest: a narrowed domain of a
+    user's kernel stays narrowed), and the device bytes its check needs."""
+
+    name: str
+    fields: dict[str, Any]
+    needs: int
+
+
+@dataclasses.dataclass(frozen=True)
 class GradientSpec:
     """Backward-pass checks. Cases carry the output cotangent as ``arrays['cotangent']``."""
 
-    kernel_vjp: Callable[[Case, Any, Backend], Mapping[str, np.ndarray]]
+    kernel_vjp: Callable[[Case, Any, Backend], Mapping[str, Output]]
     oracle_vjp: Callable[[Case, Any], Mapping[str, np.ndarray]]
     # (case, oracle, exact grads, config or None for xla_reference, arithmetic) -> bounds
     bound: Callable[[Case, Any, Mapping[str, np.ndarray], Any, Arithmetic], Mapping[str, np.ndarray]]
     # xla_reference's VJP, where the bound models autodiff's graph of it (else None)
-    reference_vjp: Callable[[Case], Mapping[str, np.ndarray]] | None = None
+    reference_vjp: Callable[[Case], Mapping[str, Output]] | None = None
     # (case, oracle, exact grads, arithmetic) -> the accuracy contract of each gradient
     contract: Callable[[Case, Any, Mapping[str, np.ndarray], Arithmetic], Mapping[str, np.ndarray]] | None = None
 
@@ -93,8 +109,8 @@ class KernelSpec:
     name: str
     dtypes: Sequence[str]
     cases: Callable[[str, Backend], st.SearchStrategy[Case]]
-    kernel: Callable[[Case, Any, Backend], np.ndarray]
-    reference: Callable[[Case], np.ndarray]  # xla_reference, same dtype
+    kernel: Callable[[Case, Any, Backend], Output]
+    reference: Callable[[Case], Output]  # xla_reference, same dtype
     oracle: Callable[[Case], Any]
     expected: Callable[[Any], np.ndarray]  # the oracle's output
     # (case, oracle, config or None for xla_reference, arithmetic) -> bound array:
@@ -118,6 +134,8 @@ class KernelSpec:
     # (dtype, backend) -> the production shape tier's cases (properties/production.py):
     # layouts of real models; None: the spec has no production tier
     production: Callable[[str, Backend], st.SearchStrategy[Case]] | None = None
+    # the named layouts of real models that ``production`` draws from (the family's own)
+    production_layouts: Sequence[Layout] = ()
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec

@@ -1,4 +1,4 @@
-"""``pallascheck bench --harness``: the harness's own speed on this machine.
+"""``python -m studies.harness``: the harness's own speed on this machine.
 
 Times, each in a fresh process with its own compilation cache directory:
 ``pytest -n auto`` (cold cache), ``pallascheck verify`` with a cold cache, and the same
@@ -47,7 +47,7 @@ def run(*, pytest_too: bool, examples: int, tests_dir: str | None) -> list[dict[
                 [
                     sys.executable,
                     "-m",
-                    "pallascheck.cli",
+                    "pallascheck",
                     "verify",
                     "--examples",
                     str(examples),

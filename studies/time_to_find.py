@@ -1,4 +1,4 @@
-"""``pallascheck bench --time-to-find``: how long a fuzz campaign takes to find each
+"""``python -m studies.time_to_find``: how long a fuzz campaign takes to find each
 deliberately broken kernel of ``tests/broken``, targeted against random.
 
 Each variant is fuzzed twice from nothing (an empty corpus, no compilation cache,
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from typing import Any
 
-from pallascheck.fuzz import campaign
+from pallascheck.fuzz import campaign, plan
 from pallascheck.kernels.backends import GENERIC, Backend
 from pallascheck.properties.device.compilation import CACHE_ENV_VAR
 
@@ -59,7 +59,7 @@ def time_to_find(
     row: dict[str, Any], mode: str, *, limit: float, jobs: int, tests_dir: str, shapes: str = "small"
 ) -> float | None:
     """Seconds to the first failure of ``row``'s variant (None: not within ``limit``);
-    ``jobs`` 0: fuzz's default (``campaign.default_jobs``)."""
+    ``jobs`` 0: fuzz's default (``plan.default_jobs``)."""
     backend = Backend(row["backend"])
     with tempfile.TemporaryDirectory() as corpus:
         result = campaign.run(
@@ -67,7 +67,7 @@ def time_to_find(
             backend,
             corpus,
             seconds=limit,
-            jobs=jobs or campaign.default_jobs(backend, shapes),
+            jobs=jobs or plan.default_jobs("fuzz", backend, shapes),
             targeted=mode == "targeted",
             dtypes=row["dtypes"],
             paths=[os.path.abspath(tests_dir)],

@@ -1,4 +1,4 @@
-"""Tokamax's autotuner, checked: ``pallascheck bench --tokamax-autotune`` (Hopper GPU).
+"""Tokamax's autotuner, checked: ``python -m studies.tokamax_autotune`` (Hopper GPU).
 
 For each workload below, ``tokamax.autotune`` times every config of each Tokamax op
 the workload's forward and backward call (the forward op and its VJP op are tuned

@@ -1,5 +1,4 @@
-"""Tokamax's own test tolerances: the fifth rule of ``pallascheck bench
---tolerance-rules`` (``tokamax``), read from the tests Tokamax 0.0.17 ships in its
+"""Tokamax's own test tolerances: the fifth rule of ``python -m studies.tolerance_rules`` (``tokamax``), read from the tests Tokamax 0.0.17 ships in its
 wheel (``tokamax/_src/ops/<op>/test_base.py``, ``*_test.py``).
 
 Semantics are numpy's allclose: |actual - expected| <= atol + rtol |reference|, where

@@ -1,4 +1,4 @@
-"""``pallascheck bench --tolerance-rules``: what five ways of judging a kernel's numbers
+"""``python -m studies.tolerance_rules``: what five ways of judging a kernel's numbers
 catch, on the same inputs.
 
 Rules, each applied to the output and (where the kernel is differentiable) every

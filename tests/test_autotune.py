@@ -117,10 +117,10 @@ def test_bad_arguments_are_refused():
 def test_production_size_takes_the_production_tiers_layout_and_needs_a_gpu(capsys):
     from pallascheck import cli
     from pallascheck.bench import autotune_workloads
-    from pallascheck.properties import production
+    from pallascheck.properties.registry import get_spec
 
     shapes = {
-        name: [l for l in production.FAMILIES[name]() if l.name.startswith(layout + ":")][0].fields
+        name: [l for l in get_spec(name).production_layouts if l.name.startswith(layout + ":")][0].fields
         for name, layout in autotune_workloads.PRODUCTION_LAYOUTS.items()
     }
     _, (x, y) = autotune_workloads.WORKLOADS["matmul"]("production", "bfloat16")

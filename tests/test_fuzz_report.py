@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from pallascheck.cli import report as report_command
 from pallascheck.fuzz import report
 from pallascheck.fuzz.corpus import headline
 
@@ -355,7 +356,7 @@ def test_empty_corpus_still_gets_a_page(tmp_path) -> None:
 
 def test_command_prints_both_paths_and_names_a_missing_corpus(corpus, tmp_path, capsys) -> None:
     parser = argparse.ArgumentParser(prog="pallascheck")
-    report.add_parser(parser.add_subparsers(dest="command", required=True))
+    report_command.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["report", corpus, "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
     assert capsys.readouterr().out.split() == [

@@ -42,7 +42,7 @@ def test_production_cases_have_the_layouts_shapes() -> None:
 
 def test_layouts_that_do_not_fit_are_skipped_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(production, "memory_limit", lambda backend: 40 * 2**30)
-    plan = production.plan("attention", Backend("interpret"))
+    plan = production.plan(get_spec("attention").production_layouts, Backend("interpret"))
     assert any(l.name.startswith("llama-3 8B:") for l in plan.fitting)
     skipped = [line for line in plan.skipped if line.startswith("mistral 7B 32k")]
     assert skipped and "its check needs" in skipped[0] and "allows 40 GiB" in skipped[0], plan.skipped
@@ -59,16 +59,18 @@ def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(
     # case and was booked as the kernel's failure.
     monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)
     monkeypatch.setenv(production.SHARING_ENV_VAR, "3")
-    kept, lines = production.planned(["matmul", "gated_linear_unit", "top_k"], Backend("interpret"))
+    kept, lines = production.planned(
+        {n: get_spec(n) for n in ("matmul", "gated_linear_unit", "top_k")}, Backend("interpret")
+    )
     assert kept == ["matmul", "top_k"], lines
     assert lines[-1] == (
         "not checked: gated_linear_unit: no production layout fits (fewer --jobs give each process a larger share)"
     ), lines
     assert any("skipped by the memory rule: llama-3 8B, decode batch 16" in line for line in lines), lines
-    from pallascheck import cli
+    from pallascheck.cli import _common
 
     with pytest.raises(SystemExit, match="nothing to check: no selected kernel has a production layout that fits"):
-        cli._fitting(["gated_linear_unit"], Backend("interpret"))
+        _common.fitting(["gated_linear_unit"], Backend("interpret"))
     assert "not checked: gated_linear_unit" in capsys.readouterr().out
 
 
@@ -81,15 +83,16 @@ def test_a_resumed_production_campaign_keeps_to_the_memory_rule(
     import json
 
     from pallascheck import cli
-    from pallascheck.fuzz import campaign, corpus
+    from pallascheck.cli import fuzz as fuzz_command
+    from pallascheck.fuzz import corpus, plan
 
     (tmp_path / corpus.STATE).write_text(
         json.dumps({"shapes": "production", "targets": ["gated_linear_unit"], "backend": "mosaic_gpu"})
     )
     monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)  # an H100 shared by 3 jobs
     monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
-    monkeypatch.setattr(cli, "_available_backend", lambda name: Backend("mosaic_gpu"))
-    monkeypatch.setattr(campaign, "gpu_devices", lambda backend: 1)
+    monkeypatch.setattr(fuzz_command, "available_backend", lambda name: Backend("mosaic_gpu"))
+    monkeypatch.setattr(plan, "gpu_devices", lambda backend: 1)
     with pytest.raises(SystemExit, match="nothing to check"):
         cli.main(["fuzz", "--resume", "--corpus", str(tmp_path), "--jobs", "3", "--minutes", "1"])
     assert "not checked: gated_linear_unit: no production layout fits" in capsys.readouterr().out
@@ -135,12 +138,12 @@ def test_attention_bias_layouts_draw_only_biases_the_device_oracle_slices(kernel
 
     from pallascheck.properties.families import attention as attention_spec
 
-    (layout,) = [l for l in production.FAMILIES["attention"]() if l.name.startswith("per-head bias")]
+    (layout,) = [l for l in get_spec("attention").production_layouts if l.name.startswith("per-head bias")]
     tiny = dict(heads=((1, 4, 2),), seq_q=(8,), head_dims=(16,))
     domain = dataclasses.replace(attention_spec.DOMAIN, bias=kernel_takes_a_bias)
     domain = dataclasses.replace(domain, **{**layout.fields, **tiny})
     cases = _drawn(attention_spec.cases("float32", Backend("interpret"), domain=domain), 6)
     shapes = {c.arrays["bias"].shape if "bias" in c.arrays else None for c in cases}
     assert shapes == ({(1, 4, 8, 8)} if kernel_takes_a_bias else {None}), shapes
-    plain = [l for l in production.FAMILIES["attention"]() if "bias" not in l.name]
+    plain = [l for l in get_spec("attention").production_layouts if "bias" not in l.name]
     assert plain and all(l.fields["bias"] is False for l in plain)

@@ -1,6 +1,6 @@
 """``studies/tokamax_autotune.py`` on the CPU: Tokamax's autotuner on its XLA attention
 (one config, Tokamax's NullConfig), then every config it timed through our gate. On
-a GPU, ``pallascheck bench --tokamax-autotune`` does the same for its Mosaic GPU
+a GPU, ``python -m studies.tokamax_autotune`` does the same for its Mosaic GPU
 attention and ragged dot (README, "Tokamax as a client")."""
 
 from __future__ import annotations

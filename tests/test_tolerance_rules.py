@@ -1,4 +1,4 @@
-"""``pallascheck bench --tolerance-rules``: the five rules judge the same inputs, and the
+"""``python -m studies.tolerance_rules``: the five rules judge the same inputs, and the
 contract-only variant shows how they differ (the implementation bound passes it, the
 contract does not); Tokamax's own tolerances (the ``tokamax`` rule) apply by op and
 dtype, and tell outputs apart that our bounds judge otherwise."""

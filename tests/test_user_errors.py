@@ -90,7 +90,7 @@ def test_without_libcst_only_mutate_is_missing_and_says_what_to_install() -> Non
 
     script = (
         "import sys; sys.modules['libcst'] = None\n"
-        "from pallascheck.fuzz import cli\n"
+        "from pallascheck import cli\n"
         "cli.build_parser().parse_args(['verify', '--examples', '1'])\n"
         "cli.main(['mutate', '--kernel', 'matmul'])\n"
     )

@@ -98,7 +98,7 @@ def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path
 
 
 def test_a_hardware_property_runs_in_parts_that_depend_on_examples_alone() -> None:
-    units = verify.plan("mosaic_gpu", ["matmul"], ["bfloat16"], examples=15)
+    units = verify.plan(Backend("mosaic_gpu"), ["matmul"], ["bfloat16"], examples=15)
     parts = [u for u in units if u.kind == "property"]
     assert sorted(u.part for u in parts) == [0, 1, 2, 3] and {u.parts for u in parts} == {4}
     assert sorted(verify.part_examples(15, u) for u in parts) == [3, 4, 4, 4]
@@ -107,7 +107,7 @@ def test_a_hardware_property_runs_in_parts_that_depend_on_examples_alone() -> No
     assert len({u.key for u in parts}) == 4 and len({u.hang_report for u in parts}) == 4
     # the interpreters compile on every core already: one part, the whole property
     (interpreted,) = [
-        u for u in verify.plan("interpret", ["matmul"], ["bfloat16"], examples=15) if u.kind == "property"
+        u for u in verify.plan(Backend("interpret"), ["matmul"], ["bfloat16"], examples=15) if u.kind == "property"
     ]
     assert (interpreted.parts, verify.part_examples(15, interpreted), verify.part_seed(7, interpreted)) == (1, 15, 7)
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             backend,
             args.corpus,
             seconds=60.0 * args.minutes,
+            tasks=args.tasks,
             examples=args.examples,
             jobs=jobs,
             targeted=not args.random,
@@ -110,6 +111,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_backend_option(fuzz)
     fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
+    fuzz.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        help="start at most this many tasks (a run bounded by work; --minutes still ends it)",
+    )
     fuzz.add_argument(
         "--jobs",
         type=int,

@@ -32,6 +32,7 @@ from pallascheck.properties.spec import (
     Case,
     GradientSpec,
     KernelSpec,
+    Layout,
     Relation,
     config_fields,
 )
@@ -46,6 +47,50 @@ MASKS = ("none", "sparse", "rows_masked")
 # bias / mask shapes, as a function of (b, h, sq, skv): full, broadcast heads/batch, 2-D, seq-broadcast
 LAYOUTS = ("full", "per_head", "2d", "per_key")
 SM_SCALES = (None, None, 0.3)
+
+
+def production_layouts() -> tuple[Layout, ...]:
+    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+
+    def layout(
+        name: str, b: int, s: int, h: int, hkv: int, d: int, causal: tuple[bool, ...], biases: tuple[str, ...] = ()
+    ) -> Layout:
+        """``biases``: the bias layouts drawn, one in every case (none: no bias). The
+        device oracle slices a large case by batch row and kv head, never along an axis
+        its bias broadcasts over (attention_slices.py), and unsliced it would not fit:
+        a layout draws only the biases that let it slice on both, b x h x s x s
+        elements."""
+        domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal, sm_scales=(None,))
+        # a bias layout leaves ``bias`` to the spec's domain: a kernel that takes none keeps none
+        domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False))
+        # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32
+        # (16.5 GiB at b2 h16 s4096, 33 bytes an element: 40 allowed), the oracle 16
+        # float64 [group, s, s] arrays of one slice (attention_slices.py). A bias of
+        # b x h x s x s elements adds its gradient's arrays: a check with a full bias at
+        # b2 s2000 h16 peaked at 4.5 GiB on an H100, 37.7 bytes an element with the
+        # slices' (about 32 without a bias at b2 s4096): 8 more allowed
+        per_element = 40 + (8 if biases else 0)
+        needs = per_element * b * h * s * s + 16 * 8 * (h // hkv) * s * s
+        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs)
+
+    both = (False, True)
+    return (
+        layout("llama-3 8B", 1, 4096, 32, 8, 128, (True,)),
+        layout("llama-3 8B 8k", 1, 8192, 32, 8, 128, (True,)),
+        layout("llama-3 70B", 1, 4096, 64, 8, 128, (True,)),
+        layout("gemma-2 9B", 1, 8192, 16, 8, 256, (True,)),
+        layout("mistral 7B 32k", 1, 32768, 32, 8, 128, (True,)),
+        layout("MHA b2 4k", 2, 4096, 16, 16, 128, both),
+        layout("BERT-large 2k", 4, 2048, 16, 16, 64, (False,)),
+        layout("unaligned 4000", 2, 4000, 16, 16, 64, both),
+        layout("MQA 16k", 1, 16384, 16, 1, 128, (True,)),
+        # relative-position biases: T5's per head, a full one per batch row and head
+        layout("per-head bias (T5-style), GQA 2k", 1, 2048, 32, 8, 128, both, ("full", "per_head")),
+        layout("full bias, unaligned 2000", 2, 2000, 16, 16, 64, both, ("full",)),
+    )
+
+
+LAYOUTS_PRODUCTION = production_layouts()
 
 
 def _layout(layout: str, b: int, h: int, sq: int, skv: int) -> tuple[int, ...]:
@@ -491,7 +536,8 @@ def make_spec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
-        production=production.production_cases("attention", cases, domain),
+        production=production.production_cases("attention", LAYOUTS_PRODUCTION, cases, domain),
+        production_layouts=LAYOUTS_PRODUCTION,
         kernel=run,
         reference=lambda case: attention.xla_reference(*_qkv(case), **_inputs(case)),
         oracle=sliced_oracle,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from pallascheck.properties.spec import (
     Case,
     GradientSpec,
     KernelSpec,
+    Layout,
     any_order_contract,
     any_order_gradient_contract,
 )
@@ -37,6 +39,35 @@ F_DIMS = (16, 33)
 MOSAIC_GPU_LEADING_SHAPES = ((17,), (2, 50))
 MOSAIC_GPU_F_DIMS = (33, 100)
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def production_layouts() -> tuple[Layout, ...]:
+    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+
+    def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
+        t = math.prod(tokens)
+        # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
+        # array, the [t, 2f] projections (200 allowed)
+        return Layout(
+            f"{name}: tokens {tokens} d{d} f{f}",
+            dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
+            200 * max(t * 2 * f, t * d, d * 2 * f),
+        )
+
+    return (
+        layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
+        layout("llama-2 13B, batch 2 x 2000", (2, 2000), 5120, 13824),
+        layout("llama-3 8B, decode batch 16", (16,), 4096, 14336),
+    )
+
+
+# How many worker processes share each device (verify's and fuzz's --jobs on fewer
+# GPUs): each plans with its share of the device's memory. Two verify workers that
+# each planned with the whole H100 ran out of memory on a ragged_dot layout.
+SHARING_ENV_VAR = "PALLASCHECK_PROCESSES_PER_DEVICE"
+
+
+LAYOUTS_PRODUCTION = production_layouts()
 
 
 def _reduction(kind: str, d: int, dtype: str) -> float:
@@ -236,7 +267,8 @@ def make_spec(
         name=name,
         dtypes=DTYPES,
         cases=cases,
-        production=production.production_cases("gated_linear_unit", cases, DOMAIN),
+        production=production.production_cases("gated_linear_unit", LAYOUTS_PRODUCTION, cases, DOMAIN),
+        production_layouts=LAYOUTS_PRODUCTION,
         kernel=functools.partial(_run, kernel),
         reference=lambda case: glu.xla_reference(
             jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]), activation=case.params["activation"]

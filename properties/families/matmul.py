@@ -23,6 +23,7 @@ from pallascheck.properties.spec import (
     Case,
     GradientSpec,
     KernelSpec,
+    Layout,
     any_order_contract,
     any_order_gradient_contract,
     config_fields,
@@ -31,6 +32,26 @@ from pallascheck.properties.spec import (
 M_DIMS = (1, 17, 64)
 N_DIMS = (16, 33)
 K_DIMS = (7, 64, 100)  # 7 and 100 leave a ragged last K tile for block_k 16 and 32
+
+
+def production_layouts() -> tuple[Layout, ...]:
+    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+
+    def layout(name: str, m: int, k: int, n: int) -> Layout:
+        # 15.8 GiB at 8192^3: 253 bytes per element of the largest array (300 allowed)
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), 300 * max(m * n, m * k, k * n))
+
+    return (
+        layout("square 8192", 8192, 8192, 8192),
+        layout("llama-3 8B MLP up, 8k tokens", 8192, 4096, 14336),
+        layout("llama-2 7B MLP up, unaligned tokens", 4000, 4096, 11008),
+        layout("llama-3 70B MLP down, decode", 1, 28672, 8192),
+        layout("llama-3 8B MLP up, decode batch 16", 16, 4096, 14336),
+        layout("llama-3 8B MLP up, decode batch 64", 64, 4096, 14336),
+    )
+
+
+LAYOUTS_PRODUCTION = production_layouts()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +324,8 @@ def make_spec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
-        production=production.production_cases("matmul", cases, domain),
+        production=production.production_cases("matmul", LAYOUTS_PRODUCTION, cases, domain),
+        production_layouts=LAYOUTS_PRODUCTION,
         kernel=functools.partial(_run, kernel),
         reference=_reference,
         oracle=_oracle,

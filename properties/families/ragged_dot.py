@@ -23,6 +23,7 @@ from pallascheck.properties.spec import (
     Case,
     GradientSpec,
     KernelSpec,
+    Layout,
     any_order_contract,
     any_order_gradient_contract,
     config_fields,
@@ -42,6 +43,32 @@ GROUP_LAYOUTS = (
     "one_group",  # every row in one group, the others empty
     "short",  # sum(group_sizes) < m: trailing rows in no group
 )
+
+
+def production_layouts() -> tuple[Layout, ...]:
+    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+
+    def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
+        # 1.9 GiB at m8192 k2048 n1024 g8: 122 bytes per element of the largest array
+        # (150 allowed). xla_reference, lax.ragged_dot, runs densely on a GPU: at m32768
+        # k2048 n1408 g64 its VJP asked for an f32 [g, m, k] (16 GiB) and for 27.7 GiB in
+        # one buffer, 10.9 bytes per element of g x m x max(k, n) (16 allowed)
+        return Layout(
+            f"{name}: m{m} k{k} n{n} g{groups}",
+            dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
+            max(150 * max(m * n, m * k, groups * k * n), 16 * groups * m * max(k, n)),
+        )
+
+    return (
+        layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
+        layout("1024 rows per group", 8192, 2048, 1024, 8),
+        layout("Qwen1.5-MoE 60 experts", 32768, 2048, 1408, 64),
+        layout("DeepSeek-V3 256 experts", 16384, 7168, 256, 256),
+        layout("64k tokens, 32 experts", 65536, 1024, 1024, 32),
+    )
+
+
+LAYOUTS_PRODUCTION = production_layouts()
 
 
 def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
@@ -298,7 +325,8 @@ def make_spec(
         name=name,
         dtypes=dtypes,
         cases=functools.partial(cases, domain=domain),
-        production=production.production_cases("ragged_dot", cases, domain),
+        production=production.production_cases("ragged_dot", LAYOUTS_PRODUCTION, cases, domain),
+        production_layouts=LAYOUTS_PRODUCTION,
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
         oracle=_oracle,

@@ -1,0 +1,7 @@
+"""``python -m pallascheck``: the same as the ``pallascheck`` command."""
+
+import sys
+
+from pallascheck.cli import main
+
+sys.exit(main())

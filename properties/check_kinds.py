@@ -1,0 +1,75 @@
+"""The kinds of check: one table that the runner, verify's legend and counts, the fuzz
+report's colours and the pytest plugin read.
+
+Each per-case kind declares the oracle-side work it needs (``needs``): the runner
+starts the union of the selected kinds' needs at once, before any check runs, so a
+kind's oracle work is never computed twice nor left out. Adding a kind is this table
+plus its body in ``runner._checks`` (docs/layout.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckKind:
+    name: str
+    legend: str  # what it checks, in verify's legend
+    colour: str | None = None  # its colour in the fuzz report's figures (None: not drawn there)
+    # oracle-side work the check needs, started before the checks run (runner._checks):
+    # "bound" (the implementation bound at the case's config), "probabilistic_bound",
+    # "default_bound" (at the backend's default config), "reference_bound" (at config
+    # None: xla_reference's), "contract_bound", "exact_gradients", "gradient_bound",
+    # "gradient_contract_bound"
+    needs: frozenset[str] = frozenset()
+    per_case: bool = True  # drawn cases (a property); False: once per spec or booked by the runner
+
+
+KINDS: dict[str, CheckKind] = {
+    k.name: k
+    for k in (
+        CheckKind(
+            "values", "the kernel's output within its derived bound", "C0", frozenset({"bound", "probabilistic_bound"})
+        ),
+        CheckKind(
+            "reference",
+            "xla_reference within the same bound",
+            "C1",
+            frozenset({"reference_bound", "contract_bound", "exact_gradients"}),
+        ),
+        CheckKind(
+            "configs_agree", "configs within their bounds of each other", "C2", frozenset({"bound", "default_bound"})
+        ),
+        CheckKind(
+            "gradients", "the VJP within its gradient bound", "C3", frozenset({"exact_gradients", "gradient_bound"})
+        ),
+        CheckKind(
+            "contract",
+            "the op's accuracy contract",
+            "C4",
+            frozenset({"contract_bound", "gradient_contract_bound", "exact_gradients"}),
+        ),
+        CheckKind("deterministic", "bitwise reruns"),
+        CheckKind("metamorphic", "invariances", "C5"),
+        CheckKind("errors", "bad input refused", per_case=False),
+        CheckKind("crash", "the kernel raised", per_case=False),
+    )
+}
+
+# The per-case checks, in the order a case runs them.
+CHECKS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.per_case)
+# The rows a property reports: its checks, and a crash as its own failed row.
+REPORTED: tuple[str, ...] = (*CHECKS, "crash")
+COLOURS: dict[str, str] = {k.name: k.colour for k in KINDS.values() if k.colour is not None}
+
+
+def needs(selected: Iterable[str]) -> frozenset[str]:
+    """The oracle-side work the ``selected`` checks need together."""
+    return frozenset().union(*(KINDS[name].needs for name in selected))
+
+
+def legend_line() -> str:
+    """The kinds, as verify's legend lists them."""
+    return ", ".join(f"{k.name} ({k.legend})" for k in KINDS.values())
