@@ -387,7 +387,7 @@ def _largest_difference(
     """max over pairs of validated configs of max |out_a - out_b| / (bound_a + bound_b)."""
     if len(outputs) < 2:
         return None
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     ref = spec.oracle(case)
     bounds = {c: np.asarray(spec.bound(case, ref, c, arith), dtype=np.float64) for c in outputs}
     worst = (0.0, None, None)

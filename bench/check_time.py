@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import checks, runner
+from pallascheck.properties import check_kinds, checks, runner
 from pallascheck.properties.registry import get_spec
 from pallascheck.properties.spec import Case, KernelSpec
 
@@ -78,7 +78,7 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
     for case in drawn:
         start = time.perf_counter()
         tally = runner.check_case(
-            spec, case, config, backend, context=context, selected=runner.tier_checks(runner.CHECKS, "production")
+            spec, case, config, backend, context=context, selected=runner.tier_checks(check_kinds.CHECKS, "production")
         )
         seconds = time.perf_counter() - start
         row = {

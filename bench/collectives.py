@@ -38,7 +38,7 @@ def _mesh() -> Mesh:
 def check(dtype: str = "bfloat16") -> list[str]:
     """Values of the three xla_reference collectives on the visible devices; returns
     the failures (empty when all pass)."""
-    mesh, arith, failures = _mesh(), arithmetic_for("triton"), []
+    mesh, arith, failures = _mesh(), arithmetic_for(Backend("triton")), []
     p = mesh.shape["x"]
     m, k, n = CHECK_SHAPE
     x = strategies.elements(0, (m, k), dtype, "normal", reduction=k)

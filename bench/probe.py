@@ -311,7 +311,7 @@ class Report:
 
 def run(backend: Backend) -> Report:
     backend.require_available()
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     measured = {name: probe_path(dot) for name, dot in paths(backend).items()}
     device = jax.devices(backend.platform)[0]
     kind = getattr(device, "device_kind", "") or platform.processor() or "cpu"

@@ -39,7 +39,7 @@ from pallascheck.fuzz.corpus import (
 )
 from pallascheck.fuzz.workers import Death, Task, Worker, failed_dir
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import runner, watchdog
+from pallascheck.properties import check_kinds, watchdog
 from pallascheck.properties.spec import Case
 
 STATE_VERSION = 1
@@ -210,7 +210,7 @@ class Campaign:
             fewest = min(self.tasks_started[p] for p in pairs)
             pair, kind, slot = self.rng.choice([p for p in pairs if self.tasks_started[p] == fewest]), "any", None
         self.tasks_started[pair] += 1
-        checks = tuple(c for c in runner.CHECKS if c not in self.retired_checks.get(pair, ()))
+        checks = tuple(c for c in check_kinds.CHECKS if c not in self.retired_checks.get(pair, ()))
         self.seed += 1
         return Task(
             pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes, self.layout_cases
@@ -255,7 +255,7 @@ class Campaign:
             return
         retired = self.retired_checks.setdefault(pair, [])
         retired += [check] if check not in retired else []
-        if not set(runner.CHECKS) - set(retired):
+        if not set(check_kinds.CHECKS) - set(retired):
             self.retired.add(pair)
 
     def died(self, task: Task, death: Death) -> dict[str, Any]:

@@ -227,7 +227,7 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
             shapes=options.shapes,
         )
     rows = []
-    for check in runner.REPORTED:
+    for check in check_kinds.REPORTED:
         if check in tally.outcomes:
             o = tally.outcomes[check]
             prob = tally.probabilistic_budget if check == "values" else None

@@ -480,13 +480,21 @@ def _mosaic_args(st: Static) -> dict[str, Any]:
     return dict(causal=st.causal, sm_scale=st.sm_scale, config=st.config, backend=st.backend, bodies=st.mosaic_bodies)
 
 
+def _pallas_config(st: Static) -> Config:
+    """The config of a backend other than Mosaic GPU's (resolve_config picks it by backend)."""
+    if not isinstance(st.config, Config):
+        raise TypeError(f"attention on {st.backend} takes an attention.Config, got {type(st.config).__name__}")
+    return st.config
+
+
 def _forward(q, k, v, bias, mask, st: Static):
     if st.backend.is_mosaic_gpu:
         return mosaic_gpu_attention.forward(q, k, v, bias, mask, **_mosaic_args(st))
+    config = _pallas_config(st)
     tile = _tile(q, k, st)
     (batch, seq_q, heads, _), seq_kv = q.shape, k.shape[1]
     group = heads // k.shape[2]
-    bq, bk, w = st.config.block_q, st.config.block_k, tile.width
+    bq, bk, w = config.block_q, config.block_k, tile.width
     kv_len = _padded(seq_kv, bk)
     row = pl.BlockSpec((None, bq, None, w), lambda b, h, i: (b, i, h, 0))
     kv = pl.BlockSpec((None, kv_len, None, w), lambda b, h, i: (b, 0, h // group, 0))
@@ -510,8 +518,8 @@ def _forward(q, k, v, bias, mask, st: Static):
         in_specs=in_specs,
         out_specs=[row, pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
-        num_warps=st.config.num_warps,
-        num_stages=st.config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         dimension_semantics=("parallel", "parallel", "parallel"),
         name="pallascheck_attention_fwd",
     )(*args)
@@ -521,10 +529,11 @@ def _forward(q, k, v, bias, mask, st: Static):
 def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
     if st.backend.is_mosaic_gpu:
         return mosaic_gpu_attention.backward(q, k, v, bias, mask, out, lse, do, **_mosaic_args(st))
+    config = _pallas_config(st)
     tile = _tile(q, k, st)
     (batch, seq_q, heads, head_dim), seq_kv, heads_kv = q.shape, k.shape[1], k.shape[2]
     group = heads // heads_kv
-    bq, bk, w = st.config.block_q_bwd, st.config.block_k_bwd, tile.width
+    bq, bk, w = config.block_q_bwd, config.block_k_bwd, tile.width
     q_len, kv_len = _padded(seq_q, bq), _padded(seq_kv, bk)
     delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
     has_bias, has_mask = bias is not None, mask is not None
@@ -564,8 +573,8 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        num_warps=st.config.num_warps,
-        num_stages=st.config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         dimension_semantics=sem,
         name="pallascheck_attention_dkdv",
     )(q, do, k, v, lse, delta, *extras)
@@ -592,8 +601,8 @@ def _backward(q, k, v, bias, mask, out, lse, do, st: Static):
         in_specs=in_specs,
         out_specs=q_block,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        num_warps=st.config.num_warps,
-        num_stages=st.config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         dimension_semantics=sem,
         name="pallascheck_attention_dq",
     )(q, do, k, v, lse, delta, *extras)

@@ -33,12 +33,37 @@ from pallascheck.kernels import compat, pinning
 from pallascheck.kernels.block_bounds import check_block_indices
 
 ENV_VAR = "PALLASCHECK_BACKEND"
-NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What a backend is, read by everyone who asks (the runner, the tolerance model's
+    arithmetic, the planner, the pytest plugin): never re-derived from its name."""
+
+    platform: str  # the JAX platform the kernel's arrays live on (and the oracles run on)
+    interpreted: bool  # Pallas interprets the kernel on the CPU: IEEE CPU arithmetic, no hardware
+    lowering: str  # whose kernels run: "generic" (Pallas' Triton-style ones) or "mosaic_gpu"
+    # the interpreter calls back into Python on every ref operation: a case costs about
+    # what its compile does, so fewer cases share one compiled layout (runner.layout_cases)
+    callback_interpreter: bool = False
+    shuffles_grid: bool = False  # "parallel" grid dimensions run in a seeded random order
+
+
+FACTS: dict[str, Facts] = {
+    "interpret": Facts("cpu", True, "generic"),
+    "tpu_interpret": Facts("cpu", True, "generic", callback_interpreter=True, shuffles_grid=True),
+    "triton": Facts("gpu", False, "generic"),
+    "mosaic_gpu": Facts("gpu", False, "mosaic_gpu"),
+    "mosaic_gpu_interpret": Facts("cpu", True, "mosaic_gpu", callback_interpreter=True),
+    "tpu": Facts("tpu", False, "generic"),
+}
+NAMES = tuple(FACTS)
 ALIASES = {"gpu": "mosaic_gpu"}
 DEFAULT = "interpret"
-# Backends whose kernels are the Pallas-generic (Triton-style) ones.
-GENERIC = ("interpret", "tpu_interpret", "triton", "tpu")
-MOSAIC_GPU = ("mosaic_gpu", "mosaic_gpu_interpret")
+# Backends whose kernels are the Pallas-generic (Triton-style) ones, and the Mosaic GPU ones.
+GENERIC = tuple(name for name, facts in FACTS.items() if facts.lowering == "generic")
+MOSAIC_GPU = tuple(name for name, facts in FACTS.items() if facts.lowering == "mosaic_gpu")
+CALLBACK_INTERPRETERS = tuple(name for name, facts in FACTS.items() if facts.callback_interpreter)
 
 
 class NotOnBackend(NotImplementedError):
@@ -60,8 +85,12 @@ class Backend:
         return f"tpu_interpret:{self.seed}" if self.name == "tpu_interpret" else self.name
 
     @property
+    def facts(self) -> Facts:
+        return FACTS[self.name]
+
+    @property
     def is_interpreted(self) -> bool:
-        return self.name in ("interpret", "tpu_interpret", "mosaic_gpu_interpret")
+        return self.facts.interpreted
 
     @property
     def is_triton(self) -> bool:
@@ -70,12 +99,12 @@ class Backend:
     @property
     def is_mosaic_gpu(self) -> bool:
         """Mosaic GPU kernels: on the hardware or in the Mosaic GPU interpreter."""
-        return self.name in MOSAIC_GPU
+        return self.facts.lowering == "mosaic_gpu"
 
     @property
     def platform(self) -> str:
         """The JAX platform the kernel's arrays live on."""
-        return {"triton": "gpu", "mosaic_gpu": "gpu", "tpu": "tpu"}.get(self.name, "cpu")
+        return self.facts.platform
 
     def placement(self) -> contextlib.AbstractContextManager[Any]:
         """Where and how a check runs its kernels. Its arrays: the interpreters run on the

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,7 @@ def configs(
         return mosaic_gpu_glu.configs(tokens, f, d, itemsize, be)
     return [
         Config(**dataclasses.asdict(c))
-        for c in matmul.configs(tokens, f, d, be, itemsize)
+        for c in cast(list[matmul.Config], matmul.configs(tokens, f, d, be, itemsize))  # not Mosaic GPU's
         if not be.is_triton
         or c.num_stages * (c.block_m + 2 * c.block_n) * c.block_k * itemsize <= tiling.GPU_SHARED_MEMORY_BYTES
     ]
@@ -79,6 +79,8 @@ def configs(
 def canonical_activation(activation: str | None) -> str:
     """The kernels/activations.py name of ``activation`` (None -> "none", swish -> silu)."""
     name = ALIASES.get(activation, activation)
+    if name is None:  # ALIASES names None
+        raise ValueError("activation None has no name")
     get_activation(name)
     return name
 
@@ -129,7 +131,7 @@ def fused_call(
     *,
     activation: str,
     save_residuals: bool,
-    config: Config,
+    config: Config | mosaic_gpu_glu.Config,
     backend: Backend,
     body: Any = _forward_kernel,
 ) -> Any:
@@ -137,8 +139,14 @@ def fused_call(
     On the Mosaic GPU backends the default body is kernels/mosaic_gpu_glu.py's."""
     if backend.is_mosaic_gpu and body is _forward_kernel:
         return mosaic_gpu_glu.fused_call(
-            x, weights, activation=activation, save_residuals=save_residuals, config=config, backend=backend
+            x,
+            weights,
+            activation=activation,
+            save_residuals=save_residuals,
+            config=cast(mosaic_gpu_glu.Config, config),  # resolve_config's for Mosaic GPU
+            backend=backend,
         )
+    config = cast(Config, config)  # resolve_config's for the Pallas backends (or a test variant's)
     (t, d), f = x.shape, weights.shape[2]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     d_padded = pl.cdiv(d, bk) * bk

@@ -76,6 +76,7 @@ def configs(tokens: int, hidden: int, vocab: int, backend: str | Backend | None 
     be = get_backend(backend)
     bts: tuple[int, ...]
     warps: tuple[int, ...]
+    stages: tuple[int, ...]
     if be.is_triton:
         bts, bvs, bhs, warps, stages = (32, 64), (64, 128), (32, 64), (4, 8), (1, 2)
     else:  # interpreters: keep the space small, every config costs a compile
@@ -291,7 +292,9 @@ def backward_call(
     bt, bv, bh = config.block_t, config.block_v, config.block_h
     tp, hp, vp = _padded(tokens, bt), _padded(hidden, bh), _padded(vocab, bv)
     columns = [a.reshape(tokens, 1) for a in (labels, m, log_s, g)]
-    common = dict(num_warps=config.num_warps, num_stages=config.num_stages, dimension_semantics=("parallel",))
+    common: dict[str, Any] = dict(
+        num_warps=config.num_warps, num_stages=config.num_stages, dimension_semantics=("parallel",)
+    )
     token_rows = pl.BlockSpec((bt, hp), lambda i: (i, 0))
     dx = backend.pallas_call(
         functools.partial(dx_body, dims=dims, c1=c1, c3=c3),

@@ -263,13 +263,13 @@ class Slots:
         # and Triton's compile time grows steeply with that chain's length).
         wins = [beats(key, index, k_s, i_s) for k_s, i_s in zip(self.keys, self.indices)]
 
-        def shifted(old, new):
+        def shifted_each(old, new):
             return tuple(
                 jnp.where(wins[s], jnp.where(wins[s - 1], old[s - 1], new) if s else new, old[s])
                 for s in range(len(old))
             )
 
-        return Slots(shifted(self.keys, key), shifted(self.indices, index))
+        return Slots(shifted_each(self.keys, key), shifted_each(self.indices, index))
 
     def slot(self, s: int):
         return self.keys[s], self.indices[s]

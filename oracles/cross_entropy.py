@@ -148,7 +148,7 @@ class CrossEntropyOracle:
 def oracle(logits: Any, labels: Any, *, eps: float, ignore_index: int, reduction: str) -> CrossEntropyOracle:
     z = _f64(logits).reshape(-1, np.shape(logits)[-1])
     y = np.asarray(labels).astype(np.int64).reshape(-1)
-    kw = dict(eps=eps, ignore_index=ignore_index)
+    kw: dict[str, Any] = dict(eps=eps, ignore_index=ignore_index)
     token = reference64(z, y, reduction="none", **kw)
     out = reference64(z, y, reduction=reduction, **kw)
     if reduction == "none":
@@ -290,7 +290,7 @@ def token_loss_bound(
         raise ValueError(f"finish must be one of {FINISHES}, got {finish!r}")
     if finish == "textbook":
         return _textbook_token_loss(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
-    kw = dict(arith=arith, dtype=F32)
+    kw: dict[str, Any] = dict(arith=arith, dtype=F32)
     big, log_s = _log_sum(ref.z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     loss = log_s
     if np.float32(1.0 - ref.eps) != 0.0:
@@ -310,7 +310,7 @@ def _textbook_token_loss(
     in tiles of ``block_v``, or one tile in any order for None)."""
     z = ref.z
     vocab = z.shape[1]
-    kw = dict(arith=arith, dtype=F32)
+    kw: dict[str, Any] = dict(arith=arith, dtype=F32)
     lse = _log_sum_exp(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     loss = lse
     target = _target(ref, logit_err)
@@ -339,7 +339,7 @@ def loss_bound(
     token = token_loss_bound(ref, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err, finish=finish)
     if ref.reduction == "none":
         return token.err.reshape(np.shape(ref.out))
-    kw = dict(arith=arith, dtype=F32)
+    kw: dict[str, Any] = dict(arith=arith, dtype=F32)
     total = _sum_tokens(token, arith)
     if ref.reduction == "mean":
         total = algebra.divide(total, Bounded.exact(float(ref.count)), **kw)
@@ -389,7 +389,7 @@ def dlogits_f32(
     """dlogits [T, V] as the backward kernel computes it in f32, before its rounding."""
     z = ref.z
     vocab = z.shape[1]
-    kw = dict(arith=arith, dtype=F32)
+    kw: dict[str, Any] = dict(arith=arith, dtype=F32)
     t = arith.transcendental_rel(F32)
     big, log_s = _log_sum(z, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -153,7 +153,7 @@ def gradient_bound(
     variance: str = "two_pass",
 ) -> dict[str, np.ndarray]:
     g = Bounded.exact(_f64(cotangent).reshape(ref.x.shape))
-    kw = dict(arith=arith, dtype=F32)
+    kw: dict[str, Any] = dict(arith=arith, dtype=F32)
     _, rstd, xhat = _forward_replay(ref, arith, F32, variance)
     gs = algebra.multiply(g, Bounded.exact(ref.scale[None, :]), **kw)
     m2 = _mean(algebra.multiply(gs, xhat, **kw), **kw)

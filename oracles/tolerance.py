@@ -31,6 +31,8 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
+from pallascheck.kernels.backends import Backend
+
 TF32 = "tf32"  # not a numpy dtype: the 10-bit-mantissa format of NVIDIA tensor cores
 
 _MANTISSA_BITS = {  # explicit fraction bits p-1; u = 2**-p
@@ -175,6 +177,7 @@ GPU = Arithmetic("gpu", matmul_input_f32=TF32, mma_unit_factor=2.0, mma_order_kn
 TPU = Arithmetic("tpu", matmul_input_f32="bfloat16", mma_order_known=False)
 
 
-def arithmetic_for(backend_name: str) -> Arithmetic:
-    """Interpreters run XLA:CPU arithmetic (IEEE round to nearest)."""
-    return {"triton": GPU, "mosaic_gpu": GPU, "tpu": TPU}.get(backend_name, CPU)
+def arithmetic_for(backend: Backend) -> Arithmetic:
+    """The arithmetic of the platform the backend's kernels run on: the interpreters
+    run XLA:CPU arithmetic (IEEE round to nearest)."""
+    return {"gpu": GPU, "tpu": TPU}.get(backend.platform, CPU)

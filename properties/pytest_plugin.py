@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from pallascheck.kernels import backends
 from pallascheck.kernels.backends import (
     ALIASES,
     ENV_VAR,
@@ -83,7 +84,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="Hypothesis examples per kernel x dtype property (each checks "
         f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.CALLBACK_CASES_PER_LAYOUT} in "
-        f"{' and '.join(runner.CALLBACK_INTERPRETERS)}, more on hardware: runner.layout_cases); default: "
+        f"{' and '.join(backends.CALLBACK_INTERPRETERS)}, more on hardware: runner.layout_cases); default: "
         "the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
     )
     group.addoption(

@@ -52,7 +52,7 @@ def invariance_within_contract(
         moved = move(case)
         if moved is None:
             return np.asarray(out), np.asarray(out).astype(np.float64), np.float64(0.0)
-        arith = arithmetic_for(backend.name)
+        arith = arithmetic_for(backend)
         ref, ref_moved = oracle(case), oracle(moved)
         allowed = contract(case, ref, arith) + contract(moved, ref_moved, arith) + np.abs(ref_moved.out - ref.out)
         return np.asarray(layout_programs.run_kernel(run, moved, config, backend)), np.asarray(out), allowed

@@ -129,7 +129,7 @@ def _explained(
     if spec.explain is None or failure.outcome.check not in EXPLAINED or failure.outcome.worst is None:
         return failure
     config = None if failure.context.config == "xla_reference" else config
-    note = spec.explain(case, spec.oracle(case), config, arithmetic_for(backend.name), failure.outcome)
+    note = spec.explain(case, spec.oracle(case), config, arithmetic_for(backend), failure.outcome)
     return checks.CheckFailure(
         dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}"), failure.context
     )
@@ -168,7 +168,7 @@ def _check_case(
     selected: Sequence[str],
     tally: Tally,
 ) -> Tally:
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     ctx = context.with_config(config)
     start = time.perf_counter()
 
@@ -393,7 +393,7 @@ def _checks(
 
         def deterministic() -> checks.Outcome:
             runs = [kernel_out, lambda: kernel_side(spec.kernel, config, backend)]
-            if backend.name == "tpu_interpret":  # a different grid shuffle must not change bits
+            if backend.facts.shuffles_grid:  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
                 runs.append(lambda: kernel_side(spec.kernel, config, shuffled))
             return checks.check_same_bits(runs, context=ctx)
@@ -517,10 +517,9 @@ layout (shapes, static parameters, config: see ``strategies.layout``) and so one
 compiled kernel, and differ in their values. Compilation is most of a check's cost in
 interpret mode; a second case of the same layout costs a run, not a compile."""
 
-CALLBACK_INTERPRETERS = ("tpu_interpret", "mosaic_gpu_interpret")
 CALLBACK_CASES_PER_LAYOUT = 1
 """Cases per Hypothesis example in the interpreters that call back into Python for
-every ref operation (``CALLBACK_INTERPRETERS``): there a case's run costs about what
+every ref operation (``Facts.callback_interpreter``): there a case's run costs about what
 its compile does, so a second case saves nothing. Input kinds and configs are then
 taken in turn, not at random (``strategies.InTurn``, ``run_property``), so
 that a property's examples draw every kind and config that two random cases each
@@ -539,7 +538,7 @@ CAMPAIGN_HARDWARE_CASES_PER_LAYOUT = {"small": 64, "production": 4}
 def layout_cases(backend: Backend, shapes: str = "small", *, campaign: bool = False) -> int:
     """Cases per Hypothesis example (per compiled layout) on ``backend``; ``campaign``:
     in a fuzz campaign."""
-    if backend.name in CALLBACK_INTERPRETERS:
+    if backend.facts.callback_interpreter:
         return CALLBACK_CASES_PER_LAYOUT
     if backend.is_interpreted:
         return CASES_PER_LAYOUT

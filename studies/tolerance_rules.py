@@ -109,7 +109,7 @@ def judge_case(spec: KernelSpec, case: Case, config: Any, backend: Backend) -> d
     """Per rule, the worst error / allowed error over the kernel's output and gradients
     on ``case`` (above 1: the rule fails the case); None where the rule does not apply
     (``tokamax`` where Tokamax's tests hold no tolerance for any of the arrays)."""
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     ref = spec.oracle(case)
     pairs = [
         (

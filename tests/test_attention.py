@@ -85,7 +85,7 @@ def test_fully_masked_rows_give_zero_output_and_zero_gradients(dtype: str, each_
 
 def _check_against_oracle(out, grads, ref, q, k, v, g, backend, config, dtype: str) -> None:
     """Values and dq, dk, dv within the derived bounds of the float64 oracle ``ref``."""
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     ctx = checks.Context("attention", dtype, str(backend), config)
     fwd = oracle.bound(ref, dtype=q.dtype, arith=arith, block_k=config.block_k)
     checks.check_values(out, ref.out, fwd, context=ctx)

@@ -72,7 +72,7 @@ def test_a_glu_gradient_that_overflows_where_its_bound_allows_passes() -> None:
         g,
         activation="none",
         operand_dtype=bf16,
-        arith=arithmetic_for(backend.name),
+        arith=arithmetic_for(backend),
         block_k=config.block_k,
     )
     assert exact["dweights"][0, 1, 0] == 0.0 and np.isinf(bounds["dweights"][0, 1, 0])

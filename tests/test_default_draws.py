@@ -13,6 +13,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from pallascheck.kernels import backends
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner, strategies
 from pallascheck.properties.outside import jax_bundled
@@ -74,7 +75,7 @@ def _callback_properties() -> list[tuple[str, str]]:
     outside = []  # test_bundled_kernels, test_tokamax: each kernel in its own interpreter
     for name in sorted(jax_bundled.BUNDLED) + sorted(tokamax_client.TOKAMAX):
         interpreter = next((b for b in get_spec(name).backends if Backend(b).is_interpreted), None)
-        if interpreter in runner.CALLBACK_INTERPRETERS and name != "jax:gpu.attention_mgpu":
+        if interpreter in backends.CALLBACK_INTERPRETERS and name != "jax:gpu.attention_mgpu":
             outside.append((name, interpreter))
     return mosaic + outside
 

@@ -40,7 +40,7 @@ def _evaluate(spec, case, config, arith):
 def test_device_oracles_match_the_host(name: str) -> None:
     spec = get_spec(name)
     backend = Backend("interpret")
-    arith = arithmetic_for(backend.name)
+    arith = arithmetic_for(backend)
     cpu = jax.devices("cpu")[0]
     seen = []
 
@@ -92,7 +92,7 @@ def test_sliced_attention_oracle_is_the_whole_one(bias_shape, monkeypatch: pytes
     time (properties/families/attention_slices.py): the same values and bounds as the whole."""
     from pallascheck.properties.families import attention_slices
 
-    spec, arith = get_spec("attention"), arithmetic_for("interpret")
+    spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
     case = _attention_case(bias_shape)
     results, kinds = [], []
     for threshold in (2**62, 1):  # never sliced, always sliced
@@ -232,7 +232,7 @@ def test_gradient_bound_stays_a_number_where_dz_may_overflow(family: str) -> Non
         g,
         activation="silu",
         operand_dtype=np.float32,
-        arith=arithmetic_for("interpret"),
+        arith=arithmetic_for(Backend("interpret")),
         block_k=None,
     )
     assert not any(np.isnan(b).any() for b in bound.values()), bound

@@ -14,6 +14,7 @@ import pytest
 from pallascheck.bench.losses import linear_memory
 from pallascheck.kernels import cross_entropy as ce
 from pallascheck.kernels import linear_cross_entropy as lce
+from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import cross_entropy as ce_oracle
 from pallascheck.oracles import linear_cross_entropy as lce_oracle
 from pallascheck.oracles.tolerance import arithmetic_for
@@ -123,7 +124,7 @@ def test_unbounded_logit_error_times_a_zero_weight_leaves_the_gradient_bound_a_n
         ref,
         np.float32(1.0),
         operand_dtype=np.float32,
-        arith=arithmetic_for("interpret"),
+        arith=arithmetic_for(Backend("interpret")),
         block_h=32,
         block_v=64,
         block_t=32,
@@ -147,7 +148,7 @@ def test_fused_exact_loss_at_large_logits(backend) -> None:
     1e-6 of the float64 one. dw's small row is x[0, 1] * dlogits = dlogits rounded once
     to the backward dot's operand precision (f32 here, tf32 where the GPU runs f32 dots
     so), so it is within 1e-6 + that rounding of the exact gradient."""
-    u_operand = arithmetic_for(backend.name).operand_unit(np.float32)
+    u_operand = arithmetic_for(backend).operand_unit(np.float32)
     for z, small in FUSED_OFFSETS:
         x, w = np.ones((1, 2), np.float32), np.asarray([[z] * 4, small], np.float32)
         loss, grad = _exact_loss_and_gradient(x.astype(np.float64) @ w.astype(np.float64))

@@ -39,9 +39,7 @@ def _ragged_inputs(m: int, groups: int, dtype: str, seed: int = 0):
 
 def _check_ragged(out, lhs, rhs, sizes, backend, name):
     ref = rd_oracle.oracle(lhs, rhs, sizes)
-    b = rd_oracle.bound(
-        ref, operand_dtype=lhs.dtype, arith=arithmetic_for(backend.name), block_k=_config(backend).block_k
-    )
+    b = rd_oracle.bound(ref, operand_dtype=lhs.dtype, arith=arithmetic_for(backend), block_k=_config(backend).block_k)
     checks.check_values(np.asarray(out), ref.out, b, context=checks.Context(kernel=name, backend=str(backend)))
 
 
@@ -91,7 +89,7 @@ def test_glu_activation_aliases_and_leading_axes(each_backend: Backend) -> None:
     bilinear = glu.gated_linear_unit(x, w, activation=None, config=cfg, backend=backend)
     ref = glu_oracle.oracle(np.asarray(x), np.asarray(w), activation="none")
     b = glu_oracle.bound(
-        ref, activation="none", operand_dtype=x.dtype, arith=arithmetic_for(backend.name), block_k=cfg.block_k
+        ref, activation="none", operand_dtype=x.dtype, arith=arithmetic_for(backend), block_k=cfg.block_k
     )
     checks.check_values(np.asarray(bilinear), ref.out, b, context=checks.Context(kernel="glu[bilinear]"))
 

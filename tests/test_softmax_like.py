@@ -91,6 +91,11 @@ def test_gradient_bound_is_unbounded_not_nan_where_an_exact_zero_meets_an_unboun
     assert ref.rows[0, 1] == 0.0
     forward = np.array([[0.0, 0.0, np.inf]])
     bound = softmax_oracle.gradient_bound(
-        ref, np.ones_like(x), forward, dtype=np.float32, arith=arithmetic_for("interpret"), compute_dtype=np.float32
+        ref,
+        np.ones_like(x),
+        forward,
+        dtype=np.float32,
+        arith=arithmetic_for(Backend("interpret")),
+        compute_dtype=np.float32,
     )
     assert not np.isnan(bound).any() and np.isinf(bound[0, 1]), bound

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import algebra, tolerance
 from pallascheck.oracles.algebra import Bounded
 from pallascheck.oracles.tolerance import CPU, GPU, TF32, TPU, Accumulation
@@ -360,9 +361,9 @@ def test_arithmetic_profiles_match_their_hardware_descriptions():
     assert CPU.dot_order(32) == tolerance.blocked(32)
     assert GPU.dot_order(32) == tolerance.SEQUENTIAL == TPU.dot_order(32)
     assert (
-        tolerance.arithmetic_for("interpret") is CPU
-        and tolerance.arithmetic_for("triton") is GPU
-        and tolerance.arithmetic_for("mosaic_gpu") is GPU
+        tolerance.arithmetic_for(Backend("interpret")) is CPU
+        and tolerance.arithmetic_for(Backend("triton")) is GPU
+        and tolerance.arithmetic_for(Backend("mosaic_gpu")) is GPU
     )
 
 

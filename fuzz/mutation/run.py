@@ -36,7 +36,7 @@ from typing import Any
 from pallascheck.fuzz.mutation import worker as mutant_worker
 from pallascheck.fuzz.mutation.operators import Mutant
 from pallascheck.fuzz.workers import Death, Task, Worker
-from pallascheck.properties import runner
+from pallascheck.properties import check_kinds
 from pallascheck.properties.spec import KernelSpec
 
 KILLED, SURVIVED, EQUIVALENT, UNREACHED, NOT_RUN = "killed", "survived", "equivalent", "unreached", "not run"
@@ -77,7 +77,7 @@ class Settings:
     paths: tuple[str, ...] = ()
     budget_s: float | None = None
     case_timeout_s: float | None = None  # None: derived from the baseline
-    checks: tuple[str, ...] = runner.CHECKS
+    checks: tuple[str, ...] = check_kinds.CHECKS
 
     def header(self) -> dict[str, Any]:
         """What must match for a saved result to be reused."""

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pallascheck.fuzz import plan
+from pallascheck.kernels import backends
 from pallascheck.kernels.backends import NAMES, Backend, get_backend
 from pallascheck.properties import runner
 from pallascheck.properties.device import compilation
@@ -72,7 +73,7 @@ def examples_help(unit: str, on_hardware: dict[str, int]) -> str:
     return (
         f"Hypothesis examples per kernel x dtype {unit}, each a layout (shapes, config) checking "
         f"{runner.CASES_PER_LAYOUT} cases in the interpreters ({runner.CALLBACK_CASES_PER_LAYOUT} in "
-        f"{' and '.join(runner.CALLBACK_INTERPRETERS)}), {on_hardware['small']} on a GPU "
+        f"{' and '.join(backends.CALLBACK_INTERPRETERS)}), {on_hardware['small']} on a GPU "
         f"({on_hardware['production']} at --shapes production) that share one compiled kernel (the meaning "
         "of pytest's --examples too)"
     )

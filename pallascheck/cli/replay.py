@@ -8,7 +8,7 @@ from typing import Any
 from pallascheck.cli._common import add_backend_option, available_backend
 from pallascheck.fuzz import targets, verify
 from pallascheck.kernels.backends import get_backend
-from pallascheck.properties import checks, runner
+from pallascheck.properties import check_kinds, checks, runner
 from pallascheck.properties.spec import Case
 
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_type(**meta["config"]) if isinstance(meta["config"], dict) else meta["config"]
     # The check that failed is the one replayed (a crash, hang or oom: every check), so
     # that the header and the verdict speak of the same check.
-    selected = (meta["check"],) if meta["check"] in runner.CHECKS else runner.CHECKS
+    selected = (meta["check"],) if meta["check"] in check_kinds.CHECKS else check_kinds.CHECKS
     print(
         f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}"
     )

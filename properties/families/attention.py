@@ -516,7 +516,7 @@ def make_spec(
         return kernel(*_qkv(case), config=config, backend=backend, **_inputs(case))
 
     def run_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
-        return _bound(case, _oracle(case), config, arithmetic_for(backend.name))
+        return _bound(case, _oracle(case), config, arithmetic_for(backend))
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
         q, k = case.arrays["q"], case.arrays["k"]

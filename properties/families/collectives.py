@@ -44,7 +44,7 @@ FLOATS = ("float32", "bfloat16", "float16")
 ROWS_PER_SHARD = (1, 3, 8)  # 1 and 3: blocks that match no hardware tile
 COLS = (4, 16)
 ELEMENT_KINDS = ("normal", "positive", "few_distinct", "large")
-ARITH = arithmetic_for("tpu_interpret")
+ARITH = arithmetic_for(Backend("tpu_interpret"))
 KERNEL_BACKEND = Backend("tpu_interpret", 0)
 
 

@@ -256,7 +256,7 @@ def vocab_sharded(run_vjp: Callable[..., tuple[jax.Array, jax.Array]]) -> Relati
         )(split)
         dlogits = np.concatenate(list(np.asarray(dlogits)), axis=-1)
         ref = _oracle(case)
-        arith = arithmetic_for(backend.name)
+        arith = arithmetic_for(backend)
         block_v = _block_v(config, case)
         loss_bound = oracle.loss_bound(ref, arith=arith, block_v=block_v, shards=shards)
         grad_bound = oracle.gradient_bound(

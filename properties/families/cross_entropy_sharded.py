@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import compat
 from pallascheck.kernels import cross_entropy as ce
-from pallascheck.kernels.backends import Backend
+from pallascheck.kernels.backends import Backend, get_backend
 from pallascheck.oracles import cross_entropy as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import checks
@@ -50,7 +50,7 @@ def sharded_matches_unsharded(
     fn = resolve(kernel)
     devices = jax.devices()
     shapes = sharding.mesh_shape_choices((len(devices),))
-    arith = arithmetic_for(backend)
+    arith = arithmetic_for(get_backend(backend))
     config = ce.Config(block_t=8, block_v=64)
     rng = np.random.default_rng(seed)
     budget = {"values": 0.0, "gradients": 0.0, "sharded_vs_unsharded": 0.0}

@@ -262,7 +262,7 @@ def make_spec(
         return {"dx": dx}
 
     def bound_of(case: Case, config: Any, backend: Backend) -> np.ndarray:
-        return bound(case, oracle(case), config, arithmetic_for(backend.name))
+        return bound(case, oracle(case), config, arithmetic_for(backend))
 
     reference = jax.jit(get_activation(activation))  # in x's dtype, as a user writes it
     return KernelSpec(

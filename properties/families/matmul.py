@@ -339,7 +339,7 @@ def make_spec(
             relations.row_permutation(
                 ("x", "cotangent"),
                 functools.partial(_run, kernel),
-                lambda case, config, backend: _bound(case, _oracle(case), config, arithmetic_for(backend.name)),
+                lambda case, config, backend: _bound(case, _oracle(case), config, arithmetic_for(backend)),
             ),
             relations.power_of_two_scaling(
                 functools.partial(_run, kernel),

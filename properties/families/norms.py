@@ -207,7 +207,7 @@ def make_spec(
         return _call(reference, kind, names, case.params["eps"])(*values)
 
     def row_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
-        return _bound(case, oracle_of(case), config, arithmetic_for(backend.name))
+        return _bound(case, oracle_of(case), config, arithmetic_for(backend))
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
         return norms.configs(int(np.prod(case.arrays["x"].shape[:-1])), case.arrays["x"].shape[-1], backend)

@@ -151,7 +151,7 @@ def make_spec(
         return kernel(jnp.asarray(case.arrays["x"]), config=config, backend=backend)
 
     def row_bound(case: Case, config: Any, backend: Backend) -> np.ndarray:
-        return _bound(case, _oracle(case), config, arithmetic_for(backend.name))
+        return _bound(case, _oracle(case), config, arithmetic_for(backend))
 
     def kernel_vjp(case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:
         return _vjp(lambda x: kernel(x, config=config, backend=backend), case)

@@ -12,7 +12,7 @@ Backends. The XLA implementations (``xla``, ``xla_chunked``, ``chunked_xla``) co
 no Pallas call: their specs run on the ``interpret`` backend (the default), which
 means "on the CPU, Pallas calls interpreted": there is nothing to interpret, so they
 run as compiled XLA:CPU, IEEE arithmetic in an order XLA picks, which is what their
-bounds assume (``arithmetic_for("interpret")``). The builders hand them the
+bounds assume (``arithmetic_for(Backend("interpret"))``). The builders hand them the
 ``interpret`` keyword like any function; they drop it.
 
 The Pallas implementations run below Tokamax's device check ("Not supported on
