@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
+from pallascheck.fuzz.scope import NotChecked
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry
 
@@ -67,7 +68,9 @@ def share_devices(command: Command, backend: Backend, jobs: int) -> None:
         production.share_devices(jobs)
 
 
-def fitting(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str]]:
-    """``names`` whose production layouts fit the memory each process may use, and the
-    lines saying per family what was drawn and what was skipped by the memory rule."""
-    return production.planned(registry.selected(list(names)), backend)
+def fitting(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str], list[NotChecked]]:
+    """``names`` whose production layouts fit the memory each process may use, the
+    lines saying per family what was drawn and what was skipped by the memory rule, and
+    each layout so skipped as not checked."""
+    kept, lines, skipped = production.planned(registry.selected(list(names)), backend)
+    return kept, lines, [NotChecked(family, "-", why) for family, why in skipped]

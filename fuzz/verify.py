@@ -52,6 +52,16 @@ class Row:
     # the same outputs' budget used under the accuracy contract (values, gradients,
     # reference); None where the spec states no contract or the check has none
     contract_budget: float | None = None
+    note: str = ""  # why a row of no cases was not checked
+
+    @property
+    def checked(self) -> bool:
+        """A row of no cases that did not fail was not checked: never a pass."""
+        return self.examples > 0 or not self.passed
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if not self.passed else "pass" if self.checked else "not checked"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +254,13 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
                     tally.contract_budgets.get(check),
                 )
             )
+    # A check the spec has that no case ran is reported as not checked: the property
+    # stopped at its first failing case (Hypothesis then shrinks that case), or no case
+    # reached the check. Its row keeps the kernel x dtype's count honest.
+    why = "the property stopped at its first failing case" if tally.failure else "no case reached it"
+    for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
+        if check not in tally.outcomes:
+            rows.append(Row(name, dtype, check, True, 0, 0.0, None, 0.0, note=why))
     return rows, [tally.failure] if tally.failure else []
 
 
@@ -379,6 +396,7 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
             _larger(m.probabilistic_budget, row.probabilistic_budget),
             m.seconds + row.seconds,
             _larger(m.contract_budget, row.contract_budget),
+            "" if m.examples + row.examples else (m.note or row.note),
         )
     return list(merged.values())
 
@@ -408,19 +426,33 @@ def _save_durations(durations: dict[str, float]) -> None:
 
 def as_json(row: Row) -> dict[str, Any]:
     budget = row.budget_used
-    return {**dataclasses.asdict(row), "budget_used": None if budget == float("inf") else budget}
+    return {
+        **dataclasses.asdict(row),
+        "budget_used": None if budget == float("inf") or not row.checked else budget,
+        "verdict": row.verdict,
+    }
 
 
 def fmt_budget(value: float | None) -> str:
+    """Three significant figures, more where they would hide which side of 1 (the
+    verdict's line) the value is on: 0.9999996 and 1.002 never both print as "1"."""
     if value is None:
         return "-"
-    return "inf" if math.isinf(value) else f"{value:.3g}"
+    if math.isinf(value):
+        return "inf"
+    for digits in range(3, 17):
+        text = f"{value:.{digits}g}"
+        shown = float(text)
+        if (shown <= 1.0) == (value <= 1.0) and (shown != 1.0 or value == 1.0):
+            return text
+    return repr(value)
 
 
 # A check whose contract budget is reported, never a verdict: xla_reference is the
 # baseline a user writes, not the kernel under test.
 INFORMATIONAL_CONTRACT = "reference"
 INFO_MARK = "*"
+NOT_CHECKED = "- not checked"
 
 
 def marks() -> tuple[str, str]:
@@ -436,7 +468,8 @@ def legend(full: bool = False) -> str:
     """What the columns mean (``full``: the every-row table's, else the per-kernel summary's)."""
     lines = [
         "How to read this:",
-        "  verdict      pass: every case was within its bound; FAIL: a case was not (details above the table)",
+        "  verdict      pass: every case was within its bound; FAIL: a case was not (details above the table);",
+        "               not checked: asked for, and no case checked it (why: the table and the summary)",
         "  budget used  worst |kernel - float64 oracle| / derived bound over the cases; <= 1 passes,",
         "               far below 1 means the bound is loose there",
         "  contract     the same outputs' worst error / the op's accuracy contract (what a backward-stable",
@@ -479,12 +512,12 @@ def print_table(rows: Sequence[Row]) -> None:
     header = ("verdict", "kernel", "dtype", "check", "cases", "budget used", "contract", "prob. budget", "time (s)")
     body = [
         (
-            ok if r.passed else fail,
+            fail if not r.passed else ok if r.checked else NOT_CHECKED,
             r.kernel,
             r.dtype,
             r.check,
             str(r.examples),
-            fmt_budget(r.budget_used),
+            fmt_budget(r.budget_used) if r.checked else f"- ({r.note})" if r.note else "-",
             _contract_cell(r),
             fmt_budget(r.probabilistic_budget),
             f"{r.seconds:.1f}",
@@ -515,16 +548,19 @@ def print_summary(rows: Sequence[Row]) -> None:
     header = ("verdict", "kernel", "checks passed", "dtypes", "worst budget used", "worst contract", "time (s)")
     body = []
     for name, group in sorted(kernels.items(), key=lambda item: all(r.passed for r in item[1])):
+        checked = [r for r in group if r.checked]
         passed = all(r.passed for r in group)
-        dtypes = sorted({r.dtype for r in group if r.dtype != "-"})
-        own = [r for r in group if r.check != INFORMATIONAL_CONTRACT]
+        dtypes = sorted({r.dtype for r in checked if r.dtype != "-"})
+        own = [r for r in checked if r.check != INFORMATIONAL_CONTRACT]
+        unchecked = len(group) - len(checked)
         body.append(
             (
-                ok if passed else fail,
+                fail if not passed else ok if checked else NOT_CHECKED,
                 name,
-                f"{sum(r.passed for r in group)}/{len(group)}",
+                f"{sum(r.passed for r in checked)}/{len(checked)}"
+                + (f" ({unchecked} not checked)" if unchecked else ""),
                 " ".join(dtypes) or "-",
-                _worst(group, lambda r: r.budget_used),
+                _worst(checked, lambda r: r.budget_used),
                 _worst(own, lambda r: r.contract_budget),
                 f"{sum(r.seconds for r in group):.1f}",
             )

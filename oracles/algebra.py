@@ -45,8 +45,8 @@ def _f64(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Bounded:
-    value: np.ndarray | np.floating  # exact value of the intermediate
-    err: np.ndarray | np.floating  # |computed - value| <= err, elementwise
+    value: np.ndarray  # exact value of the intermediate
+    err: np.ndarray  # |computed - value| <= err, elementwise
 
     @staticmethod
     def exact(value: Any) -> Bounded:

@@ -53,6 +53,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -77,11 +78,21 @@ def _einsum(spec: str, *operands: Any) -> Any:
     return xp.einsum(spec, *operands, optimize=True)
 
 
+def causal_visible(seq_q: int, seq_kv: int, *, first_row: Any = 0, rows: int | None = None) -> np.ndarray:
+    """[rows, seq_kv] bool: which keys the query rows ``first_row`` .. ``first_row +
+    rows`` of a case of ``seq_q`` queries see under the causal mask, aligned
+    bottom-right (query i sees keys j <= i + seq_kv - seq_q). ``first_row`` may be a
+    traced scalar: a chunk of rows sees exactly the visibility of its rows in the whole
+    case (properties/families/attention_slices.py)."""
+    rows = seq_q if rows is None else rows
+    return xp.arange(seq_kv)[None, :] <= xp.arange(rows)[:, None] + first_row + (seq_kv - seq_q)
+
+
 def visibility(batch: int, heads: int, seq_q: int, seq_kv: int, *, causal: bool, mask: Any) -> np.ndarray:
     """[batch, heads, seq_q, seq_kv] bool: causal (bottom-right) and the mask."""
     vis = xp.ones((batch, heads, seq_q, seq_kv), bool)
     if causal:
-        vis &= xp.arange(seq_kv)[None, :] <= xp.arange(seq_q)[:, None] + (seq_kv - seq_q)
+        vis &= causal_visible(seq_q, seq_kv)
     if mask is not None:
         vis &= xp.broadcast_to(xp.asarray(mask, bool).reshape((1,) * (4 - xp.ndim(mask)) + xp.shape(mask)), vis.shape)
     return vis
@@ -107,8 +118,6 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     any_visible = visible.any(axis=-1, keepdims=True)
     m = xp.where(any_visible, xp.max(xp.where(visible, s, -xp.inf), axis=-1, keepdims=True), 0.0)
     if xp is jnp:
-        import jax
-
         m = jax.lax.stop_gradient(m)  # softmax is shift invariant
     e = xp.where(visible, xp.exp(xp.where(visible, s - m, 0.0)), 0.0)
     l = xp.sum(e, axis=-1, keepdims=True)
@@ -116,7 +125,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh, optimize=True), (0, 2, 1, 3))
 
 
-@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape")
+@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape", "whole_seq_q")
 @dataclasses.dataclass(frozen=True)
 class AttentionOracle:
     out: np.ndarray  # [b, sq, h, d] float64
@@ -137,6 +146,64 @@ class AttentionOracle:
     group: int
     has_bias: bool
     bias_shape: tuple[int, ...] | None
+    # A chunk of query rows (``chunk``): the first row's index in the whole case (a
+    # scalar, traced on the device) and the whole case's seq_q; None: the whole case.
+    first_row: Any = None
+    whole_seq_q: int | None = None
+
+
+def chunk(ref: AttentionOracle, first_row: Any, seq_q: int) -> AttentionOracle:
+    """``ref``, the oracle of query rows ``first_row`` .. of a case of ``seq_q`` query
+    rows, marked as such: ``oracle_vjp`` and ``gradient_bound`` then take those rows of
+    the whole case's q, cotangent and bias, and return the results that sum over
+    query rows as ``RowSums`` (the chunks' parts add; ``finish`` applies what depends
+    on the whole sum)."""
+    return dataclasses.replace(ref, first_row=first_row, whole_seq_q=seq_q)
+
+
+def _query_rows(ref: AttentionOracle, x: Any, axis: int) -> Any:
+    """The chunk's rows of the whole case's ``x`` along its query ``axis`` (x itself
+    for a whole case, or where x broadcasts along that axis)."""
+    if ref.first_row is None or x.shape[axis] == 1:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, ref.first_row, ref.q.shape[2], axis)
+
+
+def _bias_rows(ref: AttentionOracle, bias: Any) -> Any:
+    """The chunk's rows of a bias in its own shape (broadcasting to [b, h, sq, skv],
+    so its query axis, if it has one, is its second to last)."""
+    return bias if bias is None or bias.ndim < 2 else _query_rows(ref, bias, bias.ndim - 2)
+
+
+def _sums_over_query_rows(ref: AttentionOracle, bias_shape: tuple[int, ...]) -> bool:
+    """Whether a bias of ``bias_shape`` broadcasts over the query rows of a chunked
+    case, so that its gradient sums over the chunks (else each chunk has its rows)."""
+    return len(bias_shape) < 2 or bias_shape[-2] == 1
+
+
+class RowSums:
+    """A result that is a sum over query rows, held in parts that chunks of rows add
+    (sums of exact values and of non-negative magnitudes); ``finish()`` applies the
+    factors of the whole sum (its accumulation depth, term count, scaling, rounding)."""
+
+    def finish(self) -> Any:
+        raise NotImplementedError
+
+
+@numeric.pytree()
+@dataclasses.dataclass(frozen=True)
+class _Summed(RowSums):
+    """An exact float64 sum: the chunks' sums add."""
+
+    value: Any
+
+    def finish(self) -> Any:
+        return self.value
+
+
+def _finished(ref: AttentionOracle, x: Any) -> Any:
+    """A chunk keeps its row sums for the chunks to add; a whole case finishes them."""
+    return x.finish() if isinstance(x, RowSums) and ref.first_row is None else x
 
 
 def oracle(q, k, v, *, bias=None, mask=None, causal: bool = False, sm_scale: float | None = None) -> AttentionOracle:
@@ -267,7 +334,7 @@ def _floor_weights(ref: AttentionOracle, e: np.ndarray, e_max: np.ndarray, floor
         return _masked(ref, xp.minimum(p_up, floor) * xp.exp(e_max) / ref.row_sum)
 
 
-def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarray:
+def _flushed_v(ref: AttentionOracle, arith: Arithmetic, dtype: Any) -> np.ndarray | float:
     if not arith.flush_subnormals:
         return 0.0
     return _einsum("bhqk,bhkd->bhqd", ref.p, algebra.subnormal_part(ref.v, F32))
@@ -300,7 +367,7 @@ def bound(
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)  # >= m_hat - s_hat_j >= 0
     u_op = arith.operand_unit(dtype)
     operand_rel = 2.0 * u_op + u_op * u_op
-    if kernel:
+    if block_k is not None:  # the kernel
         arg = e + 2.0 * u32 * gap
         d_exp = _compose(xp.expm1(arg), t)
         rescales = max(-(-skv // block_k) - 1, 0)
@@ -333,16 +400,23 @@ def _unbounded_not_nan(err: np.ndarray) -> np.ndarray:
     return xp.where(xp.isnan(err), xp.inf, err)
 
 
-def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, np.ndarray]:
-    """dq, dk, dv (and dbias in the bias's own shape) of sum(out * cotangent), float64."""
+def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, Any]:
+    """dq, dk, dv (and dbias in the bias's own shape) of sum(out * cotangent), float64.
+    For a chunk of query rows (``chunk``; q, bias, cotangent are the whole case's): its
+    rows' dq (and dbias, where the bias has rows), and dk, dv (and a dbias that
+    broadcasts over rows) as ``RowSums`` of its rows' terms."""
     vis = ref.visible
     scale = ref.sm_scale
+    q, cotangent, bias = _query_rows(ref, q, 1), _query_rows(ref, cotangent, 1), _bias_rows(ref, bias)
     if bias is None:
         dq, dk, dv = vjp64(_without_bias, (q, k, v), cotangent, constants=(vis,), static=(scale,))
-        return {"dq": dq, "dk": dk, "dv": dv}
-    raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
-    dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
-    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias}
+        grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv)}
+    else:
+        raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
+        dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
+        summed = _sums_over_query_rows(ref, tuple(bias.shape))
+        grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv), "dbias": _Summed(dbias) if summed else dbias}
+    return {key: _finished(ref, g) for key, g in grads.items()}
 
 
 def _without_bias(q, k, v, visible, scale: float):
@@ -488,6 +562,8 @@ def gradient_bound(
         "dv": _to_bshd(algebra.round_to(dv, dtype, arith).err),
     }
     if ref.has_bias:
+        if ref.bias_shape is None:
+            raise ValueError("AttentionOracle: has_bias without a bias_shape")
         shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
         axes = tuple(a for a in range(4) if shape[a] == 1 and ds.value.shape[a] != 1)
         n = math.prod(ds.value.shape[a] for a in axes)

@@ -56,7 +56,7 @@ error and save R (b - 1) u of summation depth against gamma_{V-1}, and t = 6u <=
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -158,7 +158,8 @@ def oracle(logits: Any, labels: Any, *, eps: float, ignore_index: int, reduction
 
 def _constant(exact: float) -> Bounded:
     """A constant the kernel holds as f32: its representation error is known exactly."""
-    return Bounded(np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact))
+    value, err = np.float64(exact), np.abs(np.float64(np.float32(exact)) - exact)
+    return Bounded(cast(np.ndarray, value), cast(np.ndarray, err))  # numpy scalars, as 0-d arrays
 
 
 def _log_sum(
@@ -297,6 +298,8 @@ def token_loss_bound(
         gap = algebra.add(big, _negated(_target(ref, logit_err)), **kw)  # m - t >= 0
         loss = algebra.add(loss, algebra.multiply(_constant(1.0 - ref.eps), gap, **kw), **kw)
     if np.float32(ref.eps) != 0.0:
+        if block_v is None:
+            raise ValueError('finish "stable" with label smoothing models the kernel\'s vocabulary tiles: give a block_v')
         sd = _shifted_sum(ref.z, big, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
         mean = algebra.divide(_negated(sd), Bounded.exact(ref.z.shape[1]), **kw)
         loss = algebra.add(loss, algebra.multiply(_constant(ref.eps), mean, **kw), **kw)
@@ -351,7 +354,8 @@ def _sum_tokens(token: Bounded, arith: Arithmetic) -> Bounded:
     n = token.value.shape[0]
     magnitude = token.magnitude.sum()
     err = token.err.sum() + gamma(max(n - 1, 0), U32) * magnitude + max(n - 1, 0) * underflow_floor(F32, arith)
-    return Bounded(np.float64(token.value.sum()), err if magnitude <= largest_finite(F32) else np.inf)
+    bounded = err if magnitude <= largest_finite(F32) else np.inf
+    return Bounded(cast(np.ndarray, np.float64(token.value.sum())), cast(np.ndarray, bounded))  # scalars, as 0-d arrays
 
 
 def token_cotangent(ref: CrossEntropyOracle, cotangent: Any, arith: Arithmetic) -> Bounded:
@@ -382,7 +386,7 @@ def dlogits_f32(
     cotangent: Any,
     *,
     arith: Arithmetic,
-    block_v: int,
+    block_v: int | None,
     shards: int = 1,
     logit_err: np.ndarray | None = None,
 ) -> Bounded:
@@ -435,7 +439,7 @@ def gradient_bound(
     *,
     logits_dtype: Any,
     arith: Arithmetic,
-    block_v: int,
+    block_v: int | None,
     shards: int = 1,
 ) -> dict[str, np.ndarray]:
     """Bound on dlogits [T, V] of the backward kernel; see the module docstring."""

@@ -10,7 +10,8 @@ plus its body in ``runner._checks`` (docs/layout.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,34 +26,54 @@ class CheckKind:
     # "gradient_contract_bound"
     needs: frozenset[str] = frozenset()
     per_case: bool = True  # drawn cases (a property); False: once per spec or booked by the runner
+    # whether a spec has this check at all (a KernelSpec -> bool); None: every spec has
+    # it, or only its cases can tell (configs_agree runs where a case draws a config
+    # other than the default)
+    applies: Callable[[Any], bool] | None = None
+
+
+def _always(spec: Any) -> bool:
+    return True
 
 
 KINDS: dict[str, CheckKind] = {
     k.name: k
     for k in (
         CheckKind(
-            "values", "the kernel's output within its derived bound", "C0", frozenset({"bound", "probabilistic_bound"})
+            "values",
+            "the kernel's output within its derived bound",
+            "C0",
+            frozenset({"bound", "probabilistic_bound"}),
+            applies=_always,
         ),
         CheckKind(
             "reference",
             "xla_reference within the same bound",
             "C1",
             frozenset({"reference_bound", "contract_bound", "exact_gradients"}),
+            applies=_always,
         ),
         CheckKind(
             "configs_agree", "configs within their bounds of each other", "C2", frozenset({"bound", "default_bound"})
         ),
         CheckKind(
-            "gradients", "the VJP within its gradient bound", "C3", frozenset({"exact_gradients", "gradient_bound"})
+            "gradients",
+            "the VJP within its gradient bound",
+            "C3",
+            frozenset({"exact_gradients", "gradient_bound"}),
+            applies=lambda spec: spec.gradients is not None,
         ),
         CheckKind(
             "contract",
             "the op's accuracy contract",
             "C4",
             frozenset({"contract_bound", "gradient_contract_bound", "exact_gradients"}),
+            applies=lambda spec: (
+                spec.contract is not None or (spec.gradients is not None and spec.gradients.contract is not None)
+            ),
         ),
-        CheckKind("deterministic", "bitwise reruns"),
-        CheckKind("metamorphic", "invariances", "C5"),
+        CheckKind("deterministic", "bitwise reruns", applies=_always),
+        CheckKind("metamorphic", "invariances", "C5", applies=lambda spec: bool(spec.relations)),
         CheckKind("errors", "bad input refused", per_case=False),
         CheckKind("crash", "the kernel raised", per_case=False),
     )
@@ -73,3 +94,10 @@ def needs(selected: Iterable[str]) -> frozenset[str]:
 def legend_line() -> str:
     """The kinds, as verify's legend lists them."""
     return ", ".join(f"{k.name} ({k.legend})" for k in KINDS.values())
+
+
+def expected(spec: Any, selected: Iterable[str]) -> list[str]:
+    """Of the ``selected`` per-case checks, those every run of ``spec`` must report: a
+    row missing from its tally was not checked (the property stopped at its first
+    failing case, or no case reached it), never passed."""
+    return [name for name in selected if KINDS[name].applies is not None and KINDS[name].applies(spec)]

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -332,7 +332,7 @@ def check_same_bits(thunks: list[Callable[[], Any]], *, context: Context, raise_
                     False,
                     np.inf,
                     f"run {i} output {j} differs from run 0 at {where}: {np.asarray(a)[where] if len(diff) else ''} vs {np.asarray(b)[where] if len(diff) else ''}",
-                    worst=Worst(f"output {j}", where if len(diff) else (), np.shape(a)),
+                    worst=Worst(f"output {j}", cast(tuple[int, ...], where) if len(diff) else (), np.shape(a)),
                 )
                 return _raise_unless(outcome, context, raise_on_failure)
     return Outcome("deterministic", True, 0.0, f"{len(thunks)} runs bitwise equal")

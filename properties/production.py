@@ -103,20 +103,22 @@ def production_cases(
     return production
 
 
-def planned(specs: Mapping[str, KernelSpec], backend: Backend) -> tuple[list[str], list[str]]:
+def planned(specs: Mapping[str, KernelSpec], backend: Backend) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """The names of ``specs`` without the production families none of whose layouts fit
-    ``backend``'s memory (this process's share of it), and lines for the output: per
-    family the layouts drawn and those skipped by the memory rule, then the families
-    left out and what to do. A family left in would fail every task of a run, a crash
-    booked against a kernel that is not at fault."""
-    lines, unfit = [], []
+    ``backend``'s memory (this process's share of it); lines for the output: per family
+    the layouts drawn and those skipped by the memory rule, then the families left out
+    and what to do; and (family, why) for each layout or family not checked. A family
+    left in would fail every task of a run, a crash booked against a kernel that is not
+    at fault."""
+    lines, unfit, skipped = [], [], []
+    fewer = " (fewer --jobs give each process a larger share)" if _sharing() > 1 else ""
     for family in [n for n, s in specs.items() if s.production_layouts]:
         p = plan(specs[family].production_layouts, backend)
         lines.append(f"{family}: {len(p.fitting)} production layouts: " + ", ".join(l.name for l in p.fitting))
         lines += [f"  skipped by the memory rule: {line}" for line in p.skipped]
+        skipped += [(family, f"layout {line}{fewer}") for line in p.skipped]
         if not p.fitting:
             unfit.append(family)
     if unfit:
-        fewer = " (fewer --jobs give each process a larger share)" if _sharing() > 1 else ""
         lines.append(f"not checked: {', '.join(unfit)}: no production layout fits{fewer}")
-    return [n for n in specs if n not in unfit], lines
+    return [n for n in specs if n not in unfit], lines, skipped

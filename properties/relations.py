@@ -90,7 +90,7 @@ def _exactly_scalable(a: np.ndarray, b: np.ndarray, a_factor: float, b_factor: f
     a64, b64 = np.abs(a.astype(np.float64)) * a_factor, np.abs(b.astype(np.float64)) * b_factor
     smallest = a64[a64 > 0].min(initial=np.inf) * b64[b64 > 0].min(initial=np.inf)
     largest = float((a64 @ b64).max(initial=0.0))
-    return smallest >= _SMALLEST_PRODUCT and largest <= float(ml_dtypes.finfo(np.dtype(out_dtype)).max) / 4
+    return bool(smallest >= _SMALLEST_PRODUCT and largest <= float(ml_dtypes.finfo(np.dtype(out_dtype)).max) / 4)
 
 
 def power_of_two_scaling(

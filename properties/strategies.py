@@ -256,7 +256,7 @@ def normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return out.reshape(shape)
 
 
-def elements(seed: int, shape: tuple[int, ...], dtype: str, kind: str, *, reduction: int = 1) -> np.ndarray:
+def elements(seed: int, shape: tuple[int, ...], dtype: str, kind: str, *, reduction: float = 1) -> np.ndarray:
     """An array of ``dtype`` whose values follow ``kind``.
 
     ``reduction`` is the length of the sums the kernel will form over the last

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pallascheck.fuzz import plan
+from pallascheck.fuzz import plan, scope
 from pallascheck.kernels import backends
-from pallascheck.kernels.backends import NAMES, Backend, get_backend
+from pallascheck.kernels.backends import NAMES, Backend
 from pallascheck.properties import runner
 from pallascheck.properties.device import compilation
 
@@ -31,8 +31,11 @@ def add_backend_option(
 
 def available_backend(name: str | None) -> Backend:
     """The chosen backend, set up for this run; exits at once, saying what is needed,
-    where it cannot run here."""
-    backend = get_backend(name)
+    where it is no backend or cannot run here."""
+    try:
+        backend = scope.backend(name)
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
     compilation.configure(backend)
     try:
         backend.require_available()
@@ -41,10 +44,11 @@ def available_backend(name: str | None) -> Backend:
     return backend
 
 
-def fitting(names: list[str], backend: Backend) -> list[str]:
+def fitting(names: list[str], backend: Backend) -> tuple[list[str], list[scope.NotChecked]]:
     """``names`` whose production layouts fit the memory each process may use
-    (``production.planned``, its lines printed); exits, saying why, where none does."""
-    kept, lines = plan.fitting(names, backend)
+    (``plan.fitting``, its lines printed), and the layouts not checked; exits, saying
+    why, where none does."""
+    kept, lines, skipped = plan.fitting(names, backend)
     for line in lines:
         print(line)
     if names and not kept:
@@ -52,7 +56,7 @@ def fitting(names: list[str], backend: Backend) -> list[str]:
             "pallascheck: nothing to check: no selected kernel has a production layout that fits "
             f"{backend}'s memory (above)"
         )
-    return kept
+    return kept, skipped
 
 
 def progress_printer() -> Callable[[str], None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -14,7 +15,7 @@ from pallascheck.cli._common import (
     examples_help,
     fitting,
 )
-from pallascheck.fuzz import plan, targets, verify
+from pallascheck.fuzz import plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.outside import tokamax as tokamax_client
@@ -24,6 +25,9 @@ from pallascheck.properties.registry import (
     registry,
     selected,
 )
+
+# --strict, when everything checked passed and something asked for was not checked
+STRICT_EXIT = 3
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit("pallascheck: " + "; ".join(targets.unknown_name(name, known) for name in unknown))
     backend = available_backend(args.backend)
+    specs = selected(args.kernel)
+    try:
+        not_checked = scope.dtypes(args.dtype or (), specs, backend)
+    except ValueError as err:
+        raise SystemExit(f"pallascheck: {err}") from None
     jobs = args.jobs or plan.default_jobs("verify", backend)
     start = time.perf_counter()
     options = verify.Options(
@@ -52,11 +61,13 @@ def run(args: argparse.Namespace) -> int:
     missing = verify.not_on(backend, args.kernel)
     if missing:
         print(f"not on {backend} (no implementation; see docs/backends.md): {', '.join(missing)}")
+    not_checked += [scope.NotChecked(k, "-", f"no implementation on {backend}") for k in missing]
     elsewhere = verify.distributed_elsewhere(backend, args.kernel)
     if elsewhere:
         print(
             f"checked by a CPU run (pallascheck verify), in the TPU interpreter on CPU devices: {', '.join(elsewhere)}"
         )
+    not_checked += [scope.NotChecked(k, "-", "distributed: checked by a CPU run (TPU interpreter)") for k in elsewhere]
     if args.shapes == "production":
         plan.share_devices("verify", backend, jobs)
         if backend.is_interpreted:
@@ -64,14 +75,24 @@ def run(args: argparse.Namespace) -> int:
                 f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
                 "kernel: hours per case at these sizes); use --backend mosaic_gpu or triton"
             )
-        print(f"no production shape tier: {', '.join(verify.without_production(args.kernel)) or 'none'}")
-        kernels = fitting([n for n in selected(args.kernel) if n not in missing], backend)
+        untiered = verify.without_production(args.kernel)
+        print(f"no production shape tier: {', '.join(untiered) or 'none'}")
+        not_checked += [scope.NotChecked(k, "-", "no production shape tier") for k in untiered if k not in missing]
+        kernels, skipped = fitting([n for n in specs if n not in missing], backend)
+        not_checked += skipped
+        not_checked += [
+            scope.NotChecked(k, "-", "no production layout fits the device's memory")
+            for k in specs
+            if k not in kernels and k not in missing and k not in untiered
+        ]
     else:
         kernels = args.kernel
     units = verify.plan(backend, kernels, args.dtype, args.shapes, args.examples)
     rows, failures = verify.run(units, options, jobs)
     elapsed = time.perf_counter() - start
+    not_checked += [scope.NotChecked(r.kernel, r.dtype, f"{r.check}: {r.note}") for r in rows if not r.checked]
     ok = all(r.passed for r in rows)
+    checked = [r for r in rows if r.checked]
     examples = sum(r.examples for r in rows)
     print("\n" + verify.legend(args.full))
     if failures:
@@ -89,9 +110,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nslowest {args.durations} kernel x dtype x check:")
         for r in verify.slowest(rows, args.durations):
             print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
+    if not_checked:
+        print(f"\nNOT CHECKED ({len(not_checked)}; asked for, and no check covers it):")
+        for item in not_checked:
+            print(f"  {item.line()}")
+    verdict = ("PASS" if ok else "FAIL") if checked else "NOTHING CHECKED"
     print(
-        f"\n{'PASS' if ok else 'FAIL'}: {sum(r.passed for r in rows)}/{len(rows)} checks passed "
-        f"on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} cases checked, "
+        f"\n{verdict}: {sum(r.passed for r in checked)}/{len(checked)} checks passed"
+        + (f" - NOT CHECKED: {len(not_checked)} (above)" if not_checked else "")
+        + f" on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} cases checked, "
         f"{examples / elapsed:.2f}/s)"
     )
     if args.json:
@@ -105,12 +132,19 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "seconds": elapsed,
             "passed": ok,
+            "complete": not not_checked,
+            "not_checked": [dataclasses.asdict(item) for item in not_checked],
             "failures": failures,
             "rows": [verify.as_json(r) for r in rows],
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
-    return 0 if ok else 1
+    if not ok or not checked:
+        return 1
+    if args.strict and not_checked:
+        print(f"--strict: {len(not_checked)} asked for and not checked (above)")
+        return STRICT_EXIT
+    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -149,6 +183,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=watchdog.CASE_TIMEOUT_S,
         help="seconds one case may take (its compiles included) before it is reported as a hang",
+    )
+    verify.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit {STRICT_EXIT} when anything asked for was not checked (a kernel, dtype, layout or check; listed "
+        "under NOT CHECKED), even if every check that ran passed",
     )
     verify.add_argument(
         "--durations", type=int, default=0, help="also list the N slowest kernel x dtype x check rows (0: none)"

@@ -56,7 +56,7 @@ class _Program:
     signatures it was compiled for ahead of a run (``_compile``): kept with the program,
     so they go when the cache drops it."""
 
-    run: Callable[..., Any]
+    run: jax.stages.Wrapped
     compiled_for: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
 
 

@@ -62,7 +62,7 @@ def mesh_shapes(
 
 def mesh_shape_choices(devices: Sequence[int] = DEVICE_COUNTS, ndims: Sequence[int] = (1, 2)) -> list[tuple[int, ...]]:
     """The shapes :func:`mesh_shapes` draws from, as a list (for non-Hypothesis drivers)."""
-    shapes = []
+    shapes: list[tuple[int, ...]] = []
     for n in devices:
         if 1 in ndims:
             shapes.append((n,))

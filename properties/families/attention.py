@@ -60,7 +60,9 @@ def production_layouts() -> tuple[Layout, ...]:
         its bias broadcasts over (attention_slices.py), and unsliced it would not fit:
         a layout draws only the biases that let it slice on both, b x h x s x s
         elements."""
-        domain = dict(heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal, sm_scales=(None,))
+        domain: dict[str, Any] = dict(
+            heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal, sm_scales=(None,)
+        )
         # a bias layout leaves ``bias`` to the spec's domain: a kernel that takes none keeps none
         domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False))
         # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -263,7 +263,7 @@ def _record(tally: Tally, dtype: str, budget: float, ref_budget: float) -> None:
     tally.reference_budget[dtype] = max(tally.reference_budget.get(dtype, 0.0), ref_budget)
 
 
-PROPERTIES = {
+PROPERTIES: dict[str, tuple[Callable[..., Any], Callable[..., jax.Array]]] = {
     "all_gather": (check_all_gather, collectives.all_gather),
     "all_gather_matmul": (check_all_gather_matmul, collectives.all_gather_matmul),
     "matmul_reduce_scatter": (check_matmul_reduce_scatter, collectives.matmul_reduce_scatter),
@@ -355,12 +355,12 @@ def check_errors() -> dict[str, str]:
             "twice",
         ),
         "spec not a PartitionSpec": (
-            lambda: collectives.all_gather(good, mesh=mesh, axis="x", spec=("x",), backend="tpu_interpret"),
+            lambda: collectives.all_gather(good, mesh=mesh, axis="x", spec=cast(Any, ("x",)), backend="tpu_interpret"),
             TypeError,
             "PartitionSpec",
         ),
         "mesh not a Mesh": (
-            lambda: collectives.all_gather(good, mesh="x", axis="x", backend="tpu_interpret"),
+            lambda: collectives.all_gather(good, mesh=cast(Any, "x"), axis="x", backend="tpu_interpret"),
             TypeError,
             "mesh must be",
         ),
@@ -397,7 +397,7 @@ def check_errors() -> dict[str, str]:
         ),
         "bad config": (
             lambda: collectives.all_gather(
-                good, mesh=mesh, axis="x", config={"bidirectional": True}, backend="tpu_interpret"
+                good, mesh=mesh, axis="x", config=cast(Any, {"bidirectional": True}), backend="tpu_interpret"
             ),
             TypeError,
             "collectives.Config",
@@ -440,12 +440,12 @@ def schedules(mesh_shape: Sequence[int], axis: str = "x") -> dict[str, list]:
     x = collectives.sharded(np.ones((2 * p, 16), np.float32), mesh, P(axis, None))
     w = collectives.sharded(np.ones((16, 4 * p), np.float32), mesh, P(None, axis))
     agmm = collectives.record_schedule(
-        lambda: collectives._all_gather_matmul_jit.__wrapped__(x, w, mesh, axis, jnp.dtype(jnp.float32), be)
+        lambda: collectives._all_gather_matmul_jit.__wrapped__(x, w, mesh, axis, jnp.dtype(jnp.float32), be)  # type: ignore[attr-defined]  # jax.jit sets __wrapped__; its JitWrapped stub omits it
     )
     x2 = collectives.sharded(np.ones((2 * p, 8 * p), np.float32), mesh, P(None, axis))
     w2 = collectives.sharded(np.ones((8 * p, 4), np.float32), mesh, P(axis, None))
     rs = collectives.record_schedule(
-        lambda: collectives._matmul_reduce_scatter_jit.__wrapped__(x2, w2, mesh, axis, None, jnp.dtype(jnp.float32), be)
+        lambda: collectives._matmul_reduce_scatter_jit.__wrapped__(x2, w2, mesh, axis, None, jnp.dtype(jnp.float32), be)  # type: ignore[attr-defined]  # as above
     )
     return {"all_gather_matmul": agmm, "matmul_reduce_scatter": rs}
 
@@ -512,7 +512,7 @@ def seed_case(m: int, k: int, n: int, through_kernel: bool, seed: int = 0) -> di
     worst = np.unravel_index(np.argmax(diff), diff.shape)
     attribution = oracle.attribute_unsharded_bf16(
         ref,
-        worst,
+        cast(tuple[int, int], worst),  # numpy's integers, of a 2-D diff
         float(diff[worst]),
         other_err=float(sharded_bound[worst]),
         out_dtype=bf16,

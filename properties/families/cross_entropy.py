@@ -251,10 +251,10 @@ def vocab_sharded(run_vjp: Callable[..., tuple[jax.Array, jax.Array]]) -> Relati
             return np.asarray(out), np.asarray(out), np.float64(0.0)
         split = jnp.asarray(np.stack(np.split(logits, shards, axis=-1)))
         labels, cotangent = (jnp.asarray(case.arrays[a]) for a in ("labels", "cotangent"))
-        loss, dlogits = jax.vmap(
+        loss, per_shard = jax.vmap(
             lambda z: run_vjp(z, labels, cotangent, "vocab", case, config, backend), axis_name="vocab"
         )(split)
-        dlogits = np.concatenate(list(np.asarray(dlogits)), axis=-1)
+        dlogits = np.concatenate(list(np.asarray(per_shard)), axis=-1)
         ref = _oracle(case)
         arith = arithmetic_for(backend)
         block_v = _block_v(config, case)

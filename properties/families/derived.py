@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -157,12 +157,12 @@ def from_reference(
             seed = draw_(strategies.seeds())
             arrays = {}
             for i, n in enumerate(names):
-                shape, dt = layout[n], dtype_of(n, dtype)
-                if specs[n].values is not None:
-                    arrays[n] = np.asarray(specs[n].values(np.random.default_rng(seed + i), shape, dt)).astype(dt)
+                shape, dt, input_spec = layout[n], dtype_of(n, dtype), specs[n]
+                if input_spec.values is not None:
+                    arrays[n] = np.asarray(input_spec.values(np.random.default_rng(seed + i), shape, dt)).astype(dt)
                 else:
-                    own = kind if specs[n].kinds is None or kind in specs[n].kinds else "normal"
-                    arrays[n] = strategies.elements(seed + i, shape, dt.name, own, reduction=specs[n].reduction)
+                    own = kind if input_spec.kinds is None or kind in input_spec.kinds else "normal"
+                    arrays[n] = strategies.elements(seed + i, shape, dt.name, own, reduction=input_spec.reduction)
             case = Case(arrays, {})
             if differentiable:
                 out = out_struct(case)
@@ -215,7 +215,7 @@ def from_reference(
             full = list(args)
             for i, d in zip(wrt, diff):
                 full[i] = d
-            return run(Case(dict(zip(names, full)), {}), config, backend)
+            return run(Case(cast(dict[str, np.ndarray], dict(zip(names, full))), {}), config, backend)  # traced arrays
 
         _, pullback = jax.vjp(partial, *[args[i] for i in wrt])
         return dict(zip(grad_names, pullback(jnp.asarray(case.arrays["cotangent"]))))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -149,7 +149,7 @@ def oracle_vjp(case: Case, ref: ElementwiseOracle) -> dict[str, np.ndarray]:
 def gradient_bound(
     case: Case,
     ref: ElementwiseOracle,
-    grads: dict[str, np.ndarray],
+    grads: Mapping[str, np.ndarray],
     config: Compute | None,
     arith: Arithmetic,
 ) -> dict[str, np.ndarray]:
@@ -165,7 +165,7 @@ def gradient_bound(
 
 
 def gradient_contract(
-    case: Case, ref: ElementwiseOracle, grads: dict[str, np.ndarray], arith: Arithmetic
+    case: Case, ref: ElementwiseOracle, grads: Mapping[str, np.ndarray], arith: Arithmetic
 ) -> dict[str, np.ndarray]:
     """dx = f'(x) g in f32, rounded once to x's dtype (elementwise.gradient_contract)."""
     return elementwise.gradient_contract(

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -227,7 +227,7 @@ def _bad_inputs() -> list[BadInput]:
         ),
         BadInput(
             "config type",
-            lambda: call(x, w, config={"block_m": 16}),
+            lambda: call(x, w, config=cast(Any, {"block_m": 16})),
             TypeError,
             r"config must be of type gated_linear_unit.Config",
         ),

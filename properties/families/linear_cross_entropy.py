@@ -11,7 +11,7 @@ cancels lse against z_y; "offset" sets x[:, 0] = 1 and one row of w to a constan
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +75,7 @@ def _kwargs(case: Case) -> dict[str, Any]:
 
 
 def _args(case: Case) -> tuple[jax.Array, jax.Array, jax.Array]:
-    return tuple(jnp.asarray(case.arrays[k]) for k in ("x", "w", "labels"))
+    return jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["w"]), jnp.asarray(case.arrays["labels"])
 
 
 def _oracle(case: Case) -> oracle.LinearCrossEntropyOracle:
@@ -137,7 +137,9 @@ def make_spec(
         expected=lambda ref: ref.out,
         bound=_bound,
         contract=_contract,
-        configs=lambda case, backend: lce.configs(*case.arrays["x"].shape, case.arrays["w"].shape[1], backend),
+        configs=lambda case, backend: lce.configs(
+            *cast(tuple[int, int], case.arrays["x"].shape), case.arrays["w"].shape[1], backend
+        ),
         default_config=lce.Config(),
         gradients=GradientSpec(
             kernel_vjp,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +235,7 @@ def _bad_inputs() -> list[BadInput]:
         ),
         BadInput(
             "config type",
-            lambda: matmul.matmul(f32, f32.T, config={"block_m": 16}),
+            lambda: matmul.matmul(f32, f32.T, config=cast(Any, {"block_m": 16})),
             TypeError,
             r"config must be of type matmul.Config",
         ),

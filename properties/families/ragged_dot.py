@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -252,7 +252,7 @@ def _bad_inputs() -> list[BadInput]:
         ),
         BadInput(
             "config type",
-            lambda: call(lhs, rhs, sizes, config={"block_m": 16}),
+            lambda: call(lhs, rhs, sizes, config=cast(Any, {"block_m": 16})),
             TypeError,
             r"config must be of type ragged_dot.Config",
         ),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -216,13 +216,13 @@ def _bad_inputs() -> list[BadInput]:
         ),
         BadInput("k zero", lambda: top_k.top_k(x, 0), ValueError, r"k must satisfy 1 <= k"),
         BadInput("k above vocab", lambda: top_k.top_k(x, 51), ValueError, r"k must satisfy 1 <= k <= min\(vocab"),
-        BadInput("k not an int", lambda: top_k.top_k(x, 4.0), TypeError, r"k must be an int"),
+        BadInput("k not an int", lambda: top_k.top_k(x, cast(Any, 4.0)), TypeError, r"k must be an int"),
         BadInput(
             "empty logits", lambda: top_k.top_k(jnp.ones((0, 50)), 4), ValueError, r"logits must not have a zero-sized"
         ),
         BadInput(
             "config type",
-            lambda: top_k.top_k(x, 4, config={"num_blocks": 8}),
+            lambda: top_k.top_k(x, 4, config=cast(Any, {"num_blocks": 8})),
             TypeError,
             r"config must be a top_k.Config",
         ),
@@ -276,7 +276,7 @@ def make_spec(
     run = functools.partial(_run, kernel)
 
     def configs(case: Case, backend: Backend) -> Sequence[Any]:
-        return top_k.configs(*case.arrays["logits"].shape, case.params["k"], backend)
+        return top_k.configs(*cast(tuple[int, int], case.arrays["logits"].shape), case.params["k"], backend)
 
     return KernelSpec(
         name=name,
