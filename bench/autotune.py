@@ -210,7 +210,7 @@ def gate_cases(
     return cases
 
 
-def _is_float(a: np.ndarray) -> bool:
+def _is_float(a: np.ndarray | jax.ShapeDtypeStruct) -> bool:
     return a.dtype.name == "bfloat16" or np.issubdtype(a.dtype, np.floating)
 
 
@@ -315,6 +315,7 @@ def tune_call(
             spec.gradients.oracle_vjp(case, ref)
     default = spec.default_config_for(backend)
     candidates = list(dict.fromkeys([default, *spec.configs(cases[0], backend)]))
+    timed: list[dict[str, Any]]
     timed, rejected, outputs = [], [], {}
 
     def reject(config: Any, reason: str) -> None:

@@ -36,11 +36,12 @@ def layout_cases(
     example, and the next one is drawn at random."""
     if layout is not None and shapes != "production":
         raise ValueError(f"layout names a production layout; at --shapes {shapes} leave it out")
-    strategy = (
-        spec.production(dtype, backend, layout=layout)
-        if shapes == "production"
-        else runner.tier_cases(spec, shapes)(dtype, backend)
-    )
+    if shapes == "production":
+        if spec.production is None:
+            raise ValueError(f"{spec.name} has no production shape tier")
+        strategy = spec.production(dtype, backend, layout=layout)
+    else:
+        strategy = runner.tier_cases(spec, shapes)(dtype, backend)
     found: list[Case] = []
 
     @settings(
@@ -81,7 +82,7 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
             spec, case, config, backend, context=context, selected=runner.tier_checks(check_kinds.CHECKS, "production")
         )
         seconds = time.perf_counter() - start
-        row = {
+        row: dict[str, Any] = {
             "case": len(rows),
             "shapes": case.describe()[:160],
             "seconds": seconds,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from pallascheck.bench.timing import (
     print_row,
 )
 from pallascheck.bench.top_k import bench_top_k
-from pallascheck.kernels import matmul, norms
+from pallascheck.kernels import matmul, mosaic_gpu_matmul, norms
 from pallascheck.kernels.backends import Backend, NotOnBackend
 
 MATMUL_SIZES = ((1024, 1024, 1024), (4096, 4096, 4096), (8192, 2048, 8192), (2048, 8192, 2048), (8192, 8192, 8192))
@@ -49,7 +50,7 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         # jitted as the reference is: the kernel's Python dispatch (validation, padding,
         # config resolution) is not what is compared
         @functools.cache  # one compile per config: the search's executable is the one timed
-        def jitted(config: object = None) -> Callable[[], jax.Array]:
+        def jitted(config: matmul.Config | mosaic_gpu_matmul.Config | None = None) -> Callable[[], jax.Array]:
             fn = jax.jit(lambda a, b: matmul.matmul(a, b, config=config, backend=backend))
             return lambda: fn(x, y)
 
@@ -57,7 +58,7 @@ def bench_matmul(backend: Backend, dtype: str) -> list[dict]:
         # picked configs 5% slower at 4096^3 on the H200
         space = matmul.configs(m, n, k, backend, itemsize=x.dtype.itemsize)
         best = fastest(jitted, space, MATMUL_ROUNDS // 2, burst=MATMUL_BURST)
-        row = {"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype}
+        row: dict[str, Any] = {"op": "matmul", "shape": f"{m}x{k}x{n}", "dtype": dtype}
         if best is None:
             rows.append({**row, "error": "no config of the space ran"})
             continue

@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import json
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -55,7 +55,7 @@ from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 ROWS, K, COLS = 64, 32, 64
 BF16 = ml_dtypes.bfloat16
 ORDER_BIG = 2.0**26  # adding 1 to it rounds back to it (1/8 of its ulp)
-DotFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+DotFn = Callable[[jax.Array, jax.Array], np.ndarray]
 
 
 def _xla_dot(backend: Backend) -> DotFn:
@@ -106,7 +106,7 @@ def paths(backend: Backend) -> dict[str, DotFn]:
     return {"xla": _xla_dot(backend), kernel_path[0]: kernel_path[1](backend)}
 
 
-def _run(dot: DotFn, rows: np.ndarray, y_col: np.ndarray) -> np.ndarray:
+def _run(dot: DotFn, rows: np.ndarray, y_col: Sequence[float] | np.ndarray) -> np.ndarray:
     """rows [R <= 64, <= K] and y_col [<= K] (exact in bf16) -> the f32 dot of each row."""
     x = np.zeros((ROWS, K), BF16)
     x[: rows.shape[0], : rows.shape[1]] = rows.astype(BF16)

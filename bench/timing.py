@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 
+_K = TypeVar("_K", bound=Hashable)  # a thunk's name
 
 def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
     """Wall times of ``repeats`` calls after one untimed call (compile + warm-up)."""
@@ -44,12 +45,13 @@ def interleaved_seconds(
 
 
 def interleaved_medians(
-    thunks: dict[str, Callable[[], Any]], repeats: int, burst: int = 1
-) -> tuple[dict[str, float], dict[str, str]]:
+    thunks: dict[_K, Callable[[], Any]], repeats: int, burst: int = 1
+) -> tuple[dict[_K, float], dict[_K, str]]:
     """Median seconds per call of each named thunk, timed together in shuffled rounds
     (``interleaved_seconds``), and the error of each thunk whose warm-up call failed:
     a competitor that does not compile or run is recorded, not fatal."""
-    runnable, errors = {}, {}
+    runnable: dict[_K, Callable[[], Any]] = {}
+    errors: dict[_K, str] = {}
     for name, thunk in thunks.items():
         try:
             jax.block_until_ready(thunk())
@@ -72,7 +74,7 @@ def fastest(
         print(f"    config {candidates[i]} failed: {err[:120]}")
     if not medians:
         return None
-    best = min(medians, key=medians.get)
+    best = min(medians, key=medians.__getitem__)
     return medians[best], candidates[best]
 
 
@@ -94,6 +96,8 @@ def peak_bytes(fn: Callable[..., Any], *args: Any) -> int:
     """Argument + output + temporary bytes of ``jax.jit(fn)`` compiled for ``args``
     (arrays or ShapeDtypeStructs: nothing runs)."""
     stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+    if stats is None:
+        raise RuntimeError("the compiled program has no memory analysis on this backend")
     return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # UCB1's exploration weight for rewards in [0, 1]. Budgets of a sound kernel sit
@@ -43,18 +43,23 @@ def reward(budgets: dict[str, float | None]) -> float:
     return min(max(used, default=0.0), 1.0)
 
 
+# An arm's statistics key: ("pair", kernel, dtype), ("kind", kernel, dtype, kind) or
+# ("slot", kernel, dtype, config slot or None)
+StatKey = tuple[str | int | None, ...]
+
+
 class Bandit:
     def __init__(self, pairs: Sequence[tuple[str, str]], rng: random.Random):
         self.rng = rng
-        self.stats: dict[Hashable, Stat] = {}
+        self.stats: dict[StatKey, Stat] = {}
         self.kinds: dict[tuple[str, str], list[str]] = {p: ["any"] for p in pairs}
         self.slots: dict[tuple[str, str], list[int | None]] = {p: [None] for p in pairs}
 
-    def _stat(self, key: Hashable) -> Stat:
+    def _stat(self, key: StatKey) -> Stat:
         return self.stats.setdefault(key, Stat())
 
-    def _ucb(self, keys: Sequence[Hashable], parent_pulls: int) -> int:
-        def score(key: Hashable) -> float:
+    def _ucb(self, keys: Sequence[StatKey], parent_pulls: int) -> int:
+        def score(key: StatKey) -> float:
             s = self.stats.get(key)
             if s is None or s.pulls == 0:
                 return math.inf

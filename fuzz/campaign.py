@@ -443,6 +443,8 @@ def run(
                         )
                         best = max(best, (used, f"{payload['kernel']} {payload['dtype']}"))
                     elif kind == "done":
+                        if task is None:
+                            raise RuntimeError(f"worker {i} reported a task done while it had none")
                         result.tasks += 1
                         found = campaign.finish(task, payload)
                 if death is not None:
@@ -488,10 +490,13 @@ def run(
         for worker in idle:
             worker.request_stop()
         for worker in [worker for worker in workers if worker.task is not None]:
+            in_flight = worker.task
+            if in_flight is None:  # the list holds the workers with a task
+                raise RuntimeError(f"worker {worker.index} has no task in flight")
             worker.kill()  # a task in flight is stopped, not what it found
             result.stopped_in_flight += 1
             result.count(
-                campaign.salvage(worker.task, failed_dir(worker.inflight)), time.monotonic() - campaign.run_start
+                campaign.salvage(in_flight, failed_dir(worker.inflight)), time.monotonic() - campaign.run_start
             )
         deadline = time.monotonic() + 5.0
         for worker in idle:

@@ -203,6 +203,8 @@ def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
     start = time.perf_counter()
     err = runner.run_errors(get_spec(name), context=checks.Context(kernel=name, backend=str(options.backend)))
     row = Row(name, "-", "errors", err.passed, err.examples, err.budget_used, None, time.perf_counter() - start)
+    if not err.examples:
+        row.note = "the spec declares no bad input"
     return [row], ([] if err.passed else [f"[errors] kernel={name}: {err.detail}"])
 
 

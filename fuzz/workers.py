@@ -120,6 +120,8 @@ class Worker:
             code = self.process.exitcode
             how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
             return Death("crash", f"worker process {how} while running {self.task}", inflight)
+        if self.process.pid is None:  # alive, so started
+            raise RuntimeError("a live worker process has no pid")
         rss = _rss_bytes(self.process.pid)
         if rss > memory_bytes:
             return Death(

@@ -175,7 +175,7 @@ def _bias_rows(ref: AttentionOracle, bias: Any) -> Any:
     return bias if bias is None or bias.ndim < 2 else _query_rows(ref, bias, bias.ndim - 2)
 
 
-def _sums_over_query_rows(ref: AttentionOracle, bias_shape: tuple[int, ...]) -> bool:
+def _sums_over_query_rows(bias_shape: tuple[int, ...]) -> bool:
     """Whether a bias of ``bias_shape`` broadcasts over the query rows of a chunked
     case, so that its gradient sums over the chunks (else each chunk has its rows)."""
     return len(bias_shape) < 2 or bias_shape[-2] == 1
@@ -414,7 +414,7 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, Any]
     else:
         raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
         dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
-        summed = _sums_over_query_rows(ref, tuple(bias.shape))
+        summed = _sums_over_query_rows(tuple(bias.shape))
         grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv), "dbias": _Summed(dbias) if summed else dbias}
     return {key: _finished(ref, g) for key, g in grads.items()}
 
@@ -440,8 +440,10 @@ def gradient_bound(
     block_k_forward: int,
     qk_highest: bool = True,
     log2e: bool = False,
-) -> dict[str, np.ndarray]:
-    """Bounds on dq, dk, dv (and dbias) of the kernel's backward pass.
+) -> dict[str, Any]:
+    """Bounds on dq, dk, dv (and dbias) of the kernel's backward pass; for a chunk of
+    query rows (``chunk``) its rows' dq (and dbias, where the bias has rows), and the
+    bounds that sum over q rows (dk, dv, a dbias broadcast over rows) as ``RowSums``.
 
     With dO the cotangent, P_ij the exact softmax, dP_ij = dO_i . v_j,
     delta_i = dO_i . o_i and dS_ij = P_ij (dP_ij - delta_i), replayed per step:
@@ -465,15 +467,20 @@ def gradient_bound(
       to the input dtype.
     - dbias: XLA's f32 sum of the unrounded dS over the dimensions the bias broadcasts
       along (n terms, sequential), rounded once to the bias dtype.
+    The bounds of the sums over q rows are sums over rows of non-negative terms
+    (propagated errors, magnitudes) and of exact values, times factors of the whole sum
+    (gamma of the chain over all sq rows, sq * group underflow floors, sm_scale, the
+    output rounding): chunks of rows add the sums, and ``RowSums.finish`` applies the
+    factors once, so a chunked bound is the whole one up to float64 reassociation.
     """
     dtype = xp.dtype(dtype)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
     vis = ref.visible
-    sq, skv, d = ref.q.shape[2], ref.k.shape[2], ref.q.shape[3]
-    do = f64(cotangent).transpose(0, 2, 1, 3)  # [b, h, sq, d]
+    # a chunk of rows (``chunk``): its own rows, in sums over q the whole case's sq
+    sq = ref.q.shape[2] if ref.whole_seq_q is None else ref.whole_seq_q
+    skv, d = ref.k.shape[2], ref.q.shape[3]
+    do = f64(_query_rows(ref, cotangent, 1)).transpose(0, 2, 1, 3)  # [b, h, rows, d]
     absdo = xp.abs(do)
-    u_op = arith.operand_unit(dtype)
-    operand_rel = 2.0 * u_op + u_op * u_op
     rounds = dtype != xp.float32
     floor32 = algebra.underflow_floor(F32, arith)
 
@@ -524,59 +531,107 @@ def gradient_bound(
     def rounded(x: Bounded) -> Bounded:
         return algebra.round_to(x, dtype, arith) if rounds else x
 
-    def accumulate(weights: Bounded, other: np.ndarray, over_q: bool, depth: Any) -> Bounded:
-        """sum over q (over_q) or over kv of weights * other, as the kernel's dot."""
-        spec = "bhqk,bhqd->bhkd" if over_q else "bhqk,bhkd->bhqd"
-        exact = _einsum(spec, weights.value, other)
-        propagated = _einsum(spec, weights.err, xp.abs(other))
-        magnitude = _einsum(spec, weights.magnitude, xp.abs(other))
-        chain = arith.gamma(depth, arith.mma_unit()) * xp.ones_like(magnitude)
-        with xp.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
-            summed = xp.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
-        err = propagated + operand_rel * magnitude + summed + 2 * (sq if over_q else skv) * floor32
-        return Bounded(exact, err)
+    def grouped(x: Any) -> Any:
+        """[b, h, ...] as [b, kv heads, group, ...]."""
+        return x.reshape((x.shape[0], x.shape[1] // ref.group, ref.group) + x.shape[2:])
 
-    def per_kv_head(x: Bounded) -> Bounded:
-        b, h = x.value.shape[:2]
-        g = ref.group
-        shape = (b, h // g, g) + x.value.shape[2:]
-        return Bounded(x.value.reshape(shape).sum(2), x.err.reshape(shape).sum(2))
+    def sums(weights: Bounded, other: np.ndarray, over_q: bool) -> tuple[Any, Any, Any]:
+        """The sums over q rows and the group's q heads (over_q: [b, kv heads, skv, d])
+        or over kv of weights * other: of the exact values, and of the weights' errors
+        and magnitudes times |other| (``_DotSums`` bounds the kernel's dot from them)."""
+        spec = "bngqk,bngqd->bnkd" if over_q else "bhqk,bhkd->bhqd"
+        if over_q:
+            weights, other = Bounded(grouped(weights.value), grouped(weights.err)), grouped(other)
+        return (
+            _einsum(spec, weights.value, other),
+            _einsum(spec, weights.err, xp.abs(other)),
+            _einsum(spec, weights.magnitude, xp.abs(other)),
+        )
 
-    scale32 = float(xp.float32(ref.sm_scale))
-    kw = dict(arith=arith, dtype=F32)
-
-    def scaled(x: Bounded) -> Bounded:
-        sc = Bounded(xp.full_like(x.value, ref.sm_scale), xp.full_like(x.value, abs(scale32 - ref.sm_scale)))
-        return algebra.multiply(x, sc, **kw)
-
-    q_depth = arith.dot_order(block_q).depth(sq) + (ref.group - 1)
-    kv_depth = arith.dot_order(block_k).depth(skv)
+    q_depth = int(arith.dot_order(block_q).depth(sq)) + ref.group - 1
+    kv_depth = int(arith.dot_order(block_k).depth(skv))
     ds_r = rounded(ds)
     p_r = rounded(p_hat)
-    dv = per_kv_head(accumulate(p_r, do, True, q_depth))
-    dk = scaled(per_kv_head(accumulate(ds_r, ref.q, True, q_depth)))
-    dq = scaled(accumulate(ds_r, ref.k, False, kv_depth))
-    bounds = {
-        "dq": _to_bshd(algebra.round_to(dq, dtype, arith).err),
-        "dk": _to_bshd(algebra.round_to(dk, dtype, arith).err),
-        "dv": _to_bshd(algebra.round_to(dv, dtype, arith).err),
+    common = dict(arith=arith, dtype=dtype)
+    over_q = dict(common, depth=q_depth, terms=ref.group * sq)  # a dot's terms may each underflow twice
+    bounds: dict[str, Any] = {
+        "dq": _DotSums(*sums(ds_r, ref.k, False), **common, depth=kv_depth, terms=skv, sm_scale=ref.sm_scale).finish(),
+        "dk": _DotSums(*sums(ds_r, ref.q, True), **over_q, sm_scale=ref.sm_scale),
+        "dv": _DotSums(*sums(p_r, do, True), **over_q, sm_scale=None),
     }
     if ref.has_bias:
         if ref.bias_shape is None:
             raise ValueError("AttentionOracle: has_bias without a bias_shape")
         shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
-        axes = tuple(a for a in range(4) if shape[a] == 1 and ds.value.shape[a] != 1)
-        n = math.prod(ds.value.shape[a] for a in axes)
-        total = Bounded(
-            ds.value.sum(axes, keepdims=True) if axes else ds.value,
-            (
-                ds.err.sum(axes, keepdims=True)
-                + gamma(max(n - 1, 0), u32) * ds.magnitude.sum(axes, keepdims=True)
-                + max(n - 1, 0) * floor32
+        whole = ds.value.shape[:2] + (sq,) + ds.value.shape[3:]
+        axes = tuple(a for a in range(4) if shape[a] == 1 and whole[a] != 1)
+        if axes:
+            total = _BiasSums(
+                ds.value.sum(axes, keepdims=True),
+                ds.err.sum(axes, keepdims=True),
+                ds.magnitude.sum(axes, keepdims=True),
+                **common,
+                terms=math.prod(whole[a] for a in axes),
+                shape=tuple(ref.bias_shape),
             )
-            if axes
-            else ds.err,
-        )
-        bias_dtype = dtype
-        bounds["dbias"] = algebra.round_to(total, bias_dtype, arith).err.reshape(ref.bias_shape)
-    return {key: _unbounded_not_nan(value) for key, value in bounds.items()}
+            # a bias with query rows has each chunk's rows: only a sum over rows waits
+            bounds["dbias"] = total if 2 in axes else total.finish()
+        else:
+            bounds["dbias"] = _unbounded_not_nan(algebra.round_to(ds, dtype, arith).err.reshape(ref.bias_shape))
+    return {key: _finished(ref, value) for key, value in bounds.items()}
+
+
+@numeric.pytree("arith", "dtype", "depth", "terms", "sm_scale")
+@dataclasses.dataclass(frozen=True)
+class _DotSums(RowSums):
+    """The bound on a dot the kernel's backward accumulates (dq over kv; dk, dv over
+    q rows and the group's q heads), from the sums over its reduction of the weights'
+    exact values, errors (``propagated``) and magnitudes, times |other|: the chain of
+    ``depth`` additions errs by gamma_depth of the (operand-rounded) magnitudes, each of
+    its ``terms`` products and additions may underflow, then the product with the f32
+    ``sm_scale`` (None: none) rounds, and the result rounds to ``dtype``."""
+
+    value: Any
+    propagated: Any
+    magnitude: Any
+    arith: Arithmetic
+    dtype: Any
+    depth: int
+    terms: int
+    sm_scale: float | None
+
+    def finish(self) -> np.ndarray:
+        arith, magnitude = self.arith, self.magnitude
+        u_op = arith.operand_unit(self.dtype)
+        operand_rel = 2.0 * u_op + u_op * u_op
+        chain = arith.gamma(self.depth, arith.mma_unit()) * xp.ones_like(magnitude)
+        with xp.errstate(invalid="ignore"):  # an unbounded chain times an empty sum is 0
+            summed = xp.where(magnitude == 0, 0.0, chain * (1.0 + operand_rel) * magnitude)
+        floor = 2 * self.terms * algebra.underflow_floor(F32, arith)
+        x = Bounded(self.value, self.propagated + operand_rel * magnitude + summed + floor)
+        if self.sm_scale is not None:  # the f32 sm_scale: its representation error is known
+            scale32 = float(xp.float32(self.sm_scale))
+            sc = Bounded(xp.full_like(x.value, self.sm_scale), xp.full_like(x.value, abs(scale32 - self.sm_scale)))
+            x = algebra.multiply(x, sc, arith=arith, dtype=F32)
+        return _unbounded_not_nan(_to_bshd(algebra.round_to(x, self.dtype, arith).err))
+
+
+@numeric.pytree("arith", "dtype", "terms", "shape")
+@dataclasses.dataclass(frozen=True)
+class _BiasSums(RowSums):
+    """The bound on dbias, XLA's f32 sum of the unrounded dS over the ``terms``
+    elements a bias broadcasts along (sequential), rounded once to the bias dtype,
+    from the sums of dS's exact values, errors and magnitudes; in the bias's ``shape``."""
+
+    value: Any
+    err: Any
+    magnitude: Any
+    arith: Arithmetic
+    dtype: Any
+    terms: int
+    shape: tuple[int, ...]
+
+    def finish(self) -> np.ndarray:
+        steps = max(self.terms - 1, 0)
+        err = self.err + gamma(steps, unit_roundoff(F32)) * self.magnitude + steps * algebra.underflow_floor(F32, self.arith)
+        return _unbounded_not_nan(algebra.round_to(Bounded(self.value, err), self.dtype, self.arith).err.reshape(self.shape))

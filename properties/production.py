@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import strategies
-from pallascheck.properties.spec import Case, KernelSpec, Layout
+from pallascheck.properties.spec import Case, KernelSpec, Layout, ProductionCases
 
 # How many worker processes share each device (verify's and fuzz's --jobs on fewer
 # GPUs): each plans with its share of the device's memory. Two verify workers that
@@ -81,7 +81,7 @@ def plan(layouts: Sequence[Layout], backend: Backend) -> Plan:
 
 def production_cases(
     family: str, layouts: Sequence[Layout], family_cases: Callable[..., st.SearchStrategy[Case]], domain: Any
-) -> Callable[[str, Backend], st.SearchStrategy[Case]]:
+) -> ProductionCases:
     """A spec's ``production`` strategy: one of the family's fitting ``layouts`` per
     Hypothesis example (shared by its cases), set in the spec's ``domain``, values
     drawn by ``family_cases(dtype, backend, domain=...)``."""

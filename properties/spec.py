@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -68,6 +68,13 @@ class Layout:
     name: str
     fields: dict[str, Any]
     needs: int
+
+
+class ProductionCases(Protocol):
+    """(dtype, backend, layout) -> the production shape tier's cases; ``layout``: only
+    the layouts whose name contains it (properties/production.py)."""
+
+    def __call__(self, dtype: str, backend: Backend, layout: str | None = None) -> st.SearchStrategy[Case]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +140,7 @@ class KernelSpec:
     default_config_on: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # (dtype, backend) -> the production shape tier's cases (properties/production.py):
     # layouts of real models; None: the spec has no production tier
-    production: Callable[[str, Backend], st.SearchStrategy[Case]] | None = None
+    production: ProductionCases | None = None
     # the named layouts of real models that ``production`` draws from (the family's own)
     production_layouts: Sequence[Layout] = ()
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the

@@ -1,4 +1,4 @@
-"""Production-size attention oracles in slices, on the device.
+"""Production-size attention oracles in slices and chunks of query rows, on the device.
 
 The attention oracle and its bounds hold about a dozen [b, h, sq, skv] float64
 intermediates: 4.3 GB each at b2 h16 s4096, more than a GPU holds together. Every
@@ -10,40 +10,87 @@ intermediates. The one exception is a bias that broadcasts over batch or heads: 
 gradient sums across slices, so a case is never sliced along an axis its bias
 broadcasts over.
 
+A slice of more than ``SLICE_ELEMENTS`` elements (one [1, group, 32768, 32768] slice
+is 34 GB per float64 intermediate) is computed in chunks of query rows. A query row's
+output, its implementation bound and its accuracy contract depend on its own q, bias
+and mask rows, all keys and values, and which keys it sees: a chunk's program takes
+the slice's case and the chunk's first row (a traced scalar: one program serves every
+chunk of the slice layout, and one more the last, shorter chunk), and computes the
+oracle of its rows with the causal mask of their absolute positions
+(``oracles.attention.causal_visible``, bottom-right alignment as the whole case's).
+The spec's functions still see the slice's case (its q length sets the backward's
+default q block and the sums' depth) with the chunk's oracle (``attention.chunk``):
+the rows' results are concatenated (out, its bounds, dq and its bound, and dbias of
+a bias with query rows); the results that sum over query rows (dk, dv, a dbias that
+broadcasts over rows, and their bounds) come back as ``attention.RowSums``: sums over
+the chunk's rows of exact values and non-negative error magnitudes, which the chunks
+add (float64 reassociation only, some 2^29 below any bound) before the factors of the
+whole sum (gamma of its depth over all sq rows, its underflow floors, sm_scale, the
+output rounding) are applied once (``RowSums.finish``). Nothing is left unchunked.
+
+Device memory of one chunk (g = group, or all h where the case is not sliced by
+head, times the batch rows of the slice; r = rows; d = head_dim), in float64 bytes:
+about 8 N g r skv for N live [g, r, skv] intermediates, N = 16 for the gradient bound
+(the largest program; measured with XLA's buffer assignment on the CPU, see
+``_chunk_rows``), plus O(g (r + skv) d) for q rows, k, v and the kv-head sums, plus
+the slice's inputs in their dtypes, placed on the device once for all its chunks:
+q and the cotangent (g sq d), k and v (skv d), and a bias or mask with query rows
+(g sq skv, so production layouts with long context draw none).
+
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
 programs (properties/device/programs.py): for cases below ``SLICE_ELEMENTS`` one per
-function and layout, else one per function and slice layout (the oracle and one
-bound, for one slice's shapes, config and arithmetic), which every slice and every
-case of the layout reuses.
+function and layout, else one per function and slice (or chunk) layout, which every
+slice, chunk and case of the layout reuses.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import numpy as np
+
+from pallascheck.oracles import attention as attention_oracle
 from pallascheck.oracles import numeric
 from pallascheck.oracles.numeric import xp
+from pallascheck.properties.device import layout_programs
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import Case
 
-# [b, h, sq, skv] elements above which a device oracle slices (2^25: 268 MB per float64
-# intermediate; under a dozen of them fit any GPU this runs on with room to spare)
+# [b, h, sq, skv] elements above which a device oracle slices, and the most a chunk of
+# query rows holds (2^25: 268 MB per float64 intermediate; 16 of them fit any GPU this
+# runs on with room to spare)
 SLICE_ELEMENTS = 2**25
 
 
 @dataclasses.dataclass(frozen=True)
 class Sliced:
     """A case whose oracle is computed slice by slice (``slices``: (batch, kv-head)
-    index pairs, None for an axis not sliced)."""
+    index pairs, None for an axis not sliced), each in chunks of ``rows`` query rows
+    (None: each slice whole)."""
 
     case: Case
     slices: tuple[tuple[int | None, int | None], ...]
+    rows: int | None = None
 
 
-def _plan(case: Case) -> tuple[tuple[int | None, int | None], ...] | None:
+def _chunk_rows(seq_q: int, row_elements: int) -> int | None:
+    """Query rows per chunk of a slice of ``row_elements`` = [b, h, skv] elements per
+    row: the largest power of two whose chunk stays within ``SLICE_ELEMENTS`` (from 128
+    rows up a multiple of 128, the kernels' q blocks; power-of-two sequence lengths
+    then split into equal chunks, one program), at least one row; None when the whole
+    slice fits."""
+    fit = SLICE_ELEMENTS // row_elements
+    if fit >= seq_q:
+        return None
+    return 1 << (max(fit, 1).bit_length() - 1)
+
+
+def _plan(case: Case) -> Sliced | None:
     q, k = case.arrays["q"], case.arrays["k"]
     b, sq, h, _ = q.shape
     skv, hkv = k.shape[1], k.shape[2]
@@ -52,13 +99,13 @@ def _plan(case: Case) -> tuple[tuple[int | None, int | None], ...] | None:
     bias = case.arrays.get("bias")
     by_batch = b > 1 and (bias is None or (bias.ndim == 4 and bias.shape[0] == b))
     by_head = hkv > 1 and (bias is None or (bias.ndim == 4 and bias.shape[1] == h))
-    if not (by_batch or by_head):
-        return None
-    return tuple(
+    slices = tuple(
         (i if by_batch else None, j if by_head else None)
         for i in (range(b) if by_batch else [None])
         for j in (range(hkv) if by_head else [None])
     )
+    rows = _chunk_rows(sq, (1 if by_batch else b) * (h // hkv if by_head else h) * skv)
+    return Sliced(case, slices, rows)
 
 
 def _take(a: Any, axis: int, index: int | None, width: int = 1) -> Any:
@@ -85,8 +132,31 @@ def _sub_case(case: Case, batch: int | None, kv_head: int | None) -> Case:
     return Case(out, case.params)
 
 
+def _chunk_case(case: Case, first_row: Any, rows: int) -> Case:
+    """The case of query rows ``first_row`` .. ``first_row + rows`` of ``case``: their
+    q, cotangent, bias and mask rows, every key, and the causal mask as the mask of
+    those rows' absolute positions in ``case`` (never as if the first were row 0)."""
+    sq, skv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+    out = {}
+    for name, a in case.arrays.items():
+        if name in ("q", "cotangent"):  # [b, sq, h, d]
+            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, 1)
+        elif name not in ("k", "v") and a.ndim >= 2 and a.shape[-2] > 1:  # bias, mask with rows
+            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, a.ndim - 2)
+        else:  # k, v; a bias or mask broadcast over rows
+            out[name] = a
+    params = dict(case.params)
+    if params["causal"]:
+        visible = attention_oracle.causal_visible(sq, skv, first_row=first_row, rows=rows)
+        out["mask"] = visible & out["mask"] if "mask" in out else visible
+        params["causal"] = False
+    return Case(out, params)
+
+
 # where each result's batch and head axes are (q-like [b, sq, h, d], bias-like [b, h, sq, skv])
 _AXES = {"out": (0, 2), "dq": (0, 2), "dk": (0, 2), "dv": (0, 2), "dbias": (0, 1)}
+# where a chunk's rows are in the results that have rows (a bias in its own shape)
+_ROW_AXIS = {"out": 1, "dq": 1, "dbias": -2}
 
 
 def _assemble(sliced: Sliced, parts: list[Any], key: str) -> Any:
@@ -105,6 +175,30 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
+def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]) -> Any:
+    """``program(case, first_row, rows, *rest)`` over the query rows of the slice
+    ``case``, ``rows`` at a time: the chunks' rows concatenated, their ``RowSums``
+    added and finished."""
+    # placed once: every chunk's program reads the same device copies
+    case = Case(layout_programs.placed(dict(case.arrays)), case.params)
+    seq_q = case.arrays["q"].shape[1]
+    pieces: dict[str, list[Any]] = {}
+    sums: dict[str, attention_oracle.RowSums] = {}
+    for first in range(0, seq_q, rows):
+        part = program(case, np.asarray(first, np.int32), min(rows, seq_q - first), *rest)
+        results = part if isinstance(part, Mapping) else {"out": part}
+        for key, x in results.items():
+            if isinstance(x, attention_oracle.RowSums):
+                sums[key] = jax.tree_util.tree_map(operator.add, sums[key], x) if key in sums else x
+            else:
+                pieces.setdefault(key, []).append(x)
+    combined = {
+        key: sums[key].finish() if key in sums else xp.concatenate(pieces[key], axis=_ROW_AXIS[key])
+        for key in results
+    }
+    return combined if isinstance(part, Mapping) else combined["out"]
+
+
 def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
@@ -114,15 +208,23 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
 
     def sliced_oracle(case: Case) -> Any:
         plan = _plan(case)
-        return whole_oracle(case) if plan is None else Sliced(case, plan)
+        return whole_oracle(case) if plan is None else plan
 
     def expected_of(case: Case, ref: Any) -> Any:
         return expected(ref)
 
+    def chunk_oracle(case: Case, first_row: Any, rows: int) -> Any:
+        ref = oracle(_chunk_case(case, first_row, rows))
+        return attention_oracle.chunk(ref, first_row, case.arrays["q"].shape[1])
+
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
         whole = device_programs.per_layout(fn)
-        # a slice's oracle is computed inside the slice's program
+        # a slice's oracle is computed inside the slice's program, a chunk's inside the
+        # chunk's, where ``fn`` sees the slice's case
         of_slice = device_programs.per_layout(lambda case, *rest: fn(case, oracle(case), *rest))
+        of_chunk = device_programs.per_layout(
+            lambda case, first_row, rows, *rest: fn(case, chunk_oracle(case, first_row, rows), *rest)
+        )
 
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
@@ -131,9 +233,8 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
             parts = []
             for i, j in ref.slices:
                 sub = _sub_case(case, i, j)
-                parts.append(
-                    of_slice(sub, *[_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest])
-                )
+                sub_rest = [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest]
+                parts.append(of_slice(sub, *sub_rest) if ref.rows is None else _chunked(of_chunk, sub, ref.rows, sub_rest))
             if isinstance(parts[0], Mapping):
                 return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
             return _assemble(ref, parts, "out")

@@ -149,6 +149,7 @@ def layer_norm(kind: str) -> KernelSpec:
     scale_offset in f32 that our oracle, which takes the scale as given, does not
     model). ``kind="rms_norm"`` is ``subtract_mean=False`` (RMSNorm) with no offset."""
     tokamax = _tokamax()
+    call: Callable[..., jax.Array]
     if kind == "layer_norm":
 
         def call(x: jax.Array, scale: Any, offset: Any, *, eps: float) -> jax.Array:
@@ -214,6 +215,7 @@ def attention_xla(implementation: str) -> KernelSpec:
     an f32 accumulator, divided at the end. Its gradients are autodiff through the
     chunk loop (it has no VJP of its own), which sums dk and dv over the query chunks
     in their own dtype; those of ``xla`` are autodiff of the softmax."""
+    impl: tuple[Any, ...] | str  # Tokamax's implementation objects, or one's name
     if implementation == "xla_chunked":
         chunked = _implementation("attention", "xla_chunked").replace(chunk_size=(16, 32))
         impl, blocks = (chunked,), attention_spec.Blocks(block_k=32, qk_precision="default")
@@ -323,14 +325,17 @@ def attention_triton(differentiable: bool = True) -> KernelSpec:
     )
     if not differentiable:
         return spec
-    vjp = spec.gradients.kernel_vjp
+    gradients = spec.gradients
+    if gradients is None:
+        raise ValueError(f"{spec.name}: a differentiable spec has gradients")
+    vjp = gradients.kernel_vjp
 
     def kernel_vjp(case: Case, config: Any, backend: Any) -> Any:
         # the backward kernels are traced when the pullback runs, after ``call`` returned
         with _pallas_interpreted() if backend.name == "interpret" else contextlib.nullcontext():
             return vjp(case, config, backend)
 
-    return dataclasses.replace(spec, gradients=dataclasses.replace(spec.gradients, kernel_vjp=kernel_vjp))
+    return dataclasses.replace(spec, gradients=dataclasses.replace(gradients, kernel_vjp=kernel_vjp))
 
 
 def attention_mosaic_gpu(config: Any = None, vjp_config: Any = None) -> KernelSpec:
@@ -649,6 +654,9 @@ def linear_softmax_cross_entropy(implementation: str) -> KernelSpec:
 
     spec = linear_cross_entropy_spec.make_spec(adapted, f"tokamax:linear_softmax_cross_entropy_loss:{implementation}")
     gradients = spec.gradients
+    if gradients is None or gradients.contract is None:
+        raise ValueError(f"{spec.name}: the spec's gradients have a contract")
+    contract = gradients.contract
     return dataclasses.replace(
         spec,
         cases=lambda dtype, backend: spec.cases(dtype, backend).map(_no_smoothing_none_ignored),
@@ -657,7 +665,7 @@ def linear_softmax_cross_entropy(implementation: str) -> KernelSpec:
         bad_inputs=bad,
         backends=XLA,
         gradients=dataclasses.replace(
-            gradients, bound=lambda case, ref, grads, config, arith: gradients.contract(case, ref, grads, arith)
+            gradients, bound=lambda case, ref, grads, config, arith: contract(case, ref, grads, arith)
         ),
     )
 
