@@ -6,12 +6,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
 
-_K = TypeVar("_K", bound=Hashable)  # a thunk's name
 
 def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
     """Wall times of ``repeats`` calls after one untimed call (compile + warm-up)."""
@@ -44,14 +43,14 @@ def interleaved_seconds(
     return times
 
 
-def interleaved_medians(
-    thunks: dict[_K, Callable[[], Any]], repeats: int, burst: int = 1
-) -> tuple[dict[_K, float], dict[_K, str]]:
+def interleaved_medians[K: Hashable](
+    thunks: dict[K, Callable[[], Any]], repeats: int, burst: int = 1
+) -> tuple[dict[K, float], dict[K, str]]:
     """Median seconds per call of each named thunk, timed together in shuffled rounds
     (``interleaved_seconds``), and the error of each thunk whose warm-up call failed:
     a competitor that does not compile or run is recorded, not fatal."""
-    runnable: dict[_K, Callable[[], Any]] = {}
-    errors: dict[_K, str] = {}
+    runnable: dict[K, Callable[[], Any]] = {}
+    errors: dict[K, str] = {}
     for name, thunk in thunks.items():
         try:
             jax.block_until_ready(thunk())

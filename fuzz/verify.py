@@ -53,6 +53,9 @@ class Row:
     # reference); None where the spec states no contract or the check has none
     contract_budget: float | None = None
     note: str = ""  # why a row of no cases was not checked
+    # on a property's first row: its declared code paths and the cases that reached each
+    paths_declared: tuple[str, ...] = ()
+    paths: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def checked(self) -> bool:
@@ -259,6 +262,8 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
     # A check the spec has that no case ran is reported as not checked: the property
     # stopped at its first failing case (Hypothesis then shrinks that case), or no case
     # reached the check. Its row keeps the kernel x dtype's count honest.
+    if rows:
+        rows[0].paths_declared, rows[0].paths = tally.paths_declared, dict(tally.paths)
     why = "the property stopped at its first failing case" if tally.failure else "no case reached it"
     for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
         if check not in tally.outcomes:
@@ -399,6 +404,8 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
             m.seconds + row.seconds,
             _larger(m.contract_budget, row.contract_budget),
             "" if m.examples + row.examples else (m.note or row.note),
+            tuple(dict.fromkeys(m.paths_declared + row.paths_declared)),
+            {k: m.paths.get(k, 0) + row.paths.get(k, 0) for k in {**m.paths, **row.paths}},
         )
     return list(merged.values())
 
@@ -574,3 +581,34 @@ def _print_columns(header: Sequence[str], body: Sequence[Sequence[str]]) -> None
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     for line in [header, tuple("-" * w for w in widths), *body]:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+
+
+def coverage(rows: Sequence[Row]) -> list[tuple[str, str, list[str], dict[str, int]]]:
+    """Per kernel x dtype with declared code paths: (kernel, dtype, declared, reached counts)."""
+    return [(r.kernel, r.dtype, list(r.paths_declared), r.paths) for r in rows if r.paths_declared]
+
+
+def print_coverage(rows: Sequence[Row]) -> None:
+    """The declared code paths each kernel x dtype reached (cases reaching each)."""
+    table = coverage(rows)
+    if not table:
+        return
+    print("\nCode paths reached (declared by each spec; cases that ran each):")
+    body = []
+    for kernel, dtype, declared, reached in table:
+        missed = [p for p in declared if not reached.get(p)]
+        body.append(
+            (
+                kernel,
+                dtype,
+                f"{len(declared) - len(missed)}/{len(declared)}",
+                "; ".join(f"{p} ({reached[p]})" for p in declared if reached.get(p))
+                + ("" if not missed else f"; NOT REACHED: {'; '.join(missed)}"),
+            )
+        )
+    _print_columns(("kernel", "dtype", "paths", "reached (cases)"), body)
+
+
+def unreached(rows: Sequence[Row]) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, path) for each declared path no case reached."""
+    return [(k, d, p) for k, d, declared, reached in coverage(rows) for p in declared if not reached.get(p)]

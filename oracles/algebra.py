@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -32,10 +32,6 @@ from pallascheck.oracles.tolerance import (
     smallest_normal,
     unit_roundoff,
 )
-
-# An operation computes in its operands' namespace and returns an array of their kind:
-# numpy on the host, a JAX array on the device
-_Array = TypeVar("_Array", np.ndarray, jax.Array)
 
 
 def _f64(value: Any) -> Any:
@@ -67,7 +63,9 @@ def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounde
     return Bounded(value, err)
 
 
-def subnormal_part(value: _Array, dtype: Any = np.float32) -> _Array:
+# subnormal_part, rounding and times return an array of their operands' kind: numpy on
+# the host, a JAX array on the device
+def subnormal_part[A: (np.ndarray, jax.Array)](value: A, dtype: Any = np.float32) -> A:
     """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0."""
     xp = namespace(value)
     value = xp.abs(xp.asarray(value, dtype=np.float64))
@@ -82,14 +80,14 @@ def underflow_floor(dtype: Any, arith: Arithmetic) -> float:
     return tiny if arith.flush_subnormals else unit_roundoff(dtype) * tiny
 
 
-def rounding(magnitude: _Array, dtype: Any, arith: Arithmetic) -> _Array:
+def rounding[A: (np.ndarray, jax.Array)](magnitude: A, dtype: Any, arith: Arithmetic) -> A:
     """Error of one rounding of a result of at most ``magnitude``; unbounded where
     the result may overflow to infinity."""
     err = unit_roundoff(dtype) * magnitude + underflow_floor(dtype, arith)
     return namespace(magnitude).where(magnitude <= largest_finite(dtype), err, np.inf)
 
 
-def times(a: _Array | float, b: _Array | float) -> _Array:
+def times[A: (np.ndarray, jax.Array)](a: A | float, b: A | float) -> A:
     """a * b for non-negative error terms, with 0 * inf = inf: an unbounded error
     means the value may have overflowed to inf, and the kernel's exact zero times it
     is then NaN (IEEE), so the product stays unbounded; ``checks.compare`` admits any

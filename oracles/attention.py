@@ -125,7 +125,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh, optimize=True), (0, 2, 1, 3))
 
 
-@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape", "whole_seq_q")
+@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape", "whole_seq_q", "whole_bias_shape")
 @dataclasses.dataclass(frozen=True)
 class AttentionOracle:
     out: np.ndarray  # [b, sq, h, d] float64
@@ -147,18 +147,20 @@ class AttentionOracle:
     has_bias: bool
     bias_shape: tuple[int, ...] | None
     # A chunk of query rows (``chunk``): the first row's index in the whole case (a
-    # scalar, traced on the device) and the whole case's seq_q; None: the whole case.
+    # scalar, traced on the device), the whole case's seq_q and bias shape (a bias
+    # with query rows has the chunk's in ``bias_shape``); None: the whole case.
     first_row: Any = None
     whole_seq_q: int | None = None
+    whole_bias_shape: tuple[int, ...] | None = None
 
 
-def chunk(ref: AttentionOracle, first_row: Any, seq_q: int) -> AttentionOracle:
+def chunk(ref: AttentionOracle, first_row: Any, seq_q: int, bias_shape: tuple[int, ...] | None) -> AttentionOracle:
     """``ref``, the oracle of query rows ``first_row`` .. of a case of ``seq_q`` query
-    rows, marked as such: ``oracle_vjp`` and ``gradient_bound`` then take those rows of
-    the whole case's q, cotangent and bias, and return the results that sum over
-    query rows as ``RowSums`` (the chunks' parts add; ``finish`` applies what depends
-    on the whole sum)."""
-    return dataclasses.replace(ref, first_row=first_row, whole_seq_q=seq_q)
+    rows and a bias of ``bias_shape``, marked as such: ``oracle_vjp`` and
+    ``gradient_bound`` then take those rows of the whole case's q, cotangent and bias,
+    and return the results that sum over query rows as ``RowSums`` (the chunks' parts
+    add; ``finish`` applies what depends on the whole sum)."""
+    return dataclasses.replace(ref, first_row=first_row, whole_seq_q=seq_q, whole_bias_shape=bias_shape)
 
 
 def _query_rows(ref: AttentionOracle, x: Any, axis: int) -> Any:
@@ -407,6 +409,8 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, Any]
     broadcasts over rows) as ``RowSums`` of its rows' terms."""
     vis = ref.visible
     scale = ref.sm_scale
+    # whether the bias has query rows is a fact of the whole case's (a chunk may have one row)
+    summed = bias is not None and _sums_over_query_rows(tuple(bias.shape))
     q, cotangent, bias = _query_rows(ref, q, 1), _query_rows(ref, cotangent, 1), _bias_rows(ref, bias)
     if bias is None:
         dq, dk, dv = vjp64(_without_bias, (q, k, v), cotangent, constants=(vis,), static=(scale,))
@@ -414,7 +418,6 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, Any]
     else:
         raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
         dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
-        summed = _sums_over_query_rows(tuple(bias.shape))
         grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv), "dbias": _Summed(dbias) if summed else dbias}
     return {key: _finished(ref, g) for key, g in grads.items()}
 
@@ -562,7 +565,9 @@ def gradient_bound(
     if ref.has_bias:
         if ref.bias_shape is None:
             raise ValueError("AttentionOracle: has_bias without a bias_shape")
-        shape = (1,) * (4 - len(ref.bias_shape)) + tuple(ref.bias_shape)
+        # the axes it broadcasts along are the whole case's (a chunk may have one row)
+        whole_bias = ref.bias_shape if ref.whole_bias_shape is None else ref.whole_bias_shape
+        shape = (1,) * (4 - len(whole_bias)) + tuple(whole_bias)
         whole = ds.value.shape[:2] + (sq,) + ds.value.shape[3:]
         axes = tuple(a for a in range(4) if shape[a] == 1 and whole[a] != 1)
         if axes:

@@ -299,7 +299,9 @@ def token_loss_bound(
         loss = algebra.add(loss, algebra.multiply(_constant(1.0 - ref.eps), gap, **kw), **kw)
     if np.float32(ref.eps) != 0.0:
         if block_v is None:
-            raise ValueError('finish "stable" with label smoothing models the kernel\'s vocabulary tiles: give a block_v')
+            raise ValueError(
+                'finish "stable" with label smoothing models the kernel\'s vocabulary tiles: give a block_v'
+            )
         sd = _shifted_sum(ref.z, big, arith=arith, block_v=block_v, shards=shards, logit_err=logit_err)
         mean = algebra.divide(_negated(sd), Bounded.exact(ref.z.shape[1]), **kw)
         loss = algebra.add(loss, algebra.multiply(_constant(ref.eps), mean, **kw), **kw)

@@ -100,4 +100,4 @@ def expected(spec: Any, selected: Iterable[str]) -> list[str]:
     """Of the ``selected`` per-case checks, those every run of ``spec`` must report: a
     row missing from its tally was not checked (the property stopped at its first
     failing case, or no case reached it), never passed."""
-    return [name for name in selected if KINDS[name].applies is not None and KINDS[name].applies(spec)]
+    return [name for name in selected if (applies := KINDS[name].applies) is not None and applies(spec)]

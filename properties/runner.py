@@ -14,16 +14,18 @@ import functools
 import hashlib
 import math
 import os
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings, target
+from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import NoSuchExample
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
@@ -33,7 +35,7 @@ from pallascheck.properties import check_kinds, checks, strategies
 from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
-from pallascheck.properties.spec import Case, KernelSpec
+from pallascheck.properties.spec import Case, CodePath, KernelSpec
 
 
 def _np(a: Any) -> np.ndarray:
@@ -71,6 +73,9 @@ class Tally:
     # Every distinct failure Hypothesis reported, each under its own check (it reports
     # several at once as an ExceptionGroup: "Hypothesis found 2 distinct failures").
     findings: list[Finding] = dataclasses.field(default_factory=list)
+    # the spec's declared code paths (KernelSpec.paths_for) and the cases that reached each
+    paths_declared: tuple[str, ...] = ()
+    paths: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def failure(self) -> str:
@@ -646,18 +651,14 @@ def run_property(
     phases += [Phase.shrink] if shrink and shapes == "small" else []
     database = DirectoryBasedExampleDatabase(search.database) if search.database else None
 
-    @settings(
-        max_examples=examples,
-        database=database,
-        deadline=None,
-        phases=phases,
-        derandomize=False,
-        suppress_health_check=list(HealthCheck),
-        print_blob=False,
-    )
-    @hypothesis_seed(dtype_seed(seed, dtype))
-    @given(drawn)
-    def property_(cases_and_config: tuple[list[Case], int]) -> None:
+    declared = spec.paths_for(backend, shapes)
+    tally.paths_declared = tuple(p.name for p in declared)
+
+    def config_of(cases: list[Case], index: int) -> Any:
+        space = list(spec.configs(cases[0], backend))
+        return space[(index if search.config_slot is None else search.config_slot) % len(space)]
+
+    def check_example(cases_and_config: tuple[list[Case], int]) -> None:
         cases, index = cases_and_config
         index = index if search.config_slot is None else search.config_slot
         budgets: dict[str, float] = {}
@@ -665,6 +666,9 @@ def run_property(
             for case in cases:
                 space = list(spec.configs(case, backend))
                 config = space[index % len(space)]
+                for path in declared:
+                    if path.reached(case, config):
+                        tally.paths[path.name] = tally.paths.get(path.name, 0) + 1
                 if search.before_case is not None:
                     search.before_case(case, config)
                 case_tally = Tally()
@@ -672,7 +676,7 @@ def run_property(
                     check_case(spec, case, config, backend, context=context, selected=selected, tally=case_tally)
                 except Exception as failure:  # a crash is a finding too: keep its input
                     if failure_dir is not None:
-                        save_failure(failure_dir, spec, dtype, backend, case, config, failure)
+                        save_failure(failure_dir, spec, dtype, backend, case, config, failure, declared)
                     _merge_into(tally, case_tally)  # the checks this case passed before it failed
                     if search.after_case is not None and isinstance(failure, checks.CheckFailure):
                         case_tally.add(failure.outcome, 0.0)
@@ -690,6 +694,20 @@ def run_property(
             if search.targeted:
                 _report_targets(budgets)
 
+    @settings(
+        max_examples=examples,
+        database=database,
+        deadline=None,
+        phases=phases,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    @hypothesis_seed(dtype_seed(seed, dtype))
+    @given(drawn)
+    def property_(cases_and_config: tuple[list[Case], int]) -> None:
+        check_example(cases_and_config)
+
     if search.database:
         key = f"{spec.name}/{dtype}/{backend}/{search.database_key}/{sorted(selected)}"
         property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()
@@ -700,7 +718,52 @@ def run_property(
             _book(tally, failure, context)
     except Exception as failure:  # noqa: BLE001 - a kernel that crashes is a failed check
         _book(tally, failure, context)
+    # Paths by rule: a declared path the draws above missed is drawn for (a case whose
+    # shapes, options and config reach it) and checked, in verify and the suite alike; a
+    # fuzz campaign's draws are the search's own.
+    steered = search.targeted or search.config_slot is not None or search.database is not None
+    for i, path in enumerate(p for p in declared if p.name not in tally.paths and not steered):
+        if tally.findings:
+            break
+        example = _draw_reaching(drawn, path, config_of, dtype_seed(seed, dtype) + i + 1)
+        if example is None:
+            continue  # unreachable by these draws: reported as not reached
+        try:
+            check_example(example)
+        except Exception as failure:  # noqa: BLE001 - as above: booked under its check
+            _book(tally, failure, context)
     return tally
+
+
+# How many draws (shapes, options and a config; no check runs) the search for a case
+# reaching a missed path may take: the rarest declared path of the shipped specs is one
+# draw in about 24 on its backend, so it is missed with probability (23/24)^400 < 1e-7.
+PATH_DRAWS = 400
+
+
+def _draw_reaching(
+    drawn: st.SearchStrategy[tuple[list[Case], int]],
+    path: CodePath,
+    config_of: Callable[[list[Case], int], Any],
+    seed: int,
+) -> tuple[list[Case], int] | None:
+    """An example of ``drawn`` whose first case reaches ``path`` under its config, or
+    None where ``PATH_DRAWS`` draws found none."""
+    try:
+        return find(
+            drawn,
+            lambda example: path.reached(example[0][0], config_of(*example)),
+            settings=settings(
+                max_examples=PATH_DRAWS,
+                phases=[Phase.generate],
+                database=None,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+            random=random.Random(seed),
+        )
+    except NoSuchExample:
+        return None
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -733,9 +796,11 @@ def save_failure(
     case: Case,
     config: Any,
     failure: Exception,
+    paths: Sequence[CodePath] = (),
 ) -> str:
     """Save the failing case as ``failure_path(directory, spec.name, dtype, check)``
-    (check "crash" for an exception that is not a CheckFailure); returns the path."""
+    (check "crash" for an exception that is not a CheckFailure), naming the declared
+    ``paths`` it reaches; returns the path."""
     os.makedirs(directory, exist_ok=True)
     check = failed_check(failure)
     if check == "crash":
@@ -748,6 +813,7 @@ def save_failure(
         "check": check,
         "config": config_to_json(config),
         "message": str(failure),
+        "paths": [p.name for p in paths if p.reached(case, config)],
     }
     Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
     return path

@@ -78,6 +78,21 @@ class ProductionCases(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class CodePath:
+    """A code path of the kernel that a run must reach, stated as a rule over what a
+    case draws: ``reached(case, config)`` says whether checking ``case`` under
+    ``config`` runs it (a warp-specialised CTA's second warpgroup on real rows, a
+    ragged-dot group straddling a row tile, several kv blocks). ``backends``: the
+    backends whose kernel has the path (None: every one the spec runs on); ``tiers``:
+    the shape tiers that must reach it."""
+
+    name: str
+    reached: Callable[[Case, Any], bool]
+    backends: Sequence[str] | None = None
+    tiers: Sequence[str] = ("small",)
+
+
+@dataclasses.dataclass(frozen=True)
 class GradientSpec:
     """Backward-pass checks. Cases carry the output cotangent as ``arrays['cotangent']``."""
 
@@ -143,6 +158,9 @@ class KernelSpec:
     production: ProductionCases | None = None
     # the named layouts of real models that ``production`` draws from (the family's own)
     production_layouts: Sequence[Layout] = ()
+    # the code paths every run must reach (runner.run_property draws for any the
+    # random draws missed, and reports each one's cases)
+    paths: Sequence[CodePath] = ()
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec
@@ -160,6 +178,10 @@ class KernelSpec:
 
     def default_config_for(self, backend: Backend) -> Any:
         return self.default_config_on.get(backend.name, self.default_config)
+
+    def paths_for(self, backend: Backend, shapes: str = "small") -> list[CodePath]:
+        """The declared paths a run on ``backend`` at the ``shapes`` tier must reach."""
+        return [p for p in self.paths if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
 
 
 def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]) -> Callable[..., np.ndarray]:

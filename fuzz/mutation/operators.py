@@ -20,6 +20,7 @@ import difflib
 import random
 import re
 from collections.abc import Sequence
+from typing import cast
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -138,7 +139,7 @@ def generate(
     seen = {source}
     mutants: list[Mutant] = []
     for found in finder.found:
-        mutated = wrapper.module.deep_replace(found.old, found.new).code
+        mutated = cast(cst.Module, wrapper.module.deep_replace(found.old, found.new)).code  # a module stays one
         if mutated in seen:
             continue
         seen.add(mutated)
@@ -483,7 +484,9 @@ class _Finder(cst.CSTVisitor):
                 i = names.index(variable)
                 neighbour = names[i - 1] if i > 0 else (names[1] if len(names) > 1 else None)
                 if neighbour is not None:
-                    self.add("reduction", operand.value, operand.value.visit(_Rename(variable, neighbour)))
+                    # a rename never removes the expression nor splits it
+                    renamed = cast(cst.BaseExpression, operand.value.visit(_Rename(variable, neighbour)))
+                    self.add("reduction", operand.value, renamed)
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "axis" and (axis := _number(arg.value)) is not None:
                 shifted = axis + 1 if axis == 0 else axis - 1
@@ -526,8 +529,8 @@ class _Finder(cst.CSTVisitor):
             for table in (_FLIPPED, _INCLUSIVE):
                 if op in table:
                     new_op = table[op](
-                        whitespace_before=target.operator.whitespace_before,
-                        whitespace_after=target.operator.whitespace_after,
+                        whitespace_before=target.operator.whitespace_before,  # type: ignore[attr-defined]  # every concrete BaseCompOp has it; the base class does not declare it
+                        whitespace_after=target.operator.whitespace_after,  # type: ignore[attr-defined]  # as above
                     )
                     self.add("mask", node, node.deep_replace(target.operator, new_op))
 

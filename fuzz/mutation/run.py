@@ -249,6 +249,8 @@ class _Job:
             self.pending = True
         elif kind == "checked":
             self.pending = False
+            if self.unit is None:
+                raise RuntimeError("a case was checked before the job's first task started")
             self.digests[self.unit].append(payload["digest"])
             if not payload["passed"] and self.killed_at is None:
                 self.killed_at = self.cases
@@ -328,6 +330,8 @@ def run_baseline(settings: Settings, directory: str, progress: Callable[[str], N
             if death is not None:
                 raise BaselineFailure(f"the unmutated kernel's worker was lost ({death.kind}): {death.message}")
             if result is not None:
+                if unit is None:
+                    raise RuntimeError("the unmutated kernel's worker finished a task before its first started")
                 if result["failure"]:
                     raise BaselineFailure(
                         f"the unmutated kernel fails its checks ({' '.join(unit)}):\n{result['failure']}"
@@ -452,7 +456,8 @@ def run(
                     break
                 for slot in range(settings.jobs):
                     if slot not in jobs and (slot in spares or queue):
-                        jobs[slot] = spares.pop(slot, None) or _spawn(settings, queue.pop(0), slot, directory)
+                        spare: _Job | None = spares.pop(slot, None)
+                        jobs[slot] = spare or _spawn(settings, queue.pop(0), slot, directory)
                         jobs[slot].next_task(settings)
                     if slot not in spares and queue:
                         spares[slot] = _spawn(settings, queue.pop(0), slot, directory)

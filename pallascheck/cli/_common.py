@@ -87,7 +87,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows an option's default where it is a value; an option whose default is None
     or off says in its help what happens without it."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or action.default is False or "default" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)

@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"replaying {meta['kernel']} {meta['dtype']} [{meta['check']}] on {backend}: {case.describe()}; config={config}"
     )
+    if meta.get("paths"):
+        print(f"code paths this case reaches: {'; '.join(meta['paths'])}")
     if meta["check"] in ("hang", "crash", "oom"):
         print(
             f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): {meta['message']}",

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     rows, failures = verify.run(units, options, jobs)
     elapsed = time.perf_counter() - start
     not_checked += [scope.NotChecked(r.kernel, r.dtype, f"{r.check}: {r.note}") for r in rows if not r.checked]
+    not_checked += [scope.NotChecked(k, d, f"code path not reached: {p}") for k, d, p in verify.unreached(rows)]
     ok = all(r.passed for r in rows)
     checked = [r for r in rows if r.checked]
     examples = sum(r.examples for r in rows)
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n" + message)
     print(f"\n{'Every row' if args.full else 'Per kernel (--full: every kernel x dtype x check row)'}, failures first:")
     (verify.print_table if args.full else verify.print_summary)(rows)
+    verify.print_coverage(rows)
     if args.durations:
         print(f"\nslowest {args.durations} kernel x dtype x check:")
         for r in verify.slowest(rows, args.durations):

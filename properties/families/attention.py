@@ -30,6 +30,7 @@ from pallascheck.properties.families import attention_slices
 from pallascheck.properties.spec import (
     BadInput,
     Case,
+    CodePath,
     GradientSpec,
     KernelSpec,
     Layout,
@@ -499,6 +500,78 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
     return bad
 
 
+def _sq_skv(case: Case) -> tuple[int, int]:
+    return case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+
+
+def _blocks(n: int, block: int | None) -> int:
+    return 1 if not block else -(-n // block)
+
+
+def _kv_block(config: Any) -> int | None:
+    """The forward's kv block: ours (generic ``block_k``, Mosaic GPU ``block_kv``) or a
+    user kernel's ``Blocks.block_k`` (None: unknown)."""
+    return getattr(config, "block_kv", getattr(config, "block_k", None))
+
+
+def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+    """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
+
+    def causal(case: Case) -> bool:
+        return bool(case.params.get("causal"))
+
+    shared = (
+        CodePath(
+            "several kv blocks: online softmax rescales",
+            lambda case, config: _blocks(_sq_skv(case)[1], _kv_block(config)) >= 2,
+        ),
+        CodePath(
+            "a ragged last kv block",
+            lambda case, config: (
+                bool(_kv_block(config))
+                and _sq_skv(case)[1] % _kv_block(config) != 0
+                and _sq_skv(case)[1] > _kv_block(config)
+            ),
+        ),
+    )
+    if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
+        return shared + (
+            CodePath(
+                "causal over several kv blocks",
+                lambda case, config: causal(case) and _blocks(_sq_skv(case)[1], _kv_block(config)) >= 2,
+            ),
+        )
+    ws = ("mosaic_gpu", "mosaic_gpu_interpret")
+    return shared + (
+        CodePath(
+            "causal: q blocks with different kv ranges",
+            lambda case, config: causal(case) and _sq_skv(case)[0] > config.block_q,
+        ),
+        CodePath("grouped-query heads", lambda case, config: case.arrays["q"].shape[2] != case.arrays["k"].shape[2]),
+        CodePath("a bias or mask", lambda case, config: "bias" in case.arrays or "mask" in case.arrays),
+        CodePath(
+            "4+ kv blocks",
+            lambda case, config: _blocks(_sq_skv(case)[1], _kv_block(config)) >= 4,
+            backends=ws,
+        ),
+        CodePath(
+            "warp-specialised forward, second consumer on real rows, causal",
+            lambda case, config: config.consumers == 2 and causal(case) and _sq_skv(case)[0] > config.block_q,
+            backends=ws,
+        ),
+        CodePath(
+            "warp-specialised forward, a consumer of padding only",
+            lambda case, config: config.consumers == 2 and _blocks(_sq_skv(case)[0], config.block_q) % 2 == 1,
+            backends=ws,
+        ),
+        CodePath(
+            "warp-specialised dk/dv, second consumer on real keys",
+            lambda case, config: config.consumers_bwd == 2 and _sq_skv(case)[1] > config.block_kv_bwd,
+            backends=ws,
+        ),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = attention.attention,
     name: str = "attention",
@@ -558,6 +631,7 @@ def make_spec(
         adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
+        paths=_paths(blocks),
         **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),
     )
 

@@ -193,8 +193,7 @@ def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]
             else:
                 pieces.setdefault(key, []).append(x)
     combined = {
-        key: sums[key].finish() if key in sums else xp.concatenate(pieces[key], axis=_ROW_AXIS[key])
-        for key in results
+        key: sums[key].finish() if key in sums else xp.concatenate(pieces[key], axis=_ROW_AXIS[key]) for key in results
     }
     return combined if isinstance(part, Mapping) else combined["out"]
 
@@ -215,7 +214,10 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
 
     def chunk_oracle(case: Case, first_row: Any, rows: int) -> Any:
         ref = oracle(_chunk_case(case, first_row, rows))
-        return attention_oracle.chunk(ref, first_row, case.arrays["q"].shape[1])
+        bias = case.arrays.get("bias")
+        return attention_oracle.chunk(
+            ref, first_row, case.arrays["q"].shape[1], None if bias is None else tuple(bias.shape)
+        )
 
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
         whole = device_programs.per_layout(fn)
@@ -234,7 +236,9 @@ def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
             for i, j in ref.slices:
                 sub = _sub_case(case, i, j)
                 sub_rest = [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest]
-                parts.append(of_slice(sub, *sub_rest) if ref.rows is None else _chunked(of_chunk, sub, ref.rows, sub_rest))
+                parts.append(
+                    of_slice(sub, *sub_rest) if ref.rows is None else _chunked(of_chunk, sub, ref.rows, sub_rest)
+                )
             if isinstance(parts[0], Mapping):
                 return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
             return _assemble(ref, parts, "out")

@@ -24,6 +24,7 @@ from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
     Case,
+    CodePath,
     GradientSpec,
     KernelSpec,
     Layout,
@@ -249,6 +250,28 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
+def _paths() -> tuple[CodePath, ...]:
+    """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
+
+    def ragged(n: int, block: int) -> bool:
+        return n > block and n % block != 0
+
+    return (
+        CodePath(
+            "several K tiles and a ragged last one",
+            lambda case, config: ragged(
+                case.arrays["x"].shape[-1], getattr(config, "tile_k", getattr(config, "block_k", 0))
+            ),
+        ),
+        CodePath(
+            "several row tiles and a ragged last one",
+            lambda case, config: ragged(
+                int(np.prod(case.arrays["x"].shape[:-1])), getattr(config, "tile_m", getattr(config, "block_m", 0))
+            ),
+        ),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = glu.gated_linear_unit,
     name: str = "gated_linear_unit",
@@ -288,6 +311,7 @@ def make_spec(
         gradients=gradients if differentiable else None,
         bad_inputs=_bad_inputs,
         backends=GENERIC + MOSAIC_GPU,
+        paths=_paths(),
         dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
         default_config_on={name: mosaic_gpu_glu.Config() for name in MOSAIC_GPU},
     )

@@ -21,6 +21,7 @@ from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
     Case,
+    CodePath,
     GradientSpec,
     KernelSpec,
     Layout,
@@ -286,6 +287,58 @@ class Blocks:
     block_k: int | None = None
 
 
+def _tiles(n: int, block: int | None) -> int:
+    return 1 if not block else -(-n // block)
+
+
+def _ragged(n: int, block: int | None) -> bool:
+    """Several tiles along an axis of ``n`` and a partial last one."""
+    return bool(block) and n > block and n % block != 0
+
+
+def _k_block(config: Any) -> int | None:
+    """The K step: ours (generic ``block_k``, Mosaic GPU ``tile_k``) or a user kernel's ``Blocks.block_k``."""
+    return getattr(config, "tile_k", getattr(config, "block_k", None))
+
+
+def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+    """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
+    k_tail = CodePath(
+        "several K tiles and a ragged last one",
+        lambda case, config: _ragged(case.arrays["x"].shape[1], _k_block(config)),
+    )
+    if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
+        return (k_tail,)
+    ws = ("mosaic_gpu", "mosaic_gpu_interpret")
+    return (
+        k_tail,
+        CodePath(
+            "several row tiles and a ragged last one",
+            lambda case, config: _ragged(
+                case.arrays["x"].shape[0], getattr(config, "tile_m", getattr(config, "block_m", 0))
+            ),
+        ),
+        CodePath(
+            "several column tiles and a ragged last one",
+            lambda case, config: _ragged(
+                case.arrays["y"].shape[1], getattr(config, "tile_n", getattr(config, "block_n", 0))
+            ),
+        ),
+        CodePath(
+            "warp-specialised, second consumer on real columns",
+            lambda case, config: config.consumers == 2 and case.arrays["y"].shape[1] > config.tile_n // 2,
+            backends=ws,
+        ),
+        CodePath(
+            "warp-specialised, second consumer on padding only",
+            lambda case, config: (
+                config.consumers == 2 and 0 < case.arrays["y"].shape[1] % config.tile_n <= config.tile_n // 2
+            ),
+            backends=ws,
+        ),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = matmul.matmul,
     name: str = "matmul",
@@ -333,6 +386,7 @@ def make_spec(
         bound=_bound,
         contract=any_order_contract(_bound),
         backends=backends,
+        paths=_paths(blocks),
         **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,
         relations=(

@@ -21,6 +21,7 @@ from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
     Case,
+    CodePath,
     GradientSpec,
     KernelSpec,
     Layout,
@@ -292,6 +293,51 @@ class Blocks:
     block_rows: int | None = None
 
 
+def _tiles(n: int, block: int | None) -> int:
+    return 1 if not block else -(-n // block)
+
+
+def _ragged(n: int, block: int | None) -> bool:
+    """Several tiles along an axis of ``n`` and a partial last one."""
+    return bool(block) and n > block and n % block != 0
+
+
+def _k_block(config: Any) -> int | None:
+    """The K step: ours (generic ``block_k``, Mosaic GPU ``tile_k``) or a user kernel's ``Blocks.block_k``."""
+    return getattr(config, "tile_k", getattr(config, "block_k", None))
+
+
+def _straddles(case: Case, rows: int | None) -> bool:
+    """A group of rows that crosses a boundary of ``rows``-row tiles."""
+    if not rows:
+        return False
+    ends = np.cumsum(np.asarray(case.arrays["group_sizes"], np.int64))
+    starts = ends - np.asarray(case.arrays["group_sizes"], np.int64)
+    return any(e > s and s // rows != (e - 1) // rows for s, e in zip(starts, ends))
+
+
+def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+    """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
+    k_tail = CodePath(
+        "several K tiles and a ragged last one",
+        lambda case, config: _ragged(case.arrays["lhs"].shape[1], _k_block(config)),
+    )
+    if blocks is not None:
+        return (k_tail,)
+    return (
+        k_tail,
+        CodePath(
+            "a group straddling a row tile",
+            lambda case, config: _straddles(case, getattr(config, "tile_m", getattr(config, "block_m", 0))),
+        ),
+        CodePath("an empty group", lambda case, config: bool((np.asarray(case.arrays["group_sizes"]) == 0).any())),
+        CodePath(
+            "rows past the last group",
+            lambda case, config: int(np.sum(case.arrays["group_sizes"])) < case.arrays["lhs"].shape[0],
+        ),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = ragged_dot.ragged_dot,
     name: str = "ragged_dot",
@@ -334,6 +380,7 @@ def make_spec(
         bound=_bound,
         contract=any_order_contract(_bound),
         backends=backends,
+        paths=_paths(blocks),
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,
         bad_inputs=bad_inputs or _bad_inputs,
