@@ -14,6 +14,7 @@ from typing import Literal
 from pallascheck.fuzz.scope import NotChecked
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry
+from pallascheck.properties.spec import Layout
 
 Command = Literal["verify", "fuzz", "mutate"]
 
@@ -32,7 +33,7 @@ def gpu_devices(backend: Backend) -> int:
     return jax.local_device_count()
 
 
-def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> int:
+def default_jobs(command: Command, backend: Backend, shapes: str = "small", layouts: Sequence[Layout] = ()) -> int:
     """Worker processes when ``--jobs`` is not given.
 
     - verify and mutate: every core on the CPU; on a GPU three quarters of the cores,
@@ -42,7 +43,15 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
       jobs and 88.8 s at 12, cold (docs/results.md).
     - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
+    - verify at the production tier on a GPU: also no more than share the device with
+      the tier's largest layout that fits it alone (``layouts``: the selected kernels'),
+      so that no layout is skipped for want of a share; ``--jobs`` above that skips,
+      saying so.
     """
+    if command == "verify" and shapes == "production" and backend.platform != "cpu" and layouts:
+        device = production.device_memory(backend)
+        largest = max((l.needs for l in layouts if l.needs <= device), default=device)
+        return max(1, min(cores() * 3 // 4, device // largest))
     if command == "fuzz":
         gpus = gpu_devices(backend)
         if gpus and shapes == "production":

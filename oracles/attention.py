@@ -638,5 +638,11 @@ class _BiasSums(RowSums):
 
     def finish(self) -> np.ndarray:
         steps = max(self.terms - 1, 0)
-        err = self.err + gamma(steps, unit_roundoff(F32)) * self.magnitude + steps * algebra.underflow_floor(F32, self.arith)
-        return _unbounded_not_nan(algebra.round_to(Bounded(self.value, err), self.dtype, self.arith).err.reshape(self.shape))
+        err = (
+            self.err
+            + gamma(steps, unit_roundoff(F32)) * self.magnitude
+            + steps * algebra.underflow_floor(F32, self.arith)
+        )
+        return _unbounded_not_nan(
+            algebra.round_to(Bounded(self.value, err), self.dtype, self.arith).err.reshape(self.shape)
+        )

@@ -46,15 +46,21 @@ def _sharing() -> int:
     return int(value)
 
 
-def memory_limit(backend: Backend) -> int:
+def device_memory(backend: Backend) -> int:
     """Bytes JAX may allocate where the backend's oracles run: the device's allocator
-    limit on a GPU, divided among the processes that share it; the host's physical
-    memory on the CPU."""
+    limit on a GPU; the host's physical memory on the CPU."""
     if backend.platform != "cpu":
         stats = jax.devices(backend.platform)[0].memory_stats() or {}
         if "bytes_limit" in stats:
-            return int(stats["bytes_limit"]) // _sharing()
+            return int(stats["bytes_limit"])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_limit(backend: Backend) -> int:
+    """This process's share of ``device_memory``: on a GPU, divided among the processes
+    that share the device."""
+    total = device_memory(backend)
+    return total // _sharing() if backend.platform != "cpu" else total
 
 
 @dataclasses.dataclass(frozen=True)

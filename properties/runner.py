@@ -17,11 +17,11 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
-from hypothesis import HealthCheck, Phase, find, given, settings, target
+from hypothesis import HealthCheck, Phase, example, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -43,7 +43,7 @@ def _np(a: Any) -> np.ndarray:
 
 
 def config_to_json(config: Any) -> Any:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+    return dataclasses.asdict(cast(Any, config)) if dataclasses.is_dataclass(config) else config  # an instance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +273,7 @@ def _checks(
     # and shared by the checks: the kernel's output (values, configs_agree, run 0 of
     # deterministic, the untransformed side of the relations) and the float64
     # gradients, the most expensive oracle ("reference" and "gradients").
-    if has_gradients:
+    if has_gradients and spec.gradients is not None:
         vjp_result = kernel_side_started(spec.gradients.kernel_vjp, config, backend)
     if "reference" in selected:
         reference_result = kernel_side_started(spec.reference)
@@ -287,7 +287,7 @@ def _checks(
     expected_result = soon(lambda: spec.expected(ref))
     reference_vjp = "reference" in selected and g is not None and g.reference_vjp is not None
     need = check_kinds.needs(selected)
-    if "exact_gradients" in need and (has_gradients or reference_vjp):
+    if "exact_gradients" in need and (has_gradients or reference_vjp) and g is not None:
         exact_gradients = soon(lambda: g.oracle_vjp(case, ref))
     if "bound" in need:
         bound_result = soon(lambda: spec.bound(case, ref, config, arith))
@@ -295,18 +295,20 @@ def _checks(
         prob_bound = soon(lambda: spec.bound(case, ref, config, arith.with_probabilistic()))
     if "reference_bound" in need:
         reference_bound = soon(lambda: spec.bound(case, ref, None, arith))
-    if reference_vjp:
+    if reference_vjp and g is not None:
         reference_gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), None, arith))
-    if spec.contract is not None and "contract_bound" in need:
-        contract_bound = soon(lambda: spec.contract(case, ref, arith))  # the reference's and the kernel's
+    spec_contract = spec.contract
+    if spec_contract is not None and "contract_bound" in need:
+        contract_bound = soon(lambda: spec_contract(case, ref, arith))  # the reference's and the kernel's
     default = spec.default_config_for(backend)
     if "default_bound" in need and config != default:
         default_bound = soon(lambda: spec.bound(case, ref, default, arith))
-    if has_gradients:
+    if has_gradients and g is not None:
         gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), config, arith))
-    gradient_contract = has_gradients and g.contract is not None
-    if "gradient_contract_bound" in need and gradient_contract:
-        gradient_contract_bound = soon(lambda: g.contract(case, ref, exact_gradients(), arith))
+    g_contract = None if g is None else g.contract
+    gradient_contract = has_gradients and g_contract is not None
+    if "gradient_contract_bound" in need and gradient_contract and g_contract is not None:
+        gradient_contract_bound = soon(lambda: g_contract(case, ref, exact_gradients(), arith))
     expected = expected_result()
     kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))
     kernel_gradients = functools.cache(lambda: {k: _np(v) for k, v in vjp_result().items()})
@@ -351,7 +353,7 @@ def _checks(
             return checks.check_configs_agree({config: (out, bound), default: (other, default_bound())}, context=ctx)
 
         timed("configs_agree", agree)
-    if has_gradients:
+    if has_gradients and g is not None:
 
         def gradients() -> checks.Outcome:
             checks.check_gradient_dtypes(kernel_gradients(), case.arrays, context=ctx)
@@ -363,7 +365,7 @@ def _checks(
                 gradients,
                 backend,
                 failing=kernel_gradients,
-                rerun=lambda: {k: _np(v) for k, v in kernel_side(spec.gradients.kernel_vjp, config, backend).items()},
+                rerun=lambda: {k: _np(v) for k, v in kernel_side(g.kernel_vjp, config, backend).items()},
                 judge=lambda again: checks.check_gradients(
                     again, exact_gradients(), gradient_bound(), context=ctx, raise_on_failure=False
                 ),
@@ -397,7 +399,7 @@ def _checks(
     if "deterministic" in selected:
 
         def deterministic() -> checks.Outcome:
-            runs = [kernel_out, lambda: kernel_side(spec.kernel, config, backend)]
+            runs: list[Callable[[], Any]] = [kernel_out, lambda: kernel_side(spec.kernel, config, backend)]
             if backend.facts.shuffles_grid:  # a different grid shuffle must not change bits
                 shuffled = Backend("tpu_interpret", backend.seed + 1)
                 runs.append(lambda: kernel_side(spec.kernel, config, shuffled))
@@ -654,10 +656,6 @@ def run_property(
     declared = spec.paths_for(backend, shapes)
     tally.paths_declared = tuple(p.name for p in declared)
 
-    def config_of(cases: list[Case], index: int) -> Any:
-        space = list(spec.configs(cases[0], backend))
-        return space[(index if search.config_slot is None else search.config_slot) % len(space)]
-
     def check_example(cases_and_config: tuple[list[Case], int]) -> None:
         cases, index = cases_and_config
         index = index if search.config_slot is None else search.config_slot
@@ -694,8 +692,17 @@ def run_property(
             if search.targeted:
                 _report_targets(budgets)
 
+    # Paths by rule: examples that reach the declared paths come first (as explicit
+    # examples, so a failure among them replays and is reported like any other), then
+    # random draws for the rest of the budget. A fuzz campaign's draws are the search's own.
+    steered = search.targeted or search.config_slot is not None or search.database is not None
+    covering = [] if steered or not declared else _covering(drawn, declared, spec, backend, dtype_seed(seed, dtype))
+    random_examples = examples - len(covering)
+    if random_examples < 1:
+        phases = [p for p in phases if p is not Phase.generate]
+
     @settings(
-        max_examples=examples,
+        max_examples=max(1, random_examples),
         database=database,
         deadline=None,
         phases=phases,
@@ -708,9 +715,12 @@ def run_property(
     def property_(cases_and_config: tuple[list[Case], int]) -> None:
         check_example(cases_and_config)
 
+    for chosen in reversed(covering):  # run in order: the first declared path's first
+        property_ = example(chosen)(property_)
+
     if search.database:
         key = f"{spec.name}/{dtype}/{backend}/{search.database_key}/{sorted(selected)}"
-        property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()
+        property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()  # type: ignore[attr-defined]  # Hypothesis' own hook, set as Hypothesis sets it
     try:
         property_()
     except ExceptionGroup as group:  # several distinct failures: each is booked under its check
@@ -718,41 +728,49 @@ def run_property(
             _book(tally, failure, context)
     except Exception as failure:  # noqa: BLE001 - a kernel that crashes is a failed check
         _book(tally, failure, context)
-    # Paths by rule: a declared path the draws above missed is drawn for (a case whose
-    # shapes, options and config reach it) and checked, in verify and the suite alike; a
-    # fuzz campaign's draws are the search's own.
-    steered = search.targeted or search.config_slot is not None or search.database is not None
-    for i, path in enumerate(p for p in declared if p.name not in tally.paths and not steered):
-        if tally.findings:
-            break
-        example = _draw_reaching(drawn, path, config_of, dtype_seed(seed, dtype) + i + 1)
-        if example is None:
-            continue  # unreachable by these draws: reported as not reached
-        try:
-            check_example(example)
-        except Exception as failure:  # noqa: BLE001 - as above: booked under its check
-            _book(tally, failure, context)
     return tally
 
 
-# How many draws (shapes, options and a config; no check runs) the search for a case
-# reaching a missed path may take: the rarest declared path of the shipped specs is one
-# draw in about 24 on its backend, so it is missed with probability (23/24)^400 < 1e-7.
+# How many examples are drawn (shapes, options and a config; no check runs) to choose
+# the covering examples from: the rarest declared path of the shipped specs is about one
+# draw in 24 on its backend, so all 400 miss it with probability (23/24)^400 < 1e-7.
 PATH_DRAWS = 400
 
 
-def _draw_reaching(
+def _reached(
+    example: tuple[list[Case], int], paths: Sequence[CodePath], spec: KernelSpec, backend: Backend
+) -> set[str]:
+    """The names of ``paths`` that checking ``example`` reaches (each case under its own
+    config, as ``run_property`` checks it)."""
+    cases, index = example
+    names = set()
+    for case in cases:
+        space = list(spec.configs(case, backend))
+        config = space[index % len(space)]
+        names |= {p.name for p in paths if p.reached(case, config)}
+    return names
+
+
+def _covering(
     drawn: st.SearchStrategy[tuple[list[Case], int]],
-    path: CodePath,
-    config_of: Callable[[list[Case], int], Any],
+    paths: Sequence[CodePath],
+    spec: KernelSpec,
+    backend: Backend,
     seed: int,
-) -> tuple[list[Case], int] | None:
-    """An example of ``drawn`` whose first case reaches ``path`` under its config, or
-    None where ``PATH_DRAWS`` draws found none."""
-    try:
-        return find(
+) -> list[tuple[list[Case], int]]:
+    """Few examples of ``drawn`` that together reach every declared path the draws can
+    reach: ``PATH_DRAWS`` draws, then greedily the one that reaches most of the paths
+    still missing, until none is left or no draw reaches one."""
+    candidates: list[tuple[tuple[list[Case], int], set[str]]] = []
+
+    def record(example: tuple[list[Case], int]) -> bool:
+        candidates.append((example, _reached(example, paths, spec, backend)))
+        return False
+
+    with contextlib.suppress(NoSuchExample):
+        find(
             drawn,
-            lambda example: path.reached(example[0][0], config_of(*example)),
+            record,
             settings=settings(
                 max_examples=PATH_DRAWS,
                 phases=[Phase.generate],
@@ -762,8 +780,15 @@ def _draw_reaching(
             ),
             random=random.Random(seed),
         )
-    except NoSuchExample:
-        return None
+    missing = {p.name for p in paths}
+    chosen = []
+    while missing:
+        example, reached = max(candidates, key=lambda c: len(c[1] & missing), default=(None, set()))
+        if example is None or not reached & missing:
+            break
+        chosen.append(example)
+        missing -= reached
+    return chosen
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -803,8 +828,9 @@ def save_failure(
     ``paths`` it reaches; returns the path."""
     os.makedirs(directory, exist_ok=True)
     check = failed_check(failure)
+    message = str(failure)
     if check == "crash":
-        failure = f"{type(failure).__name__}: {failure}"
+        message = f"{type(failure).__name__}: {failure}"
     path = failure_path(directory, spec.name, dtype, check)
     meta = {
         "kernel": spec.name,
@@ -812,7 +838,7 @@ def save_failure(
         "backend": str(backend),
         "check": check,
         "config": config_to_json(config),
-        "message": str(failure),
+        "message": message,
         "paths": [p.name for p in paths if p.reached(case, config)],
     }
     Case(case.arrays, {**case.params, "__failure__": meta}).save(path)

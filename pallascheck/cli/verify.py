@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         not_checked = scope.dtypes(args.dtype or (), specs, backend)
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
-    jobs = args.jobs or plan.default_jobs("verify", backend)
+    layouts = [l for spec in specs.values() for l in spec.production_layouts] if args.shapes == "production" else []
+    jobs = args.jobs or plan.default_jobs("verify", backend, args.shapes, layouts)
     start = time.perf_counter()
     options = verify.Options(
         backend,

@@ -137,7 +137,7 @@ def _chunk_case(case: Case, first_row: Any, rows: int) -> Case:
     q, cotangent, bias and mask rows, every key, and the causal mask as the mask of
     those rows' absolute positions in ``case`` (never as if the first were row 0)."""
     sq, skv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    out = {}
+    out: dict[str, Any] = {}  # the case's arrays, sliced on the device (traced)
     for name, a in case.arrays.items():
         if name in ("q", "cotangent"):  # [b, sq, h, d]
             out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, 1)

@@ -1,0 +1,141 @@
+"""A large attention case's device oracle is computed in chunks of query rows
+(properties/families/attention_slices.py): the chunks' oracle output, bound, contract,
+float64 gradients and gradient bounds are the whole case's, elementwise. Device
+oracles run on the CPU here (``numeric.on_device``, as tests/test_device_oracles.py);
+a small ``SLICE_ELEMENTS`` makes small cases chunk."""
+
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import numeric
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties.families import attention_slices
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Case
+
+# Values: a chunk's sums over rows (dk, dv, dbias) and its programs' other shapes
+# reassociate float64 sums of n <= 256 terms, |delta| <= n 2^-53 sum|terms|, where
+# every bound is >= 2^-24 sum|terms| (an f32 accumulation's gamma): <= 2^-21 bound.
+VALUE_OF_BOUND = 2.0**-20
+# Bounds: sums of non-negative terms (no cancellation), reassociated: <= n 2^-53
+# relative for n <= 256 terms.
+BOUND_RTOL = 2.0**-45
+
+
+def _case(
+    b: int,
+    sq: int,
+    skv: int,
+    h: int,
+    hkv: int,
+    *,
+    causal: bool,
+    bias: tuple[int, ...] | None = None,
+    mask: tuple[int, ...] | None = None,
+    dtype: type = ml_dtypes.bfloat16,
+) -> Case:
+    rng = np.random.default_rng(sq * skv + h)
+    arrays = {
+        "q": rng.standard_normal((b, sq, h, 16)),
+        "k": rng.standard_normal((b, skv, hkv, 16)),
+        "v": rng.standard_normal((b, skv, hkv, 16)),
+        "cotangent": rng.standard_normal((b, sq, h, 16)),
+    }
+    if bias is not None:  # -inf entries mask their keys
+        arrays["bias"] = np.where(rng.random(bias) < 0.1, -np.inf, rng.standard_normal(bias))
+    arrays = {name: a.astype(dtype) for name, a in arrays.items()}
+    if mask is not None:
+        arrays["mask"] = rng.random(mask) < 0.8
+    return Case(arrays, {"causal": causal, "sm_scale": None})
+
+
+def _evaluate(case: Case) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The oracle (a ``Sliced`` plan when chunked), then every value and bound the
+    spec computes from it, as numpy arrays."""
+    spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
+    with numeric.on_device(jax.devices("cpu")[0]):
+        ref = spec.oracle(case)
+        values = {"out": spec.expected(ref)}
+        bounds = {
+            "out": spec.bound(case, ref, spec.default_config, arith),
+            "contract out": spec.contract(case, ref, arith),
+        }
+        grads = spec.gradients.oracle_vjp(case, ref)
+        values.update(grads)
+        bounds.update(spec.gradients.bound(case, ref, grads, spec.default_config, arith))
+        contract = spec.gradients.contract(case, ref, grads, arith)
+        bounds.update({f"contract {k}": v for k, v in contract.items()})
+    return ref, {k: np.asarray(v) for k, v in values.items()}, {k: np.asarray(v) for k, v in bounds.items()}
+
+
+CASES = {
+    # sliced by batch row and kv head, then 3 chunks of 16 of 48 queries on 20 keys
+    "causal, sq > skv, GQA, 4-D mask": (_case(2, 48, 20, 4, 2, causal=True, mask=(2, 4, 48, 20)), 2 * 16 * 20, 16),
+    # a per-key bias: sliced by batch row only; its gradient sums over the chunks;
+    # 36 queries in chunks of 8, the last of 4, on 52 keys
+    "causal, sq < skv, per-key bias": (_case(2, 36, 52, 4, 2, causal=True, bias=(2, 1, 1, 52)), 4 * 52 * 8, 8),
+    # MQA, one batch row: not sliced, chunked; a bias with rows: its gradient concatenated
+    "non-causal, full bias, MQA, float32": (
+        _case(1, 40, 24, 2, 1, causal=False, bias=(1, 2, 40, 24), dtype=np.float32),
+        2 * 24 * 16,
+        16,
+    ),
+    # a 2-D bias and mask (shared by batch and heads: not sliced) in chunks of one row,
+    # where a chunk's bias rows look like a bias broadcast over rows
+    "causal, 2-D bias and mask, one-row chunks": (
+        _case(2, 12, 20, 2, 2, causal=True, bias=(12, 20), mask=(12, 20)),
+        1,
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_chunked_oracle_and_bounds_are_the_whole_ones(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case, threshold, rows = CASES[name]
+    whole_ref, whole, whole_bound = _evaluate(case)
+    monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
+    ref, chunked, chunked_bound = _evaluate(case)
+    assert type(whole_ref).__name__ == "AttentionOracle"
+    assert isinstance(ref, attention_slices.Sliced) and ref.rows == rows  # chunked as planned
+    assert set(chunked) == set(whole) and set(chunked_bound) == set(whole_bound)
+    for key, value in whole.items():
+        assert chunked[key].shape == value.shape, key
+        finite = np.isfinite(value)
+        np.testing.assert_array_equal(np.isfinite(chunked[key]), finite, err_msg=key)
+        gap = np.abs(np.where(finite, chunked[key] - value, 0.0))
+        bound = whole_bound[key] if key in whole_bound else whole_bound["dbias"]
+        assert np.all(gap <= VALUE_OF_BOUND * bound), (key, float(np.max(gap)))
+    for key, bound in whole_bound.items():
+        np.testing.assert_allclose(chunked_bound[key], bound, rtol=BOUND_RTOL, atol=0, err_msg=key)
+
+
+def _shaped(*shape: int) -> np.ndarray:
+    """An array of ``shape`` that holds no memory: planning reads shapes only."""
+    return np.broadcast_to(np.zeros((), ml_dtypes.bfloat16), shape)
+
+
+def test_chunk_rule_at_production_lengths() -> None:
+    """Rows per chunk: the largest power of two within SLICE_ELEMENTS (a multiple of
+    128 from 128 up); slices that fit are not chunked; one row at least."""
+    assert attention_slices.SLICE_ELEMENTS == 2**25
+    rows = attention_slices._chunk_rows
+    assert rows(2048, 4 * 4096) is None  # [4, 2048, 4096]: 2^25 elements fit
+    assert rows(4096, 4 * 4096) == 2048
+    assert rows(32768, 4 * 32768) == 256  # llama-3 8B at 32k: group 4
+    assert rows(131072, 4 * 131072) == 64
+    assert rows(4000, 16 * 4000) == 512  # not sliced by head: 16 heads; 4000 rows in 8 chunks
+    assert rows(1024, 2**26) == 1  # one row over the budget: one row at a time
+    case = Case(
+        {"q": _shaped(1, 32768, 32, 128), "k": _shaped(1, 32768, 8, 128), "v": _shaped(1, 32768, 8, 128)},
+        {"causal": True, "sm_scale": None},
+    )
+    assert attention_slices._plan(case) is None  # on the host: never sliced
+    with numeric.on_device(jax.devices("cpu")[0]):
+        plan = attention_slices._plan(case)
+    assert plan.slices == tuple((None, j) for j in range(8)) and plan.rows == 256
