@@ -267,7 +267,7 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
     why = "the property stopped at its first failing case" if tally.failure else "no case reached it"
     for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
         if check not in tally.outcomes:
-            rows.append(Row(name, dtype, check, True, 0, 0.0, None, 0.0, note=why))
+            rows.append(Row(name, dtype, check, True, 0, 0.0, None, 0.0, note=tally.left_out.get(check, why)))
     return rows, [tally.failure] if tally.failure else []
 
 

@@ -34,7 +34,7 @@ from pallascheck.properties.families.softmax import Blocks as SoftmaxBlocks
 from pallascheck.properties.families.softmax import softmax_like
 from pallascheck.properties.families.top_k import top_k_like
 from pallascheck.properties.registry import register
-from pallascheck.properties.spec import KernelSpec
+from pallascheck.properties.spec import CodePath, KernelSpec
 
 if TYPE_CHECKING:  # at run time, on first use (__getattr__)
     from pallascheck.properties.pytest_plugin import spec_tests
@@ -52,6 +52,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "PAIRWISE",
+    "CodePath",
     "SEQUENTIAL",
     "AttentionBlocks",
     "CrossEntropyBlocks",

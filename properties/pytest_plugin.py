@@ -30,6 +30,7 @@ cores (``compilation.INTERPRETER_FLAGS``; ``--case-timeout`` then reports the ha
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import pytest
@@ -163,6 +164,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("pallascheck_spec_case", cases, ids=[f"{s.name}-{d}-{b}" for s, d, b in cases])
 
 
+class NotCheckedWarning(UserWarning):
+    """A check a spec test left out of some cases (its reason in the message)."""
+
+
 def spec_tests(*specs: KernelSpec):
     """A pytest test function running every check of each spec (values, contract,
     reference, configs, gradients, determinism, relations) on every dtype and backend
@@ -193,15 +198,27 @@ def spec_tests(*specs: KernelSpec):
             )
         assert not tally.failure, tally.failure
         # every check ran on every case (a relation once per case, none at the production
-        # tier; configs_agree only where the drawn config is not the default)
-        cases = examples * runner.layout_cases(backend, shapes)
+        # tier; configs_agree only where the drawn config is not the default): the
+        # examples reaching the declared paths first, then random ones, at least
+        # ``examples`` of them
+        cases = tally.outcomes["values"].examples
+        assert cases >= examples * runner.layout_cases(backend, shapes), tally.outcomes["values"]
         per_case = {"metamorphic": len(spec.relations) if shapes == "small" else 0}
         short = {
             k: o.examples
             for k, o in tally.outcomes.items()
-            if k != "configs_agree" and o.examples != cases * per_case.get(k, 1)
+            if k != "configs_agree" and k not in tally.left_out and o.examples != cases * per_case.get(k, 1)
         }
         assert not short, f"checks that did not run on every case: {short}"
+        for check, why in tally.left_out.items():  # said in the warnings summary, never folded into the pass
+            warnings.warn(
+                NotCheckedWarning(f"{spec.name} {dtype} on {backend}: {check} not checked in some cases: {why}")
+            )
+        missed = [p for p in tally.paths_declared if not tally.paths.get(p)]
+        assert not missed, (
+            f"declared code paths no draw reached on {backend}: {missed}; widen the spec's shape buckets or "
+            "configs so that a case reaches each (or leave the path out: dataclasses.replace(spec, paths=...))"
+        )
 
     return test
 

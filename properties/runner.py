@@ -31,7 +31,7 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties import check_kinds, checks, strategies
+from pallascheck.properties import check_kinds, checks, production, strategies
 from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
@@ -76,6 +76,8 @@ class Tally:
     # the spec's declared code paths (KernelSpec.paths_for) and the cases that reached each
     paths_declared: tuple[str, ...] = ()
     paths: dict[str, int] = dataclasses.field(default_factory=dict)
+    # checks left out of some cases, and why (xla_reference too large for the device)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def failure(self) -> str:
@@ -108,6 +110,14 @@ def check_case(
 ) -> Tally:
     """Run the selected checks on one case (on the backend's device: ``Backend.placement``);
     raises CheckFailure on the first failure."""
+    tally = tally if tally is not None else Tally()
+    if "reference" in selected and spec.reference_bytes is not None:
+        needs, limit = spec.reference_bytes(case), production.memory_limit(backend)
+        if needs > limit:
+            selected = [c for c in selected if c != "reference"]
+            tally.left_out["reference"] = (
+                f"xla_reference needs ~{needs / 2**30:.0f} GiB at this layout, the process may use {limit / 2**30:.0f} GiB"
+            )
     device = oracle_device(backend, case)
     with backend.placement(), numeric.on_device(device) if device is not None else contextlib.nullcontext():
         try:
@@ -118,7 +128,7 @@ def check_case(
                 backend,
                 context=context,
                 selected=selected,
-                tally=tally if tally is not None else Tally(),
+                tally=tally,
             )
         except checks.CheckFailure as failure:
             raise _explained(spec, case, config, backend, failure) from None
@@ -503,6 +513,7 @@ class Search:
 
 
 def _merge_into(tally: Tally, case_tally: Tally) -> None:
+    tally.left_out.update(case_tally.left_out)
     for name, outcome in case_tally.outcomes.items():
         tally.add(outcome, case_tally.seconds.get(name, 0.0))
     for name, budget in case_tally.contract_budgets.items():

@@ -161,6 +161,11 @@ class KernelSpec:
     # the code paths every run must reach (runner.run_property draws for any the
     # random draws missed, and reports each one's cases)
     paths: Sequence[CodePath] = ()
+    # (case) -> the device bytes xla_reference needs for it, where that can outgrow
+    # the kernel's own (attention's materialises [b, h, sq, skv] logits): a case whose
+    # reference does not fit the memory the process may use leaves the reference check
+    # out, saying so. None: it always fits where the kernel does
+    reference_bytes: Callable[[Case], int] | None = None
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec

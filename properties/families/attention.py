@@ -527,10 +527,8 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         ),
         CodePath(
             "a ragged last kv block",
-            lambda case, config: (
-                bool(_kv_block(config))
-                and _sq_skv(case)[1] % _kv_block(config) != 0
-                and _sq_skv(case)[1] > _kv_block(config)
+            lambda case, config: bool(
+                (block := _kv_block(config)) and _sq_skv(case)[1] % block != 0 and _sq_skv(case)[1] > block
             ),
         ),
     )

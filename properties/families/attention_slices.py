@@ -28,14 +28,20 @@ add (float64 reassociation only, some 2^29 below any bound) before the factors o
 whole sum (gamma of its depth over all sq rows, its underflow floors, sm_scale, the
 output rounding) are applied once (``RowSums.finish``). Nothing is left unchunked.
 
-Device memory of one chunk (g = group, or all h where the case is not sliced by
-head, times the batch rows of the slice; r = rows; d = head_dim), in float64 bytes:
-about 8 N g r skv for N live [g, r, skv] intermediates, N = 16 for the gradient bound
-(the largest program; measured with XLA's buffer assignment on the CPU, see
-``_chunk_rows``), plus O(g (r + skv) d) for q rows, k, v and the kv-head sums, plus
-the slice's inputs in their dtypes, placed on the device once for all its chunks:
-q and the cotangent (g sq d), k and v (skv d), and a bias or mask with query rows
-(g sq skv, so production layouts with long context draw none).
+Device memory of one chunk's program. With G the q heads of a slice (its kv head's
+group, or all h where not sliced by head, times b where not sliced by batch), r its
+rows and d the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv
+bytes, at most 8 ``SLICE_ELEMENTS`` = 268 MB) and [G, skv, d] ones (V = 8 G skv d
+bytes: k and v repeated for the group's heads, their magnitudes; no chunking shrinks
+them). XLA:CPU's buffer assignment (temp bytes; G 4, causal, no bias) put the gradient
+bound, the largest program, at 15.7 U (d/r = 1/8), 30.1 U (d/r = 4) and 51.1 U (d/r =
+8); the forward bound at 11.4, 25.0 and 49.0 U; the VJP at 4.3, 10.0 and 18.0 U; the
+oracle alone at 2.1, 9.0 and 17.0 U: all within 16 U + 6 V (a GPU's fusion differs;
+not measured). Add the outputs (dk, dv sums: 6 x 8 skv d bytes per kv head) and the
+slice's inputs, placed on the device once for all its chunks, in their dtypes: q and
+the cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
+(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d 128:
+s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
@@ -99,6 +105,7 @@ def _plan(case: Case) -> Sliced | None:
     bias = case.arrays.get("bias")
     by_batch = b > 1 and (bias is None or (bias.ndim == 4 and bias.shape[0] == b))
     by_head = hkv > 1 and (bias is None or (bias.ndim == 4 and bias.shape[1] == h))
+    # a case sliced along neither axis is one slice (None, None), chunked by rows
     slices = tuple(
         (i if by_batch else None, j if by_head else None)
         for i in (range(b) if by_batch else [None])
@@ -198,7 +205,9 @@ def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]
     return combined if isinstance(part, Mapping) else combined["out"]
 
 
-def sliced(oracle: Callable[[Case], Any], expected: Callable[[Any], Any]):
+def sliced(
+    oracle: Callable[[Case], Any], expected: Callable[[Any], Any]
+) -> tuple[Callable[[Case], Any], Callable[[Any], Any], Callable[[Callable[..., Any]], Callable[..., Any]]]:
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
     ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too)."""

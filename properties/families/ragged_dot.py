@@ -299,7 +299,7 @@ def _tiles(n: int, block: int | None) -> int:
 
 def _ragged(n: int, block: int | None) -> bool:
     """Several tiles along an axis of ``n`` and a partial last one."""
-    return bool(block) and n > block and n % block != 0
+    return bool(block and n > block and n % block != 0)
 
 
 def _k_block(config: Any) -> int | None:
