@@ -62,6 +62,7 @@ class CampaignResult:
     first_failure_seconds: float | None = None  # from this run's start
     interrupted: bool = False
     stopped_in_flight: int = 0  # tasks still running OVERRUN_S after the time given, stopped
+    never_tried: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (kernel, dtype) with no task
 
     def count(self, found: list[dict[str, Any]], seconds: float) -> None:
         """Count the failures a task booked, ``seconds`` into this run."""
@@ -502,6 +503,7 @@ def run(
         for worker in idle:
             worker.wait(deadline)
         result.seconds = time.monotonic() - campaign.run_start
+        result.never_tried = [p for p in campaign.pairs if not campaign.tasks_started[p]]
         campaign.save()
         campaign.corpus.close()
     return result

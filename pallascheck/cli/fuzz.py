@@ -91,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
             f"{corpus.headline(found['message'])}"
             f"\n  replay: {found['replay']}"
         )
+    if result.never_tried:
+        print(
+            f"\nNOT CHECKED: {len(result.never_tried)} kernel x dtype pairs got no task in this run: "
+            + ", ".join(f"{k} {d}" for k, d in result.never_tried)
+            + " (give it more --minutes or --tasks, or fewer --kernel)"
+        )
     print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130

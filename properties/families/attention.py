@@ -533,6 +533,8 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         ),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
+        if blocks.block_k is None:  # unknown: no tile to reach
+            return ()
         return shared + (
             CodePath(
                 "causal over several kv blocks",

@@ -322,8 +322,8 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         "several K tiles and a ragged last one",
         lambda case, config: _ragged(case.arrays["lhs"].shape[1], _k_block(config)),
     )
-    if blocks is not None:
-        return (k_tail,)
+    if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
+        return (k_tail,) if blocks.block_k else ()
     return (
         k_tail,
         CodePath(
