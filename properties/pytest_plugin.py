@@ -1,7 +1,9 @@
 """The pytest plugin (entry point ``pytest11``): any project that installs
-pallascheck gets ``--backend``, ``--examples``, the Hypothesis profiles, the fixtures
-(``backend``, ``each_backend``, ``examples``) and ``spec_tests``, which turns kernel
-specs into tests, one per spec x dtype x backend of the session:
+pallascheck gets the options ``--pallascheck-backend``, ``--pallascheck-examples``,
+``--pallascheck-shapes``, ``--pallascheck-case-timeout`` and ``--pallascheck-session``,
+the Hypothesis profiles, the fixtures (``backend``, ``each_backend``, ``examples``) and
+``spec_tests``, which turns kernel specs into tests, one per spec x dtype x backend of
+the session:
 
     # test_my_kernel.py in any project: no conftest needed
     from pallascheck.properties.pytest_plugin import spec_tests
@@ -9,8 +11,16 @@ specs into tests, one per spec x dtype x backend of the session:
 
     test_my_kernel = spec_tests(MY_SPEC)
 
-The generated tests draw under pallascheck's own Hypothesis settings (``PROFILES``,
-chosen with $PALLASCHECK_PROFILE or --hypothesis-profile, or --examples):
+The options are namespaced so that they never collide with a project's own (a conftest
+that adds ``--backend`` keeps working). The short names ``--backend``, ``--examples``,
+``--shapes`` and ``--case-timeout`` come from a second plugin, only where a project asks
+for them (``properties/pytest_short_options.py``; pallascheck's own suite does). Loading
+the plugin imports neither JAX, Hypothesis nor the harness: they load with the first
+test that uses pallascheck (or with ``--pallascheck-session``, or a backend named), so
+that a session without pallascheck tests starts as fast as without the plugin.
+
+The generated tests draw under pallascheck's own Hypothesis settings (``profiles()``,
+chosen with $PALLASCHECK_PROFILE or --hypothesis-profile, or --pallascheck-examples):
 - ci (default): derandomized, few examples, no database: never flaky, fast on 2 cores;
 - dev: more examples, random seeds;
 - fuzz: many examples, database on (keeps failing examples between runs);
@@ -24,7 +34,8 @@ opts a whole session in (pallascheck's own suite does, in pyproject.toml): the c
 profile becomes Hypothesis' default, the on-disk compilation cache is on, and XLA:CPU
 compiles quickly (``properties/device/compilation.py``), with XLA:CPU's sequential thunk
 order, without which the Mosaic GPU interpreter can deadlock on a machine of few
-cores (``compilation.INTERPRETER_FLAGS``; ``--case-timeout`` then reports the hang).
+cores (``compilation.INTERPRETER_FLAGS``; ``--pallascheck-case-timeout`` then reports
+the hang).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pallascheck.cli._common import (
     fitting,
     progress_printer,
 )
-from pallascheck.fuzz import campaign, corpus, plan, targets, verify
+from pallascheck.fuzz import campaign, corpus, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.registry import bundled_names, registry
 
@@ -37,15 +37,18 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"not on {backend} (no implementation): {', '.join(missing)}")
     named = [n for n in named if n not in missing]
+    not_checked = [scope.NotChecked(k, "-", f"no implementation on {backend}") for k in missing]
     if shapes == "production" and not args.kernel and not saved and named:  # every kernel: those with a production tier
         untiered = verify.without_production(named)
         print(f"no production shape tier: {', '.join(untiered) or 'none'}")
         named = [n for n in named if n not in untiered]
+        not_checked += [scope.NotChecked(k, "-", "no production shape tier") for k in untiered]
     jobs = args.jobs or plan.default_jobs("fuzz", backend, shapes)
     if backend.platform != "cpu":
         plan.share_devices("fuzz", backend, jobs)  # workers round-robin the GPUs
         if shapes == "production":
-            named = fitting(named, backend)
+            named, skipped_layouts = fitting(named, backend)
+            not_checked += skipped_layouts
     memory = int(args.memory_gb * 2**30) if args.memory_gb else plan.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
     print(
@@ -91,12 +94,14 @@ def run(args: argparse.Namespace) -> int:
             f"{corpus.headline(found['message'])}"
             f"\n  replay: {found['replay']}"
         )
-    if result.never_tried:
-        print(
-            f"\nNOT CHECKED: {len(result.never_tried)} kernel x dtype pairs got no task in this run: "
-            + ", ".join(f"{k} {d}" for k, d in result.never_tried)
-            + " (give it more --minutes or --tasks, or fewer --kernel)"
-        )
+    not_checked += [
+        scope.NotChecked(k, d, "no task in this run (give it more --minutes or --tasks, or fewer --kernel)")
+        for k, d in result.never_tried
+    ]
+    if not_checked:
+        print(f"\nNOT CHECKED ({len(not_checked)}; asked for, and no task covered it):")
+        for item in not_checked:
+            print(f"  {item.line()}")
     print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130
