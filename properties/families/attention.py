@@ -65,15 +65,23 @@ def production_layouts() -> tuple[Layout, ...]:
             heads=((b, h, hkv),), seq_q=(s,), seq_kv=None, head_dims=(d,), causal=causal, sm_scales=(None,)
         )
         # a bias layout leaves ``bias`` to the spec's domain: a kernel that takes none keeps none
-        domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False))
-        # xla_reference holds the whole [b, h, s, s] logits in the input dtype and f32
-        # (16.5 GiB at b2 h16 s4096, 33 bytes an element: 40 allowed), the oracle 16
-        # float64 [group, s, s] arrays of one slice (attention_slices.py). A bias of
-        # b x h x s x s elements adds its gradient's arrays: a check with a full bias at
-        # b2 s2000 h16 peaked at 4.5 GiB on an H100, 37.7 bytes an element with the
-        # slices' (about 32 without a bias at b2 s4096): 8 more allowed
-        per_element = 40 + (8 if biases else 0)
-        needs = per_element * b * h * s * s + 16 * 8 * (h // hkv) * s * s
+        # a mask ([b, h, s, s] booleans) only beside a bias: at 32k a full one is 34 GB on the host
+        domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False, mask=False))
+        # The check's device memory (xla_reference's is apart: ``reference_bytes``): the
+        # whole case's q-like and kv-like arrays (inputs, the kernel's outputs and
+        # gradients, their float64 oracle values, bounds and contracts: 64 bytes an
+        # element allowed), and one chunk of the oracle (attention_slices.py: at most
+        # 16 float64 [G, rows, skv] intermediates of SLICE_ELEMENTS, and 6 of the
+        # slice's [G, skv, d] k/v copies). A bias of b x h x s x s elements adds its
+        # gradient's arrays (a check with a full bias at b2 s2000 h16 peaked at 4.5 GiB
+        # on an H100: 48 bytes an element allowed)
+        group = h // hkv
+        needs = (
+            64 * b * s * (h + hkv) * d
+            + 16 * 8 * attention_slices.SLICE_ELEMENTS
+            + 6 * 8 * group * s * d
+            + (48 * b * h * s * s if biases else 0)
+        )
         return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs)
 
     both = (False, True)
@@ -83,6 +91,10 @@ def production_layouts() -> tuple[Layout, ...]:
         layout("llama-3 70B", 1, 4096, 64, 8, 128, (True,)),
         layout("gemma-2 9B", 1, 8192, 16, 8, 256, (True,)),
         layout("mistral 7B 32k", 1, 32768, 32, 8, 128, (True,)),
+        layout("llama-3.1 8B 64k", 1, 65536, 32, 8, 128, (True,)),
+        layout("llama-3.1 8B 128k", 1, 131072, 32, 8, 128, (True,)),
+        layout("llama-3 70B 32k", 1, 32768, 64, 8, 128, (True,)),
+        layout("unaligned 32767, GQA", 1, 32767, 32, 8, 128, (True,)),
         layout("MHA b2 4k", 2, 4096, 16, 16, 128, both),
         layout("BERT-large 2k", 4, 2048, 16, 16, 64, (False,)),
         layout("unaligned 4000", 2, 4000, 16, 16, 64, both),
@@ -514,6 +526,14 @@ def _kv_block(config: Any) -> int | None:
     return getattr(config, "block_kv", getattr(config, "block_k", None))
 
 
+def _reference_bytes(case: Case) -> int:
+    """xla_reference's device memory: the whole [b, h, sq, skv] logits in the input
+    dtype and f32 and their softmax (16.5 GiB at b2 h16 s4096 on an H100, 33 bytes an
+    element: 40 allowed)."""
+    q, k = case.arrays["q"], case.arrays["k"]
+    return 40 * q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
+
+
 def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
 
@@ -632,6 +652,7 @@ def make_spec(
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
         paths=_paths(blocks),
+        reference_bytes=_reference_bytes,
         **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),
     )
 
