@@ -61,11 +61,12 @@ from pallascheck.specs import Facts, from_reference  # noqa: E402
 
 
 def spec(kernel=linear_attention):
+    inputs = {"q": (32, 16), "k": (32, 16), "v": (32, 16)}
+    kinds = ("normal", "subnormal", "few_distinct", "positive")  # cubic: large values overflow
+    facts = Facts(compute_dtype="float32")
     return from_reference(
-        kernel,
-        linear_attention_reference,
-        name="example_linear_attention",
-        inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)},
-        facts=Facts(compute_dtype="float32"),
-        kinds=("normal", "subnormal", "few_distinct", "positive"),
-    )  # cubic: large values overflow
+        kernel, linear_attention_reference, name="example_linear_attention", inputs=inputs, facts=facts, kinds=kinds
+    )
+
+
+SPEC = spec()  # the kernel as shipped (spec(functools.partial(linear_attention, bug=True)): its planted bug)

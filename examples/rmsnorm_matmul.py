@@ -82,14 +82,10 @@ WEIGHT_KINDS = ("normal", "large")  # rows of mean 1e4 in g or w overflow f16 wh
 
 
 def spec(kernel=rmsnorm_matmul):
-    return from_reference(
-        kernel,
-        rmsnorm_matmul_reference,
-        name="example_rmsnorm_matmul",
-        inputs={
-            "x": (16, 64),
-            "g": Input((64,), reduction=64, kinds=WEIGHT_KINDS),
-            "w": Input((64, 32), reduction=64 * 8, kinds=WEIGHT_KINDS),
-        },
-        facts=Facts(compute_dtype="float32", order=blocked(BLOCK_K)),
-    )
+    g, w = Input((64,), reduction=64, kinds=WEIGHT_KINDS), Input((64, 32), reduction=64 * 8, kinds=WEIGHT_KINDS)
+    inputs = {"x": (16, 64), "g": g, "w": w}
+    facts = Facts(compute_dtype="float32", order=blocked(BLOCK_K))
+    return from_reference(kernel, rmsnorm_matmul_reference, name="example_rmsnorm_matmul", inputs=inputs, facts=facts)
+
+
+SPEC = spec()  # the kernel as shipped (spec(functools.partial(rmsnorm_matmul, bug=True)): its planted bug)

@@ -66,3 +66,6 @@ def spec(kernel=rope):
     return from_reference(
         kernel, rope_reference, name="example_rope", inputs={"x": (32, 64)}, facts=Facts(compute_dtype="float32")
     )
+
+
+SPEC = spec()  # the kernel as shipped (spec(functools.partial(rope, bug=True)): its planted bug)

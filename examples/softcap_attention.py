@@ -92,3 +92,6 @@ def spec(kernel=softcap_attention):
         inputs={"q": (32, 16), "k": (32, 16), "v": (32, 16)},
         facts=Facts(compute_dtype="float32"),
     )
+
+
+SPEC = spec()  # the kernel as shipped (spec(functools.partial(softcap_attention, bug=True)): its planted bug)

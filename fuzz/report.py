@@ -328,7 +328,7 @@ def _matplotlib() -> tuple[Any, Any]:
     except ImportError as err:
         raise ImportError(
             "the fuzz report draws its figures with matplotlib, which is not installed: "
-            "pip install 'pallascheck[report]'"
+            "pip install 'pallascheck[user]' (or matplotlib alone)"
         ) from err
     return Figure, FigureCanvasAgg
 

@@ -9,18 +9,35 @@ string, with the import paths it needs.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 
-from pallascheck.properties.registry import bundled_names, get_spec, registry
+from pallascheck.properties.registry import bundled_names, get_spec, is_module_target, registry
 from pallascheck.properties.spec import KernelSpec
 
 
 def add_paths(paths: Sequence[str]) -> None:
-    """Put ``paths`` first on ``sys.path`` (once each), where ``module:NAME`` targets live."""
+    """Put ``paths`` first on ``sys.path`` (once each), where ``module:NAME`` targets live,
+    and the current directory last, so that a spec module beside the user imports
+    without --path (after the installed packages: a file there shadows none of them)."""
     for path in reversed(paths):
         if path not in sys.path:
             sys.path.insert(0, path)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
+def import_problem(target: str, err: ModuleNotFoundError) -> str:
+    """What to do about ``MODULE:NAME`` whose import raised ``err`` (one line): add the
+    directory that holds the module, or install what the module imports."""
+    module = target.partition(":")[0]
+    if err.name and (module == err.name or module.startswith(err.name + ".")):
+        return (
+            f"no module {module!r} on the import path (searched: the current directory {os.getcwd()} and "
+            f"each --path): add --path DIR, the directory that holds {module.replace('.', '/')}.py"
+        )
+    return f"module {module} imports {err.name!r}, which is not installed here ({err})"
 
 
 def resolve(target: str) -> KernelSpec:
@@ -38,17 +55,21 @@ def unknown_name(name: str, known: Iterable[str]) -> str:
     return f"no kernel named {name!r}: {hint}"
 
 
-def check_names(targets: Sequence[str]) -> None:
+def check_names(targets: Sequence[str], option: str = "--kernel") -> None:
     """Resolve every target once; a ValueError names each that does not resolve (an
-    unknown name with its close matches, a module or spec that does not import), so
-    that a campaign creates nothing for a typo."""
+    unknown name with its close matches, a module that does not import with what to
+    add, a module without that spec with its close matches), so that a campaign creates
+    nothing for a typo."""
     problems = []
     for target in targets:
         try:
             resolve(target)
         except KeyError:
-            problems.append(unknown_name(target, [*registry(), *bundled_names()]))
+            problems.append(f"{option}: {unknown_name(target, [*registry(), *bundled_names()])}")
         except (ImportError, ValueError) as err:
-            problems.append(f"{target!r}: {err}")
+            # a user's MODULE:NAME that does not import: what to add (Tokamax's own says what to install)
+            user_module = isinstance(err, ModuleNotFoundError) and is_module_target(target)
+            why = import_problem(target, err) if isinstance(err, ModuleNotFoundError) and user_module else str(err)
+            problems.append(f"{option} {target}: {why}")
     if problems:
         raise ValueError("; ".join(problems))

@@ -1,5 +1,5 @@
 """Where a Pallas kernel runs: a small value object chosen per call, by the
-environment variable PALLASCHECK_BACKEND, or by the pytest option --backend.
+environment variable PALLASCHECK_BACKEND, or by the pytest option --pallascheck-backend.
 
 - ``interpret``: Pallas' generic interpreter on the CPU (the default).
 - ``tpu_interpret``: the TPU interpreter: race detection, NaN-poisoned

@@ -40,71 +40,102 @@ the hang).
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-from pallascheck.kernels import backends
-from pallascheck.kernels.backends import (
-    ALIASES,
-    ENV_VAR,
-    NAMES,
-    Backend,
-    NotOnBackend,
-    get_backend,
-)
-from pallascheck.properties import runner, watchdog
-from pallascheck.properties.device import compilation
-from pallascheck.properties.spec import KernelSpec
+if TYPE_CHECKING:
+    from hypothesis import settings
+
+    from pallascheck.kernels.backends import Backend
+    from pallascheck.properties.spec import KernelSpec
 
 PROFILE_ENV_VAR = "PALLASCHECK_PROFILE"
-_COMMON: dict[str, Any] = dict(deadline=None, suppress_health_check=list(HealthCheck))
-# Settings objects, not registered profiles: registering would take over a user's own
-# profile of the same name (``--hypothesis-profile ci``) in sessions that never use us.
-PROFILES = {
-    "ci": settings(max_examples=4, derandomize=True, database=None, print_blob=True, **_COMMON),
-    "dev": settings(max_examples=20, **_COMMON),
-    "fuzz": settings(max_examples=200, **_COMMON),
-    "hardware": settings(max_examples=25, derandomize=True, database=None, print_blob=True, **_COMMON),
+# What the options' help and checks need, written out here so that loading the plugin
+# imports nothing heavy; tests/test_pytest_plugin.py checks each against its home
+# (backends.NAMES, ALIASES and ENV_VAR, runner.SHAPE_TIERS, watchdog.CASE_TIMEOUT_S).
+BACKEND_NAMES = ("interpret", "tpu_interpret", "triton", "mosaic_gpu", "mosaic_gpu_interpret", "tpu")
+BACKEND_ALIASES = {"gpu": "mosaic_gpu"}
+BACKEND_ENV_VAR = "PALLASCHECK_BACKEND"
+SHAPE_TIERS = ("small", "production")
+CASE_TIMEOUT_S = 300.0
+PREFIX = "pallascheck-"
+# The options by their short name: each is --pallascheck-NAME here, and --NAME too where
+# a project enables properties/pytest_short_options.py; both write one dest (``dest``).
+OPTIONS: dict[str, dict[str, Any]] = {
+    "backend": dict(
+        default=None,
+        help=f"one of {BACKEND_NAMES} (tpu_interpret:SEED; "
+        f"{', '.join(f'{a}={n}' for a, n in BACKEND_ALIASES.items())}); default ${BACKEND_ENV_VAR} or interpret",
+    ),
+    "examples": dict(
+        type=int,
+        default=None,
+        help="Hypothesis examples per kernel x dtype property, each a few cases of one compiled layout "
+        "(runner.layout_cases); default: the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
+    ),
+    "shapes": dict(
+        choices=SHAPE_TIERS,
+        default=None,
+        help="shape tier of the generated tests: small (the default), or production (real model sizes; GPU backends)",
+    ),
+    "case-timeout": dict(
+        type=float,
+        default=None,
+        help=f"seconds one case of a spec_tests test may take before it is reported as a hang (default "
+        f"{CASE_TIMEOUT_S:g}; the process ends with the report: under pytest-xdist the test fails and the worker "
+        "is replaced)",
+    ),
 }
+
+
+def dest(name: str) -> str:
+    """Where the option ``name`` (its short name, a key of ``OPTIONS``) is stored."""
+    return "pallascheck_" + name.replace("-", "_")
+
+
+def option(config: pytest.Config, name: str) -> Any:
+    """The value given to --pallascheck-NAME (or its short alias), None where not given."""
+    return config.getoption(dest(name))
+
+
+@functools.cache
+def profiles() -> dict[str, settings]:
+    """pallascheck's Hypothesis settings by profile name. Settings objects, not registered
+    profiles: registering would take over a user's own profile of the same name
+    (``--hypothesis-profile ci``) in sessions that never use us."""
+    from hypothesis import HealthCheck, settings  # Hypothesis loads with the first pallascheck test (~0.2 s)
+
+    common: dict[str, Any] = dict(deadline=None, suppress_health_check=list(HealthCheck))
+    return {
+        "ci": settings(max_examples=4, derandomize=True, database=None, print_blob=True, **common),
+        "dev": settings(max_examples=20, **common),
+        "fuzz": settings(max_examples=200, **common),
+        "hardware": settings(max_examples=25, derandomize=True, database=None, print_blob=True, **common),
+    }
+
+
+PROFILE_NAMES = ("ci", "dev", "fuzz", "hardware")  # the keys of profiles(), known without building them
 
 
 def profile_name(config: pytest.Config) -> str:
     """The pallascheck profile of a session: --hypothesis-profile where it names one of
     ours, else $PALLASCHECK_PROFILE, else ci."""
     chosen = config.getoption("hypothesis_profile", None)
-    name = chosen if chosen in PROFILES else os.environ.get(PROFILE_ENV_VAR, "ci")
-    if name not in PROFILES:
-        raise pytest.UsageError(f"${PROFILE_ENV_VAR} must be one of {sorted(PROFILES)}, got {name!r}")
+    name = chosen if chosen in PROFILE_NAMES else os.environ.get(PROFILE_ENV_VAR, "ci")
+    if name not in PROFILE_NAMES:
+        raise pytest.UsageError(f"${PROFILE_ENV_VAR} must be one of {list(PROFILE_NAMES)}, got {name!r}")
     return name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pallascheck")
-    group.addoption(
-        "--backend",
-        default=None,
-        help=f"one of {NAMES} (tpu_interpret:SEED; {', '.join(f'{a}={n}' for a, n in ALIASES.items())}); "
-        "default $PALLASCHECK_BACKEND or interpret",
-    )
-    group.addoption(
-        "--examples",
-        type=int,
-        default=None,
-        help="Hypothesis examples per kernel x dtype property (each checks "
-        f"{runner.CASES_PER_LAYOUT} cases in the interpreters, {runner.CALLBACK_CASES_PER_LAYOUT} in "
-        f"{' and '.join(backends.CALLBACK_INTERPRETERS)}, more on hardware: runner.layout_cases); default: "
-        "the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
-    )
-    group.addoption(
-        "--shapes",
-        choices=runner.SHAPE_TIERS,
-        default="small",
-        help="shape tier of the generated tests: small, or production (real model sizes; GPU backends)",
-    )
+    for name, attrs in OPTIONS.items():
+        group.addoption(f"--{PREFIX}{name}", dest=dest(name), **attrs)
     group.addoption(
         "--pallascheck-session",
         action="store_true",
@@ -113,42 +144,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Hypothesis profile as the default, the on-disk compilation cache (.pallascheck/jax-cache) "
         "and quick XLA:CPU compiles (XLA_FLAGS)",
     )
-    group.addoption(
-        "--case-timeout",
-        type=float,
-        default=watchdog.CASE_TIMEOUT_S,
-        help="seconds one case of a spec_tests test may take before it is reported as a hang (the process ends "
-        "with the report: under pytest-xdist the test fails and the worker is replaced)",
-    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' plugin loads --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pallascheck_specs(specs): the kernel specs a spec_tests test checks")
-    examples = config.getoption("--examples")
+    examples = option(config, "examples")
     if examples is not None and examples < 1:
-        raise pytest.UsageError(f"--examples must be >= 1, got {examples}")
-    if not config.getoption("--case-timeout") > 0:
-        raise pytest.UsageError(f"--case-timeout must be > 0 seconds, got {config.getoption('--case-timeout')}")
-    if config.getoption("--pallascheck-session"):
-        for name, profile in PROFILES.items():
+        raise pytest.UsageError(f"--{PREFIX}examples must be >= 1, got {examples}")
+    timeout = option(config, "case-timeout")
+    if timeout is not None and not timeout > 0:
+        raise pytest.UsageError(f"--{PREFIX}case-timeout must be > 0 seconds, got {timeout}")
+    if config.getoption("pallascheck_session"):
+        from hypothesis import settings  # the session opted in: Hypothesis' default becomes our profile
+
+        # the session opted in: its compile settings, before any test creates a JAX client
+        from pallascheck.properties.device import compilation
+
+        for name, profile in profiles().items():
             settings.register_profile(name, profile)
         settings.load_profile(profile_name(config))
         # Before any test creates a JAX client: the shared on-disk cache, quick CPU compiles.
-        compilation.configure(get_backend(config.getoption("--backend") or os.environ.get(ENV_VAR, "interpret")))
-    # A backend that cannot run here stops the session at once, saying what is missing.
-    for chosen in backends_under_test(config):
-        try:
-            chosen.require_available()
-        except RuntimeError as missing:
-            raise pytest.UsageError(str(missing)) from None
+        compilation.configure(backends_under_test(config)[0])
+    # A backend that cannot run here stops the session at once, saying what is missing:
+    # one that was named, or any in a session that opted in (a session that did neither
+    # runs on the CPU interpreters, which every supported JAX has: nothing loads here).
+    named = option(config, "backend") is not None or os.environ.get(BACKEND_ENV_VAR)
+    if named or config.getoption("pallascheck_session"):
+        for chosen in backends_under_test(config):
+            try:
+                chosen.require_available()
+            except RuntimeError as missing:
+                raise pytest.UsageError(str(missing)) from None
 
 
 def backends_under_test(config: pytest.Config) -> list[Backend]:
     """The backends a session checks: the one chosen; with the CPU default
     (``interpret``) also ``mosaic_gpu_interpret``, so that the Mosaic GPU kernels are
     checked on every CPU run, in their own interpreter."""
-    chosen = get_backend(config.getoption("--backend"))
+    # JAX loads with the first test (or option) that needs a backend, not with the plugin
+    from pallascheck.kernels.backends import Backend, get_backend
+
+    try:
+        chosen = get_backend(option(config, "backend"))
+    except ValueError as err:
+        raise pytest.UsageError(f"--{PREFIX}backend: {err}") from None
     return [chosen, Backend("mosaic_gpu_interpret")] if chosen.name == "interpret" else [chosen]
 
 
@@ -186,17 +226,17 @@ def spec_tests(*specs: KernelSpec):
 
     @pytest.mark.pallascheck_specs(specs)
     def test(pallascheck_spec_case: tuple[KernelSpec, str, Backend], examples: int, request: pytest.FixtureRequest):
+        # the harness loads with the first spec test, not with the plugin
+        from pallascheck.properties import runner, watchdog
+
         spec, dtype, backend = pallascheck_spec_case
-        shapes = request.config.getoption("--shapes")
+        shapes = option(request.config, "shapes") or "small"
         if shapes == "production" and spec.production is None:
             pytest.skip(f"{spec.name} has no production shape tier")
-        replay = (
-            f"pytest '{request.node.nodeid}' --backend {request.config.getoption('--backend') or 'interpret'}"
-            f" --shapes {shapes}"
-        )
+        replay = replay_command(request.config, request.node.nodeid)
         capture = request.config.pluginmanager.getplugin("capturemanager")
         dog = watchdog.CaseWatchdog(
-            request.config.getoption("--case-timeout"),
+            option(request.config, "case-timeout") or watchdog.CASE_TIMEOUT_S,
             kernel=spec.name,
             dtype=dtype,
             backend=str(backend),
@@ -225,7 +265,10 @@ def spec_tests(*specs: KernelSpec):
             warnings.warn(
                 NotCheckedWarning(f"{spec.name} {dtype} on {backend}: {check} not checked in some cases: {why}")
             )
-        missed = [p for p in tally.paths_declared if not tally.paths.get(p)]
+        inferred = [p for p in tally.paths_declared if p not in tally.paths_required and not tally.paths.get(p)]
+        if inferred:  # the user's buckets never reach what their tiling suggests: said, not failed
+            warnings.warn(NotCheckedWarning(f"{spec.name} {dtype} on {backend}: code paths not reached: {inferred}"))
+        missed = [p for p in tally.paths_required if not tally.paths.get(p)]
         assert not missed, (
             f"declared code paths no draw reached on {backend}: {missed}; widen the spec's shape buckets or "
             "configs so that a case reaches each (or leave the path out: dataclasses.replace(spec, paths=...))"
@@ -234,25 +277,45 @@ def spec_tests(*specs: KernelSpec):
     return test
 
 
+def replay_command(config: pytest.Config, nodeid: str) -> str:
+    """The command that runs the test ``nodeid`` again as this session ran it, with the
+    namespaced options, which every project that installs pallascheck has."""
+    return (
+        f"pytest '{nodeid}' --{PREFIX}backend {backends_under_test(config)[0]}"
+        f" --{PREFIX}shapes {option(config, 'shapes') or 'small'}"
+        f" --{PREFIX}examples {examples_of(config)}"
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     """A kernel with no version for the session's backend is reported as skipped,
     with the kernel's own message saying which backends it has."""
     try:
         return (yield)
-    except NotOnBackend as missing:
-        pytest.skip(f"not on this backend: {missing}")
+    except NotImplementedError as missing:
+        # NotOnBackend is one; a kernel that raised it has loaded its module (nothing to import here)
+        backends = sys.modules.get("pallascheck.kernels.backends")
+        if backends is not None and isinstance(missing, backends.NotOnBackend):
+            pytest.skip(f"not on this backend: {missing}")
+        raise
 
 
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest) -> Backend:
     """The backend under test (checked at the session's start: it runs here)."""
-    return get_backend(request.config.getoption("--backend"))
+    return backends_under_test(request.config)[0]
+
+
+def examples_of(config: pytest.Config) -> int:
+    """Hypothesis examples per kernel x dtype property: --pallascheck-examples, else the
+    pallascheck profile's (``profile_name``)."""
+    chosen = option(config, "examples")
+    return profiles()[profile_name(config)].max_examples if chosen is None else chosen
 
 
 @pytest.fixture(scope="session")
 def examples(request: pytest.FixtureRequest) -> int:
-    """Hypothesis examples per kernel x dtype property: --examples, else the
+    """Hypothesis examples per kernel x dtype property: --pallascheck-examples, else the
     pallascheck profile's (``profile_name``)."""
-    chosen = request.config.getoption("--examples")
-    return PROFILES[profile_name(request.config)].max_examples if chosen is None else chosen
+    return examples_of(request.config)

@@ -6,6 +6,7 @@ request. It sits above the families it lists."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 from collections.abc import Sequence
 
@@ -82,10 +83,26 @@ def module_spec(target: str) -> KernelSpec:
     elif name in getattr(module, "VARIANTS", {}):
         spec = dataclasses.replace(module.VARIANTS[name][0], backends=getattr(module, "BACKENDS", GENERIC))
     else:
-        raise ValueError(
-            f"target {target!r}: module {module_name} has no KernelSpec {name!r} and no VARIANTS[{name!r}]"
-        )
+        raise ValueError(_no_spec_named(module, name))
     return dataclasses.replace(spec, name=target)
+
+
+def _no_spec_named(module: object, name: str) -> str:
+    """Why ``module`` has no spec ``name``, and what it has instead (one line)."""
+    where = f"module {getattr(module, '__name__', module)} ({getattr(module, '__file__', '?')})"
+    found = getattr(module, name, None)
+    if callable(found) and not isinstance(found, type):
+        return (
+            f"{where}: {name!r} is a function, not a KernelSpec: give the module a spec at its top level "
+            f"(SPEC = {name}()) and name that"
+        )
+    specs = sorted(k for k, v in vars(module).items() if isinstance(v, KernelSpec))
+    specs += sorted(getattr(module, "VARIANTS", {}))
+    if not specs:
+        return f"{where} defines no KernelSpec at its top level (assign one to a name, e.g. SPEC = from_reference(...))"
+    close = difflib.get_close_matches(name, specs, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"its specs: {', '.join(specs)}"
+    return f"{where} has no KernelSpec {name!r}: {hint}"
 
 
 def get_spec(name: str) -> KernelSpec:

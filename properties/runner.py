@@ -75,6 +75,7 @@ class Tally:
     findings: list[Finding] = dataclasses.field(default_factory=list)
     # the spec's declared code paths (KernelSpec.paths_for) and the cases that reached each
     paths_declared: tuple[str, ...] = ()
+    paths_required: tuple[str, ...] = ()  # of those, the ones the spec requires (not inferred)
     paths: dict[str, int] = dataclasses.field(default_factory=dict)
     # checks left out of some cases, and why (xla_reference too large for the device)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -666,6 +667,7 @@ def run_property(
 
     declared = spec.paths_for(backend, shapes)
     tally.paths_declared = tuple(p.name for p in declared)
+    tally.paths_required = tuple(p.name for p in declared if p.required)
 
     def check_example(cases_and_config: tuple[list[Case], int]) -> None:
         cases, index = cases_and_config

@@ -1,5 +1,7 @@
-"""The suite's options and fixtures (--backend, Hypothesis profiles, ``backend``,
-``examples``) come from pallascheck's pytest plugin (properties/pytest_plugin.py).
+"""The suite's options and fixtures (--pallascheck-backend, Hypothesis profiles,
+``backend``, ``examples``) come from pallascheck's pytest plugin
+(properties/pytest_plugin.py); the suite also takes their short names (--backend,
+--examples, --shapes, --case-timeout: ``pytest_plugins`` below).
 
 The order of the items is this suite's schedule for pytest-xdist's ``worksteal``
 (pyproject.toml): each worker starts on a contiguous half of the items, and a worker
@@ -11,6 +13,10 @@ no worker is left running one of them alone at the end while the other idles."""
 from __future__ import annotations
 
 import pytest
+
+# --backend, --examples, --shapes, --case-timeout for this suite (the plugin alone
+# registers only their --pallascheck- names, which never collide with a project's own)
+pytest_plugins = ["pallascheck.properties.pytest_short_options"]
 
 # Test ids naming a kernel that runs in the TPU or Mosaic GPU interpreter: the
 # interpreters themselves, JAX's TPU and Mosaic GPU ("_mgpu") kernels, Tokamax's Mosaic

@@ -372,7 +372,7 @@ def test_missing_matplotlib_names_the_extra(corpus, monkeypatch) -> None:
     # None in sys.modules makes the import fail, as if matplotlib were not installed.
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ImportError, match=re.escape("pip install 'pallascheck[report]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install 'pallascheck[user]'")):
         report.write(corpus)
     assert not os.path.exists(os.path.join(corpus, "report.html"))
 

@@ -25,6 +25,15 @@ DEFERRED = {
     ("pallascheck", "pallascheck.bench.autotune"): "the face stays light for `import pallascheck.kernels`",
     # pytest is an optional dependency of building and checking specs
     ("pallascheck.specs", "pallascheck.properties.pytest_plugin"): "pytest is optional",
+    # the pytest plugin loads in every pytest session of the environment: JAX and the
+    # harness load with the first test that uses pallascheck, or the option that needs them
+    ("pallascheck.properties.pytest_plugin", "pallascheck.kernels.backends"): "JAX loads with a backend's first use",
+    ("pallascheck.properties.pytest_plugin", "pallascheck.properties.runner"): "the harness loads with a spec test",
+    ("pallascheck.properties.pytest_plugin", "pallascheck.properties.watchdog"): "the harness loads with a spec test",
+    (
+        "pallascheck.properties.pytest_plugin",
+        "pallascheck.properties.device.compilation",
+    ): "only a session that opts in (--pallascheck-session) sets up compilation",
     # a mutation worker puts its import hook first, then imports the spec: the kernel
     # module must not be imported before the hook, so nothing that imports it may be
     **{

@@ -44,7 +44,7 @@ def test_layouts_that_do_not_fit_are_skipped_saying_why(monkeypatch: pytest.Monk
     monkeypatch.setattr(production, "memory_limit", lambda backend: 40 * 2**30)
     plan = production.plan(get_spec("attention").production_layouts, Backend("interpret"))
     assert any(l.name.startswith("llama-3 8B:") for l in plan.fitting)
-    skipped = [line for line in plan.skipped if line.startswith("mistral 7B 32k")]
+    skipped = [line for line in plan.skipped if line.startswith("llama-3.1 8B 128k")]
     assert skipped and "its check needs" in skipped[0] and "allows 40 GiB" in skipped[0], plan.skipped
     monkeypatch.setattr(production, "memory_limit", lambda backend: 2**20)
     with pytest.raises(ValueError, match="no production layout of matmul fits"):
@@ -59,10 +59,13 @@ def test_a_kernel_with_no_layout_that_fits_is_left_out_of_a_run_saying_why(
     # case and was booked as the kernel's failure.
     monkeypatch.setattr(production, "memory_limit", lambda backend: 20 * 2**30)
     monkeypatch.setenv(production.SHARING_ENV_VAR, "3")
-    kept, lines = production.planned(
+    kept, lines, skipped = production.planned(
         {n: get_spec(n) for n in ("matmul", "gated_linear_unit", "top_k")}, Backend("interpret")
     )
     assert kept == ["matmul", "top_k"], lines
+    # each layout skipped is booked as not checked, with its kernel
+    assert {family for family, _ in skipped} == {"matmul", "gated_linear_unit"}, skipped
+    assert len(skipped) == sum("skipped by the memory rule" in line for line in lines)
     assert lines[-1] == (
         "not checked: gated_linear_unit: no production layout fits (fewer --jobs give each process a larger share)"
     ), lines

@@ -1,13 +1,16 @@
 """The pytest plugin reaches any project that installs pallascheck, and changes nothing
 there that the project did not ask for: a test module in a fresh directory, with no
-conftest, gets --backend, --examples and ``spec_tests``, while an unrelated Hypothesis
-test in the same session keeps Hypothesis' defaults, XLA's flags, JAX's compilation
-cache and the environment."""
+conftest, gets --pallascheck-backend, --pallascheck-examples and ``spec_tests``, while an
+unrelated Hypothesis test in the same session keeps Hypothesis' defaults, XLA's flags,
+JAX's compilation cache and the environment. A project's own --backend and --examples
+keep working beside it, and loading the plugin imports neither JAX nor Hypothesis."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -65,9 +68,9 @@ def test_a_project_without_conftest_gets_the_plugin_and_keeps_its_settings(tmp_p
         "-v",
         "-p",
         "no:cacheprovider",
-        "--backend",
+        "--pallascheck-backend",
         "interpret",
-        "--examples",
+        "--pallascheck-examples",
         "1",
         "-k",
         "float32 or unrelated",
@@ -126,7 +129,7 @@ HANGING_TEST = textwrap.dedent("""
 
 
 def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
-    """--case-timeout: the case that hangs is named, with its replay command, and the
+    """--pallascheck-case-timeout: the case that hangs is named, with its replay command, and the
     run ends (under pytest-xdist the test fails and the worker is replaced)."""
     (tmp_path / "test_user.py").write_text(HANGING_TEST)
     env = dict(
@@ -140,11 +143,11 @@ def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
         "pytest",
         "-p",
         "no:cacheprovider",
-        "--backend",
+        "--pallascheck-backend",
         "interpret",
-        "--examples",
+        "--pallascheck-examples",
         "1",
-        "--case-timeout",
+        "--pallascheck-case-timeout",
         "3",
         str(tmp_path),
     ]
@@ -152,3 +155,82 @@ def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
     assert done.returncode == 124, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[hang] kernel=relu_that_hangs dtype=float32 backend=interpret" in done.stderr, done.stderr[-3000:]
     assert "replay: pytest 'test_user.py::test_hangs[relu_that_hangs-float32-interpret]'" in done.stderr
+    # the replay runs as printed, in a project without the short option names: it names
+    # the same test (collected, not run again: it hangs)
+    printed = re.search(r"replay: (pytest .*)", done.stderr).group(1)
+    assert "--pallascheck-backend interpret" in printed and "--pallascheck-examples 1" in printed, printed
+    again = [sys.executable, "-m", *shlex.split(printed), "-p", "no:cacheprovider", "--collect-only", "-q"]
+    collected = subprocess.run(again, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert collected.stdout.splitlines()[0] == "test_user.py::test_hangs[relu_that_hangs-float32-interpret]"
+
+
+CONFLICTING_CONFTEST = textwrap.dedent("""
+    def pytest_addoption(parser):
+        parser.addoption("--backend", default="cpu", help="the project's own")
+        parser.addoption("--examples", default="none", help="the project's own")
+""")
+
+TRIVIAL_TEST = textwrap.dedent("""
+    import sys
+
+    def test_the_projects_options_are_its_own(request):
+        assert request.config.getoption("--backend") == "torch"
+        assert request.config.getoption("--examples") == "all"
+        assert request.config.getoption("--pallascheck-backend") is None
+        # nothing heavy was loaded by the plugin for a session with no pallascheck test
+        assert [m for m in ("jax", "hypothesis", "pallascheck.kernels.backends") if m in sys.modules] == []
+""")
+
+
+def test_a_project_with_its_own_backend_and_examples_options_starts(tmp_path: Path) -> None:
+    """A conftest adding --backend and --examples beside the installed plugin: pytest
+    starts, the options are the project's, and the plugin loaded neither JAX nor
+    Hypothesis."""
+    (tmp_path / "conftest.py").write_text(CONFLICTING_CONFTEST)
+    (tmp_path / "test_trivial.py").write_text(TRIVIAL_TEST)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--backend", "torch"]
+    done = subprocess.run(
+        [*command, "--examples", "all", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_short_names_are_the_same_options_where_a_project_enables_them(tmp_path: Path) -> None:
+    """``pytest_plugins = [...pytest_short_options]``: --examples is --pallascheck-examples
+    (the plugin refuses 0 by its namespaced name); without it, --examples is unknown."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["pallascheck.properties.pytest_short_options"]\n')
+    (tmp_path / "test_trivial.py").write_text("def test_nothing():\n    pass\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    refused = subprocess.run([*command, "--examples", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 4 and "--pallascheck-examples must be >= 1, got 0" in refused.stderr, refused.stderr
+    ran = subprocess.run(
+        [*command, "--examples", "2", "--shapes", "small"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    (tmp_path / "conftest.py").unlink()
+    unknown = subprocess.run([*command, "--examples", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert unknown.returncode == 4 and "unrecognized arguments: --examples" in unknown.stderr, unknown.stderr
+
+
+def test_the_plugin_loads_without_jax_or_hypothesis() -> None:
+    script = (
+        "import sys, pallascheck.properties.pytest_plugin, pallascheck.properties.pytest_short_options\n"
+        "print([m for m in ('jax', 'hypothesis', 'numpy', 'pallascheck.kernels.backends') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-3000:]
+
+
+def test_the_plugins_own_copies_of_names_match_their_homes() -> None:
+    """The plugin writes out what its options' help needs (so that it loads nothing
+    heavy): each copy is the value in its home."""
+    from pallascheck.kernels import backends
+    from pallascheck.properties import pytest_plugin, runner, watchdog
+
+    assert pytest_plugin.BACKEND_NAMES == backends.NAMES
+    assert pytest_plugin.BACKEND_ALIASES == backends.ALIASES
+    assert pytest_plugin.BACKEND_ENV_VAR == backends.ENV_VAR
+    assert pytest_plugin.SHAPE_TIERS == runner.SHAPE_TIERS
+    assert pytest_plugin.CASE_TIMEOUT_S == watchdog.CASE_TIMEOUT_S
+    assert pytest_plugin.PROFILE_NAMES == tuple(pytest_plugin.profiles())

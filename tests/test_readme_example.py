@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -32,9 +33,9 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
         "-q",
         "-p",
         "no:cacheprovider",
-        "--backend",
+        "--pallascheck-backend",
         "interpret",
-        "--examples",
+        "--pallascheck-examples",
         "1",
         str(tmp_path),
     ]
@@ -42,3 +43,13 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # one test per dtype on interpret (mosaic_gpu_interpret is not among its backends)
     assert re.search(r"\b3 passed\b", done.stdout), done.stdout[-3000:]
+
+
+def test_set_up_step_1_installs_what_the_readme_uses_next() -> None:
+    """Step 1's command installs pytest (the example above, the plugin) and matplotlib
+    (``pallascheck report``, which fuzz tells the user to run), not the test extra."""
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for page in (README, README.parent / "docs" / "index.md"):
+        step_1 = re.search(r"^1\. .*?```\n\s*(.*?)\n\s*```", page.read_text(), re.S | re.M).group(1)
+        extra = re.fullmatch(r"pip install -e '\.\[(\w+)\]' && pallascheck verify", step_1.strip()).group(1)
+        assert extra != "test" and {"pytest", "matplotlib"} <= set(extras[extra]), (page, step_1)

@@ -166,7 +166,7 @@ def test_tokamax_spec(name: str, dtype: str, request: pytest.FixtureRequest) -> 
         name,
         dtype,
         _interpreter(get_spec(name)),
-        request.config.getoption("--examples") or EXAMPLES,
+        request.config.getoption("--pallascheck-examples") or EXAMPLES,
         INTERPRETER_LIMITS.get(name, ()),
     )
     assert not failure, failure
@@ -216,7 +216,9 @@ def test_tokamax_spec_on_the_gpu(name: str, backend: Backend, request: pytest.Fi
     if not spec.runs_on(backend):
         pytest.skip(f"{name} runs on {tuple(spec.backends)}, not on {backend}")
     for dtype in spec.dtypes_for(backend):
-        failure = _run_spec(name, dtype, backend, request.config.getoption("--examples") or GPU_EXAMPLES, ())
+        failure = _run_spec(
+            name, dtype, backend, request.config.getoption("--pallascheck-examples") or GPU_EXAMPLES, ()
+        )
         if name in GPU_FINDINGS:
             _found(failure, GpuFinding, "", GPU_FINDINGS[name])
         assert not failure, failure

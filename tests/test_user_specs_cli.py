@@ -66,6 +66,11 @@ def test_verify_runs_a_user_spec_and_its_printed_replays_run_as_printed(project:
     case = next((project / ".pallascheck" / "failures").glob("my_specs:SPEC-float32-values.npz"))
     replayed = _run(f"pallascheck replay '{case}'{saved}", project)
     assert replayed.returncode == 1 and "FAIL" in replayed.stdout, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    # the replay prints its own command, --path kept: it runs as printed
+    own = re.search(r"replay: (pallascheck replay .*)", replayed.stdout).group(1)
+    assert own.endswith(" --path specs_dir"), own
+    rerun = _run(own, project)
+    assert rerun.returncode == 1 and "FAIL" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-3000:]
 
 
 def test_fuzz_runs_a_user_spec_and_its_printed_replay_runs_as_printed(project: Path) -> None:

@@ -66,11 +66,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if mutate is None and argv[:1] == ["mutate"]:
         raise SystemExit("pallascheck mutate parses kernels with libcst, which is not installed: pip install libcst")
-    args = build_parser().parse_args(argv)
-    for name in ("examples", "repeat"):
-        if getattr(args, name, 1) < 1:
-            raise SystemExit(f"pallascheck: --{name} must be >= 1")
-    return args.func(args)
+    # The one error boundary: a user's mistake (an option's rule, broken by argparse's
+    # types in _common; a name, file or path a subcommand refuses with UsageError before
+    # it creates anything) ends in one line on stderr and exit 2.
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except SystemExit as stop:
+        if isinstance(stop.code, str):  # a message: argparse's own exits carry a number
+            message = " ".join(stop.code.split())
+            print(message if message.startswith("pallascheck") else f"pallascheck: {message}", file=sys.stderr)
+            stop.code = 2
+        raise
 
 
 if __name__ == "__main__":

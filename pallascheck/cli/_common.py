@@ -1,5 +1,6 @@
-"""What the subcommands share: the backend option and its set-up, the target options,
-the help formatter, progress lines, and the production tier's fitting."""
+"""What the subcommands share: the usage error and the number rules every command's
+options follow, the backend option and its set-up, the target options, the help
+formatter, progress lines, and the production tier's fitting."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from pallascheck.fuzz import plan, scope
 from pallascheck.kernels import backends
@@ -16,6 +17,37 @@ from pallascheck.properties import runner
 from pallascheck.properties.device import compilation
 
 DEFAULT_FAILURE_DIR = ".pallascheck/failures"
+
+
+class UsageError(SystemExit):
+    """A user's mistake, found before anything is created: one line naming the argument,
+    the rule and the fix. ``cli.main`` prints it and exits 2; raised past ``main`` (a
+    study calling a subcommand's pieces) it is a SystemExit whose message is the line."""
+
+
+def at_least(minimum: int, hint: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (argparse names the option in its
+    one-line error, before the command runs)."""
+
+    def parse(text: str) -> int:
+        value = int(text)  # a ValueError: argparse's "invalid int value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}{hint}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse ``type``: a number of seconds or minutes, > 0."""
+    value = float(text)  # a ValueError: argparse's "invalid float value"
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+positive.__name__ = "float"
 
 
 def add_backend_option(
@@ -29,19 +61,29 @@ def add_backend_option(
     )
 
 
-def available_backend(name: str | None) -> Backend:
-    """The chosen backend, set up for this run; exits at once, saying what is needed,
-    where it is no backend or cannot run here."""
+def chosen_backend(name: str | None) -> Backend:
+    """The backend ``--backend`` names (None: $PALLASCHECK_BACKEND or interpret), set up
+    for nothing yet; a UsageError with the close matches where it is no backend."""
     try:
-        backend = scope.backend(name)
+        return scope.backend(name)
     except ValueError as err:
-        raise SystemExit(f"pallascheck: {err}") from None
+        raise UsageError(str(err)) from None
+
+
+def set_up(backend: Backend) -> Backend:
+    """``backend`` set up for this run (the compilation cache, XLA's flags); exits at
+    once, saying what is needed, where it cannot run here."""
     compilation.configure(backend)
     try:
         backend.require_available()
     except RuntimeError as err:
-        raise SystemExit(f"pallascheck: {err}") from None
+        raise UsageError(str(err)) from None
     return backend
+
+
+def available_backend(name: str | None) -> Backend:
+    """The chosen backend, set up for this run (``chosen_backend``, then ``set_up``)."""
+    return set_up(chosen_backend(name))
 
 
 def fitting(names: list[str], backend: Backend) -> tuple[list[str], list[scope.NotChecked]]:
@@ -97,6 +139,11 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """One line, exit 2: what is wrong and where the options are listed (argparse
+        would print the usage first)."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def add_target_options(parser: argparse.ArgumentParser, kernel_help: str) -> None:

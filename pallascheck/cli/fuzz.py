@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 
 from pallascheck.cli._common import (
+    UsageError,
     add_backend_option,
     add_target_options,
+    at_least,
     available_backend,
     examples_help,
     fitting,
+    positive,
     progress_printer,
 )
 from pallascheck.fuzz import campaign, corpus, plan, scope, targets, verify
@@ -22,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # a typo creates nothing: no corpus directory, no compilation cache, no workers
         targets.check_names(args.kernel or ())
     except ValueError as err:
-        raise SystemExit(f"pallascheck: {err}") from None
+        raise UsageError(str(err)) from None
     backend = available_backend(args.backend)
     # a resumed campaign keeps its tier and kernels: the memory rule below must see them
     saved = corpus.read_state(args.corpus) if args.resume else None
@@ -121,26 +124,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "with a replay command; --resume continues a campaign where it stopped.",
     )
     add_backend_option(fuzz)
-    fuzz.add_argument("--minutes", type=float, default=10.0, help="how long the campaign runs (tasks in flight finish)")
+    fuzz.add_argument(
+        "--minutes", type=positive, default=10.0, help="how long the campaign runs (tasks in flight finish)"
+    )
     fuzz.add_argument(
         "--tasks",
-        type=int,
+        type=at_least(1),
         default=None,
         help="start at most this many tasks (a run bounded by work; --minutes still ends it)",
     )
     fuzz.add_argument(
         "--jobs",
-        type=int,
-        default=0,
+        type=at_least(1, " (leave --jobs out for the default)"),
+        default=None,
         help="worker processes (default: every core; on a GPU backend at --shapes production one "
         "per GPU; the workers take the GPUs in turn, each seeing its own)",
     )
     fuzz.add_argument(
-        "--examples", type=int, default=8, help=examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT)
+        "--examples", type=at_least(1), default=8, help=examples_help("task", runner.CAMPAIGN_HARDWARE_CASES_PER_LAYOUT)
     )
     fuzz.add_argument(
         "--cases",
-        type=int,
+        type=at_least(1),
         default=None,
         help="cases per Hypothesis example, all of its one compiled layout (default: as --examples "
         "says). A layout's first case pays its compiles (about 15 s at --shapes production on "
@@ -160,7 +165,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     fuzz.add_argument(
         "--case-timeout",
-        type=float,
+        type=positive,
         default=watchdog.CASE_TIMEOUT_S,
         help="seconds a worker may go without progress (a case, or a task's first compile) before it counts as hung",
     )

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from pallascheck.cli._common import add_backend_option, available_backend
+from pallascheck.cli._common import add_backend_option, at_least, available_backend
 from pallascheck.fuzz import plan, targets
 from pallascheck.fuzz.mutation import operators, run
 
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_backend_option(p)
     p.add_argument(
         "--examples",
-        type=int,
+        type=at_least(1),
         default=3,
         help="Hypothesis examples per spec and dtype, as verify counts them (verify's default)",
     )

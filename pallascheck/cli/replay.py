@@ -3,21 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import zipfile
 from typing import Any
 
-from pallascheck.cli._common import add_backend_option, available_backend
+from pallascheck.cli._common import UsageError, add_backend_option, at_least, available_backend
 from pallascheck.fuzz import targets, verify
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties import check_kinds, checks, runner
 from pallascheck.properties.spec import Case
 
+SAVED_BY = "a .npz saved by verify (under --failures, default .pallascheck/failures/) or fuzz (CORPUS/failures/)"
+
+
+def _saved_case(path: str) -> tuple[Case, dict[str, Any]]:
+    """The case saved at ``path`` and its failure record; a UsageError where there is none."""
+    if not os.path.isfile(path):
+        raise UsageError(f"replay FILE {path!r}: no such file; give {SAVED_BY}")
+    try:
+        case = Case.load(path)
+        meta: dict[str, Any] = dict(case.params)["__failure__"]
+        if not {"kernel", "dtype", "backend", "check", "config"} <= set(meta):  # what every saved case records
+            raise KeyError("__failure__")
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        raise UsageError(f"replay FILE {path!r} is not a saved case: give {SAVED_BY}") from None
+    return Case(case.arrays, {k: v for k, v in case.params.items() if k != "__failure__"}), meta
+
 
 def run(args: argparse.Namespace) -> int:
     targets.add_paths(args.path or ())
-    case = Case.load(args.file)
-    meta: dict[str, Any] = dict(case.params).pop("__failure__")
-    params = {k: v for k, v in case.params.items() if k != "__failure__"}
-    case = Case(case.arrays, params)
+    case, meta = _saved_case(args.file)
+    try:  # the case's kernel: a MODULE:NAME that does not import says which --path to add
+        targets.check_names([meta["kernel"]], option="the case's kernel")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     spec = targets.resolve(meta["kernel"])
     backend = available_backend(args.backend or meta["backend"])
     config_type = type(spec.default_config_for(get_backend(meta["backend"])))
@@ -35,9 +55,11 @@ def run(args: argparse.Namespace) -> int:
             f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): {meta['message']}",
             flush=True,
         )
-    context = checks.Context(
-        kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=f"pallascheck replay {args.file}"
+    # the command that runs this replay again, as given: its --path and --backend kept
+    again = f"pallascheck replay {shlex.quote(args.file)}{verify.path_arguments(args.path or ())}" + (
+        f" --backend {args.backend}" if args.backend else ""
     )
+    context = checks.Context(kernel=spec.name, dtype=meta["dtype"], backend=str(backend), replay=again)
     failed = 0
     for run in range(args.repeat):
         if args.repeat > 1:
@@ -80,7 +102,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--path", action="append", help="a directory to import a MODULE:NAME kernel from")
     replay.add_argument(
         "--repeat",
-        type=int,
+        type=at_least(1),
         default=1,
         help="check the case this many times in one process and say whether it fails every time "
         "(a failure that comes and goes is intermittent)",

@@ -9,11 +9,15 @@ import time
 
 from pallascheck.cli._common import (
     DEFAULT_FAILURE_DIR,
+    UsageError,
     add_backend_option,
     add_target_options,
-    available_backend,
+    at_least,
+    chosen_backend,
     examples_help,
     fitting,
+    positive,
+    set_up,
 )
 from pallascheck.fuzz import plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
@@ -39,13 +43,18 @@ def run(args: argparse.Namespace) -> int:
             f"pallascheck: the tokamax:* kernels check Tokamax, which is not installed: {tokamax_client.PIP}"
         )
     if unknown:
-        raise SystemExit("pallascheck: " + "; ".join(targets.unknown_name(name, known) for name in unknown))
-    backend = available_backend(args.backend)
+        raise UsageError("; ".join(f"--kernel: {targets.unknown_name(name, known)}" for name in unknown))
+    try:  # a MODULE:NAME that does not import, or names no spec: one line saying what to change
+        targets.check_names([n for n in args.kernel or () if is_module_target(n)])
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    backend = chosen_backend(args.backend)
     specs = selected(args.kernel)
     try:
         not_checked = scope.dtypes(args.dtype or (), specs, backend)
     except ValueError as err:
-        raise SystemExit(f"pallascheck: {err}") from None
+        raise UsageError(str(err)) from None
+    set_up(backend)  # the compilation cache and flags: only once every argument is checked
     layouts = [l for spec in specs.values() for l in spec.production_layouts] if args.shapes == "production" else []
     jobs = args.jobs or plan.default_jobs("verify", backend, args.shapes, layouts)
     start = time.perf_counter()
@@ -162,7 +171,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_backend_option(verify)
     verify.add_argument(
-        "--examples", type=int, default=3, help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT)
+        "--examples", type=at_least(1), default=3, help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT)
     )
     verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
     add_target_options(
@@ -177,13 +186,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--failures", default=DEFAULT_FAILURE_DIR, help="where failing cases are saved")
     verify.add_argument(
         "--jobs",
-        type=int,
-        default=0,
+        type=at_least(1, " (leave --jobs out for the default)"),
+        default=None,
         help="worker processes (default: every core on the CPU, three quarters of them on a GPU)",
     )
     verify.add_argument(
         "--case-timeout",
-        type=float,
+        type=positive,
         default=watchdog.CASE_TIMEOUT_S,
         help="seconds one case may take (its compiles included) before it is reported as a hang",
     )

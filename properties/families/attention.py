@@ -555,12 +555,13 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
         if blocks.block_k is None:  # unknown: no tile to reach
             return ()
-        return shared + (
+        inferred = shared + (
             CodePath(
                 "causal over several kv blocks",
                 lambda case, config: causal(case) and _blocks(_sq_skv(case)[1], _kv_block(config)) >= 2,
             ),
         )
+        return tuple(dataclasses.replace(p, required=False) for p in inferred)
     ws = ("mosaic_gpu", "mosaic_gpu_interpret")
     return shared + (
         CodePath(

@@ -308,7 +308,7 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         lambda case, config: _ragged(case.arrays["x"].shape[1], _k_block(config)),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
-        return (k_tail,) if blocks.block_k else ()
+        return (dataclasses.replace(k_tail, required=False),) if blocks.block_k else ()
     ws = ("mosaic_gpu", "mosaic_gpu_interpret")
     return (
         k_tail,
