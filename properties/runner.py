@@ -772,13 +772,17 @@ def _covering(
     seed: int,
 ) -> list[tuple[list[Case], int]]:
     """Few examples of ``drawn`` that together reach every declared path the draws can
-    reach: ``PATH_DRAWS`` draws, then greedily the one that reaches most of the paths
-    still missing, until none is left or no draw reaches one."""
+    reach: draws until they reach every path (at most ``PATH_DRAWS``), then greedily
+    the one that reaches most of the paths still missing, until none is left or no
+    draw reaches one."""
     candidates: list[tuple[tuple[list[Case], int], set[str]]] = []
+    every, covered = {p.name for p in paths}, set()
 
     def record(example: tuple[list[Case], int]) -> bool:
+        """Keep the draw; stop drawing once the draws so far reach every path."""
         candidates.append((example, _reached(example, paths, spec, backend)))
-        return False
+        covered.update(candidates[-1][1])
+        return covered >= every
 
     with contextlib.suppress(NoSuchExample):
         find(
@@ -793,7 +797,7 @@ def _covering(
             ),
             random=random.Random(seed),
         )
-    missing = {p.name for p in paths}
+    missing = set(every)
     chosen = []
     while missing:
         example, reached = max(candidates, key=lambda c: len(c[1] & missing), default=(None, set()))
