@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pallascheck.fuzz import bandit, plan, targets
+from pallascheck.fuzz import bandit, import_path, plan, targets
 from pallascheck.fuzz.corpus import (
     CASES,
     EVENTS,
@@ -99,7 +99,7 @@ class Campaign:
         shapes: str = "small",
         layout_cases: int | None = None,
     ):
-        targets.add_paths(paths)
+        import_path.add_paths(paths)
         targets.check_names(targets_)  # before the corpus directory is created
         self.corpus = Corpus(corpus)
         saved = self.corpus.load_state()
@@ -115,7 +115,7 @@ class Campaign:
         self.backend = backend
         state = saved or {}  # what a resumed campaign had; the arguments given take precedence
         self.paths = list(paths) or state.get("paths", [])
-        targets.add_paths(self.paths)
+        import_path.add_paths(self.paths)
         names = list(targets_) or state.get("targets", [])
         if not names:
             raise ValueError("no kernel to fuzz: name one with --kernel")

@@ -10,22 +10,10 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
 from collections.abc import Iterable, Sequence
 
 from pallascheck.properties.registry import bundled_names, get_spec, is_module_target, registry
 from pallascheck.properties.spec import KernelSpec
-
-
-def add_paths(paths: Sequence[str]) -> None:
-    """Put ``paths`` first on ``sys.path`` (once each), where ``module:NAME`` targets live,
-    and the current directory last, so that a spec module beside the user imports
-    without --path (after the installed packages: a file there shadows none of them)."""
-    for path in reversed(paths):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
 
 
 def import_problem(target: str, err: ModuleNotFoundError) -> str:

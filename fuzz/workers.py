@@ -27,7 +27,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pallascheck.fuzz.corpus import worst_pattern
-from pallascheck.kernels.backends import get_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,9 +184,11 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
     # after it has booked what they found.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    from pallascheck.fuzz import targets
+    from pallascheck.fuzz import import_path
 
-    targets.add_paths(setup["paths"])
+    import_path.add_paths(setup["paths"])
+    from pallascheck.kernels.backends import get_backend
+
     compilation.configure(get_backend(setup["backend"]), worker=True)
     conn.send(("ready", None))
     while (task := conn.recv()) is not None:
@@ -200,6 +201,7 @@ def _finite_or_none(x: float | None) -> float | None:
 
 def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
     from pallascheck.fuzz import targets
+    from pallascheck.kernels.backends import get_backend
     from pallascheck.properties import runner, strategies
     from pallascheck.properties.spec import Case
 

@@ -125,3 +125,22 @@ def checking_backend(backends: Sequence[str]) -> Backend:
     """Where bad inputs are tried: the first interpreter the function runs on (a
     function that runs only on hardware is tried there)."""
     return Backend(next((b for b in backends if Backend(b).is_interpreted), backends[0]))
+
+
+# Tiles along one axis, for the code-path rules of the families (KernelSpec.paths).
+
+
+def ragged_tiles(n: int, block: int | None) -> bool:
+    """Several tiles along an axis of ``n`` and a partial last one (False for an unknown block)."""
+    return bool(block and n > block and n % block != 0)
+
+
+def reduction_block(config: Any) -> int | None:
+    """The step along a dot's reduction: ours (generic ``block_k``, Mosaic GPU
+    ``tile_k``) or a user kernel's ``Blocks.block_k`` (None: unknown)."""
+    return getattr(config, "tile_k", getattr(config, "block_k", None))
+
+
+def row_block(config: Any) -> int | None:
+    """The rows of one output tile: ours (generic ``block_m``, Mosaic GPU ``tile_m``)."""
+    return getattr(config, "tile_m", getattr(config, "block_m", None))

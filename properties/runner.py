@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import jax
 import numpy as np
-from hypothesis import HealthCheck, Phase, example, find, given, settings, target
+from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -705,17 +705,8 @@ def run_property(
             if search.targeted:
                 _report_targets(budgets)
 
-    # Paths by rule: examples that reach the declared paths come first (as explicit
-    # examples, so a failure among them replays and is reported like any other), then
-    # random draws for the rest of the budget. A fuzz campaign's draws are the search's own.
-    steered = search.targeted or search.config_slot is not None or search.database is not None
-    covering = [] if steered or not declared else _covering(drawn, declared, spec, backend, dtype_seed(seed, dtype))
-    random_examples = examples - len(covering)
-    if random_examples < 1:
-        phases = [p for p in phases if p is not Phase.generate]
-
     @settings(
-        max_examples=max(1, random_examples),
+        max_examples=examples,
         database=database,
         deadline=None,
         phases=phases,
@@ -728,9 +719,6 @@ def run_property(
     def property_(cases_and_config: tuple[list[Case], int]) -> None:
         check_example(cases_and_config)
 
-    for chosen in reversed(covering):  # run in order: the first declared path's first
-        property_ = example(chosen)(property_)
-
     if search.database:
         key = f"{spec.name}/{dtype}/{backend}/{search.database_key}/{sorted(selected)}"
         property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()  # type: ignore[attr-defined]  # Hypothesis' own hook, set as Hypothesis sets it
@@ -741,12 +729,34 @@ def run_property(
             _book(tally, failure, context)
     except Exception as failure:  # noqa: BLE001 - a kernel that crashes is a failed check
         _book(tally, failure, context)
+    # Paths by rule: a declared path the budgeted draws missed is drawn for (shapes,
+    # options and a config that reach it) and checked, so that every run reaches what
+    # its spec declares; the budgeted draws themselves are unchanged. A fuzz campaign's
+    # draws are the search's own.
+    steered = search.targeted or search.config_slot is not None or search.database is not None
+    missing = [p for p in declared if p.name not in tally.paths]
+    # drawn freely, not in turn: a turn replays its first draw for a repeated token, and
+    # a search's many draws repeat Hypothesis' favourite tokens
+    free = case_lists.flatmap(
+        lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
+    )
+    attempt = 0
+    while missing and not steered and not tally.findings:
+        attempt += 1
+        chosen = _draw_reaching(free, missing, spec, backend, dtype_seed(seed, dtype) + attempt)
+        if chosen is None:
+            break  # no draw reaches the rest: reported as not reached
+        try:
+            check_example(chosen)
+        except Exception as failure:  # noqa: BLE001 - as above: booked under its check
+            _book(tally, failure, context)
+        missing = [p for p in declared if p.name not in tally.paths]
     return tally
 
 
-# How many examples are drawn (shapes, options and a config; no check runs) to choose
-# the covering examples from: the rarest declared path of the shipped specs is about one
-# draw in 24 on its backend, so all 400 miss it with probability (23/24)^400 < 1e-7.
+# How many examples may be drawn (shapes, options and a config; no check runs) to find
+# one that reaches a missed path: the rarest declared path of the shipped specs is about
+# one draw in 24 on its backend, so all 400 miss it with probability (23/24)^400 < 1e-7.
 PATH_DRAWS = 400
 
 
@@ -764,30 +774,19 @@ def _reached(
     return names
 
 
-def _covering(
+def _draw_reaching(
     drawn: st.SearchStrategy[tuple[list[Case], int]],
-    paths: Sequence[CodePath],
+    missing: Sequence[CodePath],
     spec: KernelSpec,
     backend: Backend,
     seed: int,
-) -> list[tuple[list[Case], int]]:
-    """Few examples of ``drawn`` that together reach every declared path the draws can
-    reach: draws until they reach every path (at most ``PATH_DRAWS``), then greedily
-    the one that reaches most of the paths still missing, until none is left or no
-    draw reaches one."""
-    candidates: list[tuple[tuple[list[Case], int], set[str]]] = []
-    every, covered = {p.name for p in paths}, set()
-
-    def record(example: tuple[list[Case], int]) -> bool:
-        """Keep the draw; stop drawing once the draws so far reach every path."""
-        candidates.append((example, _reached(example, paths, spec, backend)))
-        covered.update(candidates[-1][1])
-        return covered >= every
-
-    with contextlib.suppress(NoSuchExample):
-        find(
+) -> tuple[list[Case], int] | None:
+    """An example of ``drawn`` that reaches at least one of the ``missing`` paths (the
+    first of ``PATH_DRAWS`` draws that does), or None where none does."""
+    try:
+        return find(
             drawn,
-            record,
+            lambda example: bool(_reached(example, missing, spec, backend)),
             settings=settings(
                 max_examples=PATH_DRAWS,
                 phases=[Phase.generate],
@@ -797,15 +796,8 @@ def _covering(
             ),
             random=random.Random(seed),
         )
-    missing = set(every)
-    chosen = []
-    while missing:
-        example, reached = max(candidates, key=lambda c: len(c[1] & missing), default=(None, set()))
-        if example is None or not reached & missing:
-            break
-        chosen.append(example)
-        missing -= reached
-    return chosen
+    except NoSuchExample:
+        return None
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -23,6 +23,9 @@ DEFERRED = {
     # `import pallascheck.kernels` runs pallascheck/__init__.py: the autotuner (and with it
     # the properties and oracles) loads on first use of pallascheck.autotune
     ("pallascheck", "pallascheck.bench.autotune"): "the face stays light for `import pallascheck.kernels`",
+    # the console script is imported again by every worker process multiprocessing
+    # spawns: the subcommands (and every kernel with them) load on first use
+    ("pallascheck.cli", "pallascheck.cli.command"): "spawned workers re-import the console script",
     # pytest is an optional dependency of building and checking specs
     ("pallascheck.specs", "pallascheck.properties.pytest_plugin"): "pytest is optional",
     # the pytest plugin loads in every pytest session of the environment: JAX and the
@@ -51,7 +54,9 @@ DEFERRED = {
         ("pallascheck.fuzz.workers", m): "in the worker, after its device and --path are set"
         for m in (
             "pallascheck.properties.device.compilation",
+            "pallascheck.fuzz.import_path",
             "pallascheck.fuzz.targets",
+            "pallascheck.kernels.backends",
             "pallascheck.properties.runner",
             "pallascheck.properties.strategies",
             "pallascheck.properties.spec",

@@ -98,7 +98,7 @@ def test_an_installed_package_declares_its_specs_by_entry_point(tmp_path: Path) 
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kernels\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[pallascheck.specs]\nmy_kernels = my_kernels\n")
-    code = "from pallascheck.properties.spec import registry; print('fused' in registry())"
+    code = "from pallascheck.properties.registry import registry; print('fused' in registry())"
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

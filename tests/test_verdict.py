@@ -8,6 +8,7 @@ import json
 import pytest
 
 from pallascheck import cli
+from pallascheck.cli import verify as verify_command
 from pallascheck.fuzz import scope, verify
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, registry, runner
@@ -100,4 +101,4 @@ def test_strict_fails_a_passing_run_that_left_something_asked_for_unchecked(tmp_
     assert "relu_bf16_only float32: relu_bf16_only has no float32 version on interpret" in out, out
     listed = out[out.index("NOT CHECKED (") :].split("\n\n")[0].splitlines()[1:]
     assert f"- NOT CHECKED: {len(listed)} (above)" in out, out
-    assert cli.main([*argv, "--strict"]) == cli.verify.STRICT_EXIT
+    assert cli.main([*argv, "--strict"]) == verify_command.STRICT_EXIT

@@ -145,19 +145,21 @@ def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any])
 def _run_task(task: Task, conn: Connection, setup: dict[str, Any]) -> dict[str, Any]:
     import jax
 
-    from pallascheck.fuzz import targets
-    from pallascheck.kernels.backends import get_backend
-    from pallascheck.properties import runner
-    from pallascheck.properties.spec import Case
-
     try:
         mutant = setup.get("mutant")
         if mutant is not None and not _STATE.get("installed"):
             install(mutant["module"], mutant["source"], mutant["origin"])
             _STATE["installed"] = True
+        # after the mutant: the registry imports every kernel module
+        from pallascheck.fuzz import targets
+
         spec = targets.resolve(task.target)
     except Exception as err:  # noqa: BLE001 - a mutant that does not even import is killed by it
         return {"failure": f"[crash] importing the kernel: {type(err).__name__}: {err}", "check": "crash", "lines": []}
+    from pallascheck.kernels.backends import get_backend
+    from pallascheck.properties import runner
+    from pallascheck.properties.spec import Case
+
     outputs: list[Any] = []
     spec = _recording(spec, outputs)
     backend = get_backend(setup["backend"])

@@ -15,13 +15,13 @@ from pallascheck.cli._common import (
     positive,
     progress_printer,
 )
-from pallascheck.fuzz import campaign, corpus, plan, scope, targets, verify
+from pallascheck.fuzz import campaign, corpus, import_path, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.registry import bundled_names, registry
 
 
 def run(args: argparse.Namespace) -> int:
-    targets.add_paths(args.path or ())
+    import_path.add_paths(args.path or ())
     try:  # a typo creates nothing: no corpus directory, no compilation cache, no workers
         targets.check_names(args.kernel or ())
     except ValueError as err:

@@ -14,7 +14,7 @@ import re
 import sys
 
 from pallascheck.cli._common import add_backend_option, at_least, available_backend
-from pallascheck.fuzz import plan, targets
+from pallascheck.fuzz import import_path, plan, targets
 from pallascheck.fuzz.mutation import operators, run
 
 STATUSES = (run.KILLED, run.EQUIVALENT, run.SURVIVED, run.UNREACHED, run.NOT_RUN)
@@ -106,7 +106,7 @@ def _display(path: str) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     backend = available_backend(args.backend)
-    targets.add_paths(args.path or ())
+    import_path.add_paths(args.path or ())
     try:
         specs = [targets.resolve(name) for name in args.kernel]
         modules = sorted({args.module or run.kernel_module(spec) for spec in specs})

@@ -9,7 +9,7 @@ import zipfile
 from typing import Any
 
 from pallascheck.cli._common import UsageError, add_backend_option, at_least, available_backend
-from pallascheck.fuzz import targets, verify
+from pallascheck.fuzz import import_path, targets, verify
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties import check_kinds, checks, runner
 from pallascheck.properties.spec import Case
@@ -32,7 +32,7 @@ def _saved_case(path: str) -> tuple[Case, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    targets.add_paths(args.path or ())
+    import_path.add_paths(args.path or ())
     case, meta = _saved_case(args.file)
     try:  # the case's kernel: a MODULE:NAME that does not import says which --path to add
         targets.check_names([meta["kernel"]], option="the case's kernel")

@@ -19,7 +19,7 @@ from pallascheck.cli._common import (
     positive,
     set_up,
 )
-from pallascheck.fuzz import plan, scope, targets, verify
+from pallascheck.fuzz import import_path, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.outside import tokamax as tokamax_client
@@ -35,7 +35,7 @@ STRICT_EXIT = 3
 
 
 def run(args: argparse.Namespace) -> int:
-    targets.add_paths(args.path or ())
+    import_path.add_paths(args.path or ())
     known = set(registry()) | set(PROPERTIES) | set(bundled_names())
     unknown = sorted(n for n in set(args.kernel or ()) - known if not is_module_target(n))
     if set(unknown) & set(tokamax_client.TOKAMAX):

@@ -154,6 +154,6 @@ def make_mesh(layout: MeshLayout) -> Any:
     if len(devices) < layout.devices:
         raise ValueError(
             f"mesh {layout.describe()} needs {layout.devices} devices, this process has {len(devices)}; "
-            "run it through properties.multidevice.run_with_cpu_devices"
+            "run it through properties.device.multidevice.run_with_cpu_devices"
         )
     return Mesh(np.array(devices[: layout.devices]).reshape(layout.shape), layout.names)

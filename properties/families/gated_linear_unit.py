@@ -19,7 +19,7 @@ from pallascheck.kernels import matmul, mosaic_gpu_glu
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
-from pallascheck.properties import production, strategies
+from pallascheck.properties import builders, production, strategies
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
@@ -253,20 +253,15 @@ def _bad_inputs() -> list[BadInput]:
 def _paths() -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
 
-    def ragged(n: int, block: int) -> bool:
-        return n > block and n % block != 0
-
     return (
         CodePath(
             "several K tiles and a ragged last one",
-            lambda case, config: ragged(
-                case.arrays["x"].shape[-1], getattr(config, "tile_k", getattr(config, "block_k", 0))
-            ),
+            lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[-1], builders.reduction_block(config)),
         ),
         CodePath(
             "several row tiles and a ragged last one",
-            lambda case, config: ragged(
-                int(np.prod(case.arrays["x"].shape[:-1])), getattr(config, "tile_m", getattr(config, "block_m", 0))
+            lambda case, config: builders.ragged_tiles(
+                int(np.prod(case.arrays["x"].shape[:-1])), builders.row_block(config)
             ),
         ),
     )

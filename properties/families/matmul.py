@@ -287,25 +287,11 @@ class Blocks:
     block_k: int | None = None
 
 
-def _tiles(n: int, block: int | None) -> int:
-    return 1 if not block else -(-n // block)
-
-
-def _ragged(n: int, block: int | None) -> bool:
-    """Several tiles along an axis of ``n`` and a partial last one."""
-    return bool(block and n > block and n % block != 0)
-
-
-def _k_block(config: Any) -> int | None:
-    """The K step: ours (generic ``block_k``, Mosaic GPU ``tile_k``) or a user kernel's ``Blocks.block_k``."""
-    return getattr(config, "tile_k", getattr(config, "block_k", None))
-
-
 def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
     k_tail = CodePath(
         "several K tiles and a ragged last one",
-        lambda case, config: _ragged(case.arrays["x"].shape[1], _k_block(config)),
+        lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[1], builders.reduction_block(config)),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
         return (dataclasses.replace(k_tail, required=False),) if blocks.block_k else ()
@@ -314,25 +300,24 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         k_tail,
         CodePath(
             "several row tiles and a ragged last one",
-            lambda case, config: _ragged(
-                case.arrays["x"].shape[0], getattr(config, "tile_m", getattr(config, "block_m", 0))
-            ),
+            lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[0], builders.row_block(config)),
         ),
         CodePath(
             "several column tiles and a ragged last one",
-            lambda case, config: _ragged(
+            lambda case, config: builders.ragged_tiles(
                 case.arrays["y"].shape[1], getattr(config, "tile_n", getattr(config, "block_n", 0))
             ),
         ),
+        # the warp-specialised CTA spans consumers x tile_n columns, tile_n a consumer
         CodePath(
             "warp-specialised, second consumer on real columns",
-            lambda case, config: config.consumers == 2 and case.arrays["y"].shape[1] > config.tile_n // 2,
+            lambda case, config: config.consumers == 2 and case.arrays["y"].shape[1] > config.tile_n,
             backends=ws,
         ),
         CodePath(
             "warp-specialised, second consumer on padding only",
             lambda case, config: (
-                config.consumers == 2 and 0 < case.arrays["y"].shape[1] % config.tile_n <= config.tile_n // 2
+                config.consumers == 2 and 0 < case.arrays["y"].shape[1] % (2 * config.tile_n) <= config.tile_n
             ),
             backends=ws,
         ),

@@ -293,20 +293,6 @@ class Blocks:
     block_rows: int | None = None
 
 
-def _tiles(n: int, block: int | None) -> int:
-    return 1 if not block else -(-n // block)
-
-
-def _ragged(n: int, block: int | None) -> bool:
-    """Several tiles along an axis of ``n`` and a partial last one."""
-    return bool(block and n > block and n % block != 0)
-
-
-def _k_block(config: Any) -> int | None:
-    """The K step: ours (generic ``block_k``, Mosaic GPU ``tile_k``) or a user kernel's ``Blocks.block_k``."""
-    return getattr(config, "tile_k", getattr(config, "block_k", None))
-
-
 def _straddles(case: Case, rows: int | None) -> bool:
     """A group of rows that crosses a boundary of ``rows``-row tiles."""
     if not rows:
@@ -320,7 +306,7 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
     k_tail = CodePath(
         "several K tiles and a ragged last one",
-        lambda case, config: _ragged(case.arrays["lhs"].shape[1], _k_block(config)),
+        lambda case, config: builders.ragged_tiles(case.arrays["lhs"].shape[1], builders.reduction_block(config)),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
         return (dataclasses.replace(k_tail, required=False),) if blocks.block_k else ()
@@ -328,7 +314,7 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         k_tail,
         CodePath(
             "a group straddling a row tile",
-            lambda case, config: _straddles(case, getattr(config, "tile_m", getattr(config, "block_m", 0))),
+            lambda case, config: _straddles(case, builders.row_block(config)),
         ),
         CodePath("an empty group", lambda case, config: bool((np.asarray(case.arrays["group_sizes"]) == 0).any())),
         CodePath(
