@@ -24,7 +24,28 @@ pytest_plugins = ["pallascheck.properties.pytest_short_options"]
 CALLBACK_INTERPRETER_IDS = ("tpu_interpret", "mosaic_gpu_interpret", "jax:tpu.", "_mgpu", ":mosaic_")
 
 
+# The quick tier (``pytest -m quick``, under 90 s on two cores): every module touched
+# once (the import graph, the command and its errors, the plugin, verify's verdict and
+# output, code paths, the production tier's rules, the tolerance model, the attention
+# oracle's chunks, one small case per family and backend), for the inner loop of a change.
+QUICK_MODULES = (
+    "test_import_graph.py",
+    "test_smoke.py",
+    "test_verdict.py",
+    "test_code_paths.py",
+    "test_production_tier.py",
+    "test_user_errors.py",
+    "test_backends.py",
+    "test_tolerance.py",
+    "test_attention_chunks.py",
+    "test_pytest_plugin.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in QUICK_MODULES:
+            item.add_marker(pytest.mark.quick)
     long = [item for item in items if any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
     rest = [item for item in items if not any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
     items[:] = long[0::2] + rest[0::2] + long[1::2] + rest[1::2]
