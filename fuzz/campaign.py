@@ -468,7 +468,7 @@ def run(
                 busy |= worker.task is not None
             if progress is not None and time.monotonic() - last_progress >= 1.0:
                 last_progress = time.monotonic()
-                progress(_progress_line(campaign, result, best))
+                progress(_progress_line(campaign, result, best, deadline))
             if (stop_on_first and result.new_failures) or (
                 not busy
                 and (
@@ -509,11 +509,13 @@ def run(
     return result
 
 
-def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float, str]) -> str:
+def _progress_line(campaign: Campaign, result: CampaignResult, best: tuple[float, str], deadline: float) -> str:
     elapsed = time.monotonic() - campaign.run_start
     found = ", ".join(f"{k} {n}" for k, n in sorted(campaign.failure_kinds.items()) if n) or "none"
+    reached = sum(1 for p in campaign.pairs if campaign.tasks_started[p])
     return (
-        f"[{elapsed:6.0f} s] {result.cases} cases ({result.cases / max(elapsed, 1e-9):.2f}/s), "
-        f"{result.tasks} tasks, best budget used {best[0]:.3g} ({best[1] or '-'}), failures: {found}, "
-        f"{len(campaign.open_pairs())}/{len(campaign.pairs)} pairs open"
+        f"[{elapsed:6.0f} s, {max(0.0, deadline - time.monotonic()):.0f} s left] {result.cases} cases "
+        f"({result.cases / max(elapsed, 1e-9):.2f}/s), {result.tasks} tasks, best budget used {best[0]:.3g} "
+        f"({best[1] or '-'}), failures: {found}, {reached}/{len(campaign.pairs)} kernel x dtype pairs tried, "
+        f"{len(campaign.open_pairs())} open"
     )

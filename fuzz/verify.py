@@ -317,12 +317,27 @@ def _worker_init(backend: Backend) -> None:
 def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], list[str]]:
     """Run ``units`` on ``jobs`` processes (1: in this process); rows in plan order."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
+    previous = _load_durations()
+    known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
+    start = time.perf_counter()
+    print(
+        f"verify: {len(units)} units on {jobs} jobs; "
+        + (
+            f"about {eta(units, known, {}, jobs):.0f} s from this machine's earlier runs"
+            if len(known) == len(units)
+            else f"earlier durations known for {len(known)} of them: the estimate follows the first results"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
 
     def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
+        left = eta(units, known, {u: r[2] for u, r in results.items()}, jobs)
         print(
-            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s",
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s"
+            f" ({time.perf_counter() - start:.0f} s elapsed, about {left:.0f} s left)",
             file=sys.stderr,
             flush=True,
         )
@@ -381,6 +396,16 @@ def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Ro
 
 def _larger(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+def eta(units: Sequence[Unit], known: dict[Unit, float], finished: dict[Unit, float], jobs: int) -> float:
+    """Seconds of work left over ``jobs`` workers: each unfinished unit at its earlier
+    run's duration where this machine has one (``known``), else at the mean of the units
+    finished so far (of the known ones before any has finished)."""
+    samples = list(finished.values()) or list(known.values())
+    typical = sum(samples) / len(samples) if samples else 0.0
+    left = sum(known.get(u, typical) for u in units if u not in finished)
+    return left / max(jobs, 1)
 
 
 def merge_parts(rows: Sequence[Row]) -> list[Row]:
