@@ -84,3 +84,13 @@ def dtypes(asked: Sequence[str], specs: Mapping[str, KernelSpec], on: Backend) -
         for d in asked
         if d not in spec.dtypes_for(on)
     ]
+
+
+def print_not_checked(items: Sequence[NotChecked], covered_by: str) -> None:
+    """The NOT CHECKED block of a run's summary (nothing where every asked thing was
+    covered); ``covered_by``: what covers a thing in this run ("check", "task")."""
+    if not items:
+        return
+    print(f"\nNOT CHECKED ({len(items)}; asked for, and no {covered_by} covered it):")
+    for item in items:
+        print(f"  {item.line()}")

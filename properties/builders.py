@@ -144,3 +144,8 @@ def reduction_block(config: Any) -> int | None:
 def row_block(config: Any) -> int | None:
     """The rows of one output tile: ours (generic ``block_m``, Mosaic GPU ``tile_m``)."""
     return getattr(config, "tile_m", getattr(config, "block_m", None))
+
+
+def column_block(config: Any) -> int | None:
+    """The columns of one output tile: ours (generic ``block_n``, Mosaic GPU ``tile_n``)."""
+    return getattr(config, "tile_n", getattr(config, "block_n", None))

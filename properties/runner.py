@@ -675,8 +675,7 @@ def run_property(
         budgets: dict[str, float] = {}
         try:
             for case in cases:
-                space = list(spec.configs(case, backend))
-                config = space[index % len(space)]
+                config = _config_of(spec, case, backend, index)
                 for path in declared:
                     if path.reached(case, config):
                         tally.paths[path.name] = tally.paths.get(path.name, 0) + 1
@@ -760,6 +759,14 @@ def run_property(
 PATH_DRAWS = 400
 
 
+def _config_of(spec: KernelSpec, case: Case, backend: Backend, index: int) -> Any:
+    """The config an example's drawn ``index`` gives ``case``: an index into the first
+    case's config space, taken modulo this case's own (a spec whose cases do not share
+    their layout still gets a valid config for each)."""
+    space = list(spec.configs(case, backend))
+    return space[index % len(space)]
+
+
 def _reached(
     example: tuple[list[Case], int], paths: Sequence[CodePath], spec: KernelSpec, backend: Backend
 ) -> set[str]:
@@ -768,8 +775,7 @@ def _reached(
     cases, index = example
     names = set()
     for case in cases:
-        space = list(spec.configs(case, backend))
-        config = space[index % len(space)]
+        config = _config_of(spec, case, backend, index)
         names |= {p.name for p in paths if p.reached(case, config)}
     return names
 

@@ -101,10 +101,7 @@ def run(args: argparse.Namespace) -> int:
         scope.NotChecked(k, d, "no task in this run (give it more --minutes or --tasks, or fewer --kernel)")
         for k, d in result.never_tried
     ]
-    if not_checked:
-        print(f"\nNOT CHECKED ({len(not_checked)}; asked for, and no task covered it):")
-        for item in not_checked:
-            print(f"  {item.line()}")
+    scope.print_not_checked(not_checked, "task")
     print(f"\nreport: pallascheck report {args.corpus}")
     if result.interrupted:
         return 130

@@ -122,10 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nslowest {args.durations} kernel x dtype x check:")
         for r in verify.slowest(rows, args.durations):
             print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
-    if not_checked:
-        print(f"\nNOT CHECKED ({len(not_checked)}; asked for, and no check covers it):")
-        for item in not_checked:
-            print(f"  {item.line()}")
+    scope.print_not_checked(not_checked, "check")
     verdict = ("PASS" if ok else "FAIL") if checked else "NOTHING CHECKED"
     print(
         f"\n{verdict}: {sum(r.passed for r in checked)}/{len(checked)} checks passed"

@@ -304,9 +304,7 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         ),
         CodePath(
             "several column tiles and a ragged last one",
-            lambda case, config: builders.ragged_tiles(
-                case.arrays["y"].shape[1], getattr(config, "tile_n", getattr(config, "block_n", 0))
-            ),
+            lambda case, config: builders.ragged_tiles(case.arrays["y"].shape[1], builders.column_block(config)),
         ),
         # the warp-specialised CTA spans consumers x tile_n columns, tile_n a consumer
         CodePath(
