@@ -1,18 +1,22 @@
-"""The collectives on real GPUs: their ``xla_reference`` (lax collectives, NCCL on
-GPUs) over a 1-D mesh of every visible device (1 or 2 GPUs), checked against the
-float64 oracle under the GPU arithmetic model, then timed.
+"""The collectives on real GPUs, over a 1-D mesh of every visible GPU.
 
-The Pallas remote-DMA kernels need TPU semantics and do not run on GPUs; this is
-the GPU path of kernels/collectives.py. Run on a GPU machine:
-
-    python -m pallascheck.bench.collectives              # check + time
-    pallascheck bench --backend triton --op collectives   # time only (BENCHES)
+``python -m pallascheck.bench.collectives`` checks the ``xla_reference`` collectives
+(lax collectives, NCCL on GPUs) against the float64 oracle under the GPU arithmetic
+model, then times them; with ``--ring`` (two or more Hopper GPUs) it times the Mosaic
+GPU ring kernels (kernels/mosaic_gpu_collectives.py) against the same operation in
+XLA (NCCL) and against JAX's bundled ``collective_matmul_mgpu``, interleaved, each
+with its spread (:func:`ring_rows`). Limit the GPUs with CUDA_VISIBLE_DEVICES; NVLink
+multicast stays off (NCCL_NVLS_ENABLE=0 is set here before JAX starts).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import statistics
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +24,13 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from pallascheck.bench.timing import median_seconds, print_row
+from pallascheck.bench.timing import interleaved_seconds, median_seconds, print_row
 from pallascheck.kernels import collectives
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import strategies
+from pallascheck.properties.device.multidevice import NO_MULTICAST_ENV
 
 SHAPES = ((1024, 1024, 1024), (4096, 4096, 4096))  # m, k, n
 CHECK_SHAPE = (256, 512, 256)
@@ -100,8 +105,108 @@ def bench_collectives(backend: Backend) -> list[dict]:
     return rows
 
 
+def _spread(samples: list[float]) -> tuple[float, float]:
+    """Median seconds and the interquartile range as a fraction of it."""
+    q = statistics.quantiles(samples, n=4)
+    return statistics.median(samples), (q[2] - q[0]) / statistics.median(samples)
+
+
+def _timed(thunks: dict[str, Callable[[], Any]], repeats: int, burst: int) -> dict[str, Any]:
+    """Each thunk warmed up once, then timed in shuffled rounds; a thunk that fails is
+    recorded with its error instead."""
+    runnable: dict[str, Callable[[], Any]] = {}
+    row: dict[str, Any] = {}
+    for name, thunk in thunks.items():
+        try:
+            jax.block_until_ready(thunk())
+            runnable[name] = thunk
+        except Exception as err:  # noqa: BLE001 - a competitor that does not run is reported
+            row[f"{name}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    samples = interleaved_seconds(list(runnable.values()), repeats, burst=burst)
+    for name, times in zip(runnable, samples):
+        median, iqr = _spread(times)
+        row[f"{name}_us"], row[f"{name}_iqr"] = round(median * 1e6, 1), round(iqr, 3)
+    return row
+
+
+def _bundled_matmul(mesh: Mesh, dtype: Any) -> Callable[..., Any]:
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm  # GPU-only op: imported on use
+
+    config = cm.TuningConfig(
+        128,
+        128,
+        64,
+        4,
+        grid_minor_dim=cm.MatmulDimension.N,
+        grid_tile_width=1,
+        wg_dimension=cm.MatmulDimension.N,
+    )
+    return jax.jit(
+        collectives.compat.shard_map(
+            lambda a, b: cm.all_gather_lhs_matmul(a, b, "x", config=config, dtype=dtype),
+            mesh=mesh,
+            in_specs=(P("x", None), P(None, "x")),
+            out_specs=P(None, "x"),
+            check_vma=False,
+        )
+    )
+
+
+GATHER_MIB = (16, 64, 256)  # gathered bytes
+RING_SIZES = (4096, 8192)  # per-GPU matmul work size^3
+
+
+def ring_rows(repeats: int = 10) -> list[dict]:
+    """The Mosaic GPU ring kernels against XLA (NCCL) and JAX's collective matmul,
+    on every visible GPU, bf16. all_gather: algorithm bandwidth (gathered bytes / time)
+    and NCCL's bus bandwidth ((p-1)/p of it). The matmuls: each GPU computes a
+    size^3 product (all_gather_matmul: x (size, size) gathered from p row blocks,
+    w's size columns on each GPU; matmul_reduce_scatter: each GPU's K block is size)."""
+    mesh, rows, bf16 = _mesh(), [], jnp.bfloat16
+    p, gpu = mesh.shape["x"], Backend("mosaic_gpu")
+    for mib in GATHER_MIB:
+        per_device = mib * 2**20 // (2 * 8192 * p)
+        x = collectives.sharded(jnp.ones((p * per_device, 8192), bf16), mesh, P("x"))
+        ours = jax.jit(functools.partial(collectives.all_gather, mesh=mesh, axis="x", backend=gpu))
+        nccl = jax.jit(functools.partial(collectives.xla_reference_all_gather, mesh=mesh, axis="x"))
+        row = {"op": "all_gather", "gpus": p, "gathered_MiB": mib} | _timed(
+            {"ring": lambda: ours(x), "nccl": lambda: nccl(x)}, repeats, 4
+        )
+        for name in ("ring", "nccl"):
+            if f"{name}_us" in row:
+                row[f"{name}_busbw_GBps"] = round(mib * 2**20 / (row[f"{name}_us"] * 1e-6) * (p - 1) / p / 1e9, 1)
+        rows.append(row)
+    for size in RING_SIZES:
+        x = collectives.sharded(jax.random.normal(jax.random.key(0), (size, size), bf16), mesh, P("x", None))
+        w = collectives.sharded(jax.random.normal(jax.random.key(1), (size, p * size), bf16), mesh, P(None, "x"))
+        ours = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", backend=gpu))
+        xla = jax.jit(functools.partial(collectives.xla_reference_all_gather_matmul, mesh=mesh, axis="x"))
+        bundled = _bundled_matmul(mesh, bf16)
+        row = {"op": "all_gather_matmul", "gpus": p, "per_gpu": f"{size}^3"}
+        row |= _timed(
+            {"ring": lambda: ours(x, w), "xla": lambda: xla(x, w), "jax_bundled": lambda: bundled(x, w)}, repeats, 2
+        )
+        row["ring_minus_xla_max_abs"] = float(
+            jnp.max(jnp.abs(ours(x, w).astype(jnp.float32) - xla(x, w).astype(jnp.float32)))
+        )
+        rows.append(row)
+        xk = collectives.sharded(jax.random.normal(jax.random.key(2), (size, p * size), bf16), mesh, P(None, "x"))
+        wk = collectives.sharded(jax.random.normal(jax.random.key(3), (p * size, size), bf16), mesh, P("x", None))
+        ours_rs = jax.jit(functools.partial(collectives.matmul_reduce_scatter, mesh=mesh, axis="x", backend=gpu))
+        xla_rs = jax.jit(functools.partial(collectives.xla_reference_matmul_reduce_scatter, mesh=mesh, axis="x"))
+        row = {"op": "matmul_reduce_scatter", "gpus": p, "per_gpu": f"{size}^3"}
+        row |= _timed({"ring": lambda: ours_rs(xk, wk), "xla": lambda: xla_rs(xk, wk)}, repeats, 2)
+        rows.append(row)
+    return rows
+
+
 if __name__ == "__main__":
+    os.environ.update(NO_MULTICAST_ENV)
     print(f"devices: {jax.devices()}")
+    if "--ring" in sys.argv:
+        for row in ring_rows():
+            print_row(row)
+        sys.exit(0)
     problems = [f"{dtype}: {f}" for dtype in ("bfloat16", "float32") for f in check(dtype)]
     print("\n".join(problems) or "xla_reference collectives: all within their bounds (all_gather bit-exact)")
     for row in bench_collectives(Backend("triton")):

@@ -33,6 +33,29 @@ def gpu_devices(backend: Backend) -> int:
     return jax.local_device_count()
 
 
+# CPU devices of the child that checks the distributed kernels in the TPU interpreter
+DISTRIBUTED_CPU_DEVICES = 4
+
+
+def distributed_devices(backend: Backend) -> tuple[str, int] | None:
+    """Where a run on ``backend`` checks the distributed kernels (the ring
+    collectives), as (platform, devices) of the child that runs them: a CPU backend,
+    in the TPU interpreter on DISTRIBUTED_CPU_DEVICES CPU devices; ``mosaic_gpu``, the
+    Mosaic GPU rings over every GPU of the host when it has two or more; None where
+    this run cannot (another GPU backend, or a single GPU)."""
+    if backend.platform == "cpu":
+        return "cpu", DISTRIBUTED_CPU_DEVICES
+    if backend.name != "mosaic_gpu":
+        return None
+    import jax
+
+    try:
+        gpus = len(jax.devices("gpu"))
+    except RuntimeError:  # no GPU visible: the backend's own check says so
+        return None
+    return ("gpu", gpus) if gpus >= 2 else None
+
+
 def default_jobs(command: Command, backend: Backend, shapes: str = "small", layouts: Sequence[Layout] = ()) -> int:
     """Worker processes when ``--jobs`` is not given.
 

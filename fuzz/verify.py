@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pallascheck.fuzz import plan as planning
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import check_kinds, checks, runner, watchdog
 from pallascheck.properties.device import compilation, multidevice
@@ -34,9 +35,6 @@ from pallascheck.properties.registry import get_spec, selected
 DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
 # where a worker's watchdog leaves the report of a hung case, one file per unit
 HANGS_DIR = os.path.join(".pallascheck", "verify-hangs")
-# The distributed kernels need a mesh: verify runs them in a child process with this
-# many CPU devices (meshes 4 and 2x2), on the TPU interpreter whatever --backend says.
-DISTRIBUTED_DEVICES = 4
 
 
 @dataclasses.dataclass
@@ -112,10 +110,9 @@ def _selected_distributed(kernels: Sequence[str] | None) -> list[str]:
 
 
 def distributed_elsewhere(backend: Backend, kernels: Sequence[str] | None) -> list[str]:
-    """The selected distributed kernels a run on ``backend`` leaves to a CPU run: they
-    run in the TPU interpreter on CPU devices whatever --backend says, so on a GPU
-    they would check nothing of the GPU and take its host's cores from the compiles."""
-    return [] if backend.platform == "cpu" else _selected_distributed(kernels)
+    """The selected distributed kernels a run on ``backend`` does not check
+    (planning.distributed_devices: a GPU backend other than mosaic_gpu, or one GPU)."""
+    return [] if planning.distributed_devices(backend) else _selected_distributed(kernels)
 
 
 def without_production(kernels: Sequence[str] | None) -> list[str]:
@@ -176,10 +173,9 @@ def plan(
             if not dtypes or d in dtypes
             for part in range(parts)
         ]
-    # Remote DMAs exist on TPUs and the TPU interpreter only; verify runs them there,
-    # in a run on the CPU (``distributed_elsewhere``).
-    on_cpu = backend.platform == "cpu"
-    distributed = _selected_distributed(kernels) if shapes == "small" and on_cpu else []
+    # The ring collectives run in a child over several devices (planning.distributed_devices).
+    where = planning.distributed_devices(backend)
+    distributed = _selected_distributed(kernels) if shapes == "small" and where else []
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
     previous = _load_durations()
@@ -273,19 +269,30 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
 
 def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[str]]:
     start = time.perf_counter()
-    result = multidevice.run_with_cpu_devices(
-        "pallascheck.properties.families.collectives:run_checks",
-        DISTRIBUTED_DEVICES,
-        {"examples": options.examples, "seed": options.seed, "kernels": names},
-        timeout_s=600,
-    )
+    where = planning.distributed_devices(options.backend)
+    assert where is not None, "planned only where planning.distributed_devices says"
+    platform, devices = where
+    family_backend = "tpu_interpret" if platform == "cpu" else "mosaic_gpu"
+    on = f"{devices} CPU devices" if platform == "cpu" else f"{devices} GPUs"
+    try:
+        result = multidevice.run_with_devices(
+            "pallascheck.properties.families.collectives:run_checks",
+            devices,
+            {"examples": options.examples, "seed": options.seed, "kernels": names, "backend": family_backend},
+            platform=platform,
+            timeout_s=600,
+        )
+    except multidevice.ChildTimeout as err:  # a deadlocked ring: reported with the example it was in
+        return [Row(",".join(names), "-", "hang", False, 0, float("inf"), None, time.perf_counter() - start)], [
+            str(err)
+        ]
     seconds = (time.perf_counter() - start) / len(names)
     rows, failures = [], []
     errors = result.pop("errors")
     rows.append(Row("collectives", "-", "errors", not errors, len(PROPERTIES), 0.0, None, 0.0))
     failures += [f"[errors] {case}: {message}" for case, message in errors.items()]
     for name, tally in result.items():
-        check = f"values (tpu_interpret, {DISTRIBUTED_DEVICES} CPU devices)"
+        check = f"values ({family_backend}, {on})"
         for dtype in [d for d in sorted(tally["examples"]) if not options.dtypes or d in options.dtypes]:
             rows.append(
                 Row(
@@ -301,7 +308,7 @@ def _distributed(names: list[str], options: Options) -> tuple[list[Row], list[st
             )
         if tally["failures"]:
             rows.append(Row(name, "-", check, False, 0, float("inf"), None, seconds))
-            failures += [f"[{name} on {DISTRIBUTED_DEVICES} CPU devices] {f}" for f in tally["failures"]]
+            failures += [f"[{name} on {on}] {f}" for f in tally["failures"]]
     return rows, failures
 
 
@@ -345,13 +352,19 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
     for unit in units:  # reports left by an earlier run
         if os.path.exists(unit.hang_report):
             os.remove(unit.hang_report)
+    # On a GPU the distributed unit's child drives every GPU of the host: it runs once
+    # the workers, which share those GPUs, are gone.
+    after = [u for u in units if u.kind == "distributed" and options.backend.platform == "gpu"]
+    pooled = [u for u in units if u not in after]
     if jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
-        for unit in units:
+        for unit in pooled:
             done(unit, run_unit(unit, options))
     else:
-        remaining = list(units)
+        remaining = list(pooled)
         while remaining:
             remaining = _run_pool(remaining, options, jobs, done)
+    for unit in after:
+        done(unit, run_unit(unit, options))
     _save_durations({f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     rows = merge_parts([row for unit in units for row in results[unit][0]])
     failures = [message for unit in units for message in results[unit][1]]

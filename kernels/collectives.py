@@ -34,10 +34,13 @@ right; each device adds its own f32 partial product of that block; after p - 1 h
 it reaches device c, which adds the last partial and rounds once to the output
 dtype. Partial sums travel in f32.
 
-Where this runs: the Pallas kernels need TPU semantics (remote DMA, semaphores):
+Where this runs: the kernels above need TPU semantics (remote DMA, semaphores):
 the ``tpu_interpret`` backend simulates them on N CPU devices (with race
-detection); ``tpu`` lowers them with Mosaic. On GPUs use ``xla_reference`` (the
-same collectives through ``lax.all_gather``/``psum_scatter``, NCCL on GPUs).
+detection); ``tpu`` lowers them with Mosaic. ``mosaic_gpu`` runs the same three ring
+algorithms written for Hopper GPUs (kernels/mosaic_gpu_collectives.py: remote
+references and semaphores over NVLink) on a 1-D mesh of the process's GPUs.
+``xla_reference`` is the same collectives through ``lax.all_gather``/``psum_scatter``
+(NCCL on GPUs).
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import compat, validation
+from pallascheck.kernels import mosaic_gpu_collectives as mgc
 from pallascheck.kernels.backends import Backend, get_backend
 
-KERNEL_BACKENDS = ("tpu_interpret", "tpu")
+KERNEL_BACKENDS = ("tpu_interpret", "tpu", "mosaic_gpu")
 COLLECTIVE_ID = 0  # barrier semaphore id; every kernel here syncs only with ring neighbours
 
 
@@ -229,9 +233,25 @@ def _matmul_reduce_scatter_kernel(x_ref, w_ref, out_ref, acc_ref, recv_ref, send
 def _require_kernel_backend(backend: Backend) -> None:
     if backend.name not in KERNEL_BACKENDS:
         raise ValueError(
-            f"backend must be one of {KERNEL_BACKENDS} for the remote-DMA kernels (got {backend}); "
-            "on GPUs use collectives.xla_reference_* (NCCL through lax collectives)"
+            f"backend must be one of {KERNEL_BACKENDS} for the ring kernels (got {backend}); "
+            "elsewhere use collectives.xla_reference_* (lax collectives: NCCL on GPUs)"
         )
+    if backend.name == "mosaic_gpu":
+        backend.require_available()
+
+
+def _gpu_config(config: Any, mesh: Mesh, axis: str) -> mgc.Config:
+    """The Mosaic GPU kernels run on a 1-D mesh (one ring over the process's GPUs)
+    and take a mosaic_gpu_collectives.Config."""
+    if len(mesh.axis_names) != 1:
+        raise ValueError(
+            f"the mosaic_gpu collectives run on a 1-D mesh; got axes {tuple(mesh.axis_names)} "
+            f"(make a mesh of the GPUs on axis {axis!r} alone)"
+        )
+    config = mgc.Config() if config is None else config
+    if not isinstance(config, mgc.Config):
+        raise TypeError(f"config must be a mosaic_gpu_collectives.Config on mosaic_gpu, got {type(config).__name__}")
+    return config
 
 
 def _call(kernel, backend: Backend, out_shape, scratch_shapes, *args, memory_space: Any = pl.ANY):
@@ -319,7 +339,7 @@ def all_gather(
     mesh: Mesh,
     axis: str,
     spec: P | None = None,
-    config: Config | None = None,
+    config: Config | mgc.Config | None = None,
     backend: str | Backend | None = None,
 ) -> jax.Array:
     """Gather ``x``'s dimension 0, sharded over mesh ``axis``, onto every device of that axis.
@@ -329,6 +349,8 @@ def all_gather(
     ``P(('x', 'y'))``; the other dimensions may be sharded over other mesh axes or
     replicated. Returns the same global values with ``axis`` dropped from dimension
     0's sharding: every device of the ring holds all p blocks (bit-exact copies).
+    ``config``: a collectives.Config on the TPU backends, a
+    mosaic_gpu_collectives.Config on mosaic_gpu.
     """
     _validate_axis(mesh, axis)
     spec = P(axis) if spec is None else spec
@@ -339,11 +361,15 @@ def all_gather(
     validate_layout("x", x.shape, spec, mesh)
     if _axes_of(_spec_entries(spec, x.ndim)[0])[-1:] != (axis,):
         raise ValueError(f"spec must shard dimension 0 over axis {axis!r} (last in a tuple), got {spec}")
+    backend = get_backend(backend)
+    _require_kernel_backend(backend)
+    if backend.name == "mosaic_gpu":
+        if _spec_entries(spec, x.ndim) != (axis,) + (None,) * (x.ndim - 1):
+            raise ValueError(f"spec must be P({axis!r}) on mosaic_gpu (a 1-D mesh), got {spec}")
+        return _gpu_all_gather_jit(x, mesh, axis, _gpu_config(config, mesh, axis))
     config = Config() if config is None else config
     if not isinstance(config, Config):
         raise TypeError(f"config must be a collectives.Config, got {type(config).__name__}")
-    backend = get_backend(backend)
-    _require_kernel_backend(backend)
     return _all_gather_jit(x, mesh, axis, spec, config, backend)
 
 
@@ -373,6 +399,12 @@ def _all_gather_jit(x, mesh, axis, spec, config, backend, body=_all_gather_kerne
     return compat.shard_map(local, mesh=mesh, in_specs=(spec,), out_specs=out_spec, check_vma=False)(x)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _gpu_all_gather_jit(x, mesh, axis, config, ring=mgc.RING):
+    local = functools.partial(mgc.all_gather_local, axis=axis, p=mesh.shape[axis], config=config, ring=ring)
+    return compat.shard_map(local, mesh=mesh, in_specs=(P(axis),), out_specs=P(), check_vma=False)(x)
+
+
 def _validate_matmul(x, w, mesh, axis):
     _validate_axis(mesh, axis)
     _validate_operand("x", x, 2)
@@ -390,6 +422,7 @@ def all_gather_matmul(
     mesh: Mesh,
     axis: str,
     out_dtype: Any = None,
+    config: mgc.Config | None = None,
     backend: str | Backend | None = None,
 ) -> jax.Array:
     """``x @ w`` with x's rows sharded over ``axis`` (``P(axis, None)``) and w's columns
@@ -398,7 +431,8 @@ def all_gather_matmul(
     The tensor-parallel column-linear layer: each device multiplies every row block
     of x, arriving over the ring, by its own columns of w, each step's matmul
     overlapping the next block's copy. Accumulates in f32, rounds once to
-    ``out_dtype`` (default x's dtype).
+    ``out_dtype`` (default x's dtype). ``config`` (mosaic_gpu only): the copy/compute
+    split and the matmul tile.
     """
     _validate_matmul(x, w, mesh, axis)
     validate_layout("x", x.shape, P(axis, None), mesh)
@@ -407,6 +441,9 @@ def all_gather_matmul(
     validation.require_float_dtype("out_dtype", out_dtype)
     backend = get_backend(backend)
     _require_kernel_backend(backend)
+    if backend.name == "mosaic_gpu":
+        return _gpu_all_gather_matmul_jit(x, w, mesh, axis, out_dtype, _gpu_config(config, mesh, axis))
+    _require_no_config(config)
     return _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend)
 
 
@@ -435,6 +472,21 @@ def _all_gather_matmul_jit(x, w, mesh, axis, out_dtype, backend, body=_all_gathe
     )(x, w)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
+def _gpu_all_gather_matmul_jit(x, w, mesh, axis, out_dtype, config, ring=mgc.RING):
+    local = functools.partial(
+        mgc.all_gather_matmul_local, axis=axis, p=mesh.shape[axis], out_dtype=out_dtype, config=config, ring=ring
+    )
+    return compat.shard_map(
+        local, mesh=mesh, in_specs=(P(axis, None), P(None, axis)), out_specs=P(None, axis), check_vma=False
+    )(x, w)
+
+
+def _require_no_config(config: Any) -> None:
+    if config is not None:
+        raise TypeError("config is taken only on mosaic_gpu (the TPU ring matmuls have no tuning knobs)")
+
+
 def _reduce_scatter_specs(axis: str, row_axis: str | None) -> tuple[P, P, P]:
     """x, w and output specs of the K-sharded matmul."""
     out_rows = axis if row_axis is None else (row_axis, axis)
@@ -449,6 +501,7 @@ def matmul_reduce_scatter(
     axis: str,
     row_axis: str | None = None,
     out_dtype: Any = None,
+    config: mgc.Config | None = None,
     backend: str | Backend | None = None,
 ) -> jax.Array:
     """``x @ w`` with the contracting dimension sharded over ``axis`` (x ``P(row_axis, axis)``,
@@ -459,7 +512,7 @@ def matmul_reduce_scatter(
     data-parallel axis. Each device's f32 partial products are summed around the
     ring in f32 (p - 1 additions per element, in ring order) and rounded once to
     ``out_dtype`` (default x's dtype). x's rows per ``row_axis`` block must divide by
-    the axis size.
+    the axis size. ``config`` (mosaic_gpu only): the matmul tile and CTAs.
     """
     _validate_matmul(x, w, mesh, axis)
     if row_axis is not None:
@@ -474,6 +527,9 @@ def matmul_reduce_scatter(
     validation.require_float_dtype("out_dtype", out_dtype)
     backend = get_backend(backend)
     _require_kernel_backend(backend)
+    if backend.name == "mosaic_gpu":
+        return _gpu_matmul_reduce_scatter_jit(x, w, mesh, axis, out_dtype, _gpu_config(config, mesh, axis))
+    _require_no_config(config)
     return _matmul_reduce_scatter_jit(x, w, mesh, axis, row_axis, out_dtype, backend)
 
 
@@ -500,6 +556,16 @@ def _matmul_reduce_scatter_jit(x, w, mesh, axis, row_axis, out_dtype, backend, b
         )
 
     return compat.shard_map(local, mesh=mesh, in_specs=(x_spec, w_spec), out_specs=out_spec, check_vma=False)(x, w)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
+def _gpu_matmul_reduce_scatter_jit(x, w, mesh, axis, out_dtype, config, ring=mgc.RING):
+    local = functools.partial(
+        mgc.matmul_reduce_scatter_local, axis=axis, p=mesh.shape[axis], out_dtype=out_dtype, config=config, ring=ring
+    )
+    return compat.shard_map(
+        local, mesh=mesh, in_specs=(P(None, axis), P(axis, None)), out_specs=P(axis, None), check_vma=False
+    )(x, w)
 
 
 # --- xla_reference: what a user writes instead (NCCL on GPUs) ---------------------------

@@ -74,10 +74,15 @@ def run(args: argparse.Namespace) -> int:
     not_checked += [scope.NotChecked(k, "-", f"no implementation on {backend}") for k in missing]
     elsewhere = verify.distributed_elsewhere(backend, args.kernel)
     if elsewhere:
-        print(
-            f"checked by a CPU run (pallascheck verify), in the TPU interpreter on CPU devices: {', '.join(elsewhere)}"
+        where = (
+            "they need 2 or more GPUs on one host"
+            if backend.name == "mosaic_gpu"
+            else "their GPU kernels are Mosaic GPU's (--backend mosaic_gpu); a CPU run checks them in the TPU interpreter"
         )
-    not_checked += [scope.NotChecked(k, "-", "distributed: checked by a CPU run (TPU interpreter)") for k in elsewhere]
+        print(f"distributed kernels not checked here ({where}): {', '.join(elsewhere)}")
+    not_checked += [
+        scope.NotChecked(k, "-", "distributed: needs --backend mosaic_gpu on 2+ GPUs, or a CPU run") for k in elsewhere
+    ]
     if args.shapes == "production":
         plan.share_devices("verify", backend, jobs)
         if backend.is_interpreted:

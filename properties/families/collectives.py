@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from pallascheck.kernels import collectives, compat
+from pallascheck.kernels import mosaic_gpu_collectives as mgc
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
@@ -65,6 +66,61 @@ class EagerDmaBackend(Backend):
 RESHUFFLED_BACKEND = EagerDmaBackend("tpu_interpret", 1)  # another seed and DMA timing: must agree bitwise
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """Where the properties run and what that decides: the backend of the first run
+    and of the determinism rerun (which must agree bitwise), whether the TPU
+    interpreter's race detector is read, the mesh ranks drawn, and the shapes,
+    dtypes and configs the kernels there accept."""
+
+    backend: Backend
+    rerun: Backend
+    interpreter_races: bool
+    ndims: tuple[int, ...]
+    gather_rows: tuple[int, ...]  # rows of one device's block
+    gather_cols: tuple[int, ...]
+    matmul_floats: tuple[str, ...]
+    configs: tuple[Any, ...]  # drawn for every kernel (None: the kernel's default)
+
+    @property
+    def arith(self) -> Any:
+        return arithmetic_for(self.backend)
+
+    def config_kwargs(self, config: Any) -> dict[str, Any]:
+        return {} if config is None else {"config": config}
+
+
+TPU_INTERPRET = Setting(
+    KERNEL_BACKEND,
+    RESHUFFLED_BACKEND,
+    interpreter_races=True,
+    ndims=(1, 2),
+    gather_rows=ROWS_PER_SHARD,
+    gather_cols=COLS,
+    matmul_floats=FLOATS,
+    configs=(None,),
+)
+# The GPU kernels (kernels/mosaic_gpu_collectives.py): a 1-D mesh; blocks of whole
+# 128-element rows for the gather; bf16/f16 wgmma operands; few CTAs, so that small
+# blocks still spread over several CTAs and each CTA loops over several boxes.
+MOSAIC_GPU = Setting(
+    Backend("mosaic_gpu"),
+    Backend("mosaic_gpu"),
+    interpreter_races=False,
+    ndims=(1,),
+    gather_rows=(1, 3, 8, 64, 200),
+    gather_cols=(128, 256),
+    matmul_floats=("bfloat16", "float16"),
+    configs=(
+        mgc.Config(ctas=4, copy_ctas=2),
+        mgc.Config(ctas=8, copy_ctas=3, tile_m=64, tile_n=128),
+        mgc.Config(ctas=6, copy_ctas=1, tile_m=128, tile_n=64),
+        mgc.Config(),
+    ),
+)
+SETTINGS = {"tpu_interpret": TPU_INTERPRET, "mosaic_gpu": MOSAIC_GPU}
+
+
 class CheckFailed(AssertionError):
     pass
 
@@ -75,8 +131,15 @@ class Tally:
     budget: dict[str, float] = dataclasses.field(default_factory=dict)  # worst error/bound per dtype
     reference_budget: dict[str, float] = dataclasses.field(default_factory=dict)
     meshes: set = dataclasses.field(default_factory=set)
+    configs: set = dataclasses.field(default_factory=set)
     failures: list[str] = dataclasses.field(default_factory=list)
     current: str = "(before the example was drawn)"  # the example being checked
+
+    def start(self, where: str) -> None:
+        """The example about to run; printed, so that a hang's report (the child's
+        output) names it."""
+        self.current = where
+        print(f"example: {where}", flush=True)
 
     def as_json(self) -> dict:
         return {
@@ -84,6 +147,7 @@ class Tally:
             "budget": self.budget,
             "reference_budget": self.reference_budget,
             "meshes": sorted(self.meshes),
+            "configs": sorted(self.configs),
             "failures": self.failures,
         }
 
@@ -112,10 +176,10 @@ def check_every_shard(name: str, out: jax.Array, expected: np.ndarray, bound: np
     return worst
 
 
-def run_checked(name: str, fn: Callable[[], jax.Array]) -> jax.Array:
-    """Run one interpreted kernel; fail if the interpreter reported a race."""
+def run_checked(name: str, fn: Callable[[], jax.Array], setting: Setting) -> jax.Array:
+    """Run one kernel; in the TPU interpreter, fail if it reported a race."""
     out = jax.block_until_ready(fn())
-    if compat.tpu_interpret_races_found():
+    if setting.interpreter_races and compat.tpu_interpret_races_found():
         raise CheckFailed(f"{name}: the TPU interpreter reported a data race")
     return out
 
@@ -127,43 +191,55 @@ def _bitwise_equal(a: jax.Array, b: jax.Array) -> bool:
     )
 
 
-def run_twice(name: str, run: Callable[[Backend], jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """The kernel under the default interpreter and under RESHUFFLED_BACKEND, both
-    checked for races before any value is looked at (a race explains wrong values)."""
-    return run_checked(name, lambda: run(KERNEL_BACKEND)), run_checked(
-        name + f" [{RESHUFFLED_BACKEND}]", lambda: run(RESHUFFLED_BACKEND)
+def run_twice(name: str, run: Callable[[Backend], jax.Array], setting: Setting) -> tuple[jax.Array, jax.Array]:
+    """The kernel under the setting's backend and its rerun backend, both checked for
+    races before any value is looked at (a race explains wrong values)."""
+    return run_checked(name, lambda: run(setting.backend), setting), run_checked(
+        name + f" [{setting.rerun}]", lambda: run(setting.rerun), setting
     )
 
 
-def _deterministic(name: str, first: jax.Array, second: jax.Array) -> None:
+def _deterministic(name: str, first: jax.Array, second: jax.Array, setting: Setting) -> None:
     if not _bitwise_equal(first, second):
-        raise CheckFailed(f"{name}: a rerun under {RESHUFFLED_BACKEND} is not bitwise identical")
+        raise CheckFailed(f"{name}: a rerun under {setting.rerun} is not bitwise identical")
+
+
+def _draw_config(data: st.DataObject, setting: Setting, tally: Tally) -> Any:
+    config = data.draw(st.sampled_from(setting.configs))
+    tally.configs.add(repr(config))
+    return config
 
 
 # --- the properties -------------------------------------------------------------------
-def check_all_gather(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> None:
-    layout = data.draw(sharding.mesh_layouts((devices,)))
+def check_all_gather(
+    data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array], setting: Setting
+) -> None:
+    layout = data.draw(sharding.mesh_layouts((devices,), setting.ndims))
     axis = data.draw(st.sampled_from(layout.names))
     spec = data.draw(sharding.partition_specs(2, layout, required={0: axis}))
     dtype = data.draw(strategies.dtypes(FLOATS))
-    bidirectional = data.draw(st.booleans())
-    per_shard = (data.draw(strategies.dims(ROWS_PER_SHARD)), data.draw(strategies.dims(COLS)))
+    config = _draw_config(data, setting, tally)
+    if config is None:  # the TPU kernel's one knob
+        config = collectives.Config(data.draw(st.booleans()))
+    per_shard = (data.draw(strategies.dims(setting.gather_rows)), data.draw(strategies.dims(setting.gather_cols)))
     shape = sharding.divisible_dims(spec, layout, per_shard)
     element_seed = data.draw(strategies.seeds())
     x = strategies.elements(element_seed, shape, dtype, "normal")
-    where = f"all_gather mesh {layout.describe()} axis {axis!r} spec {spec} x{shape}:{dtype} bidirectional={bidirectional} seed={element_seed}"
+    where = (
+        f"all_gather mesh {layout.describe()} axis {axis!r} spec {spec} x{shape}:{dtype} {config} seed={element_seed}"
+    )
     tally.meshes.add(layout.describe().split(" ")[0])
-    tally.current = where
+    tally.start(where)
     mesh = sharding.make_mesh(layout)
     xs = collectives.sharded(x, mesh, spec)
 
     def run(backend):
-        return kernel(xs, mesh=mesh, axis=axis, spec=spec, config=collectives.Config(bidirectional), backend=backend)
+        return kernel(xs, mesh=mesh, axis=axis, spec=spec, config=config, backend=backend)
 
-    out, rerun = run_twice(where, run)
+    out, rerun = run_twice(where, run, setting)
     expected = np.asarray(x, np.float64)
     budget = check_every_shard(where, out, expected, oracle.all_gather_bound(x))
-    _deterministic(where, out, rerun)
+    _deterministic(where, out, rerun, setting)
     ref = collectives.xla_reference_all_gather(xs, mesh=mesh, axis=axis, spec=spec)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, expected, oracle.all_gather_bound(x))
     _record(tally, dtype, budget, ref_budget)
@@ -177,81 +253,103 @@ def _matmul_inputs(data: st.DataObject, dtype: str, m: int, k: int, n: int) -> t
     return x, w, kind, element_seed
 
 
-def check_all_gather_matmul(data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]) -> None:
-    layout = data.draw(sharding.mesh_layouts((devices,)))
+def _tiles(config: Any) -> tuple[int, int, int]:
+    """The multiples a device's block must have: the GPU matmul tile, or 1."""
+    return (config.tile_m, config.tile_k, config.tile_n) if config is not None else (1, 1, 1)
+
+
+def check_all_gather_matmul(
+    data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array], setting: Setting
+) -> None:
+    layout = data.draw(sharding.mesh_layouts((devices,), setting.ndims))
     axis = data.draw(st.sampled_from(layout.names))
     p = layout.sizes[axis]
-    dtype = data.draw(strategies.dtypes(FLOATS))
+    dtype = data.draw(strategies.dtypes(setting.matmul_floats))
     out_dtype = data.draw(st.sampled_from(sorted({dtype, "float32"})))
+    config = _draw_config(data, setting, tally)
+    tm, tk, tn = _tiles(config)
     m, k, n = (
-        p * data.draw(strategies.dims((1, 8))),
-        data.draw(strategies.dims((16, 48))),
-        p * data.draw(strategies.dims((4, 16))),
+        p * tm * data.draw(strategies.dims((1, 8) if tm == 1 else (1, 2))),
+        tk * data.draw(strategies.dims((16, 48) if tk == 1 else (1, 3, 4))),
+        p * tn * data.draw(strategies.dims((4, 16) if tn == 1 else (1, 2))),
     )
     x, w, kind, element_seed = _matmul_inputs(data, dtype, m, k, n)
-    where = f"all_gather_matmul mesh {layout.describe()} axis {axis!r} x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} seed={element_seed}"
+    where = f"all_gather_matmul mesh {layout.describe()} axis {axis!r} x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} {config} seed={element_seed}"
     tally.meshes.add(layout.describe().split(" ")[0])
-    tally.current = where
+    tally.start(where)
     mesh = sharding.make_mesh(layout)
     xs, ws = collectives.sharded(x, mesh, P(axis, None)), collectives.sharded(w, mesh, P(None, axis))
 
     def run(backend):
-        return kernel(xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype, backend=backend)
+        return kernel(
+            xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype, backend=backend, **setting.config_kwargs(config)
+        )
 
-    out, rerun = run_twice(where, run)
+    out, rerun = run_twice(where, run, setting)
     ref64 = oracle.all_gather_matmul_oracle(x, w)
     bound = oracle.all_gather_matmul_bound(
-        ref64, operand_dtype=x.dtype, out_dtype=strategies.np_dtype(out_dtype), arith=ARITH
+        ref64, operand_dtype=x.dtype, out_dtype=strategies.np_dtype(out_dtype), arith=setting.arith
     )
     budget = check_every_shard(where, out, ref64.out, bound)
-    _deterministic(where, out, rerun)
+    _deterministic(where, out, rerun, setting)
     ref = collectives.xla_reference_all_gather_matmul(xs, ws, mesh=mesh, axis=axis, out_dtype=out_dtype)
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, bound)
     _record(tally, dtype, budget, ref_budget)
 
 
 def check_matmul_reduce_scatter(
-    data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array]
+    data: st.DataObject, devices: int, tally: Tally, kernel: Callable[..., jax.Array], setting: Setting
 ) -> None:
-    layout = data.draw(sharding.mesh_layouts((devices,)))
+    layout = data.draw(sharding.mesh_layouts((devices,), setting.ndims))
     axis = data.draw(st.sampled_from(layout.names))
     row_axis = data.draw(st.sampled_from([None] + [a for a in layout.names if a != axis]))
     p = layout.sizes[axis]
     row_shards = p * (layout.sizes[row_axis] if row_axis else 1)
-    dtype = data.draw(strategies.dtypes(FLOATS))
+    dtype = data.draw(strategies.dtypes(setting.matmul_floats))
     out_dtype = data.draw(st.sampled_from(sorted({dtype, "float32"})))
+    config = _draw_config(data, setting, tally)
+    tm, tk, tn = _tiles(config)
     m, k, n = (
-        row_shards * data.draw(strategies.dims((1, 4))),
-        p * data.draw(strategies.dims((8, 24))),
-        data.draw(strategies.dims((4, 16))),
+        row_shards * tm * data.draw(strategies.dims((1, 4) if tm == 1 else (1, 2))),
+        p * tk * data.draw(strategies.dims((8, 24) if tk == 1 else (1, 2, 3))),
+        tn * data.draw(strategies.dims((4, 16) if tn == 1 else (1, 2))),
     )
     x, w, kind, element_seed = _matmul_inputs(data, dtype, m, k, n)
     where = (
         f"matmul_reduce_scatter mesh {layout.describe()} axis {axis!r} row_axis {row_axis!r} "
-        f"x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} seed={element_seed}"
+        f"x({m},{k}) w({k},{n}):{dtype}->{out_dtype} {kind} {config} seed={element_seed}"
     )
     tally.meshes.add(layout.describe().split(" ")[0])
-    tally.current = where
+    tally.start(where)
     mesh = sharding.make_mesh(layout)
     x_spec = P(row_axis, axis)
     xs, ws = collectives.sharded(x, mesh, x_spec), collectives.sharded(w, mesh, P(axis, None))
 
     def run(backend):
-        return kernel(xs, ws, mesh=mesh, axis=axis, row_axis=row_axis, out_dtype=out_dtype, backend=backend)
+        return kernel(
+            xs,
+            ws,
+            mesh=mesh,
+            axis=axis,
+            row_axis=row_axis,
+            out_dtype=out_dtype,
+            backend=backend,
+            **setting.config_kwargs(config),
+        )
 
-    out, rerun = run_twice(where, run)
+    out, rerun = run_twice(where, run, setting)
     ref64 = oracle.partials_oracle(x, w, p)
     out_np = strategies.np_dtype(out_dtype)
     bound = oracle.matmul_reduce_scatter_bound(
-        ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=np.float32, arith=ARITH
+        ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=np.float32, arith=setting.arith
     )
     budget = check_every_shard(where, out, ref64.out, bound)
-    _deterministic(where, out, rerun)
+    _deterministic(where, out, rerun, setting)
     ref = collectives.xla_reference_matmul_reduce_scatter(
         xs, ws, mesh=mesh, axis=axis, row_axis=row_axis, out_dtype=out_dtype
     )
     ref_bound = oracle.matmul_reduce_scatter_bound(
-        ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=out_np, arith=ARITH
+        ref64, operand_dtype=x.dtype, out_dtype=out_np, partial_dtype=out_np, arith=setting.arith
     )
     ref_budget = check_every_shard(where + " [xla_reference]", ref, ref64.out, ref_bound)
     _record(tally, dtype, budget, ref_budget)
@@ -270,10 +368,12 @@ PROPERTIES: dict[str, tuple[Callable[..., Any], Callable[..., jax.Array]]] = {
 }
 
 
-def run_property(name: str, kernel: Callable[..., jax.Array], examples: int, seed: int) -> Tally:
+def run_property(
+    name: str, kernel: Callable[..., jax.Array], examples: int, seed: int, setting: Setting = TPU_INTERPRET
+) -> Tally:
     """Up to ``examples`` Hypothesis examples of property ``name`` on all of this
     process's devices; stops at the first failure (no shrinking: each example is a
-    multi-device interpretation)."""
+    multi-device run)."""
     check, _ = PROPERTIES[name]
     devices = len(jax.devices())
     tally = Tally()
@@ -290,9 +390,10 @@ def run_property(name: str, kernel: Callable[..., jax.Array], examples: int, see
     def prop(data: st.DataObject) -> None:
         tally.current = "(before the example was drawn)"
         try:
-            check(data, devices, tally, kernel)
+            check(data, devices, tally, kernel, setting)
         except Exception as err:
-            compat.reset_tpu_interpreter()
+            if setting.interpreter_races:
+                compat.reset_tpu_interpreter()
             message = f"{type(err).__name__}: {str(err)[:2000]}"
             if tally.current not in message:
                 message += f"\nexample: {tally.current}"
@@ -307,11 +408,104 @@ def run_property(name: str, kernel: Callable[..., jax.Array], examples: int, see
     return tally
 
 
-def run_checks(examples: int, seed: int = 0, kernels: Sequence[str] = tuple(PROPERTIES)) -> dict:
-    """Entry point of the multi-device child: every property, then the bad-input errors."""
-    result = {name: run_property(name, PROPERTIES[name][1], examples, seed).as_json() for name in kernels}
-    result["errors"] = check_errors()
+def run_checks(
+    examples: int, seed: int = 0, kernels: Sequence[str] = tuple(PROPERTIES), backend: str = "tpu_interpret"
+) -> dict:
+    """Entry point of the multi-device child: every property on ``backend``'s setting,
+    then the bad-input errors."""
+    setting = SETTINGS[backend]
+    result = {name: run_property(name, PROPERTIES[name][1], examples, seed, setting).as_json() for name in kernels}
+    result["errors"] = check_errors() if backend == "tpu_interpret" else check_gpu_errors()
     return result
+
+
+# --- JAX's bundled collective matmul, checked as an outside client ----------------------
+def _bundled_tuning_space() -> list[Any]:
+    """``collective_matmul_mgpu``'s tuning knobs, as its own example sweeps them
+    (tile_m, tile_n, grid order, grid tile width, the warpgroup split)."""
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm  # GPU-only op: imported on use
+
+    dims = cm.MatmulDimension
+    return [
+        cm.TuningConfig(tm, tn, 64, 4, grid_minor_dim=minor, grid_tile_width=width, wg_dimension=wg)
+        for tm, tn, minor, width, wg in (
+            (128, 128, dims.N, 1, dims.N),
+            (128, 64, dims.M, 4, dims.N),
+            (128, 128, dims.M, 8, dims.M),
+            (256, 128, dims.N, 4, dims.M),
+            (128, 64, dims.N, 16, dims.M),
+        )
+    ]
+
+
+def check_bundled_collective_matmul(data: st.DataObject, devices: int, tally: Tally, setting: Setting) -> None:
+    """``all_gather_lhs_matmul`` (point-to-point remote copies, no multicast) over all
+    of this process's GPUs: x rows and w columns sharded, every device's output block
+    against the float64 oracle under the all-gather-matmul bound (f32 accumulation
+    in wgmma tiles, one rounding to the output dtype), and a bitwise rerun."""
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm
+
+    config = data.draw(st.sampled_from(_bundled_tuning_space()))
+    tally.configs.add(repr(config))
+    dtype = data.draw(strategies.dtypes(setting.matmul_floats))
+    cta_m = config.tile_m * (2 if config.wg_dimension == cm.MatmulDimension.M else 1)
+    cta_n = config.tile_n * (2 if config.wg_dimension == cm.MatmulDimension.N else 1)
+    m, k, n = (
+        devices * cta_m * data.draw(strategies.dims((1, 2))),
+        64 * data.draw(strategies.dims((2, 4, 8))),
+        devices * cta_n * data.draw(strategies.dims((1, 2))),
+    )
+    x, w, kind, element_seed = _matmul_inputs(data, dtype, m, k, n)
+    where = f"collective_matmul_mgpu.all_gather_lhs_matmul {devices} GPUs x({m},{k}) w({k},{n}):{dtype} {kind} {config} seed={element_seed}"
+    tally.meshes.add(str(devices))
+    tally.start(where)
+    mesh = sharding.make_mesh(sharding.MeshLayout((devices,), ("x",)))
+    xs, ws = collectives.sharded(x, mesh, P("x", None)), collectives.sharded(w, mesh, P(None, "x"))
+    call = jax.jit(
+        compat.shard_map(
+            lambda a, b: cm.all_gather_lhs_matmul(a, b, "x", config=config, dtype=jnp.dtype(dtype)),
+            mesh=mesh,
+            in_specs=(P("x", None), P(None, "x")),
+            out_specs=P(None, "x"),
+            check_vma=False,
+        )
+    )
+    out, rerun = jax.block_until_ready(call(xs, ws)), jax.block_until_ready(call(xs, ws))
+    ref64 = oracle.all_gather_matmul_oracle(x, w)
+    bound = oracle.all_gather_matmul_bound(ref64, operand_dtype=x.dtype, out_dtype=x.dtype, arith=setting.arith)
+    budget = check_every_shard(where, out, ref64.out, bound)
+    _deterministic(where, out, rerun, setting)
+    _record(tally, dtype, budget, 0.0)
+
+
+def run_bundled(examples: int, seed: int = 0) -> dict:
+    """Entry point of a GPU child: JAX's collective matmul over every visible GPU."""
+    devices = len(jax.devices())
+    tally = Tally()
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    )
+    @hypothesis_seed(seed)
+    @given(st.data())
+    def prop(data: st.DataObject) -> None:
+        try:
+            check_bundled_collective_matmul(data, devices, tally, MOSAIC_GPU)
+        except Exception as err:
+            message = f"{type(err).__name__}: {str(err)[:2000]}\nexample: {tally.current}"
+            if message not in tally.failures:
+                tally.failures.append(message)
+            raise
+
+    try:
+        prop()
+    except Exception:  # noqa: BLE001 - recorded in tally.failures with its example
+        pass
+    return tally.as_json()
 
 
 # --- bad input ------------------------------------------------------------------------
@@ -390,8 +584,8 @@ def check_errors() -> dict[str, str]:
             ValueError,
             "row_axis must differ",
         ),
-        "gpu backend": (
-            lambda: collectives.all_gather(good, mesh=mesh, axis="x", backend="gpu"),
+        "backend without ring kernels": (
+            lambda: collectives.all_gather(good, mesh=mesh, axis="x", backend="triton"),
             ValueError,
             "xla_reference",
         ),
@@ -403,6 +597,63 @@ def check_errors() -> dict[str, str]:
             "collectives.Config",
         ),
     }
+    return _missed(cases)
+
+
+def check_gpu_errors() -> dict[str, str]:
+    """The Mosaic GPU kernels' own rules: a 1-D mesh, P(axis) for the gather, whole
+    128-element rows, bf16/f16 matmul operands, blocks that tile."""
+    p = len(jax.devices())
+    mesh = sharding.make_mesh(sharding.MeshLayout((p,), ("x",)))
+    gpu = "mosaic_gpu"
+    rows = collectives.sharded(np.ones((2 * p, 128), np.float32), mesh, P("x"))
+    odd = collectives.sharded(np.ones((2 * p, 100), np.float32), mesh, P("x"))
+    x16 = collectives.sharded(np.ones((128 * p, 64), np.float32), mesh, P("x", None))
+    w16 = collectives.sharded(np.ones((64, 128 * p), np.float32), mesh, P(None, "x"))
+    xb = collectives.sharded(np.ones((96 * p, 64), jnp.bfloat16), mesh, P("x", None))
+    x128 = collectives.sharded(np.ones((128 * p, 64), jnp.bfloat16), mesh, P("x", None))
+    wb = collectives.sharded(np.ones((64, 128 * p), jnp.bfloat16), mesh, P(None, "x"))
+    cases: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
+        "block not whole rows": (
+            lambda: collectives.all_gather(odd, mesh=mesh, axis="x", backend=gpu),
+            ValueError,
+            "multiple of 128",
+        ),
+        "2-D mesh": (
+            lambda: collectives.all_gather(
+                rows, mesh=sharding.make_mesh(sharding.MeshLayout((1, p), ("a", "x"))), axis="x", backend=gpu
+            ),
+            ValueError,
+            "1-D mesh",
+        ),
+        "TPU config": (
+            lambda: collectives.all_gather(rows, mesh=mesh, axis="x", config=collectives.Config(), backend=gpu),
+            TypeError,
+            "mosaic_gpu_collectives.Config",
+        ),
+        "f32 matmul": (
+            lambda: collectives.all_gather_matmul(x16, w16, mesh=mesh, axis="x", backend=gpu),
+            TypeError,
+            "bfloat16 or float16",
+        ),
+        "rows not a tile": (
+            lambda: collectives.all_gather_matmul(xb, wb, mesh=mesh, axis="x", backend=gpu),
+            ValueError,
+            "multiple of the tile",
+        ),
+        "copy CTAs >= CTAs": (
+            lambda: collectives.all_gather_matmul(
+                x128, wb, mesh=mesh, axis="x", config=mgc.Config(ctas=4, copy_ctas=4), backend=gpu
+            ),
+            ValueError,
+            "copy_ctas",
+        ),
+    }
+    return _missed(cases)
+
+
+def _missed(cases: dict[str, tuple[Callable[[], Any], type[Exception], str]]) -> dict[str, str]:
+    """The cases whose call did not raise the promised exception with its pattern."""
     missed = {}
     for name, (call, exc, pattern) in cases.items():
         try:
@@ -417,7 +668,9 @@ def check_errors() -> dict[str, str]:
 
 
 # --- sensitivity: deliberately broken kernels -------------------------------------------
-def run_variants(variants: str, names: Sequence[str], examples: int, seed: int = 0) -> dict[str, dict]:
+def run_variants(
+    variants: str, names: Sequence[str], examples: int, seed: int = 0, backend: str = "tpu_interpret"
+) -> dict[str, dict]:
     """Run each broken kernel of ``variants`` ("module:VARIANTS", a dict name ->
     (property, kernel)) through its property until the first failure."""
     table = multidevice.resolve(variants)
@@ -425,7 +678,7 @@ def run_variants(variants: str, names: Sequence[str], examples: int, seed: int =
     for name in names:
         prop, kernel = table[name]
         print(f"running variant {name}", flush=True)  # a hang is then placed in this variant
-        tally = run_property(prop, kernel, examples, seed)
+        tally = run_property(prop, kernel, examples, seed, SETTINGS[backend])
         result[name] = {"caught": bool(tally.failures), "failure": (tally.failures or [""])[0][:600]}
     return result
 
