@@ -18,15 +18,11 @@ import importlib
 import importlib.util
 import itertools
 import pkgutil
-import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
 
 from pallascheck.oracles.derive import Facts
 from pallascheck.properties import strategies
@@ -130,32 +126,16 @@ class Task:
 
     def draw_dims(self, seed: int, count: int) -> list[dict[str, int]]:
         """``count`` sizes of the domain other than the shown ones and each other, drawn
-        by Hypothesis from ``seed`` (fewer where the domain holds fewer)."""
-        drawn: list[dict[str, int]] = []
-        strategy = st.fixed_dictionaries({d: st.sampled_from(tuple(sizes)) for d, sizes in self.dims.items()})
-        for i in range(count):
-            seen = [dict(self.shown), *drawn]
-
-            def new(dims: dict[str, int], seen: list[dict[str, int]] = seen) -> bool:
-                return self.is_valid(dims) and dims not in seen
-
-            try:
-                found = find(
-                    strategy,
-                    new,
-                    settings=settings(
-                        max_examples=200,
-                        phases=[Phase.generate],
-                        database=None,
-                        deadline=None,
-                        suppress_health_check=list(HealthCheck),
-                    ),
-                    random=random.Random(seed * 1000 + i),
-                )
-            except NoSuchExample:
-                break
-            drawn.append(dict(found))
-        return drawn
+        uniformly from ``seed`` (fewer where the domain holds fewer). Uniform, not
+        Hypothesis' ``find``: that shrinks every draw to the smallest sizes."""
+        rng = np.random.default_rng(seed)
+        valid = [
+            dict(zip(self.dims, sizes))
+            for sizes in itertools.product(*self.dims.values())
+            if self.is_valid(dict(zip(self.dims, sizes))) and dict(zip(self.dims, sizes)) != dict(self.shown)
+        ]
+        picks = rng.permutation(len(valid))[:count]
+        return [valid[int(i)] for i in picks]
 
 
 TASKS_PACKAGE = "pallascheck.bench.gate.tasks"
