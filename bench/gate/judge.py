@@ -36,7 +36,7 @@ from pallascheck.kernels.backends import Backend, get_backend
 from pallascheck.oracles import derive
 from pallascheck.oracles.derive import Facts
 from pallascheck.oracles.tolerance import SEQUENTIAL, arithmetic_for
-from pallascheck.properties import checks, runner
+from pallascheck.properties import checks, runner, strategies
 from pallascheck.properties.spec import Case
 
 # A lower precision than declared: every intermediate and every dot operand in bf16, any
@@ -381,7 +381,20 @@ def _value_reason(
             np.any(np.isnan(out.astype(np.float64)) & np.isfinite(judged.expected))
         ):
             return "poisoned_output"
-        args = tuple(case.arrays[n] for n in task.inputs)
+        if _lower_precision_explains(task, unit, backend, case, out):
+            return "lower_precision"
+    return {"drawn": "wrong_beyond_shown_shapes", "option": "wrong_under_option"}.get(unit.kind, "wrong_values")
+
+
+def _lower_precision_explains(task: Task, unit: units.Unit, backend: Backend, case: Case, out: np.ndarray) -> bool:
+    """Whether ``out`` is within the bound of ``LOWER_PRECISION``, on the inputs as given
+    or with the float inputs rounded to bf16 first (a kernel that casts its inputs down)."""
+    exact = tuple(case.arrays[n] for n in task.inputs)
+    rounded = tuple(
+        a.astype(strategies.np_dtype("bfloat16")) if jax.numpy.issubdtype(a.dtype, jax.numpy.floating) else a
+        for a in exact
+    )
+    for args in (exact, rounded):
         with backend.placement():
             lower = derive.derive(
                 lambda *a: task.reference(*a, **unit.options),
@@ -391,5 +404,5 @@ def _value_reason(
             )
         bound = np.where(lower.unverifiable[0], np.nan, lower.bounds[0])
         if checks.compare(out, lower.values[0], bound).passed:
-            return "lower_precision"
-    return {"drawn": "wrong_beyond_shown_shapes", "option": "wrong_under_option"}.get(unit.kind, "wrong_values")
+            return True
+    return False
