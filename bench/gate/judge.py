@@ -83,6 +83,7 @@ def gate(
         _judge(task, loaded, backend, seed, drawn, examples, stop_at_first, budget_s, timed, verdict, replay, start)
     except NotLoadable as err:
         verdict.reasons.append(Reason("not_loadable", str(err), replay=replay))
+        verdict.not_checked.append("every check: there is no candidate to run")
     except _Stop:
         pass
     verdict.seconds = time.perf_counter() - start
