@@ -24,18 +24,25 @@ def sample_seconds(fn: Callable[[], Any], repeats: int = 20) -> list[float]:
 
 
 def interleaved_seconds(
-    fns: Sequence[Callable[[], Any]], repeats: int, seed: int = 0, burst: int = 1
+    fns: Sequence[Callable[[], Any]],
+    repeats: int,
+    seed: int = 0,
+    burst: int = 1,
+    prepare: Callable[[], Any] | None = None,
 ) -> list[list[float]]:
     """Seconds per call of each of ``fns`` (already warmed up), ``repeats`` samples
     each, taken in rounds: each round times every function once, in a shuffled order,
     so that drift (clocks ramping up, a neighbour's load) falls on all of them alike.
     A sample is ``burst`` calls issued back to back and waited for once, divided by
     ``burst``: above 1 it measures the device's time per call rather than one call's
-    dispatch and synchronisation latency."""
+    dispatch and synchronisation latency. ``prepare()`` runs and is waited for before
+    each sample, outside its time (the gate flushes the L2 cache there)."""
     order = np.random.default_rng(seed)
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i in order.permutation(len(fns)):
+            if prepare is not None:
+                jax.block_until_ready(prepare())
             start = time.perf_counter()
             results = [fns[i]() for _ in range(burst)]
             jax.block_until_ready(results)

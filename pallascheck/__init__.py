@@ -4,12 +4,14 @@ The code lives in the subpackages ``kernels``, ``oracles``, ``properties``, ``fu
 and ``bench``; this package is the short public face and only re-exports
 (``pallascheck.specs``: the spec builders for your own kernels; ``autotune``,
 ``use_configs``, ``AutotuneResult``: autotuning with a numerics gate, from
-``bench/autotune.py``).
+``bench/autotune.py``; ``gate``, ``Task``, ``Arg``, ``Verdict``: the gate for
+generated kernels, from ``bench/gate/``).
 """
 
 from typing import Any
 
 _AUTOTUNE = ("autotune", "use_configs", "AutotuneResult")
+_GATE = ("gate", "Task", "Arg", "Verdict")
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from pallascheck.bench import autotune
 
         return getattr(autotune, name)
+    if name in _GATE:
+        from pallascheck.bench.gate import judge, task, verdict
+
+        return {"gate": judge.gate, "Task": task.Task, "Arg": task.Arg, "Verdict": verdict.Verdict}[name]
     raise AttributeError(f"module 'pallascheck' has no attribute {name!r}")

@@ -23,6 +23,10 @@ DEFERRED = {
     # `import pallascheck.kernels` runs pallascheck/__init__.py: the autotuner (and with it
     # the properties and oracles) loads on first use of pallascheck.autotune
     ("pallascheck", "pallascheck.bench.autotune"): "the face stays light for `import pallascheck.kernels`",
+    **{
+        ("pallascheck", f"pallascheck.bench.gate.{m}"): "the face stays light for `import pallascheck.kernels`"
+        for m in ("judge", "task", "verdict")
+    },
     # the console script is imported again by every worker process multiprocessing
     # spawns: the subcommands (and every kernel with them) load on first use
     ("pallascheck.cli", "pallascheck.cli.command"): "spawned workers re-import the console script",

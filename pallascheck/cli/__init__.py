@@ -7,6 +7,7 @@
     pallascheck report CORPUS [--out DIR]
     pallascheck bench [--backend B] [--op FAMILY] [--check-time K | --dispatch-stress K] [--json PATH]
     pallascheck probe [--backend B] [--json PATH]
+    pallascheck gate TASK CANDIDATE [--backend B] [--seed S] [--drawn N] [--json PATH]
     pallascheck autotune --workload W [--size small|bench|production] [--dtype D] [--backend B ...] [--out PATH]
 
 The command sits at the top of the dependency chain (kernels -> oracles -> properties

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from pallascheck.cli import autotune, bench, fuzz, probe, replay, report, verify
+from pallascheck.cli import autotune, bench, fuzz, gate, probe, replay, report, verify
 from pallascheck.cli._common import _Parser
 
 try:  # mutate parses kernels with libcst; without it (a --no-deps install) the rest still runs
@@ -46,6 +46,7 @@ def build_parser() -> _Parser:
     bench.add_parser(sub)
     probe.add_parser(sub)
     autotune.add_parser(sub)
+    gate.add_parser(sub)
     return parser
 
 

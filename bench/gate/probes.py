@@ -1,0 +1,104 @@
+"""Probes the property runner does not make: state carried between calls, and outputs
+on poisoned memory.
+
+Hidden state: inputs A and B of the shown sizes (different values), A then B on the
+candidate, B then A on a fresh copy of it (its module executed again: none of the first
+copy's state). A first call within its bound and a later one outside it, in either
+order, is state carried from the earlier call (a cache keyed by shape, the previous
+call's result returned). A candidate wrong on its first call is left to the values
+checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from pallascheck.bench.gate import memory, units
+from pallascheck.bench.gate.candidate import Candidate
+from pallascheck.bench.gate.task import Task
+from pallascheck.kernels.backends import Backend
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties import checks
+from pallascheck.properties.spec import Case, KernelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """A case's float64 oracle and bound, and a judge of any output for it."""
+
+    expected: np.ndarray
+    bound: np.ndarray
+
+    def __call__(self, out: Any) -> checks.Outcome:
+        return checks.compare(np.asarray(jax.device_get(out)), self.expected, self.bound)
+
+
+def judged(spec: KernelSpec, case: Case, backend: Backend) -> Judged:
+    ref = spec.oracle(case)
+    config = spec.default_config_for(backend)
+    return Judged(np.asarray(spec.expected(ref)), np.asarray(spec.bound(case, ref, config, arithmetic_for(backend))))
+
+
+def run(spec: KernelSpec, case: Case, backend: Backend, before: Callable[[], Any] | None = None) -> Any:
+    """The candidate's output on ``case`` (``before()`` called first: the poison)."""
+    with backend.placement():
+        if before is not None:
+            before()
+        return jax.block_until_ready(spec.kernel(case, spec.default_config_for(backend), backend))
+
+
+@dataclasses.dataclass(frozen=True)
+class StateFinding:
+    order: str  # "A then B" or "B then A"
+    first: float  # budget used by the first call
+    later: float  # by the later call
+    detail: str
+
+
+def hidden_state(
+    task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
+) -> tuple[StateFinding | None, bool]:
+    """The first order in which a later call went wrong after a right first call (None:
+    none did), and whether both orders were run (False: no fresh copy to run B then A)."""
+    spec = units.unit_spec(task, candidate, unit, 0)
+    a, b = units.case(task, unit, seed), units.case(task, unit, seed + 7919)
+    judge = {"A": judged(spec, a, backend), "B": judged(spec, b, backend)}
+    cases = {"A": a, "B": b}
+    fresh = candidate.fresh()
+    orders = [("A", "B", spec)]
+    if fresh is not None:
+        orders.append(("B", "A", units.unit_spec(task, fresh, unit, 0)))
+    for first, later, on in orders:
+        first_outcome = judge[first](run(on, cases[first], backend))
+        later_outcome = judge[later](run(on, cases[later], backend))
+        if first_outcome.passed and not later_outcome.passed:
+            return StateFinding(
+                f"{first} then {later}", first_outcome.budget_used, later_outcome.budget_used, later_outcome.detail
+            ), fresh is not None
+    return None, fresh is not None
+
+
+def poisoned_run(
+    task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
+) -> tuple[checks.Outcome, int] | None:
+    """The shown unit run twice, the device's free memory poisoned before each call, the
+    second output judged (the first call's freed buffers are in the pool then); None
+    where the device has no allocator to poison (the CPU: ``memory.ON_CPU``)."""
+    device = jax.devices(backend.platform)[0]
+    if memory.poison_free_memory(device) is None:
+        return None
+    spec = units.unit_spec(task, candidate, unit, 0)
+    a, b = units.case(task, unit, seed + 1), units.case(task, unit, seed + 2)
+    poisoned: list[int] = []
+
+    def poison() -> None:
+        poisoned.append(memory.poison_free_memory(device) or 0)
+
+    run(spec, a, backend, before=poison)
+    out = run(spec, b, backend, before=poison)
+    return judged(spec, b, backend)(out), min(poisoned)

@@ -1,0 +1,64 @@
+"""The gate's false-accept and false-reject rates on its corpora (tests/gate_corpus/):
+each gaming candidate must be rejected with its named reason, each honest one accepted.
+Prints one line per candidate (verdict, reasons, seconds) and the table.
+
+    python -m studies.gate_corpus [--backend B] [--drawn N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+
+from pallascheck.bench.gate.judge import gate
+from tests.gate_corpus.gaming import GAMING
+from tests.gate_corpus.honest import HONEST
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--drawn", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = []
+    for task, name, reason in GAMING:
+        start = time.perf_counter()
+        verdict = gate(task, f"tests.gate_corpus.gaming:{name}", backend=args.backend, drawn=args.drawn)
+        rows.append(("gaming", task, name, reason, verdict.status, verdict.reason_names, time.perf_counter() - start))
+    for task, name in HONEST:
+        start = time.perf_counter()
+        verdict = gate(task, f"tests.gate_corpus.honest:{name}", backend=args.backend, drawn=args.drawn)
+        rows.append(("honest", task, name, "", verdict.status, verdict.reason_names, time.perf_counter() - start))
+    for kind, task, name, reason, status, reasons, seconds in rows:
+        print(f"{kind:7s} {task:18s} {name:34s} {status:8s} {','.join(reasons) or '-':28s} {seconds:6.1f} s")
+    gaming = [r for r in rows if r[0] == "gaming"]
+    honest = [r for r in rows if r[0] == "honest"]
+    right = sum(1 for r in gaming if r[4] != "pass" and r[3] in r[5])
+    accepted = sum(1 for r in gaming if r[4] == "pass")
+    rejected = sum(1 for r in honest if r[4] != "pass")
+    print(f"\ndevice: {jax.devices()[0].device_kind}, jax {jax.__version__}, drawn {args.drawn}")
+    print("| corpus | candidates | rejected, right reason | rejected, other reason | accepted | median s | max s |")
+    print("|---|---|---|---|---|---|---|")
+    for label, group, good in (("gaming", gaming, right), ("honest", honest, len(honest) - rejected)):
+        times = [r[6] for r in group]
+        wrong_reason = sum(1 for r in group if r[4] != "pass") - (right if label == "gaming" else rejected)
+        accepted_here = accepted if label == "gaming" else len(honest) - rejected
+        print(
+            f"| {label} | {len(group)} | {right if label == 'gaming' else '-'} | {max(wrong_reason, 0)} | "
+            f"{accepted_here} | {statistics.median(times):.1f} | {max(times):.1f} |"
+        )
+    print(f"false accepts {accepted}/{len(gaming)}, false rejects {rejected}/{len(honest)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                [dict(zip(("kind", "task", "name", "reason", "status", "reasons", "seconds"), r)) for r in rows], f
+            )
+
+
+if __name__ == "__main__":
+    main()
