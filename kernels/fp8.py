@@ -37,6 +37,7 @@ from pallascheck.kernels import validation
 from pallascheck.kernels.backends import Backend, get_backend
 
 FORMATS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+FORMAT_NAMES = tuple(jnp.dtype(d).name for d in FORMATS)
 SCALE_BLOCK = 128  # DeepSeek-V3 / DeepGEMM: 1x128 activation, 128x128 weight blocks
 BLOCKS = ((1, SCALE_BLOCK), (SCALE_BLOCK, SCALE_BLOCK))
 
