@@ -147,3 +147,27 @@ def quantize_bound(ref: QuantizeOracle, scale: Any, *, dtype: Any) -> np.ndarray
     u32, u8 = unit_roundoff(F32), unit_roundoff(dtype)
     relative = (1.0 + u32) ** 3 * (1.0 + u8) - 1.0
     return relative * xp.abs(ref.out) + f64(scale) * (smallest_subnormal(dtype) / 2.0)
+
+
+def emulate_fused_sum(products: Any, fraction_bits: int, group: int) -> np.ndarray:
+    """The fused FP8 MMA of ``tolerance.FusedMma`` run on exact products [..., K]
+    (float64, numpy): per group of ``group`` products along the last axis, the running
+    sum and the products are cut toward zero to the grid ``2^(e - fraction_bits)`` of
+    the largest exponent e among them, summed exactly, and the sum is cut toward zero
+    to f32. The bit-exact candidate the probe compares the hardware with."""
+    products = np.asarray(products, np.float64)
+    acc = np.zeros(products.shape[:-1])
+    for start in range(0, products.shape[-1], group):
+        terms = np.concatenate([acc[..., None], products[..., start : start + group]], axis=-1)
+        largest = np.abs(terms).max(axis=-1, keepdims=True)
+        exponent = np.floor(np.log2(np.where(largest > 0, largest, 1.0)))
+        grid = 2.0 ** (exponent - fraction_bits)
+        total = np.sum(np.trunc(terms / grid) * grid, axis=-1)
+        acc = _truncate_to_f32(total)
+    return acc
+
+
+def _truncate_to_f32(value: np.ndarray) -> np.ndarray:
+    nearest = value.astype(np.float32)
+    overshot = np.abs(nearest.astype(np.float64)) > np.abs(value)
+    return np.where(overshot, np.nextafter(nearest, np.float32(0)), nearest).astype(np.float64)
