@@ -29,7 +29,20 @@ DTYPE_ALIASES = {
     "fp64": "float64",
     "f64": "float64",
     "double": "float64",
+    "e4m3": "float8_e4m3fn",
+    "e4m3fn": "float8_e4m3fn",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "float8_e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
 }
+
+
+def canonical_dtype(name: str) -> str:
+    """The dtype a ``--dtype`` value names: an alias (``e4m3``, ``bf16``) resolved, any
+    other name kept as written (checked against the selected kernels later)."""
+    return DTYPE_ALIASES.get(name.lower(), name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -231,3 +231,13 @@ def jax_test_tolerance(dtype: Any) -> float:
     from jax._src import public_test_util
 
     return float(public_test_util.default_tolerance()[np.dtype(dtype)])
+
+
+def transposed_smem(ref: Any) -> Any:
+    """An SMEM ref read transposed (a wgmma operand stored K-major): jax 0.12 deprecates
+    ``plgpu.transpose_ref`` for the ref's own ``transpose``; jax 0.11.2 has the former."""
+    if jax.__version_info__ >= (0, 12):
+        return ref.transpose((1, 0))
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return plgpu.transpose_ref(ref, (1, 0))

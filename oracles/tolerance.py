@@ -46,6 +46,16 @@ _MANTISSA_BITS = {  # explicit fraction bits p-1; u = 2**-p
 }
 
 
+# The FP8 formats (OCP 8-bit floating point; ml_dtypes names). e4m3fn: 3 fraction
+# bits, max 448, NaN but no infinities ("fn": finite); e5m2: 2 fraction bits, max 57344,
+# IEEE-like infinities. JAX converts to both by round-to-nearest-even without
+# saturation (measured on XLA:CPU with jax 0.12.0.1, numpy/ml_dtypes alike): a value
+# that rounds past the max becomes NaN in e4m3fn (464 -> 448, the tie, but 480 -> NaN;
+# inf -> NaN) and inf in e5m2 (61440 -> inf). Quantisers must clip before converting.
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+OVERFLOWS_TO = {"float8_e4m3fn": "nan", "float8_e5m2": "inf"}
+
+
 def dtype_name(dtype: Any) -> str:
     if isinstance(dtype, str) and dtype == TF32:
         return TF32
@@ -53,7 +63,7 @@ def dtype_name(dtype: Any) -> str:
 
 
 def unit_roundoff(dtype: Any) -> float:
-    """u = 2**-p: f64 2^-53, f32 2^-24, tf32 and f16 2^-11, bf16 2^-8."""
+    """u = 2**-p: f64 2^-53, f32 2^-24, tf32 and f16 2^-11, bf16 2^-8, e4m3 2^-4, e5m2 2^-3."""
     name = dtype_name(dtype)
     if name not in _MANTISSA_BITS:
         raise ValueError(f"dtype must be one of {sorted(_MANTISSA_BITS)}, got {name!r}")
@@ -70,6 +80,12 @@ def smallest_normal(dtype: Any) -> float:
 def largest_finite(dtype: Any) -> float:
     name = dtype_name(dtype)
     return float(ml_dtypes.finfo(np.dtype("float32" if name == TF32 else name)).max)
+
+
+def smallest_subnormal(dtype: Any) -> float:
+    """The spacing of the subnormals: a correctly rounded result below the smallest
+    normal errs by at most half of it (e4m3fn 2^-9, e5m2 2^-16)."""
+    return float(ml_dtypes.finfo(np.dtype(dtype_name(dtype))).smallest_subnormal)
 
 
 def gamma(k: Any, u: float) -> Any:
@@ -119,6 +135,35 @@ def blocked(block: int) -> Accumulation:
 
 
 @dataclasses.dataclass(frozen=True)
+class FusedMma:
+    """A tensor core's sum of FP8 products (MMA-Sim, arXiv 2511.10909, for Hopper's
+    FP8 wgmma with an f32 accumulator): the products of each ``group`` of K are exact;
+    they and the accumulator are aligned to the largest exponent among them and cut to
+    ``fraction_bits`` bits below it (``rounding``: "truncate", toward zero), summed
+    exactly, and the sum is cut to f32 (truncated) before the next group. So each group
+    loses less than one unit of that grid per term (``group`` products and the
+    accumulator), i.e. ``(group + 1) * 2^-fraction_bits`` times its largest term, plus
+    one f32 ulp (2^-23) of its result. ``pallascheck probe`` measures these on the
+    hardware (bench/probe.py ``fp8``) and fails where they differ."""
+
+    group: int = 32
+    fraction_bits: int = 13
+    rounding: str = "truncate"
+
+    def span_coefficient(self, n: Any) -> Any:
+        """Error of a sum of n products in this MMA over the sum of their magnitudes:
+        ceil(n / group) groups, each losing at most ``(group + 1) 2^-f + 2^-23`` of the
+        magnitude summed so far (the largest term and the group's result are both at
+        most that)."""
+        groups = -(-np.maximum(np.asarray(n, dtype=np.int64), 1) // self.group)
+        return groups * ((self.group + 1) * 2.0**-self.fraction_bits + 2.0 * unit_roundoff(np.float32))
+
+
+# Hopper's FP8 wgmma as MMA-Sim models it (our H100 probe of it: docs/fp8.md)
+HOPPER_FP8_MMA = FusedMma()
+
+
+@dataclasses.dataclass(frozen=True)
 class Arithmetic:
     """How a backend rounds. One instance per backend; kernel bounds take it.
 
@@ -137,6 +182,9 @@ class Arithmetic:
     - ``flush_subnormals``: the hardware may flush subnormal results to zero, so
       every operation can lose up to the smallest normal in absolute terms.
     - ``probabilistic``: use lambda sqrt(k) u instead of gamma_k (reporting only).
+    - ``fp8_mma``: how the matrix unit sums FP8 products (``FusedMma``); None where
+      FP8 products are summed as f32 (exact products, IEEE additions: the CPU and the
+      interpreters, whose wgmma is a numpy matmul of the upcast tiles).
     """
 
     name: str
@@ -146,6 +194,7 @@ class Arithmetic:
     transcendental_ulps: float = 3.0
     flush_subnormals: bool = True
     probabilistic: bool = False
+    fp8_mma: FusedMma | None = None
 
     def gamma(self, k: Any, u: float) -> Any:
         return probabilistic_gamma(k, u) if self.probabilistic else gamma(k, u)
@@ -171,7 +220,7 @@ class Arithmetic:
 
 
 CPU = Arithmetic("cpu")
-GPU = Arithmetic("gpu", matmul_input_f32=TF32, mma_unit_factor=2.0, mma_order_known=False)
+GPU = Arithmetic("gpu", matmul_input_f32=TF32, mma_unit_factor=2.0, mma_order_known=False, fp8_mma=HOPPER_FP8_MMA)
 # Mosaic TPU: the MXU multiplies f32 at default precision as bf16 passes (one pass
 # at DEFAULT), rounding operands to bf16; accumulation order inside the MXU unknown.
 TPU = Arithmetic("tpu", matmul_input_f32="bfloat16", mma_order_known=False)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pallascheck.kernels.backends import GENERIC
 from pallascheck.properties.families.attention import SPEC as ATTENTION
 from pallascheck.properties.families.cross_entropy import SPEC as CROSS_ENTROPY
+from pallascheck.properties.families.fp8_matmul import QUANTIZE_SPEC as FP8_QUANTIZE
+from pallascheck.properties.families.fp8_matmul import SPEC as FP8_MATMUL
 from pallascheck.properties.families.gated_linear_unit import SPEC as GATED_LINEAR_UNIT
 from pallascheck.properties.families.linear_cross_entropy import (
     SPEC as LINEAR_CROSS_ENTROPY,
@@ -137,5 +139,7 @@ for _spec in (
     RAGGED_DOT,
     GATED_LINEAR_UNIT,
     TOP_K,
+    FP8_MATMUL,
+    FP8_QUANTIZE,
 ):
     register(_spec)

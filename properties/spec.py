@@ -25,6 +25,10 @@ from pallascheck.oracles.tolerance import Arithmetic
 Output = jax.Array | np.ndarray
 
 
+# ml_dtypes' formats, which np.load cannot restore by name: saved as unsigned bits
+BITS_ONLY_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One drawn input: named arrays plus static parameters (JSON-serialisable)."""
@@ -37,12 +41,13 @@ class Case:
         return f"{shapes}; {json.dumps(dict(self.params), sort_keys=True, default=str)}"
 
     def save(self, path: str) -> None:
-        """Write the case as .npz (arrays bit-exact; bf16 stored as its uint16 bits)."""
+        """Write the case as .npz (arrays bit-exact; bf16 and FP8 stored as their bits)."""
         payload: dict[str, Any] = {}  # keywords of np.savez, whose own (allow_pickle) are not arrays
         dtypes = {}
         for key, value in self.arrays.items():
             dtypes[key] = value.dtype.name
-            payload[f"array:{key}"] = value.view(np.uint16) if value.dtype.name == "bfloat16" else value
+            bits = np.dtype(f"uint{8 * value.dtype.itemsize}")
+            payload[f"array:{key}"] = value.view(bits) if value.dtype.name in BITS_ONLY_DTYPES else value
         payload["meta"] = np.array(json.dumps({"params": dict(self.params), "dtypes": dtypes}, default=str))
         np.savez(path, **payload)
 
@@ -55,7 +60,7 @@ class Case:
             arrays = {}
             for key, dtype in meta["dtypes"].items():
                 value = data[f"array:{key}"]
-                arrays[key] = value.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+                arrays[key] = value.view(getattr(ml_dtypes, dtype)) if dtype in BITS_ONLY_DTYPES else value
         return Case(arrays, meta["params"])
 
 

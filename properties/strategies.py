@@ -304,3 +304,81 @@ def with_specials(seed: int, array: np.ndarray, fraction: float = 0.05) -> np.nd
 def configs(space: Sequence[Any]) -> st.SearchStrategy[Any]:
     """One config from a kernel's valid configs for the drawn shape."""
     return st.sampled_from(list(space))
+
+
+# Block-scaled FP8 operands (kernels/fp8.py's layouts: a scale per ``block`` of q).
+FP8_KINDS = (
+    "normal",  # N(0, 1) per block, scale amax / max (not a power of two)
+    "at_max",  # every block holds +-max of the format (448 in e4m3fn) and values beside it
+    "subnormal",  # q in the format's subnormal range (below 2^-6 in e4m3fn)
+    "outlier",  # one element per block 2^12 times the rest: it sets the scale, the rest lose bits
+    "power_of_two",  # scales powers of two from 2^-20 to 2^20, block to block
+    "per_tensor",  # one scale for the whole tensor, every block alike
+    "per_row",  # one scale per row of blocks
+    "positive",  # uniform (0, 1]: no cancellation, the matrix unit's truncations add up
+)
+FP8_SCALE_RANGE = 20  # power_of_two scales: 2^-20 .. 2^20 (products and sums stay far inside f32)
+
+
+def fp8_blocks(
+    seed: int, shape: tuple[int, int], dtype: str, kind: str, block: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(q of ``dtype``, f32 scales [ceil(rows / block[0]), ceil(cols / block[1])]) whose
+    values follow ``kind``: what a quantiser of that layout gives (q finite, |q| <= max)."""
+    rng = np.random.default_rng(seed)
+    top = float(ml_dtypes.finfo(np_dtype(dtype)).max)
+    tiny = float(ml_dtypes.finfo(np_dtype(dtype)).smallest_normal)
+    grid = (-(-shape[0] // block[0]), -(-shape[1] // block[1]))
+    values = rng.uniform(0.0, 1.0, shape) + 2.0**-10 if kind == "positive" else normal(rng, shape)
+    if kind == "outlier":
+        hot = rng.integers(0, block[1], size=shape[:1] + (grid[1],))
+        for j in range(grid[1]):
+            cols = j * block[1] + hot[:, j]
+            ok = cols < shape[1]
+            values[np.nonzero(ok)[0], cols[ok]] *= 2.0**12
+    padded = np.zeros((grid[0] * block[0], grid[1] * block[1]))
+    padded[: shape[0], : shape[1]] = values
+    amax = np.abs(padded.reshape(grid[0], block[0], grid[1], block[1])).max(axis=(1, 3))
+    if kind == "per_tensor":
+        amax = np.full_like(amax, amax.max())
+    elif kind == "per_row":
+        amax = np.repeat(amax.max(axis=1, keepdims=True), grid[1], axis=1)
+    scale = np.where(amax > 0, amax / top, 1.0).astype(np.float32)
+    if kind == "subnormal":  # the largest |q| lands just below the smallest normal
+        scale = np.where(amax > 0, amax / (0.9 * tiny), 1.0).astype(np.float32)
+    full = np.repeat(np.repeat(scale.astype(np.float64), block[0], 0), block[1], 1)[: shape[0], : shape[1]]
+    q = np.clip(values / full, -top, top).astype(np_dtype(dtype))
+    if kind == "at_max":  # a +-max in every block (row) whatever the rounding above
+        q[:, :: block[1]] = np.where(rng.random((shape[0], q[:, :: block[1]].shape[1])) < 0.5, -top, top)
+    if kind == "power_of_two":
+        scale = (2.0 ** rng.integers(-FP8_SCALE_RANGE, FP8_SCALE_RANGE + 1, size=grid)).astype(np.float32)
+    return q, scale
+
+
+# Inputs of a quantiser: kinds of values whose blocks stress the scale.
+QUANTIZE_KINDS = (
+    "normal",  # N(0, 1)
+    "beyond_max",  # values far beyond the format's max (1e6): only the scale brings them in
+    "outlier",  # one element per 128 2^12 times the rest (the rest go subnormal in FP8)
+    "tiny",  # values around 1e-30: scales far below 1
+    "zeros",  # whole blocks of zeros (scale 1) beside normal ones
+    "few_distinct",  # a handful of distinct values (ties in the rounding to FP8)
+)
+
+
+def quantize_input(seed: int, shape: tuple[int, int], dtype: str, kind: str) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    values = normal(rng, shape)
+    if kind == "beyond_max":
+        values = values * 1e6
+    elif kind == "outlier":
+        values[:, ::128] *= 2.0**12
+    elif kind == "tiny":
+        values = values * 1e-30
+    elif kind == "zeros":
+        values[: shape[0] // 2] = 0.0
+    elif kind == "few_distinct":
+        values = rng.choice(rng.standard_normal(3) * 100, size=shape)
+    elif kind != "normal":
+        raise ValueError(f"quantize input kind must be one of {QUANTIZE_KINDS}, got {kind!r}")
+    return np.asarray(values, np.float64).astype(np_dtype(dtype))

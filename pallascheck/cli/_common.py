@@ -158,4 +158,9 @@ def add_target_options(parser: argparse.ArgumentParser, kernel_help: str) -> Non
     )
     parser.add_argument("--kernel", action="append", help=f"only this kernel (repeatable): {kernel_help}")
     parser.add_argument("--path", action="append", help="a directory to import MODULE:NAME kernels from (repeatable)")
-    parser.add_argument("--dtype", action="append", help="only this dtype (repeatable); default: each kernel's dtypes")
+    parser.add_argument(
+        "--dtype",
+        action="append",
+        type=scope.canonical_dtype,
+        help="only this dtype (repeatable; aliases such as bf16, e4m3, e5m2 accepted); default: each kernel's dtypes",
+    )

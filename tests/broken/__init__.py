@@ -11,4 +11,6 @@ MODULES = (
     "mosaic_gpu_matmul_variants",
     "mosaic_gpu_attention_variants",
     "mosaic_gpu_ragged_dot_variants",
+    "fp8_matmul_variants",
+    "mosaic_gpu_fp8_matmul_variants",
 )
