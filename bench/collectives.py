@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from pallascheck.bench.timing import interleaved_seconds, median_seconds, print_row
 from pallascheck.kernels import collectives
+from pallascheck.kernels import mosaic_gpu_collectives as mgc
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
@@ -179,16 +180,17 @@ def ring_rows(repeats: int = 10) -> list[dict]:
     for size in RING_SIZES:
         x = collectives.sharded(jax.random.normal(jax.random.key(0), (size, size), bf16), mesh, P("x", None))
         w = collectives.sharded(jax.random.normal(jax.random.key(1), (size, p * size), bf16), mesh, P(None, "x"))
-        ours = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", backend=gpu))
+        one = mgc.Config(consumers=1)
+        ours = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", config=one, backend=gpu))
+        ws = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", backend=gpu))
         xla = jax.jit(functools.partial(collectives.xla_reference_all_gather_matmul, mesh=mesh, axis="x"))
         bundled = _bundled_matmul(mesh, bf16)
         row = {"op": "all_gather_matmul", "gpus": p, "per_gpu": f"{size}^3"}
-        row |= _timed(
-            {"ring": lambda: ours(x, w), "xla": lambda: xla(x, w), "jax_bundled": lambda: bundled(x, w)}, repeats, 2
-        )
-        row["ring_minus_xla_max_abs"] = float(
-            jnp.max(jnp.abs(ours(x, w).astype(jnp.float32) - xla(x, w).astype(jnp.float32)))
-        )
+        thunks = {"ring": lambda: ours(x, w), "ring_ws": lambda: ws(x, w), "xla": lambda: xla(x, w)}
+        row |= _timed(thunks | {"jax_bundled": lambda: bundled(x, w)}, repeats, 2)
+        for name, thunk in thunks.items():  # the rings against XLA's result, elementwise
+            diff = jnp.abs(thunk().astype(jnp.float32) - xla(x, w).astype(jnp.float32))
+            row[f"{name}_minus_xla_max_abs"] = float(jnp.max(diff))
         rows.append(row)
         xk = collectives.sharded(jax.random.normal(jax.random.key(2), (size, p * size), bf16), mesh, P(None, "x"))
         wk = collectives.sharded(jax.random.normal(jax.random.key(3), (p * size, size), bf16), mesh, P("x", None))

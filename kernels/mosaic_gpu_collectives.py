@@ -36,8 +36,9 @@ device's kernel has ended.
   the receiving device once their boxes of that slot have landed; the other CTAs
   walk the output tiles step by step (slot (i - s) at step s, the local one first),
   waiting (without decrementing) until all ``copy_ctas`` boxes of the slot are in,
-  and run the one-warpgroup wgmma tile of kernels/mosaic_gpu_matmul.py on it:
-  communication overlaps the matmul of earlier slots.
+  and run kernels/mosaic_gpu_matmul.py's warp-specialised tile on it (a memory
+  warpgroup and two consumer warpgroups; ``Config.consumers=1``: its one-warpgroup
+  tile): communication overlaps the matmul of earlier slots.
 - **matmul_reduce_scatter** (K sharded): output tile t of block c is owned by CTA
   (t mod ctas) on every device. At step s device i computes its f32 partial of
   tile t of block (i - s - 1); from step 1 on it waits for the running sum of that
@@ -47,8 +48,8 @@ device's kernel has ended.
   of block i is complete and is rounded once to the output dtype.
 
 Arithmetic: the gather moves bits. The matmuls are kernels/mosaic_gpu_matmul.py's
-one-consumer tile (bf16/f16 operands, products exact, blocked f32 accumulation with
-block tile_k inside one wgmma per K tile); the reduce-scatter adds the p f32 partials
+tiles (bf16/f16 operands, products exact, blocked f32 accumulation with block tile_k
+inside one wgmma per K tile); the reduce-scatter adds the p f32 partials
 in ring order (sequentially) and rounds once: oracles/collectives.py's models.
 
 Runs on Hopper GPUs only. The Mosaic GPU interpreter has no remote references or
@@ -90,19 +91,26 @@ class Config:
     tile_m: int = 128
     tile_n: int = 128
     tile_k: int = 64
+    # all_gather_matmul's compute CTAs: 2 (the default) is the warp-specialised tile
+    # (tile_m x 2 tile_n), 1 the one-warpgroup tile; at 8192^3 per GPU on H100s the
+    # first took 2.15-2.17 ms and the second 2.92-2.93 (docs/results.md).
+    # matmul_reduce_scatter has the one-warpgroup tile only.
+    consumers: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("ctas", "copy_ctas", "tile_m", "tile_n", "tile_k"):
+        for name in ("ctas", "copy_ctas", "tile_m", "tile_n", "tile_k", "consumers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"config.{name} must be an int >= 0, got {value!r}")
         if self.copy_ctas < 1:
             raise ValueError(f"config.copy_ctas must be >= 1, got {self.copy_ctas}")
-        # validated as the single-device matmul's tile (wgmma shapes, registers)
-        mm.Config(self.tile_m, self.tile_n, self.tile_k, MATMUL_STAGES)
+        # validated as the single-device matmul's tile (wgmma shapes, registers, consumers)
+        self.matmul()
 
-    def matmul(self) -> mm.Config:
-        return mm.Config(self.tile_m, self.tile_n, self.tile_k, MATMUL_STAGES)
+    def matmul(self, consumers: int | None = None) -> mm.Config:
+        """The matmul tile (``consumers``: override, for a kernel with one form only)."""
+        consumers = self.consumers if consumers is None else consumers
+        return mm.Config(self.tile_m, self.tile_n, self.tile_k, MATMUL_STAGES, consumers=consumers)
 
 
 def configs() -> list[Config]:
@@ -113,8 +121,10 @@ def configs() -> list[Config]:
         Config(ctas=32),
         Config(copy_ctas=8),
         Config(copy_ctas=32),
-        Config(tile_m=64, tile_n=128),
+        Config(tile_m=64, tile_n=128, consumers=1),
         Config(tile_m=128, tile_n=64),
+        Config(consumers=1),
+        Config(copy_ctas=8, consumers=1),
     ]
 
 
@@ -342,11 +352,12 @@ def all_gather_matmul_local(
     """Per device: x's row block (m, k) and w's column block (k, n) -> (p m, n)."""
     (m, k), n = x.shape, w.shape[1]
     tm = config.matmul()
+    cta_n = tm.consumers * tm.tile_n
     mm.check_input_dtype(x.dtype)
     for name, size, tile in (
         ("x rows per device", m, tm.tile_m),
         ("K", k, tm.tile_k),
-        ("w columns per device", n, tm.tile_n),
+        ("w columns per device", n, cta_n),
     ):
         if size % tile:
             raise ValueError(
@@ -356,9 +367,7 @@ def all_gather_matmul_local(
     if not 1 <= config.copy_ctas < total:
         raise ValueError(f"config.copy_ctas ({config.copy_ctas}) must be in [1, ctas) with ctas={total}")
     boxes = plan_boxes(m, k, x.dtype.itemsize, config.copy_ctas)
-    copiers, computers = boxes.ctas, total - boxes.ctas
-    tiles_per_step = (m // tm.tile_m) * (n // tm.tile_n)
-    n_tiles = n // tm.tile_n
+    shape = _Tiles(p, m, n, tm.tile_m, cta_n, boxes.ctas, total - boxes.ctas)
     tiling.require_shared_memory(
         config,
         max(
@@ -366,6 +375,7 @@ def all_gather_matmul_local(
             min(BOX_STAGES, boxes.per_cta) * boxes.box_rows * boxes.box_cols * x.dtype.itemsize,
         ),
     )
+    specialised = tm.consumers == 2
 
     def kernel(x_ref, w_ref, out_ref, gathered_ref, arrived):
         cta = lax.axis_index("cta")
@@ -374,10 +384,9 @@ def all_gather_matmul_local(
         # zero-filled with the rest of the kernel's GMEM scratch at every call.
         slot_arrived = pl.get_global(plgpu.SemaphoreType.REGULAR((p,)))
 
-        @pl.when(cta < copiers)
-        def _copy():
-            pl.run_scoped(
-                lambda smem, loaded: ring_gather(
+        def gather(smem, loaded):
+            def run():
+                ring_gather(
                     x_ref,
                     gathered_ref,
                     arrived,
@@ -389,18 +398,36 @@ def all_gather_matmul_local(
                     p=p,
                     ring=ring,
                     slot_arrived=slot_arrived,
-                ),
-                *_gather_scratch(boxes, x.dtype),
+                )
+
+            if specialised:  # one warpgroup of a copy CTA moves the boxes
+                pl.when(lax.axis_index("wg") == 0)(run)
+            else:
+                run()
+
+        @pl.when(cta < shape.copiers)
+        def _copy():
+            # in the warp-specialised kernel SMEM belongs to all three warpgroups
+            pl.run_scoped(
+                gather, *_gather_scratch(boxes, x.dtype), **({"collective_axes": "wg"} if specialised else {})
             )
 
-        @pl.when(cta >= copiers)
+        @pl.when(cta >= shape.copiers)
         def _compute():
+            def wait(slot: Any) -> None:  # every copy CTA's boxes of this slot have landed
+                if ring.wait_slot:
+                    pl.semaphore_wait(slot_arrived.at[slot], shape.copiers, decrement=False)
+
+            if specialised:
+                _specialised_tiles(
+                    x_ref, w_ref, out_ref, gathered_ref, wait, shape, tm, cta - shape.copiers, out_dtype, axis
+                )
+                return
+
             def tiles(*scratch):
-                @pl.loop(cta - copiers, p * tiles_per_step, step=computers)
+                @pl.loop(cta - shape.copiers, shape.count, step=shape.computers)
                 def _t(t):
-                    s, within = t // tiles_per_step, t % tiles_per_step
-                    slot = _slot(axis, p, -s)
-                    m0, n0 = (within // n_tiles) * tm.tile_m, (within % n_tiles) * tm.tile_n
+                    s, slot, m0, n0 = shape.of(t, axis)
                     out_block = out_ref.at[pl.ds(slot * m, m)]
 
                     @pl.when(s == 0)
@@ -408,9 +435,8 @@ def all_gather_matmul_local(
                         _tile(x_ref, w_ref, out_block, *scratch, m0, n0)
 
                     @pl.when(s > 0)
-                    def _gathered():  # every copy CTA's boxes of this slot have landed
-                        if ring.wait_slot:
-                            pl.semaphore_wait(slot_arrived.at[slot], copiers, decrement=False)
+                    def _gathered():
+                        wait(slot)
                         _tile(gathered_ref.at[pl.ds(slot * m, m)], w_ref, out_block, *scratch, m0, n0)
 
             pl.run_scoped(tiles, *_matmul_scratch(tm, x.dtype, out_dtype))
@@ -421,11 +447,115 @@ def all_gather_matmul_local(
             jax.ShapeDtypeStruct((p * m, n), out_dtype),
             jax.ShapeDtypeStruct((p * m, k), x.dtype),  # the gathered x, written by the ring
         ),
-        scratch_types=(plgpu.SemaphoreType.REGULAR((copiers,)),),
+        scratch_types=(plgpu.SemaphoreType.REGULAR((shape.copiers,)),),
         grid=(total,),
         grid_names=("cta",),
+        num_threads=3 if specialised else None,
+        thread_name="wg" if specialised else None,
     )(x, w)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tiles:
+    """The compute CTAs' work: ``p`` slots of (m, n) output, in CTA tiles of
+    tile_m x cta_n, walked slot by slot (the local slot first), tile t going to
+    compute CTA t mod computers."""
+
+    p: int
+    m: int
+    n: int
+    tile_m: int
+    cta_n: int
+    copiers: int
+    computers: int
+
+    @property
+    def per_step(self) -> int:
+        return (self.m // self.tile_m) * (self.n // self.cta_n)
+
+    @property
+    def count(self) -> int:
+        return self.p * self.per_step
+
+    def of(self, t: Any, axis: str) -> tuple[Any, Any, Any, Any]:
+        """Tile t's step, ring slot and first output row and column within the slot."""
+        s, within = t // self.per_step, t % self.per_step
+        n_tiles = self.n // self.cta_n
+        return s, _slot(axis, self.p, -s), (within // n_tiles) * self.tile_m, (within % n_tiles) * self.cta_n
+
+
+def _specialised_tiles(
+    x_ref, w_ref, out_ref, gathered_ref, wait, shape: _Tiles, tm: mm.Config, worker, out_dtype, axis: str
+) -> None:
+    """The compute CTAs' tiles in kernels/mosaic_gpu_matmul.py's warp-specialised form:
+    a memory warpgroup issues the TMA copies of the K tiles, two consumer warpgroups
+    each own a tile_m x tile_n f32 accumulator; every slot but the first is read from
+    the gathered buffer once it has landed (the first, the local block, from x)."""
+    tn, tk, stages = tm.tile_n, tm.tile_k, tm.max_concurrent_steps
+    epi = mm.epilogue_n(False)
+    wg = lax.axis_index("wg")
+    my_cols = pl.ds(wg * tn, tn)
+    dtype = x_ref.dtype
+
+    def step(_, x_smem, y_smem, acc_ref):
+        plgpu.wgmma(acc_ref, x_smem, y_smem.at[:, my_cols])
+        plgpu.wgmma_wait(0)  # the slot is released on return
+        return acc_ref
+
+    def pipeline(consume: Callable[..., None]) -> Any:
+        return plgpu.emit_pipeline_warp_specialized(
+            step,
+            grid=(x_ref.shape[1] // tk,),
+            memory_registers=tiling.MEMORY_WARPGROUP_REGISTERS,
+            in_specs=[
+                plgpu.BlockSpec((tm.tile_m, tk), lambda kk: (0, kk), transforms=mm.operand_transforms(tk, dtype)),
+                plgpu.BlockSpec((tk, 2 * tn), lambda kk: (kk, 0), transforms=mm.operand_transforms(tk, dtype)),
+            ],
+            wg_axis="wg",
+            num_compute_wgs=2,
+            max_concurrent_steps=stages,
+            compute_context=consume,
+        )
+
+    def scope(allocations, out_smem):
+        @pl.loop(worker, shape.count, step=shape.computers)
+        def _t(t):
+            s, slot, m0, n0 = shape.of(t, axis)
+            m_slice, cta_cols = pl.ds(m0, tm.tile_m), pl.ds(n0, 2 * tn)
+            out_tile = out_ref.at[pl.ds(slot * shape.m, shape.m)].at[m_slice, cta_cols].at[:, my_cols]
+
+            def consume(run_pipeline):
+                def with_accumulator(acc_ref):  # allocated as exact zeros
+                    run_pipeline(acc_ref)
+                    plgpu.wgmma_wait(0)
+                    acc = acc_ref[...]
+                    for c in range(tn // epi):
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
+                        out_smem[wg] = acc[:, c * epi : (c + 1) * epi].astype(out_smem.dtype)
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(out_smem.at[wg], out_tile.at[:, pl.ds(c * epi, epi)])
+
+                pl.run_scoped(with_accumulator, plgpu.ACC((tm.tile_m, tn), jnp.float32))
+
+            @pl.when(s == 0)
+            def _local():  # this device's own block, from its input
+                pipeline(consume)(x_ref.at[m_slice, :], w_ref.at[:, cta_cols], allocations=allocations)
+
+            @pl.when(s > 0)
+            def _gathered():
+                wait(slot)
+                rows = gathered_ref.at[pl.ds(slot * shape.m, shape.m)]
+                pipeline(consume)(rows.at[m_slice, :], w_ref.at[:, cta_cols], allocations=allocations)
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's slices are read out
+
+    pl.run_scoped(
+        scope,
+        pipeline(lambda _: None).get_allocations(x_ref.at[pl.ds(0, tm.tile_m), :], w_ref.at[:, pl.ds(0, 2 * tn)]),
+        plgpu.SMEM((2, tm.tile_m, epi), out_dtype, transforms=mm.operand_transforms(epi, out_dtype)),
+        collective_axes="wg",
+    )
 
 
 # --- matmul_reduce_scatter -------------------------------------------------------------
@@ -435,7 +565,7 @@ def matmul_reduce_scatter_local(
     """Per device: x (p rows, k_local) and w (k_local, n) -> the summed row block (rows, n)."""
     (mp, k), n = x.shape, w.shape[1]
     rows = mp // p
-    tm = config.matmul()
+    tm = config.matmul(consumers=1)  # the one-warpgroup tile: its epilogue adds the running sum
     mm.check_input_dtype(x.dtype)
     for name, size, tile in (
         ("output rows per device", rows, tm.tile_m),

@@ -8,6 +8,7 @@ are checked on the hardware by tests/test_gpu_collectives.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from pallascheck.kernels import mosaic_gpu_collectives as mgc
 from pallascheck.properties.families import collectives as family
 
+H100_SMS = 132
 FORBIDDEN = re.compile(r"multimem|multicast|semaphore_signal_multicast|all_gather_mgpu|reduce_scatter_mgpu", re.I)
 
 
@@ -40,9 +42,10 @@ def _lower(local, in_specs, out_specs, p, *shapes):
 
 
 @pytest.mark.parametrize("p", [2, 4])
-@pytest.mark.parametrize("config", family.MOSAIC_GPU.configs[:3], ids=repr)
+@pytest.mark.parametrize("config", family.MOSAIC_GPU.configs, ids=repr)
 def test_the_gpu_kernels_lower_for_cuda(p: int, config: mgc.Config) -> None:
-    tm, tk, tn = config.tile_m, config.tile_k, config.tile_n
+    config = dataclasses.replace(config, ctas=config.ctas or H100_SMS)  # no GPU to count SMs on here
+    tm, tk, tn = config.tile_m, config.tile_k, config.tile_n * config.consumers
     gather = _lower(
         functools.partial(mgc.all_gather_local, axis="x", p=p, config=config),
         (P("x"),),

@@ -112,10 +112,12 @@ MOSAIC_GPU = Setting(
     gather_cols=(128, 256),
     matmul_floats=("bfloat16", "float16"),
     configs=(
-        mgc.Config(ctas=4, copy_ctas=2),
-        mgc.Config(ctas=8, copy_ctas=3, tile_m=64, tile_n=128),
-        mgc.Config(ctas=6, copy_ctas=1, tile_m=128, tile_n=64),
+        mgc.Config(ctas=4, copy_ctas=2, consumers=1),  # one-warpgroup compute CTAs
+        mgc.Config(ctas=8, copy_ctas=3, tile_m=64, tile_n=128, consumers=1),
+        mgc.Config(ctas=6, copy_ctas=1, tile_m=128, tile_n=64, consumers=1),
         mgc.Config(),
+        mgc.Config(ctas=5, copy_ctas=2),  # warp-specialised compute CTAs (the default)
+        mgc.Config(ctas=7, copy_ctas=3, tile_n=64),
     ),
 )
 SETTINGS = {"tpu_interpret": TPU_INTERPRET, "mosaic_gpu": MOSAIC_GPU}
@@ -253,9 +255,12 @@ def _matmul_inputs(data: st.DataObject, dtype: str, m: int, k: int, n: int) -> t
     return x, w, kind, element_seed
 
 
-def _tiles(config: Any) -> tuple[int, int, int]:
-    """The multiples a device's block must have: the GPU matmul tile, or 1."""
-    return (config.tile_m, config.tile_k, config.tile_n) if config is not None else (1, 1, 1)
+def _tiles(config: Any, consumers: bool = False) -> tuple[int, int, int]:
+    """The multiples a device's block must have: the GPU matmul tile (with
+    ``consumers``, a CTA tile of ``consumers`` tile_n columns), or 1."""
+    if config is None:
+        return 1, 1, 1
+    return config.tile_m, config.tile_k, config.tile_n * (config.consumers if consumers else 1)
 
 
 def check_all_gather_matmul(
@@ -267,7 +272,7 @@ def check_all_gather_matmul(
     dtype = data.draw(strategies.dtypes(setting.matmul_floats))
     out_dtype = data.draw(st.sampled_from(sorted({dtype, "float32"})))
     config = _draw_config(data, setting, tally)
-    tm, tk, tn = _tiles(config)
+    tm, tk, tn = _tiles(config, consumers=True)
     m, k, n = (
         p * tm * data.draw(strategies.dims((1, 8) if tm == 1 else (1, 2))),
         tk * data.draw(strategies.dims((16, 48) if tk == 1 else (1, 3, 4))),
@@ -643,7 +648,7 @@ def check_gpu_errors() -> dict[str, str]:
         ),
         "copy CTAs >= CTAs": (
             lambda: collectives.all_gather_matmul(
-                x128, wb, mesh=mesh, axis="x", config=mgc.Config(ctas=4, copy_ctas=4), backend=gpu
+                x128, wb, mesh=mesh, axis="x", config=mgc.Config(ctas=4, copy_ctas=4, consumers=1), backend=gpu
             ),
             ValueError,
             "copy_ctas",
