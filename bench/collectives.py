@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from pallascheck.bench.timing import interleaved_seconds, median_seconds, print_row
+from pallascheck.bench.timing import interleaved_samples, median_seconds, print_row
 from pallascheck.kernels import collectives
 from pallascheck.kernels import mosaic_gpu_collectives as mgc
 from pallascheck.kernels.backends import Backend
@@ -113,18 +113,11 @@ def _spread(samples: list[float]) -> tuple[float, float]:
 
 
 def _timed(thunks: dict[str, Callable[[], Any]], repeats: int, burst: int) -> dict[str, Any]:
-    """Each thunk warmed up once, then timed in shuffled rounds; a thunk that fails is
-    recorded with its error instead."""
-    runnable: dict[str, Callable[[], Any]] = {}
-    row: dict[str, Any] = {}
-    for name, thunk in thunks.items():
-        try:
-            jax.block_until_ready(thunk())
-            runnable[name] = thunk
-        except Exception as err:  # noqa: BLE001 - a competitor that does not run is reported
-            row[f"{name}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-    samples = interleaved_seconds(list(runnable.values()), repeats, burst=burst)
-    for name, times in zip(runnable, samples):
+    """Each thunk's median microseconds and spread, timed together
+    (``interleaved_samples``); a thunk that fails is recorded with its error."""
+    samples, errors = interleaved_samples(thunks, repeats, burst)
+    row: dict[str, Any] = {f"{name}_error": err for name, err in errors.items()}
+    for name, times in samples.items():
         median, iqr = _spread(times)
         row[f"{name}_us"], row[f"{name}_iqr"] = round(median * 1e6, 1), round(iqr, 3)
     return row

@@ -50,12 +50,13 @@ def interleaved_seconds(
     return times
 
 
-def interleaved_medians[K: Hashable](
+def interleaved_samples[K: Hashable](
     thunks: dict[K, Callable[[], Any]], repeats: int, burst: int = 1
-) -> tuple[dict[K, float], dict[K, str]]:
-    """Median seconds per call of each named thunk, timed together in shuffled rounds
-    (``interleaved_seconds``), and the error of each thunk whose warm-up call failed:
-    a competitor that does not compile or run is recorded, not fatal."""
+) -> tuple[dict[K, list[float]], dict[K, str]]:
+    """Seconds per call of each named thunk, ``repeats`` samples each, timed together
+    in shuffled rounds (``interleaved_seconds``), and the error of each thunk whose
+    warm-up call failed: a competitor that does not compile or run is recorded, not
+    fatal."""
     runnable: dict[K, Callable[[], Any]] = {}
     errors: dict[K, str] = {}
     for name, thunk in thunks.items():
@@ -65,7 +66,15 @@ def interleaved_medians[K: Hashable](
         except Exception as err:  # noqa: BLE001 - recorded by the caller in its row
             errors[name] = f"{type(err).__name__}: {str(err)[:200]}"
     samples = interleaved_seconds(list(runnable.values()), repeats, burst=burst)
-    return {name: statistics.median(times) for name, times in zip(runnable, samples)}, errors
+    return dict(zip(runnable, samples)), errors
+
+
+def interleaved_medians[K: Hashable](
+    thunks: dict[K, Callable[[], Any]], repeats: int, burst: int = 1
+) -> tuple[dict[K, float], dict[K, str]]:
+    """The medians of :func:`interleaved_samples`, and its errors."""
+    samples, errors = interleaved_samples(thunks, repeats, burst)
+    return {name: statistics.median(times) for name, times in samples.items()}, errors
 
 
 def fastest(

@@ -650,21 +650,5 @@ def matmul_reduce_scatter_local(
 
 def _partial(x_src, w_ref, x_smem, w_smem, loaded, m0, n0) -> Any:
     """The f32 product tile x_src[m0:, :] @ w_ref[:, n0:] (not rounded)."""
-    stages, tile_m, tile_k = x_smem.shape
-    tile_n = w_smem.shape[2]
-    m_slice, n_slice = pl.ds(m0, tile_m), pl.ds(n0, tile_n)
-
-    def load(step, slot):
-        k_slice = pl.ds(step * tile_k, tile_k)
-        plgpu.copy_gmem_to_smem(x_src.at[m_slice, k_slice], x_smem.at[slot], loaded.at[slot])
-        plgpu.copy_gmem_to_smem(w_ref.at[k_slice, n_slice], w_smem.at[slot], loaded.at[slot])
-
-    def k_loop(acc_ref):
-        def issue(slot):
-            plgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
-            return 1
-
-        mm.k_ring(x_src.shape[1] // tile_k, stages, loaded, load, issue)
-        return acc_ref[...]
-
-    return pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
+    m_slice, n_slice = pl.ds(m0, x_smem.shape[1]), pl.ds(n0, w_smem.shape[2])
+    return mm.tile_product(x_src, w_ref, x_smem, w_smem, loaded, m_slice, n_slice, x_src.shape[1] // x_smem.shape[2])

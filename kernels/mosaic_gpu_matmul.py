@@ -242,10 +242,20 @@ def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
     barriers, output SMEM tiles (one per output)."""
     n_out = (len(refs) - 3) // 2
     out_gmems, (x_smem, y_smem, loaded), out_smems = refs[:n_out], refs[n_out : n_out + 3], refs[n_out + 3 :]
-    stages, tile_m, tile_k = x_smem.shape
+    _, tile_m, _ = x_smem.shape
     tile_n = y_smem.shape[2]
     m_slice = pl.ds(lax.axis_index("m") * tile_m, tile_m)
     n_slice = pl.ds(lax.axis_index("n") * tile_n, tile_n)
+    acc = tile_product(x_gmem, y_gmem, x_smem, y_smem, loaded, m_slice, n_slice, num_k_tiles)
+    store_tiles(out_gmems, out_smems, (get_activation(activation)(acc), acc), m_slice, n_slice)
+
+
+def tile_product(x_gmem, y_gmem, x_smem, y_smem, loaded, m_slice, n_slice, num_k_tiles: int) -> Any:
+    """The f32 tile ``x_gmem[m_slice, :] @ y_gmem[:, n_slice]`` over ``num_k_tiles`` K
+    tiles through the SMEM rings ``x_smem``/``y_smem`` (one wgmma a K tile, into an
+    accumulator allocated as exact zeros), not rounded."""
+    stages, tile_m, tile_k = x_smem.shape
+    tile_n = y_smem.shape[2]
 
     def load(step, slot):  # TMA copies of K tile `step` into ring slot `slot`
         k_slice = pl.ds(step * tile_k, tile_k)
@@ -260,8 +270,7 @@ def _matmul_body(x_gmem, y_gmem, *refs, num_k_tiles: int, activation: str):
         k_ring(num_k_tiles, stages, loaded, load, issue)
         return acc_ref[...]
 
-    acc = pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))  # allocated as exact zeros
-    store_tiles(out_gmems, out_smems, (get_activation(activation)(acc), acc), m_slice, n_slice)
+    return pl.run_scoped(k_loop, plgpu.ACC((tile_m, tile_n), jnp.float32))
 
 
 def store_tiles(out_gmems, out_smems, values, m_slice, n_slice) -> None:

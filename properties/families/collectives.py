@@ -373,6 +373,22 @@ PROPERTIES: dict[str, tuple[Callable[..., Any], Callable[..., jax.Array]]] = {
 }
 
 
+def few_examples(examples: int, seed: int) -> Callable[[Callable[[st.DataObject], None]], Callable[[], None]]:
+    """Hypothesis over ``examples`` examples from ``seed``, without shrinking or a
+    database: each example is a multi-device run, and the failing one is the report."""
+
+    def wrap(test: Callable[[st.DataObject], None]) -> Callable[[], None]:
+        return settings(
+            max_examples=examples,
+            database=None,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            phases=(Phase.explicit, Phase.reuse, Phase.generate),
+        )(hypothesis_seed(seed)(given(st.data())(test)))
+
+    return wrap
+
+
 def run_property(
     name: str, kernel: Callable[..., jax.Array], examples: int, seed: int, setting: Setting = TPU_INTERPRET
 ) -> Tally:
@@ -383,15 +399,7 @@ def run_property(
     devices = len(jax.devices())
     tally = Tally()
 
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.explicit, Phase.reuse, Phase.generate),
-    )
-    @hypothesis_seed(seed)
-    @given(st.data())
+    @few_examples(examples, seed)
     def prop(data: st.DataObject) -> None:
         tally.current = "(before the example was drawn)"
         try:
@@ -488,15 +496,7 @@ def run_bundled(examples: int, seed: int = 0) -> dict:
     devices = len(jax.devices())
     tally = Tally()
 
-    @settings(
-        max_examples=examples,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.explicit, Phase.reuse, Phase.generate),
-    )
-    @hypothesis_seed(seed)
-    @given(st.data())
+    @few_examples(examples, seed)
     def prop(data: st.DataObject) -> None:
         try:
             check_bundled_collective_matmul(data, devices, tally, MOSAIC_GPU)
