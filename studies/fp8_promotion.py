@@ -32,8 +32,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
+from pallascheck.kernels import fp8_matmul, mosaic_gpu_fp8_matmul
 from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.fp8 import SCALE_BLOCK
 from pallascheck.oracles import fp8_matmul as oracle
@@ -56,8 +59,6 @@ def widened_contract(ref: oracle.Fp8MatmulOracle, *, arith: Arithmetic, out_dtyp
 
 def _to_bf16(a: np.ndarray) -> np.ndarray:
     """f32 -> bf16 by round-to-nearest-even, as float64."""
-    import ml_dtypes
-
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
@@ -86,10 +87,6 @@ def emulated(kernel: str, x: np.ndarray, xs: np.ndarray, w: np.ndarray, ws: np.n
 
 
 def _on_device(kernel: str, x: np.ndarray, xs: np.ndarray, w: np.ndarray, ws: np.ndarray, backend: Backend) -> Any:
-    import jax.numpy as jnp
-
-    from pallascheck.kernels import fp8_matmul
-
     operands = tuple(jnp.asarray(a) for a in (x, xs, w, ws))
     if kernel == "promoted":
         out = fp8_matmul.fp8_matmul(*operands, backend=backend)
@@ -106,8 +103,6 @@ def measure(
 ) -> list[dict[str, Any]]:
     """One row per (K, kind, kernel): the worst error / allowed error under each bound.
     ``backend`` None: the Hopper emulation on the CPU (judged with the GPU arithmetic)."""
-    from pallascheck.kernels import fp8_matmul, mosaic_gpu_fp8_matmul
-
     arith = GPU if backend is None else arithmetic_for(backend)
     config: Any = mosaic_gpu_fp8_matmul.Config() if backend is None or backend.is_mosaic_gpu else fp8_matmul.Config()
     rows = []
