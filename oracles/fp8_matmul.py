@@ -108,17 +108,19 @@ def reference_bound(ref: Fp8MatmulOracle, *, arith: Arithmetic, out_dtype: Any) 
 
 def contract(ref: Fp8MatmulOracle, *, arith: Arithmetic, out_dtype: Any) -> np.ndarray:
     """The accuracy contract: an f32-accumulated product of the dequantised operands,
-    in any order, rounded once: the larger of xla_reference's bound and, where the
-    backend's FP8 products are summed by a matrix unit that keeps fewer bits than f32
-    (Hopper), the recipe's own arithmetic, that unit over one scale block (128
-    products) and f32 across blocks. Without the latter no FP8 kernel on that hardware
-    could meet it; with it, a kernel that promotes less often than every scale block
-    (the missing-promotion bug) does not, once K spans enough blocks."""
-    f32_product = reference_bound(ref, arith=arith, out_dtype=out_dtype)
-    if arith.fp8_mma is None:
-        return f32_product
-    recipe = promoted_bound(ref, promote_every=SCALE_BLOCK, block_k=None, arith=arith, out_dtype=out_dtype)
-    return xp.maximum(f32_product, recipe)
+    in any order, rounded once. Each operand dequantised in f32 (one rounding each),
+    the product of two such f32 values (one rounding), K terms summed in f32 with the
+    backend's f32 addition (``arith.gamma``, 2u per addition where tensor cores
+    truncate), rounded to ``out_dtype``: ``xla_reference``'s model with its operands
+    read as f32, never tf32. An FP8 operand is exact in every format a matrix unit
+    reads, and XLA's FP8 dot on the H100 keeps every bit of an f32 sum
+    (docs/fp8.md), so an FP8 kernel that keeps fewer, Hopper's FP8 wgmma's 13 bits
+    over more products than it must, is outside it: that is the missing promotion,
+    and DeepSeek-V3's recipe promotes every 128 products to stay near f32. Whether
+    the recipe itself stays inside is measured, not assumed
+    (``python -m studies.fp8_promotion``)."""
+    f32_operands = dataclasses.replace(arith, matmul_input_f32="float32")
+    return reference_bound(ref, arith=f32_operands, out_dtype=out_dtype)
 
 
 # ---------------------------------------------------------------- the quantiser
@@ -149,14 +151,15 @@ def quantize_bound(ref: QuantizeOracle, scale: Any, *, dtype: Any) -> np.ndarray
     return relative * xp.abs(ref.out) + f64(scale) * (smallest_subnormal(dtype) / 2.0)
 
 
-def emulate_fused_sum(products: Any, fraction_bits: int, group: int) -> np.ndarray:
+def emulate_fused_sum(products: Any, fraction_bits: int, group: int, initial: Any = None) -> np.ndarray:
     """The fused FP8 MMA of ``tolerance.FusedMma`` run on exact products [..., K]
     (float64, numpy): per group of ``group`` products along the last axis, the running
     sum and the products are cut toward zero to the grid ``2^(e - fraction_bits)`` of
     the largest exponent e among them, summed exactly, and the sum is cut toward zero
-    to f32. The bit-exact candidate the probe compares the hardware with."""
+    to f32. The running sum starts at ``initial`` (an f32 accumulator the MMA reads;
+    zeros by default). The bit-exact candidate the probe compares the hardware with."""
     products = np.asarray(products, np.float64)
-    acc = np.zeros(products.shape[:-1])
+    acc = np.zeros(products.shape[:-1]) if initial is None else np.asarray(initial, np.float64)
     for start in range(0, products.shape[-1], group):
         terms = np.concatenate([acc[..., None], products[..., start : start + group]], axis=-1)
         largest = np.abs(terms).max(axis=-1, keepdims=True)

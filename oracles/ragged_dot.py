@@ -17,7 +17,7 @@ import numpy as np
 
 from pallascheck.oracles import algebra, numeric
 from pallascheck.oracles.numeric import f64, xp
-from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic
+from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
 
 def group_ranges(group_sizes: Any, m: int) -> list[tuple[int, int]]:
@@ -94,6 +94,30 @@ def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_
         order=_order(arith, block_k),
         flushed_magnitude=ref.flushed_magnitude,
     )
+    return algebra.round_to(z, operand_dtype, arith).err
+
+
+def dequantised_rhs_bound(
+    ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None
+) -> np.ndarray:
+    """``bound`` for a kernel whose rhs arrives quantised (integer q, a scale per block)
+    and is dequantised in registers to ``operand_dtype`` before the tensor core: ``ref``
+    is the oracle on the exactly dequantised rhs (q * scale in float64). The integers
+    are exact in ``operand_dtype`` (|q| <= 128 needs 8 significant bits, bf16's count),
+    so ``q * scale`` rounds once: every rhs element moves by at most u |q s|, every
+    output by at most u M (M = |lhs| @ |q s|), and the dot then runs on a magnitude of
+    at most (1 + u) M; the result is rounded once to ``operand_dtype``."""
+    u = unit_roundoff(operand_dtype)
+    z = algebra.dot(
+        ref.out,
+        (1.0 + u) * ref.magnitude,
+        ref.k,
+        arith=arith,
+        operand_dtype=operand_dtype,
+        order=_order(arith, block_k),
+        flushed_magnitude=ref.flushed_magnitude,
+    )
+    z = algebra.Bounded(z.value, z.err + algebra.times(u, ref.magnitude))
     return algebra.round_to(z, operand_dtype, arith).err
 
 

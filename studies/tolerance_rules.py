@@ -1,4 +1,4 @@
-"""``python -m studies.tolerance_rules``: what five ways of judging a kernel's numbers
+"""``python -m studies.tolerance_rules``: what seven ways of judging a kernel's numbers
 catch, on the same inputs.
 
 Rules, each applied to the output and (where the kernel is differentiable) every
@@ -12,7 +12,8 @@ gradient, against the float64 oracle:
   PyTorch's documentation; top-k's values and indices are compared as one float64
   encoding);
 - ``jax``: JAX's test tolerance for the dtype, used as both atol and rtol
-  (``JaxTestCase.assertAllClose``; read from JAX, ``compat.jax_test_tolerance``);
+  (``JaxTestCase.assertAllClose``; read from JAX, ``compat.jax_test_tolerance``:
+  0.1 for both FP8 formats);
 - ``tokamax``: the tolerances of Tokamax's own tests for the op (tokamax 0.0.17:
   studies/tokamax_tolerances.py, each value with the file and line it comes from), by
   the input dtype, for the arrays Tokamax's tests compare. Tokamax compares with an
@@ -24,7 +25,13 @@ gradient, against the float64 oracle:
   correct f32 kernel (a false alarm of the tolerance, not a kernel bug). Where Tokamax's tests
   hold no tolerance (matmul, cross-entropy, top-k; f16 norms; GLU other than bf16;
   bf16 linear cross-entropy; f32 ragged-dot gradients) the rule does not apply: it
-  neither kills nor alarms, and counts are of the variants and rows it applies to.
+  neither kills nor alarms, and counts are of the variants and rows it applies to;
+- ``calc_diff`` (FP8 kernels only): DeepGEMM's test, ``1 - 2 sum(x y) / sum(x^2 + y^2)``
+  over the whole output in float64, failing at 1e-3 or more (a global similarity:
+  a few wrong elements barely move it);
+- ``transformer_engine`` (FP8 kernels only): Transformer Engine's test tolerance for
+  the FP8 format, |a - b| <= atol + rtol |b|: e4m3 (rtol 0.125, atol 0.0675), e5m2
+  (0.25, 0.125) (``dtype_tols`` of its tests).
 
 Inputs: the broken variants under tests/broken (each with its own dtypes, example
 count and input regime, as in the sensitivity suite, on the backend its kernels run
@@ -59,6 +66,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -72,13 +80,19 @@ from pallascheck.properties.registry import registry
 from pallascheck.properties.spec import Case, KernelSpec
 from studies import tokamax_tolerances
 
-RULES = ("contract", "implementation", "torch", "jax", "tokamax")
+RULES = ("contract", "implementation", "torch", "jax", "tokamax", "calc_diff", "transformer_engine")
+FP8_RULES = ("calc_diff", "transformer_engine")  # they judge FP8 kernels only
 TORCH_RTOL_ATOL = {
     "float16": (1e-3, 1e-5),
     "bfloat16": (1.6e-2, 1e-5),
     "float32": (1.3e-6, 1e-5),
     "float64": (1e-7, 1e-7),
+    # torch's default tolerances have no float8 entry: 0 and 0, exact equality
+    "float8_e4m3fn": (0.0, 0.0),
+    "float8_e5m2": (0.0, 0.0),
 }
+CALC_DIFF_LIMIT = 1e-3  # DeepGEMM's tests: assert calc_diff(out, ref) < 0.001
+TRANSFORMER_ENGINE_RTOL_ATOL = {"float8_e4m3fn": (0.125, 0.0675), "float8_e5m2": (0.25, 0.125)}
 # the Tokamax implementations judged as the third group: XLA, no Pallas call, on the CPU
 TOKAMAX_IMPLEMENTATIONS = ("xla", "xla_chunked", "chunked_xla")
 INPUTS = ("drawn", "tokamax")
@@ -88,10 +102,33 @@ def _table_bound(expected: np.ndarray, dtype: Any, rule: str) -> np.ndarray:
     name = np.dtype(dtype).name
     if rule == "torch":
         rtol, atol = TORCH_RTOL_ATOL[name]
+    elif rule == "transformer_engine":
+        rtol, atol = TRANSFORMER_ENGINE_RTOL_ATOL[name]
     else:
         rtol = atol = compat.jax_test_tolerance(dtype)
     with np.errstate(invalid="ignore"):
         return atol + rtol * np.abs(np.asarray(expected, np.float64))
+
+
+def fp8_format(case: Case) -> str | None:
+    """The FP8 format of a case: its FP8 operands' dtype (the FP8 matmul) or the
+    format it quantises to (the quantiser's ``format``); None for other kernels."""
+    if "format" in case.params and str(case.params["format"]).startswith("float8"):
+        return str(case.params["format"])
+    return next((a.dtype.name for a in case.arrays.values() if np.dtype(a.dtype).name.startswith("float8")), None)
+
+
+def calc_diff_used(actual: np.ndarray, expected: np.ndarray) -> float:
+    """DeepGEMM's ``calc_diff`` (deep_gemm/testing/numeric.py) over the whole array, in
+    float64, over its limit: ``1 - 2 sum(x y) / sum(x^2 + y^2)``; two all-zero arrays
+    agree (DeepGEMM's 0 / 0 would be NaN), and a NaN or infinity in either fails."""
+    x, y = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    if x.shape != y.shape or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return float("inf")
+    denominator = float(np.sum(x * x + y * y))
+    if denominator == 0.0:
+        return 0.0
+    return (1.0 - 2.0 * float(np.sum(x * y)) / denominator) / CALC_DIFF_LIMIT
 
 
 class KernelCrashed(RuntimeError):
@@ -128,11 +165,22 @@ def judge_case(spec: KernelSpec, case: Case, config: Any, backend: Backend) -> d
         contracts = g.contract(case, ref, exact, arith) if g.contract else {}
         pairs += [(k, got[k], exact[k], bounds[k], contracts.get(k)) for k in sorted(got)]
     op = tokamax_tolerances.op_of(spec.name)
+    fmt = fp8_format(case)
     worst: dict[str, float | None] = {}
     for rule in RULES:
         used = []
         for name, actual, expected, impl, contract in pairs:
-            if rule == "tokamax":
+            if rule in FP8_RULES and fmt is None:
+                continue
+            if rule == "calc_diff":
+                used.append(calc_diff_used(actual, expected))
+                continue
+            if rule == "transformer_engine":
+                bound = _table_bound(expected, ml_dtypes.finfo(fmt).dtype, rule)
+            elif rule in ("torch", "jax") and "format" in case.params and fmt is not None:
+                # the quantiser's output q is float8 (compared here as q * scale)
+                bound = _table_bound(expected, ml_dtypes.finfo(fmt).dtype, rule)
+            elif rule == "tokamax":
                 tolerance = tokamax_tolerances.tolerance(op, name, case)
                 if tolerance is None:
                     continue
@@ -149,7 +197,10 @@ def judge_case(spec: KernelSpec, case: Case, config: Any, backend: Backend) -> d
 
 
 def _applies(rule: str, op: str | None, dtype: str) -> bool:
-    """Whether ``rule`` can judge a case of input ``dtype`` (only ``tokamax`` may not)."""
+    """Whether ``rule`` can judge a case of input ``dtype`` (``tokamax`` by op and dtype,
+    the FP8 rules on FP8 kernels only)."""
+    if rule in FP8_RULES:
+        return dtype.startswith("float8")
     return rule != "tokamax" or tokamax_tolerances.applies(op, dtype)
 
 
@@ -240,7 +291,10 @@ def _variants(tests_dir: str) -> list[tuple[str, KernelSpec, tuple[str, ...], in
     out = []
     for module_name in broken.MODULES:
         module = importlib.import_module(f"broken.{module_name}")
-        backend = Backend("mosaic_gpu_interpret" if getattr(module, "BACKENDS", GENERIC) != GENERIC else "interpret")
+        # the generic interpreter where the module's kernels run there, else the Mosaic GPU one
+        backend = Backend(
+            "interpret" if "interpret" in getattr(module, "BACKENDS", GENERIC) else "mosaic_gpu_interpret"
+        )
         for name, (spec, dtypes, examples) in module.VARIANTS.items():
             if backend.name not in getattr(module, "NOT_ON", {}).get(name, {}):
                 out.append((f"{module_name}/{name}", spec, tuple(dtypes), examples, backend))
@@ -263,18 +317,30 @@ def tokamax_specs() -> list[tuple[str, KernelSpec]]:
     return out
 
 
-def run(tests_dir: str, examples: int, seed: int = 0, tokamax: bool = True) -> list[Result]:
+def run(tests_dir: str, examples: int, seed: int = 0, tokamax: bool = True, only: tuple[str, ...] = ()) -> list[Result]:
+    """Every variant, shipped kernel and (``tokamax``) Tokamax implementation, or with
+    ``only`` those whose name contains one of its strings (e.g. ``("fp8",)``)."""
+
+    def chosen(name: str) -> bool:
+        return not only or any(part in name for part in only)
+
     results = []
     for name, spec, dtypes, count, backend in _variants(tests_dir):
+        if not chosen(name):
+            continue
         results.append(judge(name, spec, dtypes, backend, count, seed, "broken"))
         print(f"  {name}: {results[-1].caught}", file=sys.stderr, flush=True)
     for name, spec in registry().items():
+        if not chosen(name):
+            continue
         for backend in (Backend("interpret"), Backend("mosaic_gpu_interpret")):
             if spec.runs_on(backend):
                 dtypes = tuple(spec.dtypes_for(backend))
                 results.append(judge(f"{name} ({backend})", spec, dtypes, backend, examples, seed, "shipped"))
                 print(f"  {results[-1].name}: {results[-1].caught}", file=sys.stderr, flush=True)
     for name, spec in tokamax_specs() if tokamax else ():
+        if not chosen(name):
+            continue
         backend = Backend("interpret")
         for dtype in spec.dtypes_for(backend):
             for inputs in INPUTS:
@@ -377,6 +443,11 @@ def print_report(results: list[Result]) -> None:
         missed = [r.name for r in results if r.group == "broken" and r.applies[rule] and not r.caught[rule]]
         alarms = [r.name for r in results if r.group == "shipped" and r.applies[rule] and r.caught[rule]]
         print(f"\n{rule}: missed {missed}\n{rule}: false alarms {alarms}")
+    print("\nWorst error / allowed error per variant and shipped row (FAIL above 1; n/a: does not apply):")
+    print(f"{'name':56} {'group':8} " + " ".join(f"{rule:>18}" for rule in RULES))
+    for r in results:
+        if r.group in ("broken", "shipped"):
+            print(f"{r.name:56} {r.group:8} " + " ".join(f"{_cell(r.worst[rule]):>18}" for rule in RULES))
     print(
         "tokamax: does not apply to "
         f"{[r.name for r in results if r.group in ('broken', 'shipped') and not r.applies['tokamax']]}"
@@ -419,8 +490,12 @@ def main(argv: list[str] | None = None) -> int:
         "--examples", type=int, default=6, help="Hypothesis examples (one case each) per shipped kernel and dtype"
     )
     parser.add_argument("--json", help="also write the results as JSON")
+    parser.add_argument(
+        "--only", nargs="+", default=(), help="judge only the variants and kernels whose name contains one of these"
+    )
+    parser.add_argument("--no-tokamax", action="store_true", help="leave Tokamax's implementations out")
     args = parser.parse_args(argv)
-    results = run(args.tests, args.examples)
+    results = run(args.tests, args.examples, tokamax=not args.no_tokamax, only=tuple(args.only))
     print_report(results)
     if args.json:
         with open(args.json, "w") as f:

@@ -68,3 +68,32 @@ def test_fused_mma_bound_holds_on_its_emulation() -> None:
     ratio = err / (mma.span_coefficient(128) * products.sum(-1))
     assert err.max() > 0  # the cut happened: the bound is tested, not vacuous
     assert ratio.max() <= 1.0
+
+
+def test_contract_is_the_f32_product_and_sees_a_missing_promotion() -> None:
+    """On the GPU the contract is the f32 product of the dequantised operands with f32
+    (not tf32) operands, nothing wider for the matrix unit. Replayed with the Hopper
+    model (truncating, the harsher cut), the promoted kernel stays inside it at
+    K = 4096 on positive inputs, where truncations add up, and the kernel that carries
+    its sum through the matrix unit does not (docs/fp8.md: 18x)."""
+    from studies import fp8_promotion
+
+    x, xs = strategies.fp8_blocks(0, (4, 4096), "float8_e4m3fn", "positive", (1, 128))
+    w, ws = strategies.fp8_blocks(1, (4, 4096), "float8_e4m3fn", "positive", (128, 128))
+    ref = oracle.oracle(x, xs, w, ws)
+    bf16 = np.dtype(jnp.bfloat16)
+    contract = oracle.contract(ref, arith=tolerance.GPU, out_dtype=bf16)
+    f32_reference = oracle.reference_bound(ref, arith=tolerance.CPU, out_dtype=bf16)
+    assert (contract <= 2 * f32_reference).all()  # the GPU's truncating f32 additions: 2u each, no more
+    used = {
+        kernel: np.max(np.abs(fp8_promotion.emulated(kernel, x, xs, w, ws) - ref.out) / contract)
+        for kernel in fp8_promotion.KERNELS
+    }
+    assert used["promoted"] <= 1.0 < used["no_promotion"], used
+
+
+def test_emulated_fused_sum_reads_its_initial_accumulator() -> None:
+    """The accumulator is one more term of the first group: 2^16 in it puts 2^2 below
+    the 13-bit grid, as a product of that size would."""
+    got = oracle.emulate_fused_sum(np.array([[2.0**2]]), 13, 32, initial=np.array([2.0**16]))
+    np.testing.assert_array_equal(got, [2.0**16])

@@ -144,3 +144,29 @@ def test_summary_counts_the_tokamax_rule_where_it_applies() -> None:
     by_op = tolerance_rules.tokamax_by_op(results)
     assert by_op["n/a"]["applied"] == 0 and by_op["attention"]["false_alarms"] == 1
     assert [r["tokamax_fails_what_we_pass"] for r in tolerance_rules.tokamax_rows(results)] == [True]
+
+
+def test_fp8_rules_judge_fp8_kernels_only() -> None:
+    """DeepGEMM's calc_diff and Transformer Engine's FP8 tolerance judge FP8 kernels
+    (by the FP8 operands' dtype, or the format a quantiser writes) and nothing else;
+    torch judges a quantiser's float8 output by exact equality."""
+    assert tolerance_rules._applies("calc_diff", None, "float8_e4m3fn")
+    assert not tolerance_rules._applies("transformer_engine", None, "bfloat16")
+    fp8 = np.ones((2, 2)).astype(ml_dtypes.float8_e4m3fn)
+    assert tolerance_rules.fp8_format(Case({"x": fp8}, {})) == "float8_e4m3fn"
+    assert tolerance_rules.fp8_format(Case({"a": np.ones(2, np.float32)}, {"format": "float8_e5m2"})) == "float8_e5m2"
+    assert tolerance_rules.fp8_format(Case({"x": np.ones(2, np.float32)}, {})) is None
+    assert tolerance_rules.TORCH_RTOL_ATOL["float8_e5m2"] == (0.0, 0.0)
+
+
+def test_calc_diff_is_global() -> None:
+    """One element of 10^4 off by 100% moves calc_diff by about 1e-6 (its share of
+    sum(y^2)): a pass that every elementwise rule fails; every element 10% off fails it
+    (1 - 2 (1.1) / (1 + 1.21) = 4.5e-3)."""
+    y = np.random.default_rng(0).standard_normal(10_000)
+    one_wrong = y.copy()
+    one_wrong[0] *= 2.0
+    assert tolerance_rules.calc_diff_used(one_wrong, y) < 1.0
+    assert tolerance_rules.calc_diff_used(1.1 * y, y) > 1.0
+    assert tolerance_rules.calc_diff_used(np.zeros(3), np.zeros(3)) == 0.0
+    assert tolerance_rules.calc_diff_used(np.array([np.nan]), np.array([1.0])) == np.inf

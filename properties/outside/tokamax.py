@@ -39,6 +39,9 @@ tokamax 0.0.17 and jax 0.12.0.1 on the CPU:
 - layer_norm, gated_linear_unit and ragged_dot "triton" are Triton-language kernels
   (jax_triton), not Pallas: no interpreter runs them, and without a GPU install
   (``import triton``) Tokamax does not register them.
+- ragged_dot "mosaic" with quantised weights (the sm90 kernel for int8/int4 rhs):
+  "GPU interpret mode does not support `inline_mgpu`" (its warpgroup barriers);
+  checked on the GPU only (``quantized_ragged_dot_mosaic_gpu``).
 - ragged_dot "mosaic_tpu"/"mosaic_tpu_v2" and linear_softmax_cross_entropy_loss
   "mosaic_tpu" size their tiles from the TPU's hardware description: "Unsupported TPU
   device kind: cpu"; the ``use_abstract_mesh`` route that message suggests lowers
@@ -589,6 +592,34 @@ def ragged_dot_mosaic_gpu_api(config: Any = None) -> KernelSpec:
         dtypes=LOW,
         backends=("mosaic_gpu",),
     )
+
+
+QUANTIZED_TYPES = ("int8", "int4")
+QUANTIZED_TILE_K = 128  # one scale per output column and 128 rows of K, as Tokamax's W4A8 specs
+
+
+def quantized_ragged_dot_mosaic_gpu(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, qtype: str
+) -> tuple[jax.Array, np.ndarray]:
+    """``tokamax.ragged_dot(lhs, qwix.quantize(rhs), ..., implementation="mosaic")`` on a
+    Hopper GPU, which runs its sm90 quantised kernel (``ragged_dot_quantized_kernel``:
+    the integer weights dequantised in registers to the scales' dtype, then a bf16
+    wgmma), with the config its heuristics pick. rhs [g, k, n] is quantised by qwix
+    to ``qtype`` (int8 or int4) with a scale per (group, 128 rows of K, column) in
+    rhs's dtype. Returns the kernel's output and rhs dequantised exactly (q * scale in
+    float64), the operand our ragged-dot oracle takes. GPU only: the kernel's
+    warpgroup barriers are ``inline_mgpu`` calls, which the Mosaic GPU interpreter
+    refuses ("GPU interpret mode does not support `inline_mgpu`"; tokamax 0.0.17)."""
+    if qtype not in QUANTIZED_TYPES:
+        raise ValueError(f"qtype must be one of {QUANTIZED_TYPES}, got {qtype!r}")
+    if rhs.ndim != 3 or rhs.shape[1] % QUANTIZED_TILE_K:
+        raise ValueError(f"rhs must be [g, k, n] with k a multiple of {QUANTIZED_TILE_K}, got shape {rhs.shape}")
+    tokamax = _tokamax()
+    qwix = importlib.import_module("qwix")
+    quantized = qwix.quantize(rhs, qtype, channelwise_axes=(0, 2), tiled_axes={1: QUANTIZED_TILE_K})
+    out = tokamax.ragged_dot(lhs, quantized, group_sizes, implementation="mosaic")
+    scale = np.repeat(np.asarray(quantized.scale, np.float64), QUANTIZED_TILE_K, axis=1)
+    return out, np.asarray(quantized.qvalue).astype(np.float64) * scale
 
 
 # ------------------------------------------------------------------------ linear softmax cross-entropy
