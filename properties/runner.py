@@ -15,6 +15,7 @@ import hashlib
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -921,4 +922,6 @@ def failure_path(directory: str, kernel: str, dtype: str, check: str) -> str:
     """Where ``save_failure`` keeps the latest failing case of one check: while
     Hypothesis shrinks, each smaller failing case replaces the last, and its final
     replay of the minimal case writes it last."""
-    return os.path.join(directory, f"{kernel}-{dtype}-{check}.npz")
+    # a file name without ':' (MODULE:NAME specs, "tokamax:..."), which some file
+    # systems and archives refuse and shells read as host:path; fuzz's corpus does the same
+    return os.path.join(directory, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kernel}-{dtype}-{check}") + ".npz")

@@ -1,5 +1,6 @@
 """What a failed check says at its worst element: the inputs there and the element
-kinds drawn, overflow named where one side is infinite, plain float reprs."""
+kinds drawn, overflow named where one side is infinite, plain float reprs; and the
+name of the file that keeps the failing case."""
 
 from __future__ import annotations
 
@@ -61,3 +62,8 @@ def test_a_saved_case_keeps_its_kinds(tmp_path) -> None:
     path = str(tmp_path / "case.npz")
     Case({"x": np.ones(3, np.float32)}, {"k": 1}, kinds=("offset_rows",)).save(path)
     assert Case.load(path).kinds == ("offset_rows",)
+
+
+def test_a_saved_failure_is_named_without_colons(tmp_path) -> None:
+    path = runner.failure_path(str(tmp_path), "my_specs:BIAS_GELU", "bfloat16", "values")
+    assert path == str(tmp_path / "my_specs_BIAS_GELU-bfloat16-values.npz")
