@@ -4,7 +4,7 @@ The work is split into units (one kernel x dtype property, one kernel's bad-inpu
 checks, the distributed kernels on N CPU devices) that run in ``--jobs`` worker
 processes, like pytest-xdist: interpret mode spends its time compiling, one core per
 compilation. Units start longest first, by the durations the previous run recorded
-in ``.pallascheck/verify-durations.json``, so the last unit does not start late.
+(``fuzz/durations.py``), so the last unit does not start late.
 Every case has a time limit (``--case-timeout``, properties/watchdog.py): a worker
 whose case passes it reports the case and exits, its unit becomes a failed "hang"
 row, and the units that shared its pool run on in a new one.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import hashlib
-import json
 import math
 import multiprocessing
 import os
@@ -25,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pallascheck.fuzz import durations
 from pallascheck.fuzz import plan as planning
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import check_kinds, checks, runner, watchdog
@@ -32,7 +32,6 @@ from pallascheck.properties.device import compilation, multidevice
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.registry import get_spec, selected
 
-DURATIONS_FILE = os.path.join(".pallascheck", "verify-durations.json")
 # where a worker's watchdog leaves the report of a hung case, one file per unit
 HANGS_DIR = os.path.join(".pallascheck", "verify-hangs")
 
@@ -178,7 +177,7 @@ def plan(
     distributed = _selected_distributed(kernels) if shapes == "small" and where else []
     if distributed:
         units.append(Unit("distributed", ",".join(distributed)))
-    previous = _load_durations()
+    previous = durations.load("verify")
     # Unknown units first (assume slow), then by the last run's time on this backend.
     # Among unknown ones (a first run): the distributed unit, one long child process,
     # then the properties, then the bad-input checks of a second or two each.
@@ -324,16 +323,12 @@ def _worker_init(backend: Backend) -> None:
 def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], list[str]]:
     """Run ``units`` on ``jobs`` processes (1: in this process); rows in plan order."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
-    previous = _load_durations()
+    previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
     start = time.perf_counter()
+    estimate = durations.seconds_left(units, known, [], jobs)
     print(
-        f"verify: {len(units)} units on {jobs} jobs; "
-        + (
-            f"about {eta(units, known, {}, jobs):.0f} s from this machine's earlier runs"
-            if len(known) == len(units)
-            else f"earlier durations known for {len(known)} of them: the estimate follows the first results"
-        ),
+        durations.plan_line("verify", f"{len(units)} units", jobs, len(known), len(units), estimate),
         file=sys.stderr,
         flush=True,
     )
@@ -341,10 +336,12 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
     def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
-        left = eta(units, known, {u: r[2] for u, r in results.items()}, jobs)
+        left = durations.seconds_left(
+            [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
+        )
         print(
-            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s"
-            f" ({time.perf_counter() - start:.0f} s elapsed, about {left:.0f} s left)",
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s "
+            + durations.progress_suffix(time.perf_counter() - start, left),
             file=sys.stderr,
             flush=True,
         )
@@ -365,7 +362,7 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
             remaining = _run_pool(remaining, options, jobs, done)
     for unit in after:
         done(unit, run_unit(unit, options))
-    _save_durations({f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
+    durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     rows = merge_parts([row for unit in units for row in results[unit][0]])
     failures = [message for unit in units for message in results[unit][1]]
     return rows, failures
@@ -411,16 +408,6 @@ def _larger(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def eta(units: Sequence[Unit], known: dict[Unit, float], finished: dict[Unit, float], jobs: int) -> float:
-    """Seconds of work left over ``jobs`` workers: each unfinished unit at its earlier
-    run's duration where this machine has one (``known``), else at the mean of the units
-    finished so far (of the known ones before any has finished)."""
-    samples = list(finished.values()) or list(known.values())
-    typical = sum(samples) / len(samples) if samples else 0.0
-    left = sum(known.get(u, typical) for u in units if u not in finished)
-    return left / max(jobs, 1)
-
-
 def merge_parts(rows: Sequence[Row]) -> list[Row]:
     """One row per kernel x dtype x check: the rows of a property's parts combined
     (passed by all, examples and seconds summed, the worst budgets), in first-seen order."""
@@ -451,24 +438,6 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
 def slowest(rows: Sequence[Row], count: int) -> list[Row]:
     """The ``count`` slowest kernel x dtype x check rows."""
     return sorted(rows, key=lambda r: -r.seconds)[:count]
-
-
-def _load_durations() -> dict[str, float]:
-    try:
-        with open(DURATIONS_FILE) as f:
-            data = json.load(f)
-        return {str(k): float(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError):  # first run, or a file from elsewhere
-        return {}
-
-
-def _save_durations(durations: dict[str, float]) -> None:
-    merged = {**_load_durations(), **durations}
-    os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)
-    tmp = f"{DURATIONS_FILE}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(merged, f, indent=1, sort_keys=True)
-    os.replace(tmp, DURATIONS_FILE)
 
 
 def as_json(row: Row) -> dict[str, Any]:

@@ -83,7 +83,8 @@ def backward_on_backend(spec: KernelSpec, interpret: str | None) -> KernelSpec:
                     raise
                 raise TypeError(
                     f"{spec.name}: this kernel has no VJP: pass differentiable=False to its spec builder "
-                    f"(a forward-only kernel; the default differentiable=True checks its gradients). "
+                    f"(a forward-only kernel): the spec was built with differentiable=True, the family builders' "
+                    f"default, which checks its gradients (from_reference's default is False). "
                     f"JAX said: {str(err).splitlines()[0]}"
                 ) from err
 

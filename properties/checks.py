@@ -58,6 +58,8 @@ class Worst:
     shape: tuple[int, ...]
     error: float | None = None
     bound: float | None = None
+    kernel: float | None = None  # the kernel's value there: an infinite one is an overflow
+    oracle: float | None = None
 
 
 @dataclasses.dataclass
@@ -131,15 +133,40 @@ def compare(actual: Any, expected: Any, bound: Any, *, name: str = "out", check:
         flat, used, kernel, oracle, error, bound_there, special = _device_worst(actual, expected, bound)
     worst = tuple(int(i) for i in np.unravel_index(int(flat), expected.shape))
     used = float(used)
+    # plain floats: numpy 2's repr of a scalar is np.float64(...)
+    kernel, oracle = float(kernel), float(oracle)
     detail = (
-        f"{name}: worst element {worst}: kernel={np.asarray(kernel)[()]!r} "
-        f"oracle={np.asarray(oracle)[()]!r} error={float(error):.3e} bound={float(bound_there):.3e} "
-        f"(budget used {used:.3g})"
+        f"{name}: worst element {worst}: kernel={kernel!r} oracle={oracle!r} error={float(error):.3e} "
+        f"bound={float(bound_there):.3e} (budget used {used:.3g})"
     )
     if not bool(special):
-        detail = f"{name}: element {worst} is {np.asarray(kernel)[()]!r}, oracle promises {np.asarray(oracle)[()]!r}"
-    where = Worst(name, worst, tuple(expected.shape), float(error), float(bound_there))
+        detail = f"{name}: element {worst} is {kernel!r}, oracle promises {oracle!r}"
+    story = infinity_story(kernel, oracle) if used > 1.0 else ""
+    if story:
+        detail = f"{detail}\n  {story}"
+    where = Worst(name, worst, tuple(expected.shape), float(error), float(bound_there), kernel, oracle)
     return Outcome(check, bool(used <= 1.0), used, detail, worst=where)
+
+
+def infinity_story(kernel: float, oracle: float) -> str:
+    """What one side infinite and the other finite most likely means, or "" otherwise."""
+    if np.isinf(kernel) and np.isfinite(oracle):
+        return (
+            f"overflow: the kernel's {kernel} where the exact result {oracle:.6g} is finite; an intermediate "
+            "likely left the compute dtype's range (an exp without its max subtracted, a sum of squares, a scale "
+            "applied too late)"
+        )
+    if np.isnan(kernel) and np.isfinite(oracle):
+        return (
+            f"the kernel's nan where the exact result {oracle:.6g} is finite: likely an intermediate that "
+            "overflowed (inf - inf, 0 * inf) or a 0 / 0"
+        )
+    if np.isfinite(kernel) and np.isinf(oracle):
+        return (
+            f"the exact result is {oracle} where the kernel's {kernel:.6g} is finite: the kernel saturates or "
+            "clamps, or an intermediate underflowed (the log of a tiny positive value where the exact one is 0)"
+        )
+    return ""
 
 
 def _ratio(xp: Any, actual: Any, expected: Any, bound: Any) -> tuple[Any, Any, Any]:

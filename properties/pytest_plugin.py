@@ -247,7 +247,10 @@ def spec_tests(*specs: KernelSpec):
             tally = runner.run_property(
                 spec, dtype, backend, examples=examples, seed=0, replay_hint=replay, search=dog.search(), shapes=shapes
             )
-        assert not tally.failure, tally.failure
+        # pytest.fail without its traceback: the message says what failed, where and how
+        # to replay it; this generated test's source above it would only bury that
+        if tally.failure:
+            pytest.fail(tally.failure, pytrace=False)
         # every check ran on every case (a relation once per case, none at the production
         # tier; configs_agree only where the drawn config is not the default): the
         # examples reaching the declared paths first, then random ones, at least
@@ -260,7 +263,8 @@ def spec_tests(*specs: KernelSpec):
             for k, o in tally.outcomes.items()
             if k != "configs_agree" and k not in tally.left_out and o.examples != cases * per_case.get(k, 1)
         }
-        assert not short, f"checks that did not run on every case: {short}"
+        if short:
+            pytest.fail(f"checks that did not run on every case: {short}", pytrace=False)
         for check, why in tally.left_out.items():  # said in the warnings summary, never folded into the pass
             warnings.warn(
                 NotCheckedWarning(f"{spec.name} {dtype} on {backend}: {check} not checked in some cases: {why}")
@@ -269,10 +273,12 @@ def spec_tests(*specs: KernelSpec):
         if inferred:  # the user's buckets never reach what their tiling suggests: said, not failed
             warnings.warn(NotCheckedWarning(f"{spec.name} {dtype} on {backend}: code paths not reached: {inferred}"))
         missed = [p for p in tally.paths_required if not tally.paths.get(p)]
-        assert not missed, (
-            f"declared code paths no draw reached on {backend}: {missed}; widen the spec's shape buckets or "
-            "configs so that a case reaches each (or leave the path out: dataclasses.replace(spec, paths=...))"
-        )
+        if missed:
+            pytest.fail(
+                f"declared code paths no draw reached on {backend}: {missed}; widen the spec's shape buckets or "
+                "configs so that a case reaches each (or leave the path out: dataclasses.replace(spec, paths=...))",
+                pytrace=False,
+            )
 
     return test
 

@@ -15,11 +15,13 @@ import hashlib
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import jax
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
@@ -141,14 +143,67 @@ EXPLAINED = ("values", "reference", "gradients", "contract")
 def _explained(
     spec: KernelSpec, case: Case, config: Any, backend: Backend, failure: checks.CheckFailure
 ) -> checks.CheckFailure:
-    """``failure`` with the spec's explanation of its worst element appended."""
-    if spec.explain is None or failure.outcome.check not in EXPLAINED or failure.outcome.worst is None:
+    """``failure`` with the inputs at its worst element and the spec's explanation of
+    it appended."""
+    worst = failure.outcome.worst
+    if failure.outcome.check not in EXPLAINED or worst is None:
         return failure
-    config = None if failure.context.config == "xla_reference" else config
-    note = spec.explain(case, spec.oracle(case), config, arithmetic_for(backend), failure.outcome)
-    return checks.CheckFailure(
-        dataclasses.replace(failure.outcome, detail=f"{failure.outcome.detail}\n  {note}"), failure.context
-    )
+    notes = [inputs_at(case, worst)]
+    if spec.explain is not None:
+        config = None if failure.context.config == "xla_reference" else config
+        notes.append(spec.explain(case, spec.oracle(case), config, arithmetic_for(backend), failure.outcome))
+    detail = "\n  ".join([failure.outcome.detail, *notes])
+    return checks.CheckFailure(dataclasses.replace(failure.outcome, detail=detail), failure.context)
+
+
+# An input's slice at the worst element is printed value by value up to this many
+# elements, and as its range of magnitudes beyond
+SHOWN_VALUES = 8
+
+
+def inputs_at(case: Case, worst: checks.Worst) -> str:
+    """The case's inputs where the worst output element reads them, as far as shapes
+    tell: an input of the output's shape at the same element (an elementwise kernel,
+    a norm's row element), any other at the leading axes it shares with the output (a
+    matmul's row of ``a``, a batch's row), whole where it shares none; with the
+    element kinds drawn. A few values are printed, more as their magnitude range."""
+    kinds = f" (element kinds drawn: {', '.join(case.kinds)})" if case.kinds else ""
+    lines = [f"inputs at {worst.name}{list(worst.index)}{kinds}:"]
+    for name, array in case.arrays.items():
+        if array.shape == worst.shape:
+            at = worst.index
+        else:
+            at = ()
+            for size, out_size, i in zip(array.shape, worst.shape, worst.index):
+                if size != out_size:
+                    break
+                at += (i,)
+        label = name + (f"[{', '.join([*map(str, at), *([':'] * (array.ndim - len(at)))])}]" if array.ndim else "")
+        lines.append(f"  {label}: {_values(np.asarray(array)[at])}")
+    return "\n  ".join(lines)
+
+
+def _values(part: np.ndarray) -> str:
+    """A few values as they are; more as their count, magnitude range and the
+    subnormal and non-finite ones among them."""
+    wide = part.astype(np.float64).reshape(-1)
+    if wide.size <= SHOWN_VALUES:
+        shown = ", ".join(f"{v:.6g}" for v in wide)
+        return shown if part.ndim == 0 else f"[{shown}]"
+    finite = np.abs(wide[np.isfinite(wide)])
+    parts = [f"{wide.size} values"]
+    if finite.size:
+        parts.append(f"|x| from {finite.min():.3g} to {finite.max():.3g}")
+    if part.dtype.kind not in "biu":
+        tiny = float(ml_dtypes.finfo(part.dtype).smallest_normal)
+        special = {
+            "subnormal": int(((finite > 0) & (finite < tiny)).sum()),
+            "zero": int((finite == 0).sum()),
+            "inf": int(np.isinf(wide).sum()),
+            "nan": int(np.isnan(wide).sum()),
+        }
+        parts += [f"{n} {what}" for what, n in special.items() if n]
+    return ", ".join(parts)
 
 
 ORACLES_ENV_VAR = "PALLASCHECK_ORACLES"
@@ -640,7 +695,10 @@ def run_property(
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
     per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
     case_lists = st.lists(
-        tier_cases(spec, shapes)(dtype, backend), min_size=per_layout, max_size=per_layout, unique_by=fingerprint
+        strategies.with_drawn_kinds(tier_cases(spec, shapes)(dtype, backend)),
+        min_size=per_layout,
+        max_size=per_layout,
+        unique_by=fingerprint,
     )
     # Few examples, each one layout: one case each in the callback interpreters, and on
     # hardware a compiled layout of many cases (verify draws 3 per dtype there). Random
@@ -864,4 +922,6 @@ def failure_path(directory: str, kernel: str, dtype: str, check: str) -> str:
     """Where ``save_failure`` keeps the latest failing case of one check: while
     Hypothesis shrinks, each smaller failing case replaces the last, and its final
     replay of the minimal case writes it last."""
-    return os.path.join(directory, f"{kernel}-{dtype}-{check}.npz")
+    # a file name without ':' (MODULE:NAME specs, "tokamax:..."), which some file
+    # systems and archives refuse and shells read as host:path; fuzz's corpus does the same
+    return os.path.join(directory, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kernel}-{dtype}-{check}") + ".npz")

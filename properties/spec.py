@@ -35,6 +35,9 @@ class Case:
 
     arrays: Mapping[str, np.ndarray]
     params: Mapping[str, Any]
+    # the input element kinds drawn for it ("large", "subnormal", ...), for failure
+    # messages: what the values were meant to stress (strategies.with_drawn_kinds)
+    kinds: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def describe(self) -> str:
         shapes = ", ".join(f"{k}{tuple(v.shape)}:{v.dtype}" for k, v in self.arrays.items())
@@ -48,7 +51,9 @@ class Case:
             dtypes[key] = value.dtype.name
             bits = np.dtype(f"uint{8 * value.dtype.itemsize}")
             payload[f"array:{key}"] = value.view(bits) if value.dtype.name in BITS_ONLY_DTYPES else value
-        payload["meta"] = np.array(json.dumps({"params": dict(self.params), "dtypes": dtypes}, default=str))
+        payload["meta"] = np.array(
+            json.dumps({"params": dict(self.params), "dtypes": dtypes, "kinds": list(self.kinds)}, default=str)
+        )
         np.savez(path, **payload)
 
     @staticmethod
@@ -61,7 +66,7 @@ class Case:
             for key, dtype in meta["dtypes"].items():
                 value = data[f"array:{key}"]
                 arrays[key] = value.view(getattr(ml_dtypes, dtype)) if dtype in BITS_ONLY_DTYPES else value
-        return Case(arrays, meta["params"])
+        return Case(arrays, meta["params"], tuple(meta.get("kinds", ())))  # saved before kinds were: none
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
+
+from pallascheck.properties.spec import Case
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -89,6 +92,13 @@ def seeds() -> st.SearchStrategy[int]:
 _pinned_kind: str | None = None
 _recorders: list[set[str]] = []
 _turn: InTurn | None = None
+_choices: list[list[str]] = []  # the kinds chosen, per case being drawn (with_drawn_kinds)
+
+
+def _chosen(kind: str) -> str:
+    for chosen in _choices:
+        chosen.append(kind)
+    return kind
 
 
 def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[str]:
@@ -98,11 +108,28 @@ def element_kinds(allowed: Sequence[str] = ELEMENT_KINDS) -> st.SearchStrategy[s
     for seen in _recorders:
         seen.update(allowed)
     if _pinned_kind in allowed:
-        return st.just(_pinned_kind)
+        return st.just(_pinned_kind).map(_chosen)
     if _turn is not None:
         turn = _turn  # the draw may happen later: bind the turn active now
-        return st.just(allowed).map(turn.next)
-    return st.sampled_from(allowed)
+        return st.just(allowed).map(turn.next).map(_chosen)
+    return st.sampled_from(allowed).map(_chosen)
+
+
+def with_drawn_kinds(cases: st.SearchStrategy[Case]) -> st.SearchStrategy[Case]:
+    """``cases`` with each case's ``kinds``: the element kinds chosen while drawing it,
+    in the order first chosen."""
+
+    @st.composite
+    def drawn(draw: st.DrawFn) -> Case:
+        chosen: list[str] = []
+        _choices.append(chosen)
+        try:
+            case = draw(cases)
+        finally:
+            _choices.remove(chosen)
+        return dataclasses.replace(case, kinds=tuple(dict.fromkeys(chosen)))
+
+    return drawn()
 
 
 class InTurn:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -44,6 +45,14 @@ def test_docs_build_strictly(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("attention_like") > 1  # the docstrings are in
+    # the front page's set-up steps are one numbered list with their commands inside
+    # (a fence that ended the list rendered each step as "1.")
+    front = (tmp_path / "site" / "index.html").read_text()
+    steps = re.search(r"<ol>(.*?)</ol>", front, re.S)
+    assert steps and steps.group(1).count("<li>") == 2 and "pallascheck verify" in steps.group(1), front[:3000]
+    # the top bar holds a handful of entries (22 wrapped to four rows)
+    top = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("validation:")[0])["nav"]
+    assert len(top) <= 6, top
 
 
 def test_readme_links_resolve() -> None:

@@ -98,3 +98,29 @@ def test_a_result_of_another_dtype_is_refused() -> None:
     )
     tally = runner.run_property(spec, "float32", INTERPRET, examples=1, seed=0)
     assert "must return one array of shape (4,) and dtype float32" in tally.failure, tally.failure
+
+
+def test_an_overflowing_kernel_is_told_as_an_overflow_and_a_looser_fit_warns_of_hiding_a_bug() -> None:
+    def reference(x):
+        return jnp.exp(x - jnp.max(x)) * 2.0
+
+    def overflows(x, interpret=False):  # exp without its max subtracted, in f32: inf past ~88
+        return jnp.exp(x * 100.0) ** 0.01 * jnp.exp(-jnp.max(x)) * 2.0
+
+    big = Input((8,), values=lambda rng, shape, dtype: rng.uniform(1.0, 2.0, shape))
+    spec = from_reference(overflows, reference, name="unshifted", inputs={"x": big}, dtypes=("float32",))
+    tally = runner.run_property(spec, "float32", INTERPRET, examples=1, seed=0, cases_per_layout=1)
+    assert "overflow: the kernel's" in tally.failure and "not a matter of precision or order" in tally.failure
+    assert "computes something else" not in tally.failure and "inputs at out[" in tally.failure, tally.failure
+
+    def in_f32(x):  # the reference computes in f32 and rounds once to bf16
+        return reference(x.astype(jnp.float32)).astype(x.dtype)
+
+    def in_bf16(x, interpret=False):  # the kernel computes in bf16: within the looser facts' bound
+        return reference(x)
+
+    normal = Input((64,), values=lambda rng, shape, dtype: rng.standard_normal(shape))
+    spec = from_reference(in_bf16, in_f32, name="in_bf16", inputs={"x": normal}, dtypes=("bfloat16",))
+    tally = runner.run_property(spec, "bfloat16", INTERPRET, examples=1, seed=0, cases_per_layout=1)
+    assert "within the bound for looser facts" in tally.failure, tally.failure
+    assert "could hide a real bug of this size" in tally.failure, tally.failure

@@ -5,11 +5,13 @@ mutants with a pinned seed) and a user's own kernel and spec imported with --pat
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
 
 from pallascheck import cli
+from pallascheck.fuzz import durations
 from pallascheck.fuzz.mutation import operators
 
 # A kernel module with one instance of each bug class, and code that is never mutated
@@ -152,13 +154,15 @@ def _rows(path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_path, capsys) -> None:
+def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_path, monkeypatch, capsys) -> None:
     """rms_norm's checks with a pinned seed, on a few of norms.py's mutants: both
     rescales dropped from its statistics die; layer norm's statistics are unreached
     (a survivor class the score counts); the default eps, which the spec always
     overrides, changes no output (equivalent, left out). Score 2 / (2 + 3). The
     first run's budget ends after the baseline; the resumed run keeps its results
-    and runs the rest."""
+    and runs the rest. Each run opens with its plan and each mutant's line ends with
+    the time left; the durations are kept for the next run's estimate."""
+    monkeypatch.chdir(tmp_path)  # the earlier durations: none at first
     out = tmp_path / "rms_norm.jsonl"
     args = [
         "mutate",
@@ -182,8 +186,17 @@ def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_pat
         str(out),
     ]
     assert cli.main(args + ["--budget", "0.1"]) == 0
-    assert "not run (over --budget): #0, #1, #5, #6" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "not run (over --budget): #0, #1, #5, #6" in printed.out
+    assert "mutate: the baseline and 7 mutants on 1 job; earlier durations known for 0 of 8" in printed.err
     assert cli.main(args + ["--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "mutate: the baseline and 4 mutants (3 reused) on 1 job; earlier durations known for 1 of 5" in printed.err
+    mutant_lines = [line for line in printed.err.splitlines() if line.startswith("[")]
+    assert len(mutant_lines) == 7 and all(
+        re.search(r"\(\d+ s elapsed, about \d+ s left\)$", line) for line in mutant_lines
+    )
+    assert mutant_lines[-1].endswith("about 0 s left)"), mutant_lines
     rows = [r for r in _rows(out) if r["kind"] == "mutant"]
     status: dict[tuple[str, str], list[str]] = {}
     for r in rows:
@@ -195,7 +208,9 @@ def test_mutate_scores_the_rms_norm_checks_and_resumes_an_unfinished_run(tmp_pat
     }
     killed = [r for r in rows if r["status"] == "killed"]
     assert all(r["check"] == "values" and r["cases"] == 1 for r in killed)
-    assert "mutation score 40.0% (2/5)" in capsys.readouterr().out
+    assert "mutation score 40.0% (2/5)" in printed.out
+    # every mutant's time and the baseline's are kept for the next run's estimate
+    assert len(durations.load("mutate")) == 1 + 7
 
 
 USER_KERNEL = textwrap.dedent('''\

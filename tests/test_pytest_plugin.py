@@ -165,6 +165,39 @@ def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
     assert collected.stdout.splitlines()[0] == "test_user.py::test_hangs[relu_that_hangs-float32-interpret]"
 
 
+WRONG_TEST = textwrap.dedent("""
+    from fuzz_targets import WRONG_FIRST_ELEMENT
+    from pallascheck.properties.pytest_plugin import spec_tests
+
+    test_wrong = spec_tests(WRONG_FIRST_ELEMENT)
+""")
+
+
+def test_a_failing_spec_test_shows_its_message_not_the_generated_tests_source(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(WRONG_TEST)
+    env = dict(
+        os.environ,
+        PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pallascheck-backend", "interpret"]
+    done = subprocess.run(
+        [*command, "--pallascheck-examples", "1", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    failures = done.stdout[done.stdout.index("= FAILURES =") : done.stdout.index("short test summary")]
+    assert "[values] kernel=relu_wrong_at_first_element" in failures and "inputs at out[0" in failures, failures
+    # none of the generated test's lines, nor numpy's scalar reprs
+    for noise in ("def test(", "tally = runner.run_property", "np.float64(", "AssertionError"):
+        assert noise not in failures, failures
+    assert len(failures.splitlines()) < 20, failures
+
+
 CONFLICTING_CONFTEST = textwrap.dedent("""
     def pytest_addoption(parser):
         parser.addoption("--backend", default="cpu", help="the project's own")

@@ -37,6 +37,8 @@ def test_forward_only_kernel_with_default_differentiable_names_the_option() -> N
     )
     tally = runner.run_property(spec, "float32", Backend("interpret"), examples=1, selected=("gradients",))
     assert "this kernel has no VJP: pass differentiable=False" in tally.failure, tally.failure
+    # the defaults as they are: True for the family builders, False for from_reference
+    assert "the family builders' default" in tally.failure and "from_reference's default is False" in tally.failure
     forward_only = elementwise_like(
         _forward_only_relu,
         name="forward_only_relu",

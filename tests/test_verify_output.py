@@ -4,6 +4,7 @@ first, one line per kernel by default and every row with --full."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -78,7 +79,11 @@ def test_verify_command_prints_legend_failures_then_one_line_per_kernel(tmp_path
     ]
     monkeypatch.chdir(tmp_path)
     assert cli.main(argv) == 1
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # the plan first (a first run here: no earlier durations), then each unit with the time left
+    assert re.search(r"^verify: (\d+) units on 1 job; earlier durations known for 0 of \1:", err), err
+    units = [line for line in err.splitlines() if line.startswith("  [")]
+    assert units and all(re.search(r"\(\d+ s elapsed, about \d+ s left\)$", line) for line in units), err
     order = [
         out.index(s)
         for s in (

@@ -33,6 +33,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pallascheck.fuzz import durations
 from pallascheck.fuzz.mutation import worker as mutant_worker
 from pallascheck.fuzz.mutation.operators import Mutant
 from pallascheck.fuzz.workers import Death, Task, Worker
@@ -142,6 +143,11 @@ class Result:
 
 def source_key(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()
+
+
+def duration_prefix(settings: Settings) -> str:
+    """The key of a run's settings among the earlier durations (``fuzz/durations.py``)."""
+    return hashlib.sha1(json.dumps(settings.header(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def kernel_module(spec: KernelSpec) -> str:
@@ -394,6 +400,29 @@ def run(
     os.makedirs(os.path.dirname(os.path.abspath(settings.out)), exist_ok=True)
     out = open(settings.out, "a" if previous else "w")
     outcomes: dict[int, Outcome] = {}
+    # Earlier durations count only for the same settings: more examples or another
+    # dtype change every mutant's time. The baseline runs alone, the mutants on the jobs.
+    earlier = durations.load("mutate")
+    prefix = duration_prefix(settings)
+    keys = {m.id: source_key(m.source) for m in mutants}
+    baseline_known = earlier.get(f"{prefix}:baseline")
+    to_run = [keys[m.id] for m in mutants if keys[m.id] not in previous]
+    known = {k: earlier[f"{prefix}:{k}"] for k in to_run if f"{prefix}:{k}" in earlier}
+    progress(
+        durations.plan_line(
+            "mutate",
+            f"the baseline and {len(to_run)} mutants" + (f" ({len(previous)} reused)" if previous else ""),
+            settings.jobs,
+            len(known) + (baseline_known is not None),
+            len(to_run) + 1,
+            (baseline_known or 0.0) + durations.seconds_left(to_run, known, [], settings.jobs),
+        )
+    )
+    # The seconds of the mutants whose workers ran in this run (the typical mutant's
+    # time: reused results and unreached lines took none), and what is saved for the
+    # next run (unreached ones at 0: their line stays unreached under these settings).
+    ran: dict[str, float] = {}
+    spent: dict[str, float] = {}
 
     def record(outcome: Outcome, reused: bool = False) -> None:
         outcomes[outcome.mutant.id] = outcome
@@ -401,8 +430,19 @@ def run(
             out.write(json.dumps(outcome.row(original, display_path)) + "\n")
             out.flush()
         o = outcome
+        if not reused:
+            spent[keys[o.mutant.id]] = o.seconds
+            if o.status != UNREACHED:
+                ran[keys[o.mutant.id]] = o.seconds
+        pending = [keys[m.id] for m in mutants if m.id not in outcomes]
+        left = durations.seconds_left(pending, known, list(ran.values()), settings.jobs)
+        if settings.budget_s is not None:  # what the budget leaves is not run
+            left = min(left, max(0.0, settings.budget_s - (time.monotonic() - start)))
         how = f" by {o.check} ({' '.join(o.unit or ())}) after {o.cases} cases" if o.status == KILLED else ""
-        progress(f"[{len(outcomes)}/{len(mutants)}] {o.mutant.label}: {o.status}{how} ({o.seconds:.1f} s)")
+        progress(
+            f"[{len(outcomes)}/{len(mutants)}] {o.mutant.label}: {o.status}{how} ({o.seconds:.1f} s) "
+            + durations.progress_suffix(time.monotonic() - start, left)
+        )
 
     import jax
 
@@ -436,6 +476,7 @@ def run(
             )
             baseline = run_baseline(settings, directory, progress)
             baseline_seconds = time.monotonic() - start
+            durations.save("mutate", {f"{prefix}:baseline": baseline_seconds})
             timeout = settings.case_timeout_s or max(MIN_CASE_TIMEOUT_S, CASE_TIMEOUT_FACTOR * baseline.slowest_step)
             queue: list[Mutant] = []
             for m in mutants:
@@ -500,6 +541,7 @@ def run(
                 job.worker.kill()
             retired.close()
             out.close()
+            durations.save("mutate", {f"{prefix}:{k}": seconds for k, seconds in spent.items()})
     for m in mutants:
         if m.id not in outcomes:
             outcomes[m.id] = Outcome(m, NOT_RUN)
