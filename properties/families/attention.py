@@ -581,6 +581,13 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
             backends=ws,
         ),
         CodePath(
+            # the ring's slot arithmetic is mod 3 here, mod 2 in the 2-stage configs:
+            # a slot reused one step early shows only with 3
+            "warp-specialised forward, a 3-slot ring",
+            lambda case, config: config.consumers == 2 and config.max_concurrent_steps == 3,
+            backends=ws,
+        ),
+        CodePath(
             "warp-specialised forward, a consumer of padding only",
             lambda case, config: config.consumers == 2 and _blocks(_sq_skv(case)[0], config.block_q) % 2 == 1,
             backends=ws,
