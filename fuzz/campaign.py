@@ -251,7 +251,7 @@ class Campaign:
                     budget=failure["budget"],
                 )
             )
-        self.log_task(task, result["cases"], result["budgets"], found)
+        self.log_task(task, result["cases"], result["budgets"], found, node=result.get("node"))
         return found
 
     def retire(self, pair: tuple[str, str], check: str) -> None:
@@ -281,7 +281,7 @@ class Campaign:
             case_path = death.inflight + f".{death.kind}.npz"
             Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
         found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
-        self.log_task(task, 0, {}, [found])
+        self.log_task(task, 0, {}, [found], node=death.node)
         return found
 
     def salvage(self, task: Task, failed_dir: str) -> list[dict[str, Any]]:
@@ -351,7 +351,10 @@ class Campaign:
         self.failure_kinds[kind] += new
         return stored
 
-    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]]) -> None:
+    def log_task(
+        self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]], node: str | None = None
+    ) -> None:
+        """One line of events.jsonl; ``node``: the Ray node that ran the task (None on one machine)."""
         self.corpus.append(
             EVENTS,
             {
@@ -368,6 +371,7 @@ class Campaign:
                 "signatures": [f["signature"] for f in found],
                 "targeted": task.targeted,
                 "checks": list(task.checks),
+                "node": node,
             },
         )
         self.save()

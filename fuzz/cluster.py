@@ -122,6 +122,7 @@ class Supervisor:
         messages, death = self.worker.poll(case_timeout, memory_bytes)
         for kind, payload in messages:
             if kind == "done":
+                payload["node"] = self.node_id  # events.jsonl says where each task ran
                 for failure in payload["failures"]:
                     failure["case"] = _read(failure["case"])
         inflight = None
@@ -220,7 +221,9 @@ class RemoteWorker:
         death = None
         if reply["death"] is not None:
             kind, message, case = reply["death"]
-            death = Death(kind, f"{message} on node {self._where()}", self._keep("inflight-lost.npz", case))
+            death = Death(
+                kind, f"{message} on node {self._where()}", self._keep("inflight-lost.npz", case), self._node_id
+            )
             self.kill()
         return messages, death
 
@@ -235,8 +238,17 @@ class RemoteWorker:
             return Death("lost", f"node {self._where()} left the cluster while running {self.task}", None)
         inflight = self.inflight if self.in_case and os.path.exists(self.inflight) else None
         if "memory pressure" in text or "low on memory" in text:
-            return Death("oom", f"Ray's memory monitor killed the worker on node {self._where()}: {text}", inflight)
-        return Death("crash", f"the worker's actor on node {self._where()} died: {text}", inflight)
+            return Death(
+                "oom",
+                f"Ray's memory monitor killed the worker on node {self._where()}: {text}",
+                inflight,
+                self._node_id,
+            )
+        return Death("crash", f"the worker's actor on node {self._where()} died: {text}", inflight, self._node_id)
+
+    @property
+    def _node_id(self) -> str | None:
+        return self.node[0] if self.node else None
 
     def _where(self) -> str:
         return f"{self.node[1]} ({self.node[0][:12]})" if self.node else "(not placed)"

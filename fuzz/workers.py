@@ -60,6 +60,7 @@ class Death:
     kind: str
     message: str
     inflight: str | None  # the case it was running, saved as a replayable .npz
+    node: str | None = None  # the Ray node it ran on (None on one machine)
 
 
 def _rss_bytes(pid: int) -> int:
