@@ -189,6 +189,8 @@ class RemoteWorker:
             try:
                 self.node = ray.get(self.placed)
             except RayActorError as err:
+                if err.actor_init_failed:  # a node that cannot start a worker would take every new one
+                    raise RuntimeError(f"a worker could not start on a node of the cluster (docs/cluster.md): {err}")
                 return [], self._lost(err)
             self.last_answer = time.monotonic()
         if self.asked is None:

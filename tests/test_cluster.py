@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from pallascheck import cli
 from pallascheck.fuzz import campaign, cluster, corpus, workers
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties.spec import Case
@@ -224,3 +225,15 @@ def test_a_node_removed_and_a_driver_killed_lose_no_finding_and_duplicate_none(t
     # once count it under its one signature: ``count``, set before the kill)
     kept = corpus.Corpus(str(corpus_dir)).failures()
     assert {name: f["count"] for name, f in before.items()} == {name: kept[name]["count"] for name in before}
+
+
+def test_bad_cluster_arguments_are_one_line_errors(tmp_path, capsys) -> None:
+    for argv, says in (
+        (["--redis", "localhost:6379"], "argument --redis: must be a redis://HOST:PORT URL, got 'localhost:6379'"),
+        (["--cluster", ""], "--cluster needs an address (host:port of the Ray head) or 'local'"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            cli.main(["fuzz", "--kernel", "rms_norm", "--corpus", str(tmp_path / "c"), *argv])
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and says in err and len(err.strip().splitlines()) <= 3, err
+    assert not (tmp_path / "c").exists()  # refused before anything is created
