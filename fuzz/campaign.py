@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallascheck.fuzz import bandit, import_path, plan, targets
+from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.corpus import (
     CASES,
     EVENTS,
@@ -62,6 +63,7 @@ class CampaignResult:
     first_failure_seconds: float | None = None  # from this run's start
     interrupted: bool = False
     stopped_in_flight: int = 0  # tasks still running OVERRUN_S after the time given, stopped
+    requeued: int = 0  # tasks whose cluster node left while they ran, run again elsewhere
     never_tried: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (kernel, dtype) with no task
 
     def count(self, found: list[dict[str, Any]], seconds: float) -> None:
@@ -145,6 +147,7 @@ class Campaign:
         self.tasks_started: collections.Counter[tuple[str, str]] = collections.Counter()
         self.seconds_before = 0.0
         self.started = time.time()
+        self.requeued: list[Task] = []  # tasks whose node left: the next to start, as they were
         if saved is not None:
             self.bandit.restore(saved["bandit"])
             self.retired_checks = {tuple(p): c for p, c in saved["retired_checks"]}
@@ -197,6 +200,10 @@ class Campaign:
         pairs = self.open_pairs()
         if not pairs:
             return None
+        while self.requeued:
+            task = self.requeued.pop(0)
+            if (task.target, task.dtype) in pairs:  # else retired while it waited
+                return task
         # Every EXPLORE_EVERY-th task of a targeted campaign draws plainly (the pair is
         # still the bandit's): climbing narrows Hypothesis' draws toward what scored
         # well, and a bug that needs a rare draw (an empty group) rather than a high
@@ -244,7 +251,7 @@ class Campaign:
                     budget=failure["budget"],
                 )
             )
-        self.log_task(task, result["cases"], result["budgets"], found)
+        self.log_task(task, result["cases"], result["budgets"], found, node=result.get("node"))
         return found
 
     def retire(self, pair: tuple[str, str], check: str) -> None:
@@ -259,6 +266,11 @@ class Campaign:
         if not set(check_kinds.CHECKS) - set(retired):
             self.retired.add(pair)
 
+    def requeue(self, task: Task) -> None:
+        """Run ``task`` again: the machine it ran on left, which says nothing about the
+        kernel. What its cases reported before is kept (cases.jsonl)."""
+        self.requeued.append(task)
+
     def died(self, task: Task, death: Death) -> dict[str, Any]:
         """Book a task whose worker was lost: its in-flight case is the reproducer."""
         self.retired.add((task.target, task.dtype))
@@ -269,7 +281,7 @@ class Campaign:
             case_path = death.inflight + f".{death.kind}.npz"
             Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
         found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
-        self.log_task(task, 0, {}, [found])
+        self.log_task(task, 0, {}, [found], node=death.node)
         return found
 
     def salvage(self, task: Task, failed_dir: str) -> list[dict[str, Any]]:
@@ -339,7 +351,10 @@ class Campaign:
         self.failure_kinds[kind] += new
         return stored
 
-    def log_task(self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]]) -> None:
+    def log_task(
+        self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]], node: str | None = None
+    ) -> None:
+        """One line of events.jsonl; ``node``: the Ray node that ran the task (None on one machine)."""
         self.corpus.append(
             EVENTS,
             {
@@ -356,6 +371,7 @@ class Campaign:
                 "signatures": [f["signature"] for f in found],
                 "targeted": task.targeted,
                 "checks": list(task.checks),
+                "node": node,
             },
         )
         self.save()
@@ -380,13 +396,18 @@ def run(
     shapes: str = "small",
     layout_cases: int | None = None,
     tasks: int | None = None,
+    cluster: Cluster | None = None,
+    shared_database: str | None = None,
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
     ``jobs`` worker processes; ``examples`` Hypothesis examples per task, drawn from
     the ``shapes`` tier, each checking ``layout_cases`` cases of one compiled layout
     (None: ``runner.layout_cases``). ``stop_on_first``: stop at the first failure
     (time-to-first-failure measurements). ``tasks``: start no more than this many tasks
-    (a run bounded by work, not by the clock; ``seconds`` still ends it)."""
+    (a run bounded by work, not by the clock; ``seconds`` still ends it). ``cluster``:
+    run the workers on that Ray cluster (``cluster.connect``) instead of as processes of
+    this machine; ``shared_database``: a Redis URL, Hypothesis' example database shared
+    by every worker (``workers.example_database``)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if examples < 1:
@@ -411,10 +432,18 @@ def run(
         layout_cases=layout_cases,
     )
     result = CampaignResult()
-    setup = {"backend": str(backend), "paths": campaign.paths, "database": campaign.corpus.database}
-    devices = plan.gpu_devices(backend)
+    # absolute: a cluster's workers start in other directories
+    setup = {
+        "backend": str(backend),
+        "paths": [os.path.abspath(p) for p in campaign.paths],
+        "database": os.path.abspath(campaign.corpus.database),
+        "shared_database": shared_database,
+    }
+    devices = plan.gpu_devices(backend) if cluster is None else 0
 
-    def new_worker(i: int) -> Worker:
+    def new_worker(i: int) -> Worker | RemoteWorker:
+        if cluster is not None:
+            return RemoteWorker(i, campaign.corpus.worker_dir(i), setup, cluster)
         return Worker(i, campaign.corpus.worker_dir(i), dict(setup, device=str(i % devices) if devices else None))
 
     workers = [new_worker(i) for i in range(jobs)]
@@ -449,7 +478,11 @@ def run(
                         result.tasks += 1
                         found = campaign.finish(task, payload)
                 if death is not None:
-                    if task is not None:
+                    if task is not None and death.kind == "lost":
+                        campaign.requeue(task)
+                        result.requeued += 1
+                        started -= 1  # it starts again, and counts once against ``tasks``
+                    elif task is not None:
                         result.tasks += 1
                         found = [campaign.died(task, death)]
                     workers[i] = worker = new_worker(i)

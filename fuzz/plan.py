@@ -1,5 +1,6 @@
 """Run planning: what runs where. One home for how many worker processes a command
-starts, how they share a device's memory, and which production kernels fit it.
+starts (on this machine, or as slots of a Ray cluster), how they share a device's
+memory, and which production kernels fit it.
 
 verify, fuzz and mutate ask here; the memory rule itself (a production layout's
 footprint against the device's allocator limit) is ``properties/production.py``.
@@ -8,7 +9,7 @@ footprint against the device's allocator limit) is ``properties/production.py``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pallascheck.fuzz.scope import NotChecked
@@ -83,6 +84,24 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small", layo
     return cores() if backend.platform == "cpu" else max(1, cores() * 3 // 4)
 
 
+def cluster_slots(backend: Backend, total: Mapping[str, float]) -> tuple[int, dict[str, float]]:
+    """Worker slots of a campaign on a Ray cluster holding ``total`` resources
+    (``ray.cluster_resources()``), and the Ray actor options each asks for: one per GPU
+    on a GPU backend (Ray shows each only its GPU, so none shares one), one per CPU core
+    on the CPU backends (each worker is one interpreter process on one core, as
+    ``default_jobs`` plans on one machine). Ray places each on any node with the
+    resource free."""
+    if backend.platform == "gpu":
+        gpus = int(total.get("GPU", 0))
+        if gpus < 1:
+            raise ValueError(f"--cluster: the cluster has no GPU for {backend} (start its nodes with their GPUs)")
+        return gpus, {"num_gpus": 1, "num_cpus": 1}
+    cpus = int(total.get("CPU", 0))
+    if cpus < 1:
+        raise ValueError("--cluster: the cluster has no CPU to run workers on (ray start --num-cpus N)")
+    return cpus, {"num_cpus": 1}
+
+
 def default_memory_bytes(jobs: int) -> int:
     """Resident memory per worker before it counts as out of memory: three quarters
     of the machine's, shared among the workers."""
@@ -90,11 +109,13 @@ def default_memory_bytes(jobs: int) -> int:
     return int(0.75 * total / jobs)
 
 
-def share_devices(command: Command, backend: Backend, jobs: int) -> None:
+def share_devices(command: Command, backend: Backend, jobs: int, on_cluster: bool = False) -> None:
     """Tell the workers how many of them share each device, so that each plans its
     production layouts with its share of the memory: verify's workers all use the first
-    device; fuzz's take the GPUs in turn."""
-    if command == "fuzz":
+    device; fuzz's take the GPUs in turn, or on a Ray cluster one each (``cluster_slots``)."""
+    if on_cluster:
+        production.share_devices(1)
+    elif command == "fuzz":
         production.share_devices(-(-jobs // max(gpu_devices(backend), 1)))
     else:
         production.share_devices(jobs)

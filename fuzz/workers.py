@@ -18,15 +18,21 @@ case becomes the reproducer, and a new worker takes its place.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, MultiplexedDatabase
+
 from pallascheck.fuzz.corpus import worst_pattern
+
+SHARED_KEY_PREFIX = b"pallascheck-examples:"  # beside other users of the same Redis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +54,13 @@ class Task:
 
 @dataclasses.dataclass
 class Death:
-    """How a worker was lost: "hang", "oom" or "crash", with what is known."""
+    """How a worker was lost: "hang", "oom" or "crash", with what is known; or "lost":
+    the machine it ran on left (a cluster's node), and its task is run again."""
 
     kind: str
     message: str
     inflight: str | None  # the case it was running, saved as a replayable .npz
+    node: str | None = None  # the Ray node it ran on (None on one machine)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -175,6 +183,11 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
     """The worker: import once, then run tasks until told to stop (None)."""
     import signal
 
+    if sys.platform == "linux":
+        # Die with the parent: a cluster node's actor killed with its node (or by Ray)
+        # must not leave its worker running on, orphaned. PR_SET_PDEATHSIG is 1.
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
     if setup.get("device") is not None:  # one GPU per worker, before JAX creates its client
         os.environ["CUDA_VISIBLE_DEVICES"] = setup["device"]
 
@@ -193,6 +206,21 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
     conn.send(("ready", None))
     while (task := conn.recv()) is not None:
         conn.send(("done", run(task, conn, inflight, setup)))
+
+
+def example_database(directory: str, shared: str | None) -> ExampleDatabase:
+    """Hypothesis' example database of a worker: the directory (the corpus's, or its
+    node's), and with ``shared`` (a Redis URL) every node's too, so that a failure
+    found and shrunk on one node is replayed first on the others. The workers write
+    to both; someone replaying a campaign's findings reads the shared one through
+    ``ReadOnlyDatabase`` (docs/cluster.md)."""
+    local = DirectoryBasedExampleDatabase(directory)
+    if shared is None:
+        return local
+    import redis
+    from hypothesis.extra.redis import RedisExampleDatabase
+
+    return MultiplexedDatabase(local, RedisExampleDatabase(redis.Redis.from_url(shared), key_prefix=SHARED_KEY_PREFIX))
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -249,7 +277,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
     search = runner.Search(
         targeted=task.targeted,
         config_slot=task.slot,
-        database=setup["database"],
+        database=example_database(setup["database"], setup.get("shared_database")),
         database_key=f"{task.kind}/{task.slot}",
         before_case=before,
         after_case=after,

@@ -26,7 +26,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.errors import NoSuchExample
 
 from pallascheck.kernels.backends import Backend
@@ -553,7 +553,8 @@ class Search:
     ``targeted``: each example reports every check's budget used to
     ``hypothesis.target``, so Hypothesis climbs toward the inputs that use the most
     of their bound. ``config_slot``: always this index into the config space (mod
-    its size). ``database``: a directory for Hypothesis' example database, under
+    its size). ``database``: Hypothesis' example database (a directory, or a database
+    object: a cluster's, shared across nodes), under
     ``database_key``, so that a resumed campaign starts from what the last one found
     (failing examples and the best-scoring targets). ``before_case(case, config)``
     and ``after_case(case, config, tally)`` see every case, ``tally`` holding that
@@ -562,7 +563,7 @@ class Search:
 
     targeted: bool = False
     config_slot: int | None = None
-    database: str | None = None
+    database: str | ExampleDatabase | None = None  # a directory, or a database (a cluster's shared one)
     database_key: str = ""
     before_case: Callable[[Case, Any], None] | None = None
     after_case: Callable[[Case, Any, Tally], None] | None = None
@@ -721,7 +722,7 @@ def run_property(
     # shrinking a production case costs a production case per step: the case found is
     # the reproducer
     phases += [Phase.shrink] if shrink and shapes == "small" else []
-    database = DirectoryBasedExampleDatabase(search.database) if search.database else None
+    database = DirectoryBasedExampleDatabase(search.database) if isinstance(search.database, str) else search.database
 
     declared = spec.paths_for(backend, shapes)
     tally.paths_declared = tuple(p.name for p in declared)
@@ -776,7 +777,7 @@ def run_property(
     def property_(cases_and_config: tuple[list[Case], int]) -> None:
         check_example(cases_and_config)
 
-    if search.database:
+    if search.database is not None:
         key = f"{spec.name}/{dtype}/{backend}/{search.database_key}/{sorted(selected)}"
         property_._hypothesis_internal_database_key = hashlib.sha1(key.encode()).digest()  # type: ignore[attr-defined]  # Hypothesis' own hook, set as Hypothesis sets it
     try:

@@ -98,3 +98,20 @@ def _wrong_on_its_first_call(x, interpret=None):
 
 
 WRONG_ON_ITS_FIRST_CALL = _spec(_wrong_on_its_first_call, "relu_wrong_on_its_first_call")
+
+
+def _slow_relu(x, interpret=None):
+    time.sleep(0.3)  # a task of seconds: a node removed mid-campaign has one in flight
+    return _relu(x)
+
+
+SLOW = _spec(_slow_relu, "relu_slowly")
+
+
+def _wrong_when_long(x, interpret=None):
+    """Wrong at the first element of inputs of 4 elements or more: a campaign's first
+    draw (the smallest input) passes, so a run that fails at once replayed a failure."""
+    return _wrong_first_element(x) if x.size >= 4 else _relu(x)
+
+
+WRONG_WHEN_LONG = _spec(_wrong_when_long, "relu_wrong_when_long")

@@ -10,12 +10,13 @@ from pallascheck.cli._common import (
     add_target_options,
     at_least,
     available_backend,
+    chosen_backend,
     examples_help,
     fitting,
     positive,
     progress_printer,
 )
-from pallascheck.fuzz import campaign, corpus, import_path, plan, scope, targets, verify
+from pallascheck.fuzz import campaign, cluster, corpus, import_path, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.registry import bundled_names, registry
 
@@ -26,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
         targets.check_names(args.kernel or ())
     except ValueError as err:
         raise UsageError(str(err)) from None
-    backend = available_backend(args.backend)
+    # On a cluster Ray places each worker on a node with its resource (a GPU): the
+    # driver needs the backend only where it plans production layouts with its own GPU.
+    needs_backend_here = not args.cluster or args.shapes == "production"
+    backend = available_backend(args.backend) if needs_backend_here else chosen_backend(args.backend)
     # a resumed campaign keeps its tier and kernels: the memory rule below must see them
     saved = corpus.read_state(args.corpus) if args.resume else None
     shapes = saved.get("shapes", args.shapes) if saved else args.shapes
@@ -46,17 +50,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"no production shape tier: {', '.join(untiered) or 'none'}")
         named = [n for n in named if n not in untiered]
         not_checked += [scope.NotChecked(k, "-", "no production shape tier") for k in untiered]
-    jobs = args.jobs or plan.default_jobs("fuzz", backend, shapes)
-    if backend.platform != "cpu":
-        plan.share_devices("fuzz", backend, jobs)  # workers round-robin the GPUs
+    ray_cluster = None
+    if args.cluster is not None:
+        try:
+            ray_cluster = cluster.connect(args.cluster, backend)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("fuzz", backend, shapes))
+    if backend.platform != "cpu":  # workers round-robin the GPUs; on a cluster, Ray gives each its own
+        plan.share_devices("fuzz", backend, jobs, on_cluster=ray_cluster is not None)
         if shapes == "production":
             named, skipped_layouts = fitting(named, backend)
             not_checked += skipped_layouts
     memory = int(args.memory_gb * 2**30) if args.memory_gb else plan.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
+    where = (
+        f"{jobs} workers on the Ray cluster at {args.cluster} ({ray_cluster.nodes} nodes)"
+        if ray_cluster
+        else f"{jobs} jobs"
+    )
     print(
         f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
-        f"({mode}, {jobs} jobs); corpus {args.corpus}/",
+        f"({mode}, {where}); corpus {args.corpus}/",
         flush=True,
     )
     progress = progress_printer()
@@ -78,14 +93,21 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             shapes=shapes,
             layout_cases=args.cases,
+            cluster=ray_cluster,
+            shared_database=args.redis,
         )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
+    finally:
+        if ray_cluster is not None:
+            cluster.disconnect()
     status = "interrupted" if result.interrupted else "done"
     print(
         f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
         f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones"
     )
+    if result.requeued:
+        print(f"{result.requeued} tasks in flight on nodes that left the cluster were run again on others")
     if result.stopped_in_flight:
         print(
             f"{result.stopped_in_flight} tasks still running {campaign.OVERRUN_S:.0f} s after the time given were "
@@ -173,4 +195,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
         "machine's, shared among the jobs)",
     )
+    fuzz.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        default=None,
+        help="run the workers on the Ray cluster at ADDRESS (host:port of its head, as `ray start --head` "
+        "prints; 'local': start one on this machine): one per CPU core on the interpreter backends, one per "
+        "GPU on a GPU backend; the corpus stays here (docs/cluster.md; needs the cluster extra)",
+    )
+    fuzz.add_argument(
+        "--redis",
+        metavar="URL",
+        type=redis_url,
+        default=None,
+        help="Hypothesis' example database shared by every worker (redis://HOST:PORT[/DB]), so that a "
+        "failure shrunk on one node is replayed first on the others",
+    )
     fuzz.set_defaults(func=run)
+
+
+def redis_url(value: str) -> str:
+    """``--redis``: a redis:// URL (what redis.Redis.from_url reads)."""
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise argparse.ArgumentTypeError(f"must be a redis://HOST:PORT URL, got {value!r}")
+    return value
