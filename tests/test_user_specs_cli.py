@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pallascheck.properties import runner
+
 USER_MODULE = textwrap.dedent("""
     import functools
     import jax
@@ -63,7 +65,7 @@ def test_verify_runs_a_user_spec_and_its_printed_replays_run_as_printed(project:
     again = _run(printed, project)
     assert again.returncode == 1 and "[values] kernel=my_specs:SPEC" in again.stdout, again.stdout[-3000:]
     saved = re.search(r"pallascheck replay FILE( --path \S+)\)", out).group(1)
-    case = next((project / ".pallascheck" / "failures").glob("my_specs:SPEC-float32-values.npz"))
+    case = Path(runner.failure_path(str(project / ".pallascheck" / "failures"), "my_specs:SPEC", "float32", "values"))
     replayed = _run(f"pallascheck replay '{case}'{saved}", project)
     assert replayed.returncode == 1 and "FAIL" in replayed.stdout, replayed.stdout[-3000:] + replayed.stderr[-3000:]
     # the replay prints its own command, --path kept: it runs as printed
