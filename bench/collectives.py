@@ -32,6 +32,7 @@ from pallascheck.oracles import collectives as oracle
 from pallascheck.oracles.tolerance import arithmetic_for
 from pallascheck.properties import strategies
 from pallascheck.properties.device.multidevice import NO_MULTICAST_ENV
+from pallascheck.properties.families import collectives as family
 
 SHAPES = ((1024, 1024, 1024), (4096, 4096, 4096))  # m, k, n
 CHECK_SHAPE = (256, 512, 256)
@@ -123,29 +124,6 @@ def _timed(thunks: dict[str, Callable[[], Any]], repeats: int, burst: int) -> di
     return row
 
 
-def _bundled_matmul(mesh: Mesh, dtype: Any) -> Callable[..., Any]:
-    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm  # GPU-only op: imported on use
-
-    config = cm.TuningConfig(
-        128,
-        128,
-        64,
-        4,
-        grid_minor_dim=cm.MatmulDimension.N,
-        grid_tile_width=1,
-        wg_dimension=cm.MatmulDimension.N,
-    )
-    return jax.jit(
-        collectives.compat.shard_map(
-            lambda a, b: cm.all_gather_lhs_matmul(a, b, "x", config=config, dtype=dtype),
-            mesh=mesh,
-            in_specs=(P("x", None), P(None, "x")),
-            out_specs=P(None, "x"),
-            check_vma=False,
-        )
-    )
-
-
 GATHER_MIB = (16, 64, 256)  # gathered bytes
 RING_SIZES = (4096, 8192)  # per-GPU matmul work size^3
 
@@ -177,7 +155,7 @@ def ring_rows(repeats: int = 10) -> list[dict]:
         ours = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", config=one, backend=gpu))
         ws = jax.jit(functools.partial(collectives.all_gather_matmul, mesh=mesh, axis="x", backend=gpu))
         xla = jax.jit(functools.partial(collectives.xla_reference_all_gather_matmul, mesh=mesh, axis="x"))
-        bundled = _bundled_matmul(mesh, bf16)
+        bundled = family.bundled_collective_matmul(mesh, family.bundled_tuning_space()[0], bf16)
         row = {"op": "all_gather_matmul", "gpus": p, "per_gpu": f"{size}^3"}
         thunks = {"ring": lambda: ours(x, w), "ring_ws": lambda: ws(x, w), "xla": lambda: xla(x, w)}
         row |= _timed(thunks | {"jax_bundled": lambda: bundled(x, w)}, repeats, 2)

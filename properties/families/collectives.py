@@ -433,9 +433,10 @@ def run_checks(
 
 
 # --- JAX's bundled collective matmul, checked as an outside client ----------------------
-def _bundled_tuning_space() -> list[Any]:
+def bundled_tuning_space() -> list[Any]:
     """``collective_matmul_mgpu``'s tuning knobs, as its own example sweeps them
-    (tile_m, tile_n, grid order, grid tile width, the warpgroup split)."""
+    (tile_m, tile_n, grid order, grid tile width, the warpgroup split); the first is
+    the config the benchmark times."""
     from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm  # GPU-only op: imported on use
 
     dims = cm.MatmulDimension
@@ -451,6 +452,22 @@ def _bundled_tuning_space() -> list[Any]:
     ]
 
 
+def bundled_collective_matmul(mesh: Any, config: Any, dtype: Any) -> Callable[..., jax.Array]:
+    """JAX's ``all_gather_lhs_matmul`` over ``mesh``'s axis "x", jitted: x rows and
+    w columns sharded, the result's columns sharded."""
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm  # GPU-only op: imported on use
+
+    return jax.jit(
+        compat.shard_map(
+            lambda a, b: cm.all_gather_lhs_matmul(a, b, "x", config=config, dtype=dtype),
+            mesh=mesh,
+            in_specs=(P("x", None), P(None, "x")),
+            out_specs=P(None, "x"),
+            check_vma=False,
+        )
+    )
+
+
 def check_bundled_collective_matmul(data: st.DataObject, devices: int, tally: Tally, setting: Setting) -> None:
     """``all_gather_lhs_matmul`` (point-to-point remote copies, no multicast) over all
     of this process's GPUs: x rows and w columns sharded, every device's output block
@@ -458,7 +475,7 @@ def check_bundled_collective_matmul(data: st.DataObject, devices: int, tally: Ta
     in wgmma tiles, one rounding to the output dtype), and a bitwise rerun."""
     from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm
 
-    config = data.draw(st.sampled_from(_bundled_tuning_space()))
+    config = data.draw(st.sampled_from(bundled_tuning_space()))
     tally.configs.add(repr(config))
     dtype = data.draw(strategies.dtypes(setting.matmul_floats))
     cta_m = config.tile_m * (2 if config.wg_dimension == cm.MatmulDimension.M else 1)
@@ -474,15 +491,7 @@ def check_bundled_collective_matmul(data: st.DataObject, devices: int, tally: Ta
     tally.start(where)
     mesh = sharding.make_mesh(sharding.MeshLayout((devices,), ("x",)))
     xs, ws = collectives.sharded(x, mesh, P("x", None)), collectives.sharded(w, mesh, P(None, "x"))
-    call = jax.jit(
-        compat.shard_map(
-            lambda a, b: cm.all_gather_lhs_matmul(a, b, "x", config=config, dtype=jnp.dtype(dtype)),
-            mesh=mesh,
-            in_specs=(P("x", None), P(None, "x")),
-            out_specs=P(None, "x"),
-            check_vma=False,
-        )
-    )
+    call = bundled_collective_matmul(mesh, config, jnp.dtype(dtype))
     out, rerun = jax.block_until_ready(call(xs, ws)), jax.block_until_ready(call(xs, ws))
     ref64 = oracle.all_gather_matmul_oracle(x, w)
     bound = oracle.all_gather_matmul_bound(ref64, operand_dtype=x.dtype, out_dtype=x.dtype, arith=setting.arith)
