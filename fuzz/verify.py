@@ -53,6 +53,9 @@ class Row:
     # on a property's first row: its declared code paths and the cases that reached each
     paths_declared: tuple[str, ...] = ()
     paths: dict[str, int] = dataclasses.field(default_factory=dict)
+    # ... and the pairs of its declared parameters and the cases that met each
+    pairs_declared: tuple[str, ...] = ()
+    pairs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def checked(self) -> bool:
@@ -259,6 +262,7 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
     # reached the check. Its row keeps the kernel x dtype's count honest.
     if rows:
         rows[0].paths_declared, rows[0].paths = tally.paths_declared, dict(tally.paths)
+        rows[0].pairs_declared, rows[0].pairs = tally.pairs_declared, dict(tally.pairs)
     why = "the property stopped at its first failing case" if tally.failure else "no case reached it"
     for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
         if check not in tally.outcomes:
@@ -431,6 +435,8 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
             "" if m.examples + row.examples else (m.note or row.note),
             tuple(dict.fromkeys(m.paths_declared + row.paths_declared)),
             {k: m.paths.get(k, 0) + row.paths.get(k, 0) for k in {**m.paths, **row.paths}},
+            tuple(dict.fromkeys(m.pairs_declared + row.pairs_declared)),
+            {k: m.pairs.get(k, 0) + row.pairs.get(k, 0) for k in {**m.pairs, **row.pairs}},
         )
     return list(merged.values())
 
@@ -446,6 +452,8 @@ def as_json(row: Row) -> dict[str, Any]:
         **dataclasses.asdict(row),
         "budget_used": None if budget == float("inf") or not row.checked else budget,
         "verdict": row.verdict,
+        "pairs_met": [p for p in row.pairs_declared if row.pairs.get(p)],
+        "pairs_not_met": [p for p in row.pairs_declared if not row.pairs.get(p)],
     }
 
 
@@ -595,27 +603,43 @@ def coverage(rows: Sequence[Row]) -> list[tuple[str, str, list[str], dict[str, i
     return [(r.kernel, r.dtype, list(r.paths_declared), r.paths) for r in rows if r.paths_declared]
 
 
+def pair_coverage(rows: Sequence[Row]) -> list[tuple[str, str, list[str], dict[str, int]]]:
+    """Per kernel x dtype with declared parameters: (kernel, dtype, declared pairs, cases meeting each)."""
+    return [(r.kernel, r.dtype, list(r.pairs_declared), r.pairs) for r in rows if r.pairs_declared]
+
+
 def print_coverage(rows: Sequence[Row]) -> None:
-    """The declared code paths each kernel x dtype reached (cases reaching each)."""
-    table = coverage(rows)
-    if not table:
+    """The declared code paths each kernel x dtype reached (cases reaching each) and
+    the pairs of its declared parameters it met."""
+    paths = {(k, d): (declared, reached) for k, d, declared, reached in coverage(rows)}
+    met = {(k, d): (declared, counts) for k, d, declared, counts in pair_coverage(rows)}
+    if not paths and not met:
         return
-    print("\nCode paths reached (declared by each spec; cases that ran each):")
+    print("\nCode paths reached and parameter pairs met (declared by each spec; cases that ran each path):")
     body = []
-    for kernel, dtype, declared, reached in table:
+    for key in dict.fromkeys([*paths, *met]):
+        declared, reached = paths.get(key, ([], {}))
         missed = [p for p in declared if not reached.get(p)]
+        all_pairs, counts = met.get(key, ([], {}))
+        unmet = [p for p in all_pairs if not counts.get(p)]
         body.append(
             (
-                kernel,
-                dtype,
+                *key,
                 f"{len(declared) - len(missed)}/{len(declared)}",
+                f"{len(all_pairs) - len(unmet)}/{len(all_pairs)}" if all_pairs else "-",
                 "; ".join(f"{p} ({reached[p]})" for p in declared if reached.get(p))
-                + ("" if not missed else f"; NOT REACHED: {'; '.join(missed)}"),
+                + ("" if not missed else f"; NOT REACHED: {'; '.join(missed)}")
+                + ("" if not unmet else f"; PAIRS NOT MET: {'; '.join(unmet)}"),
             )
         )
-    _print_columns(("kernel", "dtype", "paths", "reached (cases)"), body)
+    _print_columns(("kernel", "dtype", "paths", "pairs covered", "reached (cases)"), body)
 
 
 def unreached(rows: Sequence[Row]) -> list[tuple[str, str, str]]:
     """(kernel, dtype, path) for each declared path no case reached."""
     return [(k, d, p) for k, d, declared, reached in coverage(rows) for p in declared if not reached.get(p)]
+
+
+def unmet_pairs(rows: Sequence[Row]) -> list[tuple[str, str, str]]:
+    """(kernel, dtype, pair) for each declared parameter pair no case met."""
+    return [(k, d, p) for k, d, declared, counts in pair_coverage(rows) for p in declared if not counts.get(p)]

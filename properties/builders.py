@@ -18,9 +18,9 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pallascheck.kernels import compat
+from pallascheck.kernels import compat, matmul
 from pallascheck.kernels.backends import Backend, NotOnBackend
-from pallascheck.properties.spec import BadInput, Case, KernelSpec
+from pallascheck.properties.spec import BadInput, Case, KernelSpec, Parameter
 
 
 @contextlib.contextmanager
@@ -150,3 +150,48 @@ def row_block(config: Any) -> int | None:
 def column_block(config: Any) -> int | None:
     """The columns of one output tile: ours (generic ``block_n``, Mosaic GPU ``tile_n``)."""
     return getattr(config, "tile_n", getattr(config, "block_n", None))
+
+
+# Parameters of the families, for pairwise coverage (KernelSpec.parameters).
+
+# The backends whose generic kernels draw from the interpreters' config spaces (blocks
+# of 16 and 32): their config names are declared; Triton's hardware space is larger
+GENERIC_INTERPRETED = ("interpret", "tpu_interpret")
+WARPGROUPS = ("one warpgroup", "warp-specialised")
+
+
+def warpgroups(config: Any) -> str:
+    """A Mosaic GPU config's form (``WARPGROUPS``): one consumer warpgroup, or two."""
+    return WARPGROUPS[config.consumers - 1]
+
+
+def config_parameter(name_of: Callable[[Any], str], values: Sequence[str], backends: Sequence[str]) -> Parameter:
+    """The "config" parameter on ``backends``: ``name_of(config)``, one of ``values``."""
+    return Parameter("config", tuple(values), lambda case, config: (name_of(config),), backends=tuple(backends))
+
+
+def input_kind(kinds: Sequence[str]) -> Parameter:
+    """The "input kind" parameter: the element kinds a case drew (``Case.kinds``), of ``kinds``."""
+    return Parameter("input kind", tuple(kinds), lambda case, config: case.kinds, element_kind=True)
+
+
+# the element kinds the dot-like families (matmul, ragged_dot, GLU) draw
+DOT_KINDS = ("normal", "large", "subnormal", "few_distinct", "positive")
+
+
+def reduction_name(config: Any) -> str:
+    """A dot-like config's name by its step along the reduction (``reduction_block``)."""
+    return f"K block {reduction_block(config)}"
+
+
+def activation_parameters(backends: Sequence[str]) -> tuple[Parameter, ...]:
+    """The "activation" parameter on each of ``backends``: the activations its kernel offers."""
+    return tuple(
+        Parameter(
+            "activation",
+            matmul.supported_activations(b),
+            lambda case, config: (case.params["activation"],),
+            backends=(b,),
+        )
+        for b in backends
+    )

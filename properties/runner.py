@@ -17,6 +17,7 @@ import os
 import random
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -27,17 +28,17 @@ from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
-from hypothesis.errors import NoSuchExample
+from hypothesis.errors import HypothesisWarning, NoSuchExample
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.kernels.compat import reset_tpu_interpreter
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties import check_kinds, checks, production, strategies
+from pallascheck.properties import check_kinds, checks, pairs, production, strategies
 from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
-from pallascheck.properties.spec import Case, CodePath, KernelSpec
+from pallascheck.properties.spec import Case, CodePath, KernelSpec, Parameter
 
 
 def _np(a: Any) -> np.ndarray:
@@ -79,6 +80,10 @@ class Tally:
     paths_declared: tuple[str, ...] = ()
     paths_required: tuple[str, ...] = ()  # of those, the ones the spec requires (not inferred)
     paths: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the pairs of the spec's declared parameters (KernelSpec.parameters_for, labelled
+    # by pairs.label) and the cases that met each
+    pairs_declared: tuple[str, ...] = ()
+    pairs: dict[str, int] = dataclasses.field(default_factory=dict)
     # checks left out of some cases, and why (xla_reference too large for the device)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -727,6 +732,9 @@ def run_property(
     declared = spec.paths_for(backend, shapes)
     tally.paths_declared = tuple(p.name for p in declared)
     tally.paths_required = tuple(p.name for p in declared if p.required)
+    parameters = spec.parameters_for(backend, shapes)
+    declared_pairs = pairs.declared(parameters)
+    tally.pairs_declared = tuple(pairs.label(p) for p in declared_pairs)
 
     def check_example(cases_and_config: tuple[list[Case], int]) -> None:
         cases, index = cases_and_config
@@ -738,6 +746,8 @@ def run_property(
                 for path in declared:
                     if path.reached(case, config):
                         tally.paths[path.name] = tally.paths.get(path.name, 0) + 1
+                for pair in pairs.met(parameters, case, config):
+                    tally.pairs[pairs.label(pair)] = tally.pairs.get(pairs.label(pair), 0) + 1
                 if search.before_case is not None:
                     search.before_case(case, config)
                 case_tally = Tally()
@@ -745,7 +755,7 @@ def run_property(
                     check_case(spec, case, config, backend, context=context, selected=selected, tally=case_tally)
                 except Exception as failure:  # a crash is a finding too: keep its input
                     if failure_dir is not None:
-                        save_failure(failure_dir, spec, dtype, backend, case, config, failure, declared)
+                        save_failure(failure_dir, spec, dtype, backend, case, config, failure, declared, parameters)
                     _merge_into(tally, case_tally)  # the checks this case passed before it failed
                     if search.after_case is not None and isinstance(failure, checks.CheckFailure):
                         case_tally.add(failure.outcome, 0.0)
@@ -809,6 +819,23 @@ def run_property(
         except Exception as failure:  # noqa: BLE001 - as above: booked under its check
             _book(tally, failure, context)
         missing = [p for p in declared if p.name not in tally.paths]
+    # Pairs by rule, the same way: an example drawn for each pair of parameter values
+    # not met yet, the one of its draws that meets the most open pairs (a greedy
+    # covering array); a pair no draw meets is given up on and reported not met.
+    given_up: set[pairs.Pair] = set()
+    while not steered and not tally.findings:
+        open_pairs = [p for p in declared_pairs if pairs.label(p) not in tally.pairs and p not in given_up]
+        if not open_pairs:
+            break
+        attempt += 1
+        chosen = _draw_covering(free, open_pairs, parameters, spec, backend, dtype_seed(seed, dtype) + attempt)
+        if chosen is None:
+            given_up.add(open_pairs[0])
+            continue
+        try:
+            check_example(chosen)
+        except Exception as failure:  # noqa: BLE001 - as above: booked under its check
+            _book(tally, failure, context)
     return tally
 
 
@@ -865,6 +892,68 @@ def _draw_reaching(
         return None
 
 
+# Of the draws that meet the pair a covering example is drawn for, how many are
+# compared for the other open pairs they meet (the greedy step): more find a better
+# example at the price of more draws (no check runs while drawing).
+PAIR_CANDIDATES = 4
+
+
+def _draw_covering(
+    drawn: st.SearchStrategy[tuple[list[Case], int]],
+    open_pairs: Sequence[pairs.Pair],
+    parameters: Sequence[Parameter],
+    spec: KernelSpec,
+    backend: Backend,
+    seed: int,
+) -> tuple[list[Case], int] | None:
+    """An example that meets ``open_pairs[0]``, and of those found the one meeting the
+    most of ``open_pairs``: its element kind pinned where the pair names one, each
+    drawn layout tried under every config of its space (the config pinned by index),
+    shapes and options drawn until ``PAIR_CANDIDATES`` layouts meet the pair or
+    ``PATH_DRAWS`` were drawn. None where no draw meets it."""
+    target, wanted = open_pairs[0], set(open_pairs)
+    best: tuple[int, tuple[list[Case], int]] | None = None
+    found = 0
+
+    def meets(example: tuple[list[Case], int]) -> bool:
+        nonlocal best, found
+        cases = example[0]
+        # each case under the config of each index, as _config_of gives it
+        spaces = [list(spec.configs(case, backend)) for case in cases]
+        scored = []
+        for index in range(len(spaces[0])):
+            met = set().union(
+                *(pairs.met(parameters, case, space[index % len(space)]) for case, space in zip(cases, spaces))
+            )
+            if target in met:
+                scored.append((len(met & wanted), (cases, index)))
+        if scored:
+            found += 1
+            top = max(scored, key=lambda pair: pair[0])
+            best = top if best is None or top[0] > best[0] else best
+        return found >= PAIR_CANDIDATES
+
+    with strategies.pinned_element_kind(pairs.pinned_kind(target, parameters)), warnings.catch_warnings():
+        # find() describes the example it returns, arrays and all; the example is ours to report
+        warnings.simplefilter("ignore", HypothesisWarning)
+        try:
+            find(
+                drawn,
+                meets,
+                settings=settings(
+                    max_examples=PATH_DRAWS,
+                    phases=[Phase.generate],
+                    database=None,
+                    deadline=None,
+                    suppress_health_check=list(HealthCheck),
+                ),
+                random=random.Random(seed),
+            )
+        except NoSuchExample:
+            pass  # fewer than PAIR_CANDIDATES met it: the best of those, if any
+    return None if best is None else best[1]
+
+
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return [leaf for e in group.exceptions for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])]
 
@@ -896,10 +985,12 @@ def save_failure(
     config: Any,
     failure: Exception,
     paths: Sequence[CodePath] = (),
+    parameters: Sequence[Parameter] = (),
 ) -> str:
     """Save the failing case as ``failure_path(directory, spec.name, dtype, check)``
     (check "crash" for an exception that is not a CheckFailure), naming the declared
-    ``paths`` it reaches; returns the path."""
+    ``paths`` it reaches and the pairs of the declared ``parameters`` it meets;
+    returns the path."""
     os.makedirs(directory, exist_ok=True)
     check = failed_check(failure)
     message = str(failure)
@@ -914,6 +1005,7 @@ def save_failure(
         "config": config_to_json(config),
         "message": message,
         "paths": [p.name for p in paths if p.reached(case, config)],
+        "pairs": sorted(pairs.label(p) for p in pairs.met(parameters, case, config)),
     }
     Case(case.arrays, {**case.params, "__failure__": meta}).save(path)
     return path

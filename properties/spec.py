@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -107,6 +107,25 @@ class CodePath:
 
 
 @dataclasses.dataclass(frozen=True)
+class Parameter:
+    """A discrete parameter of the kernel, for pairwise coverage: ``of(case, config)``
+    gives the values that checking ``case`` under ``config`` takes, each one of
+    ``values`` (one value for most parameters; an input kind takes each element kind
+    the case drew). A run must meet every pair of values of two parameters in one
+    checked case (properties/pairs.py; ``runner.run_property`` draws for the pairs its
+    budget missed and reports those no draw meets). ``element_kind``: the values are
+    element kinds, which a draw can pin (``strategies.pinned_element_kind``); a config
+    is pinned by its index. ``backends`` and ``tiers``: as CodePath's."""
+
+    name: str
+    values: Sequence[Hashable]
+    of: Callable[[Case, Any], Collection[Hashable]]
+    backends: Sequence[str] | None = None
+    tiers: Sequence[str] = ("small",)
+    element_kind: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class GradientSpec:
     """Backward-pass checks. Cases carry the output cotangent as ``arrays['cotangent']``."""
 
@@ -175,6 +194,10 @@ class KernelSpec:
     # the code paths every run must reach (runner.run_property draws for any the
     # random draws missed, and reports each one's cases)
     paths: Sequence[CodePath] = ()
+    # the kernel's discrete parameters (config, causal, input kind, ...): every pair of
+    # their values must meet in one checked case (runner.run_property draws for the
+    # pairs the budgeted draws missed, and reports those no draw meets)
+    parameters: Sequence[Parameter] = ()
     # (case) -> the device bytes xla_reference needs for it, where that can outgrow
     # the kernel's own (attention's materialises [b, h, sq, skv] logits): a case whose
     # reference does not fit the memory the process may use leaves the reference check
@@ -201,6 +224,10 @@ class KernelSpec:
     def paths_for(self, backend: Backend, shapes: str = "small") -> list[CodePath]:
         """The declared paths a run on ``backend`` at the ``shapes`` tier must reach."""
         return [p for p in self.paths if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
+
+    def parameters_for(self, backend: Backend, shapes: str = "small") -> list[Parameter]:
+        """The declared parameters whose pairs a run on ``backend`` at the ``shapes`` tier must meet."""
+        return [p for p in self.parameters if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
 
 
 def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]) -> Callable[..., np.ndarray]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -69,7 +70,14 @@ def layout_choice[T](key: str, options: Sequence[T]) -> st.SearchStrategy[T]:
     Mosaic GPU interpreter, at verify's 3 examples per dtype, the ragged dot drew m 17
     and 40 and never the 150 rows that make three row tiles, so mutants of its row-tile
     offsets passed as equivalent (docs/mutation.md)."""
-    options = tuple(options)
+    return _layout_choice(key, tuple(options))
+
+
+# Built once per (key, options): a case draws several layout choices, and building the
+# composite strategy again for each draw was 40% of drawing a GLU case (cProfile of the
+# draws for pairs, runner._draw_covering)
+@functools.cache
+def _layout_choice[T](key: str, options: tuple[T, ...]) -> st.SearchStrategy[T]:
     drawn = st.sampled_from(options)
 
     @st.composite

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if meta.get("paths"):
         print(f"code paths this case reaches: {'; '.join(meta['paths'])}")
+    if meta.get("pairs"):
+        print(f"parameter pairs this case meets: {'; '.join(meta['pairs'])}")
     if meta["check"] in ("hang", "crash", "oom"):
         print(
             f"this case was saved when its worker was lost or the kernel raised ({meta['check']}): {meta['message']}",

@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     not_checked += [scope.NotChecked(r.kernel, r.dtype, f"{r.check}: {r.note}") for r in rows if not r.checked]
     not_checked += [scope.NotChecked(k, d, f"code path not reached: {p}") for k, d, p in verify.unreached(rows)]
+    not_checked += [scope.NotChecked(k, d, f"parameter pair not met: {p}") for k, d, p in verify.unmet_pairs(rows)]
     ok = all(r.passed for r in rows)
     checked = [r for r in rows if r.checked]
     examples = sum(r.examples for r in rows)

@@ -34,6 +34,7 @@ from pallascheck.properties.spec import (
     GradientSpec,
     KernelSpec,
     Layout,
+    Parameter,
     Relation,
     config_fields,
 )
@@ -600,6 +601,40 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     )
 
 
+def _bias_or_mask(case: Case) -> tuple[str, ...]:
+    return tuple(a for a in ("bias", "mask") if a in case.arrays) or ("none",)
+
+
+def _parameters(blocks: Blocks | None) -> tuple[Parameter, ...]:
+    """The discrete parameters whose pairs every small-tier run meets (ours only: a
+    user's kernel has one config, and its domain may narrow the rest)."""
+    if blocks is not None:
+        return ()
+    return (
+        builders.config_parameter(
+            lambda config: f"{config.block_q}x{config.block_k}",
+            ("16x16", "16x32", "32x16", "32x32"),  # the forward tile: blocks_for(_, (16, 32))
+            builders.GENERIC_INTERPRETED,
+        ),
+        builders.config_parameter(builders.warpgroups, builders.WARPGROUPS, MOSAIC_GPU),
+        Parameter("causal", (False, True), lambda case, config: (bool(case.params["causal"]),)),
+        Parameter(
+            "grouped-query",
+            (False, True),
+            lambda case, config: (case.arrays["q"].shape[2] != case.arrays["k"].shape[2],),
+        ),
+        Parameter("bias/mask", ("none", "bias", "mask"), lambda case, config: _bias_or_mask(case)),
+        # the logits kinds (a bias drawn "normal" is a normal input too): the bias and
+        # mask kinds exist only with a bias or mask, so they pair with "none" never
+        Parameter(
+            "input kind",
+            LOGITS,
+            lambda case, config: [k for k in case.kinds if k in LOGITS],
+            element_kind=True,
+        ),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = attention.attention,
     name: str = "attention",
@@ -660,6 +695,7 @@ def make_spec(
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
         paths=_paths(blocks),
+        parameters=_parameters(blocks),
         reference_bytes=_reference_bytes,
         **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),
     )

@@ -19,7 +19,7 @@ from pallascheck.oracles import fp8_matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import builders, production, strategies
 from pallascheck.properties.device import programs as device_programs
-from pallascheck.properties.spec import BadInput, Case, CodePath, KernelSpec, Layout
+from pallascheck.properties.spec import BadInput, Case, CodePath, KernelSpec, Layout, Parameter
 
 BLOCK = fp8.SCALE_BLOCK
 BACKENDS = ("interpret",) + MOSAIC_GPU
@@ -163,6 +163,22 @@ def _paths() -> tuple[CodePath, ...]:
     )
 
 
+def _parameters() -> tuple[Parameter, ...]:
+    """The discrete parameters whose pairs every small-tier run meets: the config (its
+    tile; the interpreters' spaces do not depend on the shapes) and each operand's kind."""
+    return (
+        builders.config_parameter(
+            lambda config: f"{config.block_m}x{config.block_n}x{config.block_k}",
+            ("32x64x32", "32x128x16", "16x64x16"),
+            builders.GENERIC_INTERPRETED,
+        ),
+        builders.config_parameter(
+            lambda config: f"{config.tile_m}x{config.tile_n}", ("64x64", "64x128"), ("mosaic_gpu_interpret",)
+        ),
+        builders.input_kind(strategies.FP8_KINDS),
+    )
+
+
 def make_spec(kernel: Callable[..., jax.Array] = fp8_matmul.fp8_matmul, name: str = "fp8_matmul") -> KernelSpec:
     """The spec of ``kernel`` (any callable with fp8_matmul.fp8_matmul's signature)."""
 
@@ -187,6 +203,7 @@ def make_spec(kernel: Callable[..., jax.Array] = fp8_matmul.fp8_matmul, name: st
         default_config_on={n: mosaic_gpu_fp8_matmul.Config() for n in MOSAIC_GPU},
         backends=BACKENDS,
         paths=_paths(),
+        parameters=_parameters(),
         bad_inputs=_bad_inputs,
     )
 

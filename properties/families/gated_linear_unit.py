@@ -28,6 +28,7 @@ from pallascheck.properties.spec import (
     GradientSpec,
     KernelSpec,
     Layout,
+    Parameter,
     any_order_contract,
     any_order_gradient_contract,
 )
@@ -267,6 +268,16 @@ def _paths() -> tuple[CodePath, ...]:
     )
 
 
+def _parameters() -> tuple[Parameter, ...]:
+    """The discrete parameters whose pairs every small-tier run meets."""
+    return (
+        builders.config_parameter(builders.reduction_name, ("K block 16", "K block 32"), builders.GENERIC_INTERPRETED),
+        builders.config_parameter(builders.reduction_name, ("K block 32", "K block 64"), ("mosaic_gpu_interpret",)),
+        *builders.activation_parameters(GENERIC + MOSAIC_GPU),
+        builders.input_kind(builders.DOT_KINDS),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = glu.gated_linear_unit,
     name: str = "gated_linear_unit",
@@ -307,6 +318,7 @@ def make_spec(
         bad_inputs=_bad_inputs,
         backends=GENERIC + MOSAIC_GPU,
         paths=_paths(),
+        parameters=_parameters(),
         dtypes_on={name: ("bfloat16", "float16") for name in MOSAIC_GPU},
         default_config_on={name: mosaic_gpu_glu.Config() for name in MOSAIC_GPU},
     )

@@ -25,6 +25,7 @@ from pallascheck.properties.spec import (
     GradientSpec,
     KernelSpec,
     Layout,
+    Parameter,
     any_order_contract,
     any_order_gradient_contract,
     config_fields,
@@ -322,6 +323,24 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     )
 
 
+def _parameters(blocks: Blocks | None) -> tuple[Parameter, ...]:
+    """The discrete parameters whose pairs every small-tier run meets (ours only: a
+    user's kernel has one config, and its domain may narrow the rest)."""
+    if blocks is not None:
+        return ()
+    return (
+        builders.config_parameter(builders.reduction_name, ("K block 16", "K block 32"), builders.GENERIC_INTERPRETED),
+        builders.config_parameter(builders.warpgroups, builders.WARPGROUPS, MOSAIC_GPU),
+        Parameter(
+            "K tail",
+            (False, True),
+            lambda case, config: (case.arrays["x"].shape[1] % (builders.reduction_block(config) or 1) != 0,),
+        ),
+        *builders.activation_parameters(GENERIC + MOSAIC_GPU),
+        builders.input_kind(builders.DOT_KINDS),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = matmul.matmul,
     name: str = "matmul",
@@ -370,6 +389,7 @@ def make_spec(
         contract=any_order_contract(_bound),
         backends=backends,
         paths=_paths(blocks),
+        parameters=_parameters(blocks),
         **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,
         relations=(

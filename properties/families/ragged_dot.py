@@ -25,6 +25,7 @@ from pallascheck.properties.spec import (
     GradientSpec,
     KernelSpec,
     Layout,
+    Parameter,
     any_order_contract,
     any_order_gradient_contract,
     config_fields,
@@ -324,6 +325,35 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
     )
 
 
+def group_layout(case: Case) -> str:
+    """The form of a case's group sizes, as ``GROUP_LAYOUTS`` names them, the first
+    that holds: every group one row, rows past the last group ("short"), one group
+    holding every row, an empty group, else "random". Read from the sizes, not the
+    layout drawn: a "random" draw may leave a group empty, which is the form the
+    kernel sees."""
+    sizes = np.asarray(case.arrays["group_sizes"], np.int64)
+    if (sizes == 1).all():
+        return "singletons"
+    if sizes.sum() < case.arrays["lhs"].shape[0]:
+        return "short"
+    if len(sizes) > 1 and (sizes > 0).sum() == 1:
+        return "one_group"
+    return "with_empty" if (sizes == 0).any() else "random"
+
+
+def _parameters(blocks: Blocks | None) -> tuple[Parameter, ...]:
+    """The discrete parameters whose pairs every small-tier run meets (ours only: a
+    user's kernel has one config, and its domain may narrow the rest)."""
+    if blocks is not None:
+        return ()
+    return (
+        Parameter("group layout", GROUP_LAYOUTS, lambda case, config: (group_layout(case),)),
+        builders.config_parameter(builders.reduction_name, ("K block 16", "K block 32"), builders.GENERIC_INTERPRETED),
+        builders.config_parameter(builders.reduction_name, ("K block 32", "K block 64"), ("mosaic_gpu_interpret",)),
+        builders.input_kind(builders.DOT_KINDS),
+    )
+
+
 def make_spec(
     kernel: Callable[..., jax.Array] = ragged_dot.ragged_dot,
     name: str = "ragged_dot",
@@ -367,6 +397,7 @@ def make_spec(
         contract=any_order_contract(_bound),
         backends=backends,
         paths=_paths(blocks),
+        parameters=_parameters(blocks),
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,
         bad_inputs=bad_inputs or _bad_inputs,
