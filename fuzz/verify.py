@@ -238,6 +238,7 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
             replay_hint=replay,
             search=dog.search(),
             shapes=options.shapes,
+            cover_pairs=True,
         )
     rows = []
     for check in check_kinds.REPORTED:

@@ -41,7 +41,7 @@ def measure(name: str, backend: Backend, examples: int) -> list[dict[str, Any]]:
             original, runner.check_case = runner.check_case, record
             try:
                 start = time.perf_counter()
-                runner.run_property(run_spec, dtype, backend, examples=examples, seed=0)
+                runner.run_property(run_spec, dtype, backend, examples=examples, seed=0, cover_pairs=True)
                 seconds = time.perf_counter() - start
             finally:
                 runner.check_case = original
