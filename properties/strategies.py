@@ -70,7 +70,12 @@ def layout_choice[T](key: str, options: Sequence[T]) -> st.SearchStrategy[T]:
     Mosaic GPU interpreter, at verify's 3 examples per dtype, the ragged dot drew m 17
     and 40 and never the 150 rows that make three row tiles, so mutants of its row-tile
     offsets passed as equivalent (docs/mutation.md)."""
-    return _layout_choice(key, tuple(options))
+    options = tuple(options)
+    try:
+        hash(options)
+    except TypeError:  # a user's unhashable options (lists of dims): built for this draw
+        return _layout_choice.__wrapped__(key, options)
+    return _layout_choice(key, options)
 
 
 # Built once per (key, options): a case draws several layout choices, and building the
