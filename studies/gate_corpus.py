@@ -25,11 +25,17 @@ def main() -> None:
     parser.add_argument("--drawn", type=int, default=2)
     parser.add_argument("--json")
     parser.add_argument("--corpus", choices=("gaming", "honest"), help="only this corpus (default: both)")
+    parser.add_argument(
+        "--part", default="1/1", help="K/N: every N-th candidate from the K-th (processes side by side)"
+    )
     args = parser.parse_args()
+    k, n = (int(v) for v in args.part.split("/"))
+    if not 1 <= k <= n:
+        parser.error(f"--part must be K/N with 1 <= K <= N, got {args.part!r}")
     plan = [("gaming", task, name, reason) for task, name, reason in GAMING]
     plan += [("honest", task, name, "") for task, name in HONEST]
     rows = []
-    for kind, task, name, reason in [p for p in plan if args.corpus in (None, p[0])]:
+    for kind, task, name, reason in [p for p in plan if args.corpus in (None, p[0])][k - 1 :: n]:
         start = time.perf_counter()
         verdict = gate(task, f"tests.gate_corpus.{kind}:{name}", backend=args.backend, drawn=args.drawn)
         rows.append((kind, task, name, reason, verdict.status, verdict.reason_names, time.perf_counter() - start))
