@@ -290,7 +290,6 @@ def raises_when_run(x, interpret=False):
     return _honest_softmax(x, interpret)
 
 
-
 def wrong_dtype(x, interpret=False):
     return _honest_softmax(x.astype(jnp.float32), interpret)
 
