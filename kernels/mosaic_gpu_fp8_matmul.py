@@ -186,7 +186,8 @@ def _warp_specialized_call(
     x: jax.Array, w: jax.Array, xs: jax.Array, ws: jax.Array, *, out_dtype: Any, config: Config, backend: Backend
 ) -> jax.Array:
     """``consumers=2`` (module docstring) on operands padded to the CTA tiles; ``xs``
-    [Kb, M] and ``ws`` [Kb, N] the scales laid out for TMA."""
+    [Kb, M] and ``ws`` [Kb, N/128 * tile_m] (each block's value repeated tile_m times)
+    the scales laid out for TMA."""
     tm, tn, pe, stages = config.tile_m, config.tile_n, config.promote_every, config.max_concurrent_steps
     rows = config.cta_m
     (mp, kp), np_ = x.shape, w.shape[0]
@@ -202,8 +203,8 @@ def _warp_specialized_call(
                 plgpu.wgmma(part_ref, x_smem.at[my_rows], compat.transposed_smem(w_smem))
                 # the scales load while the tensor core sums the span
                 row = plgpu.load(xs_smem.at[0].at[my_rows], layout=plgpu.Layout.WGMMA.reduce(1))
-                col = plgpu.load(ws_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(0))
-                scale = lax.broadcast_in_dim(row, shape, [0]) * lax.broadcast_in_dim(col, shape, [1])
+                tile = plgpu.load(ws_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # one value, per row
+                scale = lax.broadcast_in_dim(row * tile, shape, [0])
                 plgpu.commit_smem()  # order the scale reads before the TMA that refills their slot
                 plgpu.wgmma_wait(0)  # the slot is released on return
                 return acc + part_ref[...] * scale  # the promotion
@@ -222,7 +223,7 @@ def _warp_specialized_call(
                     plgpu.BlockSpec((rows, pe), lambda kk: (0, kk), transforms=operand_transforms(pe, x.dtype)),
                     plgpu.BlockSpec((tn, pe), lambda kk: (0, kk), transforms=operand_transforms(pe, w.dtype)),
                     plgpu.BlockSpec((1, rows), scale_block),
-                    plgpu.BlockSpec((1, tn), scale_block),
+                    plgpu.BlockSpec((1, tm), scale_block),
                 ],
                 wg_axis="wg",
                 num_compute_wgs=2,
@@ -237,6 +238,7 @@ def _warp_specialized_call(
             def _tile(info):
                 m_idx, n_idx = band_order(info.index[0], m_tiles, n_tiles)
                 cta_rows, n_slice = pl.ds(m_idx * rows, rows), pl.ds(n_idx * tn, tn)
+                w_block = pl.ds(((n_idx * tn) // SCALE_BLOCK) * tm, tm)  # the tile's w_scale block
 
                 def consume(run_pipeline):
                     acc = run_pipeline(plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA))
@@ -246,7 +248,7 @@ def _warp_specialized_call(
                     x_gmem.at[cta_rows, :],
                     w_gmem.at[n_slice, :],
                     xs_gmem.at[:, cta_rows],
-                    ws_gmem.at[:, n_slice],
+                    ws_gmem.at[:, w_block],
                 )
                 pipeline(consume)(*operands, allocations=allocations)
 
@@ -256,7 +258,7 @@ def _warp_specialized_call(
             x_gmem.at[pl.ds(0, rows), :],
             w_gmem.at[pl.ds(0, tn), :],
             xs_gmem.at[:, pl.ds(0, rows)],
-            ws_gmem.at[:, pl.ds(0, tn)],
+            ws_gmem.at[:, pl.ds(0, tm)],
         )
         # the ring and the output slices are shared by the CTA's warpgroups
         pl.run_scoped(
@@ -319,11 +321,15 @@ def tiled_call(
     tiling.require_shared_memory(config, smem_bytes(config, jnp.dtype(out_dtype).itemsize))
     x_p, xs_p, w_p, ws_p = fp8.pad_operands(x, x_scale, w, w_scale, config.cta_m, tn, pe)
     (mp, kp), np_ = x_p.shape, w_p.shape[0]
-    xs_t, ws_cols = xs_p.T, scales_per_column(ws_p, np_)
+    xs_t = xs_p.T
     if config.consumers == 2:
-        return _warp_specialized_call(x_p, w_p, xs_t, ws_cols, out_dtype=out_dtype, config=config, backend=backend)[
+        # a tile lies in one w_scale block (tile_n divides 128): its value repeated
+        # over a consumer's rows, so that the promotion's scale is one per row
+        ws_rows = jnp.repeat(ws_p.T, tm, axis=1)
+        return _warp_specialized_call(x_p, w_p, xs_t, ws_rows, out_dtype=out_dtype, config=config, backend=backend)[
             :m, :n
         ]
+    ws_cols = scales_per_column(ws_p, np_)
     scratch = (
         plgpu.SMEM((stages, tm, pe), x.dtype, transforms=operand_transforms(pe, x.dtype)),
         plgpu.SMEM((stages, tn, pe), w.dtype, transforms=operand_transforms(pe, w.dtype)),
