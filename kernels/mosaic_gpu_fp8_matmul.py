@@ -79,6 +79,7 @@ class Config:
     promote_every: int = 128
     max_concurrent_steps: int = 5
     consumers: int = 2
+    spans_per_step: int = 1
 
     def __post_init__(self) -> None:
         if self.tile_m not in (64, 128):
@@ -102,6 +103,11 @@ class Config:
                 f"config.tile_m * config.tile_n must be <= {MAX_CONSUMER_TILE_ELEMENTS} with consumers=2 (a "
                 f"consumer holds its f32 sum and the span's partial in registers), got {self.tile_m} * {self.tile_n}"
             )
+        if self.spans_per_step not in (1, 2) or (self.spans_per_step == 2 and self.consumers != 2):
+            raise ValueError(
+                f"config.spans_per_step must be 1, or 2 with consumers=2 (a second accumulator per consumer), "
+                f"got {self.spans_per_step!r} with consumers={self.consumers!r}"
+            )
 
     @property
     def block_k(self) -> int:
@@ -123,7 +129,8 @@ def smem_bytes(config: Config, out_itemsize: int) -> int:
     """The ring's FP8 tiles and f32 scale vectors, and the output tile (with two
     consumers: each consumer's EPILOGUE_N-column output slice)."""
     rows, tn = config.cta_m, config.tile_n
-    ring = config.max_concurrent_steps * ((rows + tn) * config.promote_every + 4 * (rows + tn))
+    span = (rows + tn) * config.promote_every + 4 * (rows + tn)
+    ring = config.max_concurrent_steps * config.spans_per_step * span
     out_n = tn if config.consumers == 1 else EPILOGUE_N
     return ring + rows * out_n * out_itemsize
 
@@ -131,7 +138,12 @@ def smem_bytes(config: Config, out_itemsize: int) -> int:
 def configs(m: int, n: int, k: int, backend: str | Backend | None = None) -> list[Config]:
     be = get_backend(backend)
     if be.is_interpreted:  # every config costs a compile and an interpreted run
-        return [Config(64, 64, 128, 2, consumers=1), Config(64, 128, 32, 2, consumers=1), Config(64, 64, 64, 2)]
+        return [
+            Config(64, 64, 128, 2, consumers=1),
+            Config(64, 128, 32, 2, consumers=1),
+            Config(64, 64, 64, 2),
+            Config(64, 64, 64, 2, spans_per_step=2),
+        ]
     one = [
         Config(tm, tn, pe, s, consumers=1)
         for tm in (64, 128)
@@ -198,33 +210,53 @@ def _warp_specialized_call(
         wg = lax.axis_index("wg")
         my_rows = pl.ds(wg * tm, tm)  # this consumer's rows of a CTA tile
 
-        def step(_, x_smem, w_smem, xs_smem, ws_smem, acc):
-            def span(part_ref):
-                plgpu.wgmma(part_ref, x_smem.at[my_rows], compat.transposed_smem(w_smem))
-                # the scales load while the tensor core sums the span
-                row = plgpu.load(xs_smem.at[0].at[my_rows], layout=plgpu.Layout.WGMMA.reduce(1))
-                tile = plgpu.load(ws_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # one value, per row
-                scale = lax.broadcast_in_dim(row * tile, shape, [0])
-                plgpu.commit_smem()  # order the scale reads before the TMA that refills their slot
-                plgpu.wgmma_wait(0)  # the slot is released on return
-                return acc + part_ref[...] * scale  # the promotion
+        def step(_, *refs):
+            # refs: (x, w, x_scale, w_scale) slots of each span of the step, then the sum
+            *slots, acc = refs
+            spans = [slots[i : i + 4] for i in range(0, len(slots), 4)]
 
-            return pl.run_scoped(span, plgpu.ACC(shape, jnp.float32))
+            def promote(*part_refs):
+                scales = []
+                for part_ref, (x_smem, w_smem, xs_smem, ws_smem) in zip(part_refs, spans):
+                    plgpu.wgmma(part_ref, x_smem.at[my_rows], compat.transposed_smem(w_smem))
+                for _x, _w, xs_smem, ws_smem in spans:  # loaded while the tensor core sums the spans
+                    row = plgpu.load(xs_smem.at[0].at[my_rows], layout=plgpu.Layout.WGMMA.reduce(1))
+                    tile = plgpu.load(ws_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))  # one value, per row
+                    scales.append(lax.broadcast_in_dim(row * tile, shape, [0]))
+                plgpu.commit_smem()  # order the scale reads before the TMA that refills their slots
+                total = acc
+                for i, (part_ref, scale) in enumerate(zip(part_refs, scales)):
+                    # span i's wgmma has retired once only the later spans' may run: it is
+                    # promoted while they do (the slot is released on return, all retired)
+                    total = total + plgpu.wgmma_accumulator_load(part_ref, wait_n=len(spans) - 1 - i) * scale
+                return total
 
-        def scale_block(kk):  # the scale row of K step kk: a step never straddles a block
-            return (kk * pe) // SCALE_BLOCK, 0
+            return pl.run_scoped(promote, *(plgpu.ACC(shape, jnp.float32) for _ in spans))
+
+        per_step = config.spans_per_step
+
+        def span_specs(i: int) -> list[Any]:
+            """Span ``i`` of each step: x, w and their scale rows (a span never straddles a block)."""
+
+            def k_tile(kk):
+                return 0, per_step * kk + i
+
+            def scale_row(kk):
+                return ((per_step * kk + i) * pe) // SCALE_BLOCK, 0
+
+            return [
+                plgpu.BlockSpec((rows, pe), k_tile, transforms=operand_transforms(pe, x.dtype)),
+                plgpu.BlockSpec((tn, pe), k_tile, transforms=operand_transforms(pe, w.dtype)),
+                plgpu.BlockSpec((1, rows), scale_row),
+                plgpu.BlockSpec((1, tm), scale_row),
+            ]
 
         def pipeline(consume: Any) -> Any:
             return plgpu.emit_pipeline_warp_specialized(
                 step,
-                grid=(kp // pe,),
+                grid=(kp // (per_step * pe),),
                 memory_registers=tiling.MEMORY_WARPGROUP_REGISTERS,
-                in_specs=[
-                    plgpu.BlockSpec((rows, pe), lambda kk: (0, kk), transforms=operand_transforms(pe, x.dtype)),
-                    plgpu.BlockSpec((tn, pe), lambda kk: (0, kk), transforms=operand_transforms(pe, w.dtype)),
-                    plgpu.BlockSpec((1, rows), scale_block),
-                    plgpu.BlockSpec((1, tm), scale_block),
-                ],
+                in_specs=[spec for i in range(per_step) for spec in span_specs(i)],
                 wg_axis="wg",
                 num_compute_wgs=2,
                 max_concurrent_steps=stages,
@@ -250,7 +282,7 @@ def _warp_specialized_call(
                     xs_gmem.at[:, cta_rows],
                     ws_gmem.at[:, w_block],
                 )
-                pipeline(consume)(*operands, allocations=allocations)
+                pipeline(consume)(*(operands * per_step), allocations=allocations)
 
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's slices are read out
 
@@ -263,7 +295,7 @@ def _warp_specialized_call(
         # the ring and the output slices are shared by the CTA's warpgroups
         pl.run_scoped(
             scope,
-            pipeline(lambda _: None).get_allocations(*first),
+            pipeline(lambda _: None).get_allocations(*(first * per_step)),
             plgpu.SMEM((2, tm, EPILOGUE_N), out_dtype, transforms=operand_transforms(EPILOGUE_N, out_dtype)),
             collective_axes="wg",
         )
@@ -319,7 +351,7 @@ def tiled_call(
     (m, _), n = x.shape, w.shape[0]
     tm, tn, pe, stages = config.tile_m, config.tile_n, config.promote_every, config.max_concurrent_steps
     tiling.require_shared_memory(config, smem_bytes(config, jnp.dtype(out_dtype).itemsize))
-    x_p, xs_p, w_p, ws_p = fp8.pad_operands(x, x_scale, w, w_scale, config.cta_m, tn, pe)
+    x_p, xs_p, w_p, ws_p = fp8.pad_operands(x, x_scale, w, w_scale, config.cta_m, tn, config.spans_per_step * pe)
     (mp, kp), np_ = x_p.shape, w_p.shape[0]
     xs_t = xs_p.T
     if config.consumers == 2:

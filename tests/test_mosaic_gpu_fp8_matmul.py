@@ -76,6 +76,8 @@ def test_the_default_is_the_warp_specialised_form() -> None:
     [
         ({"consumers": 3}, r"config.consumers must be 1 or 2"),
         ({"tile_m": 32}, r"config.tile_m must be 64 or 128"),
+        ({"consumers": 1, "spans_per_step": 2}, r"config.spans_per_step must be 1, or 2 with consumers=2"),
+        ({"spans_per_step": 3}, r"config.spans_per_step must be 1, or 2 with consumers=2"),
     ],
 )
 def test_config_names_the_field_and_the_rule(fields: dict[str, int], message: str) -> None:

@@ -184,6 +184,11 @@ def _paths() -> tuple[CodePath, ...]:
             backends=MOSAIC_GPU,
         ),
         CodePath(
+            "a consumer promoting a span while the tensor core sums the next (two spans a step)",
+            lambda case, config: getattr(config, "spans_per_step", 1) == 2 and k_of(case) > config.promote_every,
+            backends=MOSAIC_GPU,
+        ),
+        CodePath(
             # persistent_ctas: 2 CTAs in the interpreter, one per SM on the GPU
             "a warp-specialised CTA walking several output tiles",
             lambda case, config: warp_specialised(config) and output_tiles(case, config) > 2,
