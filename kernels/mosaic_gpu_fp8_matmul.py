@@ -1,13 +1,13 @@
 """Hopper (Mosaic GPU) block-scaled FP8 matmul (kernels/fp8_matmul.py states the op,
 its layouts and its arithmetic). Both forms walk K in steps of ``promote_every``
-elements; a step's SMEM slot holds the x tile [rows, step], the w tile [tile_n, step]
-(K-major: FP8 wgmma takes no transposed operand, so w's SMEM tile is read through a
-transposed view) and the step's scales: x_scale's column for these rows and w_scale's
-value for these columns (the wrapper lays w_scale out per column, [ceil(K/128), N], so
-that both are contiguous TMA copies). Per step, per warpgroup: one wgmma of the slot's
-FP8 tiles into a fresh f32 accumulator, waited for (the tensor core's truncating sum
-spans this step only: that is the promotion), then ``acc += part * (x_scale_col *
-w_scale_row)`` in f32 registers. The epilogue rounds ``acc`` once to ``out_dtype``.
+elements (a span); a span's SMEM slot holds the x tile [rows, span], the w tile
+[tile_n, span] (K-major: FP8 wgmma takes no transposed operand, so w's SMEM tile is
+read through a transposed view) and the span's scales: x_scale's column for these
+rows and w_scale's value for these columns. Per span, per warpgroup: one wgmma of the
+slot's FP8 tiles into a fresh f32 accumulator, waited for (the tensor core's
+truncating sum covers this span only: that is the promotion), then ``acc += part *
+(x_scale * w_scale)`` in f32 registers, span after span in K order. The epilogue
+rounds ``acc`` once to ``out_dtype``. The arithmetic is the same in both forms.
 
 Two forms, chosen by ``Config.consumers``:
 
@@ -15,16 +15,22 @@ Two forms, chosen by ``Config.consumers``:
   design): one CTA per SM walks output tiles of (2 tile_m) x tile_n (in bands of
   ``mosaic_gpu_matmul.BAND_M`` row tiles, for L2 reuse) with three warpgroups. A
   memory warpgroup (40 registers) only issues the TMA copies of x, w and their scales
-  into a ring of ``max_concurrent_steps`` slots
+  into a ring of ``max_concurrent_steps`` slots of ``spans_per_step`` spans each
   (``plgpu.emit_pipeline_warp_specialized``) and starts the next tile's copies while
   the consumers finish this one. Two consumer warpgroups each own tile_m rows of the
-  CTA tile (DeepGEMM splits M between its math warpgroups): each issues its span's
-  wgmma, loads the span's scales while the tensor core runs it, waits, releases the
-  slot and promotes. While one consumer promotes in registers the other's wgmma keeps
-  the tensor core busy (DeepSeek-V3, 3.3.2: "while one warpgroup performs the
-  promotion operation, the other is able to execute the MMA operation"). Each
-  consumer holds its f32 sum and the span's partial in registers, so tile_m x tile_n
-  is at most 64 x 128 (2 x 64 registers a thread). The epilogue stores each sum in
+  CTA tile (DeepGEMM splits M between its math warpgroups). Per step a consumer
+  issues one wgmma per span, each into its own fresh f32 accumulator, loads the
+  spans' scales while the tensor core runs them, then promotes span after span, each
+  once only the later spans' wgmmas may still run (``wgmma_accumulator_load``'s
+  ``wait_n``): with two spans a step the first is promoted while the tensor core sums
+  the second. The slot is released when the step returns, every wgmma retired. While
+  one consumer promotes, the other's wgmmas keep the tensor core busy too
+  (DeepSeek-V3, 3.3.2: "while one warpgroup performs the promotion operation, the
+  other is able to execute the MMA operation"). A tile lies in one w_scale block
+  (tile_n divides 128), so the promotion's scale is one value per row, x_scale *
+  w_scale, and the promotion one FMA per element. A consumer holds its f32 sum and
+  one partial per span in registers: at 64 x 128 and two spans, 3 x 64 registers a
+  thread, under the 232 a consumer gets. The epilogue stores each sum in
   ``EPILOGUE_N``-column slices through a small SMEM buffer
   (``mosaic_gpu_matmul.store_slices``).
 - ``consumers=1``: one warpgroup per (tile_m, tile_n) output tile on a
@@ -77,9 +83,9 @@ class Config:
     tile_m: int = 64
     tile_n: int = 128
     promote_every: int = 128
-    max_concurrent_steps: int = 5
+    max_concurrent_steps: int = 3
     consumers: int = 2
-    spans_per_step: int = 1
+    spans_per_step: int | None = None  # None: 2 with two consumers, else 1
 
     def __post_init__(self) -> None:
         if self.tile_m not in (64, 128):
@@ -103,6 +109,8 @@ class Config:
                 f"config.tile_m * config.tile_n must be <= {MAX_CONSUMER_TILE_ELEMENTS} with consumers=2 (a "
                 f"consumer holds its f32 sum and the span's partial in registers), got {self.tile_m} * {self.tile_n}"
             )
+        if self.spans_per_step is None:
+            object.__setattr__(self, "spans_per_step", 2 if self.consumers == 2 else 1)
         if self.spans_per_step not in (1, 2) or (self.spans_per_step == 2 and self.consumers != 2):
             raise ValueError(
                 f"config.spans_per_step must be 1, or 2 with consumers=2 (a second accumulator per consumer), "
@@ -141,7 +149,7 @@ def configs(m: int, n: int, k: int, backend: str | Backend | None = None) -> lis
         return [
             Config(64, 64, 128, 2, consumers=1),
             Config(64, 128, 32, 2, consumers=1),
-            Config(64, 64, 64, 2),
+            Config(64, 64, 64, 2, spans_per_step=1),
             Config(64, 64, 64, 2, spans_per_step=2),
         ]
     one = [
@@ -151,7 +159,13 @@ def configs(m: int, n: int, k: int, backend: str | Backend | None = None) -> lis
         for pe in (64, 128)
         for s in (3, 4, 5)
     ]
-    two = [Config(tm, tn, pe, s) for tm, tn in ((64, 128), (64, 64), (128, 64)) for pe in (64, 128) for s in (4, 5, 6)]
+    two = [
+        Config(tm, tn, pe, s, spans_per_step=spans)
+        for tm, tn in ((64, 128), (64, 64), (128, 64))
+        for pe in (64, 128)
+        for spans, stages in ((1, (4, 5, 6)), (2, (2, 3, 4)))
+        for s in stages
+    ]
     return [c for c in one + two if smem_bytes(c, 2) <= tiling.GPU_SHARED_MEMORY_BYTES]
 
 
