@@ -123,6 +123,11 @@ class Config:
         return self.promote_every
 
     @property
+    def spans(self) -> int:
+        """``spans_per_step`` as resolved in ``__post_init__`` (never None)."""
+        return self.spans_per_step or 1
+
+    @property
     def cta_m(self) -> int:
         """Rows of the output tile one CTA computes (its consumers' tiles stacked)."""
         return self.consumers * self.tile_m
@@ -138,7 +143,7 @@ def smem_bytes(config: Config, out_itemsize: int) -> int:
     consumers: each consumer's EPILOGUE_N-column output slice)."""
     rows, tn = config.cta_m, config.tile_n
     span = (rows + tn) * config.promote_every + 4 * (rows + tn)
-    ring = config.max_concurrent_steps * config.spans_per_step * span
+    ring = config.max_concurrent_steps * config.spans * span
     out_n = tn if config.consumers == 1 else EPILOGUE_N
     return ring + rows * out_n * out_itemsize
 
@@ -247,7 +252,7 @@ def _warp_specialized_call(
 
             return pl.run_scoped(promote, *(plgpu.ACC(shape, jnp.float32) for _ in spans))
 
-        per_step = config.spans_per_step
+        per_step = config.spans
 
         def span_specs(i: int) -> list[Any]:
             """Span ``i`` of each step: x, w and their scale rows (a span never straddles a block)."""
@@ -365,7 +370,7 @@ def tiled_call(
     (m, _), n = x.shape, w.shape[0]
     tm, tn, pe, stages = config.tile_m, config.tile_n, config.promote_every, config.max_concurrent_steps
     tiling.require_shared_memory(config, smem_bytes(config, jnp.dtype(out_dtype).itemsize))
-    x_p, xs_p, w_p, ws_p = fp8.pad_operands(x, x_scale, w, w_scale, config.cta_m, tn, config.spans_per_step * pe)
+    x_p, xs_p, w_p, ws_p = fp8.pad_operands(x, x_scale, w, w_scale, config.cta_m, tn, config.spans * pe)
     (mp, kp), np_ = x_p.shape, w_p.shape[0]
     xs_t = xs_p.T
     if config.consumers == 2:
