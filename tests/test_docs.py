@@ -56,14 +56,15 @@ def test_docs_build_strictly(site) -> None:
     assert len(top) <= 6, top
 
 
-# What a reader sees, measured in the page as Chromium lays it out at 1280 px: the set-up
-# steps' numbers as the browser counts them (each <li>'s place in its list, or the list's
-# start), and the rows the top navigation's entries sit on.
+# What a reader sees, measured in the page as Chromium lays it out at 1280 px: the numbers
+# of the page's numbered lists (the set-up steps, its only one) as the browser counts them
+# (each <li>'s place in its list, from the list's start), and the rows the top
+# navigation's entries sit on.
 MEASURE = """
 <script>
 window.addEventListener("load", () => {
-  const steps = [...document.querySelectorAll("ol")].find(ol => ol.textContent.includes("pallascheck verify"));
-  const numbers = steps ? [...steps.children].map((li, i) => (steps.start || 1) + i) : [];
+  const lists = [...document.querySelectorAll("[role=main] ol")];
+  const numbers = lists.flatMap(ol => [...ol.children].map((li, i) => (ol.start || 1) + i));
   const entries = [...document.querySelectorAll(".navbar-nav > li")].filter(li => li.getClientRects().length);
   const rows = new Set(entries.map(li => Math.round(li.getBoundingClientRect().top)));
   const seen = document.createElement("pre");
@@ -100,7 +101,7 @@ def test_front_page_renders_as_written_in_a_browser(site, tmp_path) -> None:
     ).stdout
     seen = json.loads(html.unescape(re.search(r'<pre id="seen">(.*?)</pre>', dom, re.S).group(1)))
     assert seen["width"] == 1280, seen
-    assert seen["numbers"] == [1, 2], seen  # "1. 2.", not "1. 1."
+    assert seen["numbers"] == [1, 2], seen  # "1. 2.", not "1. 1." (a list ended by its first step's command)
     assert seen["entries"] >= 5 and seen["rows"] == 1, seen  # the top navigation on one row
 
 
