@@ -586,6 +586,13 @@ def _report_targets(budgets: dict[str, float]) -> None:
             target(budget, label=name)
 
 
+EXAMPLES = 4
+"""Hypothesis examples per kernel x dtype property by default: ``pallascheck verify``'s
+``--examples`` and the pytest plugin's ``ci`` profile (a user's ``spec_tests``), one
+number so that both check a kernel alike. Four, not three: the suite's draws in the
+callback interpreters take input kinds and configs in turn, one per example, and reach
+every kind a property offers within four (tests/test_default_draws.py)."""
+
 CASES_PER_LAYOUT = 2
 """Cases checked per Hypothesis example in Pallas' generic interpreter. They share a
 layout (shapes, static parameters, config: see ``strategies.layout``) and so one
