@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pallascheck.kernels import gated_linear_unit as glu
 from pallascheck.kernels import matmul, mosaic_gpu_glu
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
+from pallascheck.oracles import chunks
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import builders, production, strategies
@@ -146,7 +147,17 @@ def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Bac
     )
 
 
-@device_programs.per_layout
+def _streams(case: Case) -> bool:
+    """Whether the case's oracle and bounds take more than one span (oracles/chunks.py)."""
+    x, f = case.arrays["x"], case.arrays["weights"].shape[2]
+    t, d = math.prod(x.shape[:-1]), x.shape[-1]
+    return chunks.streams(t, max(d, 2 * f)) or chunks.streams(f, 2 * max(t, d))
+
+
+_per_layout = functools.partial(device_programs.per_layout, streams=_streams)
+
+
+@_per_layout
 def _oracle(case: Case) -> oracle.GluOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["weights"], activation=case.params["activation"])
 
@@ -155,7 +166,7 @@ def _block_k(config: Any) -> int | None:
     return None if config is None else config.block_k
 
 
-@device_programs.per_layout
+@_per_layout
 def _bound(case: Case, ref: oracle.GluOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref,
@@ -177,13 +188,13 @@ def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backe
     return {"dx": dx, "dweights": dw}
 
 
-@device_programs.per_layout
+@_per_layout
 def _oracle_vjp(case: Case, ref: oracle.GluOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["weights"], a["cotangent"], activation=case.params["activation"])
 
 
-@device_programs.per_layout
+@_per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(

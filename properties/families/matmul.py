@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels import matmul, mosaic_gpu_matmul
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
+from pallascheck.oracles import chunks
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 from pallascheck.properties import builders, production, relations, strategies
@@ -130,7 +131,16 @@ def _reference(case: Case) -> jax.Array:
     )
 
 
-@device_programs.per_layout
+def _streams(case: Case) -> bool:
+    """Whether the case's oracle and bounds take more than one span (oracles/chunks.py)."""
+    (m, k), n = case.arrays["x"].shape, case.arrays["y"].shape[1]
+    return chunks.streams(n, max(m, k)) or chunks.streams(m, max(k, n))
+
+
+_per_layout = functools.partial(device_programs.per_layout, streams=_streams)
+
+
+@_per_layout
 def _oracle(case: Case) -> oracle.MatmulOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["y"], activation=case.params["activation"])
 
@@ -140,7 +150,7 @@ def _block_k(config: Any, case: Case) -> int | None:
     return None if config is None else config.block_k or case.arrays["x"].shape[1]
 
 
-@device_programs.per_layout
+@_per_layout
 def _bound(case: Case, ref: oracle.MatmulOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref,
@@ -171,13 +181,13 @@ def _reference_vjp(case: Case) -> dict[str, jax.Array]:
     return _vjp(lambda x, y: matmul.xla_reference(x, y, activation=p["activation"], out_dtype=p["out_dtype"]), case)
 
 
-@device_programs.per_layout
+@_per_layout
 def _oracle_vjp(case: Case, ref: oracle.MatmulOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["y"], a["cotangent"], activation=case.params["activation"])
 
 
-@device_programs.per_layout
+@_per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(
