@@ -64,3 +64,10 @@ def over(fn: Callable[[int, int], Any], total: int, width: int, axis: int) -> An
 def streams(total: int, width: int) -> bool:
     """Whether ``total`` items of ``width`` elements take more than one span."""
     return len(spans(total, width)) > 1
+
+
+# Device bytes of one span's temporaries, for the production tier's memory rule: at
+# most 16 float64 arrays of CHUNK_ELEMENTS at once (a gradient bound's span holds dz's
+# value, error, magnitude and subnormal part, three products of them and the dot's
+# error terms; attention_slices.py charges its chunks the same 16)
+SPAN_BYTES = 16 * 8 * CHUNK_ELEMENTS

@@ -48,18 +48,25 @@ def production_layouts() -> tuple[Layout, ...]:
 
     def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
         t = math.prod(tokens)
-        # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
-        # array, the [t, 2f] projections (200 allowed)
+        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
+        # per element of the [t, 2f] projections: the oracle's 7 float64 [t, f] arrays
+        # (28), five forward bounds the runner keeps ([t, f]: 20), exact dgate and dup
+        # (8), the float64 cotangent (4), the cotangent in the inputs' dtype (1): 64
+        # allowed; per element of x (t d): the input (4), its float64 copy, |x| and
+        # subnormal part (24), exact dx (8), two gradient bounds (kernel, contract: 16),
+        # the spans' parts beside their concatenation (8); of the weights (d 2f) the
+        # same and their reshaped copy (8 more); plus one span's temporaries.
+        # xla_reference is two dense dots no larger than the kernel's.
+        needs = 64 * t * 2 * f + 60 * t * d + 68 * d * 2 * f + chunks.SPAN_BYTES
         return Layout(
-            f"{name}: tokens {tokens} d{d} f{f}",
-            dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
-            200 * max(t * 2 * f, t * d, d * 2 * f),
+            f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True), needs
         )
 
     return (
         layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
         layout("llama-2 13B, batch 2 x 2000", (2, 2000), 5120, 13824),
         layout("llama-3 8B, decode batch 16", (16,), 4096, 14336),
+        layout("Mixtral 8x7B expert, 4k tokens", (4096,), 4096, 14336),
     )
 
 

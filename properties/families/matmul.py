@@ -40,8 +40,17 @@ def production_layouts() -> tuple[Layout, ...]:
     """The production tier's layouts of real models (properties/production.py: the memory rule)."""
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        # 15.8 GiB at 8192^3: 253 bytes per element of the largest array (300 allowed)
-        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), 300 * max(m * n, m * k, k * n))
+        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
+        # per element of out (m n): the oracle's 4 float64 arrays (32), the five
+        # forward bounds the runner keeps (kernel, probabilistic, xla_reference,
+        # contract, default config: 40), exact dz (8), the float64 cotangent (8), out
+        # and cotangent in the inputs' dtype (2); per element of x (m k), and of y
+        # alike: the input (4), its float64 copy, |x| and subnormal part in the
+        # gradient bound (24), exact dx (8), three gradient bounds (kernel, contract,
+        # xla_reference: 24), the spans' parts beside their concatenation (8); plus
+        # one span's temporaries. xla_reference is a dense dot no larger than the kernel.
+        needs = 90 * m * n + 68 * (m * k + k * n) + chunks.SPAN_BYTES
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs)
 
     return (
         layout("square 8192", 8192, 8192, 8192),
