@@ -22,7 +22,7 @@ from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import chunks, numeric
 from pallascheck.oracles.tolerance import arithmetic_for, gamma, unit_roundoff
 from pallascheck.properties.registry import get_spec
-from pallascheck.properties.spec import Case
+from pallascheck.properties.spec import Case, Layout
 
 BF16 = ml_dtypes.bfloat16
 # Values: a span reassociates float64 sums of n <= 64 terms (K, the tokens of a
@@ -140,3 +140,51 @@ def test_oracle_rounding_is_far_below_the_smallest_bound() -> None:
     oracle_error = gamma(k - 1, unit_roundoff(np.float64))
     smallest_bound = gamma(int(np.ceil(np.log2(k))), unit_roundoff(np.float32))
     assert oracle_error < 2.0**-18 * smallest_bound
+
+
+def _layout(family: str, prefix: str) -> Layout:
+    (layout,) = [l for l in get_spec(family).production_layouts if l.name.startswith(prefix)]
+    return layout
+
+
+def test_the_streamed_rule_fits_the_largest_layouts_on_one_gpu() -> None:
+    """By the streamed rule every named layout of the three families fits 32 GiB (an
+    H100 alone allows 71 GiB at JAX's 95%), DeepSeek-V3's 256 experts included, where
+    the whole float64 check needed 448 GiB by the old rule; xla_reference's dense
+    [g, m, max(k, n)] is charged apart and does not fit there."""
+    for family in ("matmul", "gated_linear_unit", "ragged_dot"):
+        for layout in get_spec(family).production_layouts:
+            assert layout.needs <= 32 * 2**30, (layout.name, layout.needs / 2**30)
+    deepseek = _layout("ragged_dot", "DeepSeek-V3")
+    assert deepseek.needs / 2**30 == pytest.approx(29.0, abs=0.1)
+    m, k, n, g = 16384, 7168, 256, 256
+    case = Case(
+        {"lhs": np.broadcast_to(np.zeros((), BF16), (m, k)), "rhs": np.broadcast_to(np.zeros((), BF16), (g, k, n))}, {}
+    )
+    assert get_spec("ragged_dot").reference_bytes(case) == 16 * g * m * k  # 448 GiB
+    assert _layout("matmul", "llama-3 70B MLP down, decode").needs < 17 * 2**30
+    assert _layout("gated_linear_unit", "Mixtral 8x7B expert").needs < 18 * 2**30
+
+
+def test_a_case_whose_reference_does_not_fit_runs_every_other_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ragged_dot's xla_reference runs densely: where its bytes exceed the process's
+    share, the reference check is left out of the case, saying why, and the others run."""
+    from pallascheck.properties import checks, production, runner
+
+    spec, backend = get_spec("ragged_dot"), Backend("interpret")
+    _, case = CASES["ragged_dot"]
+    needs = spec.reference_bytes(case)
+    monkeypatch.setattr(production, "memory_limit", lambda backend: needs - 1)
+    tally = runner.check_case(
+        spec, case, spec.default_config, backend, context=checks.Context(spec.name, "float32", "interpret")
+    )
+    assert "reference" not in tally.outcomes and set(tally.left_out) == {"reference"}
+    assert tally.left_out["reference"].startswith(
+        "xla_reference needs ~0 GiB at this layout, the process may use 0 GiB"
+    )
+    assert {"values", "gradients", "contract"} <= set(tally.outcomes), tally.outcomes
+    monkeypatch.setattr(production, "memory_limit", lambda backend: needs)
+    tally = runner.check_case(
+        spec, case, spec.default_config, backend, context=checks.Context(spec.name, "float32", "interpret")
+    )
+    assert "reference" in tally.outcomes and not tally.left_out
