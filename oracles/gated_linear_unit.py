@@ -189,9 +189,9 @@ def gradient_bound(
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    x64, w = f64(x), f64(weights)
-    x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
-    (t_rows, d), f = x2.shape, w.shape[2]
+    d, f = weights.shape[0], weights.shape[2]
+    g = f64(cotangent).reshape(-1, f)
+    t_rows = g.shape[0]
     flat = dataclasses.replace(ref, out=ref.out.reshape(t_rows, f))
 
     def dz_of(ref: GluOracle, dgate_exact: Any, g: Any) -> tuple[Any, Any]:
@@ -223,8 +223,8 @@ def gradient_bound(
         return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
 
     mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; x and W may hold zeros
-    w2 = w.reshape(d, 2 * f)
-    abs_w, sub_w = xp.abs(w2).T, sub(w2).T  # computed once for all spans (then x's)
+    # |W| and W's subnormal part (then x's) once for all spans, no float64 copy kept
+    abs_w, sub_w = xp.abs(f64(weights)).reshape(d, 2 * f).T, sub(f64(weights)).reshape(d, 2 * f).T
 
     def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of W
         dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 0), grads["dgate"][start:stop], g[start:stop])
@@ -238,7 +238,7 @@ def gradient_bound(
         )
 
     dx = chunks.over(rows, t_rows, max(d, 2 * f), axis=0)
-    abs_x, sub_x = xp.abs(x2).T, sub(x2).T
+    abs_x, sub_x = xp.abs(f64(x)).reshape(t_rows, d).T, sub(f64(x)).reshape(t_rows, d).T
 
     def columns(start: int, stop: int) -> Any:  # dW[:, :, j] from dz[:, j] and all of x
         dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 1), grads["dgate"][:, start:stop], g[:, start:stop])
@@ -252,4 +252,4 @@ def gradient_bound(
         )
         return dw.reshape(d, 2, stop - start)
 
-    return {"dx": dx.reshape(x64.shape), "dweights": chunks.over(columns, f, 2 * max(t_rows, d), axis=2)}
+    return {"dx": dx.reshape(x.shape), "dweights": chunks.over(columns, f, 2 * max(t_rows, d), axis=2)}

@@ -89,7 +89,7 @@ def bound(
         )
         return algebra.round_to(y, out_dtype, arith).err
 
-    return chunks.over(rows, *ref.out.shape, axis=0)
+    return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
 
 
 def _matmul64(x: Any, y: Any, activation: str) -> Any:
@@ -124,6 +124,11 @@ def oracle_vjp(x: Any, y: Any, cotangent: Any, *, activation: str = "none") -> d
     return {"dx": by_rows["dx"], "dy": chunks.over(columns, n, max(m, k), axis=1), "dz": by_rows["dz"]}
 
 
+def _abs_and_subnormal(a: Any) -> tuple[Any, Any]:
+    """|a|^T and a's subnormal part^T in float64, without keeping a float64 copy of a."""
+    return xp.abs(f64(a)).T, algebra.subnormal_part(f64(a)).T
+
+
 def gradient_bound(
     ref: MatmulOracle,
     grads: dict[str, np.ndarray],
@@ -148,7 +153,7 @@ def gradient_bound(
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    x64, y64, g64 = f64(x), f64(y), f64(cotangent)
+    g64 = f64(cotangent)
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
 
     def dz_of(ref: MatmulOracle, dz_exact: Any, g: Any) -> algebra.Bounded:
@@ -165,7 +170,7 @@ def gradient_bound(
         dz = algebra.round_to(algebra.Bounded(dz_exact, dz_err), F32, arith)
         return algebra.round_to(dz, operand_dtype, arith)
 
-    def product(a: algebra.Bounded, b: Any, b_abs: Any, b_sub: Any, exact: Any, n: int, a_on_left: bool):
+    def product(a: algebra.Bounded, b_abs: Any, b_sub: Any, exact: Any, n: int, a_on_left: bool):
         a_abs, a_sub = a.magnitude, algebra.subnormal_part(a.value)
         mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; y may hold zeros
         if a_on_left:
@@ -177,16 +182,15 @@ def gradient_bound(
         )
         return algebra.round_to(algebra.Bounded(exact, d.err + propagated), operand_dtype, arith).err
 
-    (m, k), n = x64.shape, y64.shape[1]
-    # |y| and y's subnormal part (then x's), computed once for all spans
-    yt = (y64.T, xp.abs(y64).T, algebra.subnormal_part(y64).T)
+    (m, k), n = x.shape, y.shape[1]
+    yt = _abs_and_subnormal(y)  # once for all spans; then x's
 
     def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of y
         dz = dz_of(chunks.part(ref, start, stop, 0), grads["dz"][start:stop], g64[start:stop])
         return product(dz, *yt, grads["dx"][start:stop], n, a_on_left=True)
 
     dx = chunks.over(rows, m, max(k, n), axis=0)
-    xt = (x64.T, xp.abs(x64).T, algebra.subnormal_part(x64).T)
+    xt = _abs_and_subnormal(x)
 
     def columns(start: int, stop: int) -> Any:  # dy[:, j] from dz[:, j] and all of x
         dz = dz_of(chunks.part(ref, start, stop, 1), grads["dz"][:, start:stop], g64[:, start:stop])

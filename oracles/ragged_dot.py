@@ -184,7 +184,7 @@ def gradient_bound(
     zeros from masked rows cost nothing). XLA's order is unknown: sequential over
     n_i. Both round once to the input dtype.
     """
-    x, w, g = f64(lhs), _Groups(rhs), f64(cotangent)
+    w, g = _Groups(rhs), f64(cotangent)
     order = _order(arith, block_k)
     block_rows = block_k if block_rows is None else block_rows
     row_order = _order(arith, block_rows)
@@ -204,8 +204,8 @@ def gradient_bound(
         )
         return algebra.round_to(dlhs, operand_dtype, arith).err
 
-    dlhs = chunks.over(dlhs_rows, x.shape[0], max(x.shape[1], w.shape[2]), axis=0)
-    x_abs_t, x_sub_t = xp.abs(x).T, sub(x).T  # computed once for every group
+    dlhs = chunks.over(dlhs_rows, lhs.shape[0], max(lhs.shape[1], w.shape[2]), axis=0)
+    x_abs_t, x_sub_t = xp.abs(f64(lhs)).T, sub(f64(lhs)).T  # once for every group, no float64 copy kept
 
     def drhs_err(i: int, s: int, e: int) -> Any:
         terms = (e - s) + (s % block_rows if block_rows else 0)
