@@ -149,21 +149,22 @@ def _layout(family: str, prefix: str) -> Layout:
 
 def test_the_streamed_rule_fits_the_largest_layouts_on_one_gpu() -> None:
     """By the streamed rule every named layout of the three families fits 32 GiB (an
-    H100 alone allows 71 GiB at JAX's 95%), DeepSeek-V3's 256 experts included, where
-    the whole float64 check needed 448 GiB by the old rule; xla_reference's dense
-    [g, m, max(k, n)] is charged apart and does not fit there."""
+    H100 alone allows 71 GiB at JAX's 95%), DeepSeek-V3's 256 experts included, which
+    the old rule charged 448 GiB (xla_reference's dense [g, m, max(k, n)], now charged
+    apart by ``reference_bytes``)."""
     for family in ("matmul", "gated_linear_unit", "ragged_dot"):
         for layout in get_spec(family).production_layouts:
             assert layout.needs <= 32 * 2**30, (layout.name, layout.needs / 2**30)
     deepseek = _layout("ragged_dot", "DeepSeek-V3")
-    assert deepseek.needs / 2**30 == pytest.approx(29.0, abs=0.1)
+    assert deepseek.needs / 2**30 == pytest.approx(28.1, abs=0.1)
     m, k, n, g = 16384, 7168, 256, 256
     case = Case(
         {"lhs": np.broadcast_to(np.zeros((), BF16), (m, k)), "rhs": np.broadcast_to(np.zeros((), BF16), (g, k, n))}, {}
     )
     assert get_spec("ragged_dot").reference_bytes(case) == 16 * g * m * k  # 448 GiB
-    assert _layout("matmul", "llama-3 70B MLP down, decode").needs < 17 * 2**30
-    assert _layout("gated_linear_unit", "Mixtral 8x7B expert").needs < 18 * 2**30
+    # within a 16 GiB share: the 70B decode matmul and a Mixtral expert's GLU
+    assert _layout("matmul", "llama-3 70B MLP down, decode").needs < 16 * 2**30
+    assert _layout("gated_linear_unit", "Mixtral 8x7B expert").needs < 16 * 2**30
 
 
 def test_a_case_whose_reference_does_not_fit_runs_every_other_check(monkeypatch: pytest.MonkeyPatch) -> None:
