@@ -50,15 +50,15 @@ def production_layouts() -> tuple[Layout, ...]:
         t = math.prod(tokens)
         # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
         # per element of the [t, 2f] projections: the oracle's 7 float64 [t, f] arrays
-        # (28), five forward bounds the runner keeps ([t, f]: 20), exact dgate and dup
-        # (8), the float64 cotangent (4), the cotangent in the inputs' dtype (1): 64
-        # allowed; per element of x (t d), and of the weights (d 2f) alike: the input
+        # (28), four forward bounds the runner keeps ([t, f]; xla_reference's is the
+        # contract: 16), exact dgate and dup (8), the float64 cotangent (4), the
+        # cotangent in the inputs' dtype (1): 60 allowed; per element of x (t d), and of the weights (d 2f) alike: the input
         # (4), |x| and its subnormal part in float64 in the gradient bound (16), exact
         # dx (8), two gradient bounds (kernel, contract: 16), the spans' parts beside
         # their concatenation (8); plus one span's temporaries. (The oracle's three
         # float64 copies of the weights come before any result is held.)
         # xla_reference is two dense dots no larger than the kernel's.
-        needs = 64 * t * 2 * f + 52 * (t * d + d * 2 * f) + chunks.SPAN_BYTES
+        needs = 60 * t * 2 * f + 52 * (t * d + d * 2 * f) + chunks.SPAN_BYTES
         return Layout(
             f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True), needs
         )

@@ -41,15 +41,15 @@ def production_layouts() -> tuple[Layout, ...]:
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
         # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
-        # per element of out (m n): the oracle's 4 float64 arrays (32), the five
-        # forward bounds the runner keeps (kernel, probabilistic, xla_reference,
-        # contract, default config: 40), exact dz (8), the float64 cotangent (8), out
+        # per element of out (m n): the oracle's 4 float64 arrays (32), the four
+        # forward bounds the runner keeps (kernel, probabilistic, xla_reference's which
+        # is the contract, default config: 32), exact dz (8), the float64 cotangent (8), out
         # and cotangent in the inputs' dtype (2); per element of x (m k), and of y
         # alike: the input (4), |x| and its subnormal part in float64 in the gradient
-        # bound (16), exact dx (8), three gradient bounds (kernel, contract,
-        # xla_reference: 24), the spans' parts beside their concatenation (8); plus
+        # bound (16), exact dx (8), two gradient bounds (kernel, xla_reference's which
+        # is the contract: 16), the spans' parts beside their concatenation (8); plus
         # one span's temporaries. xla_reference is a dense dot no larger than the kernel.
-        needs = 90 * m * n + 60 * (m * k + k * n) + chunks.SPAN_BYTES
+        needs = 82 * m * n + 52 * (m * k + k * n) + chunks.SPAN_BYTES
         return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs)
 
     return (

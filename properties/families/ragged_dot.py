@@ -53,16 +53,17 @@ def production_layouts() -> tuple[Layout, ...]:
     def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
         # The check streams (oracles/chunks.py; rhs in float64 one group at a time):
         # what it holds is whole-size, in bytes per element of out (m n): the oracle's
-        # 3 float64 arrays (24), five forward bounds the runner keeps (40), the float64
-        # cotangent (8), out and cotangent in the inputs' dtype (4); per element of lhs
-        # (m k): the input (4), |lhs| and its subnormal part in float64 in the gradient
-        # bound (16), exact dlhs (8), three gradient bounds (kernel, contract,
-        # xla_reference: 24), the
-        # spans' parts beside their concatenation (8); per element of rhs (g k n): the
-        # input and the kernel's drhs (4), exact drhs (8), three gradient bounds (24),
-        # the groups' parts beside their stack (8); plus one span's temporaries.
-        # xla_reference is apart (``_reference_bytes``).
-        needs = 76 * m * n + 60 * m * k + 44 * groups * k * n + chunks.SPAN_BYTES
+        # 3 float64 arrays (24), four forward bounds the runner keeps (kernel,
+        # probabilistic, xla_reference's which is the contract, default config: 32),
+        # the float64 cotangent (8), out and cotangent in the inputs' dtype (4); per
+        # element of lhs (m k): the input (4), |lhs| and its subnormal part in float64
+        # in the gradient bound (16), exact dlhs (8), two gradient bounds (kernel,
+        # xla_reference's which is the contract: 16), the spans' parts beside their
+        # concatenation (8); per element of rhs (g k n): the input and the kernel's
+        # drhs (4), exact drhs (8), two gradient bounds (16), the groups' parts beside
+        # their stack (8); plus one span's temporaries. xla_reference is apart
+        # (``_reference_bytes``).
+        needs = 68 * m * n + 52 * m * k + 36 * groups * k * n + chunks.SPAN_BYTES
         return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)), needs)
 
     return (
