@@ -18,8 +18,10 @@
 
 Failures are deduplicated by a signature: the kernel, dtype, check, failure kind
 (value, crash, hang, oom) and the worst element's pattern (which output, whether
-it was non-finite, on which axes it sat at the last index). Two findings of one bug
-share it; the corpus keeps the first reproducer and counts the rest.
+it was non-finite, on which axes it sat at the last index). Two occurrences of one
+failure share it; the corpus keeps the first reproducer and counts the rest. The
+failures of one bug in several checks and dtypes are grouped into one finding by the
+report and fuzz's summary (``findings``), never merged here: each keeps its case.
 """
 
 from __future__ import annotations

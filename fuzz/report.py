@@ -4,16 +4,19 @@ The page answers what a kernel engineer asks after a campaign, top to bottom:
 
 - **Header**: backend, JAX version, when it started, how long it ran, tasks, cases,
   failures by kind and cases per second.
-- **Failures**: one row per distinct failure (kind, kernel, dtype, check, how often,
-  the message's first line and the replay command to paste into a shell), oldest
-  first; then each in full: its worst element, error, bound, budget used, the saved
+- **Findings**: one row per finding (``findings``: the failures that differ only in
+  dtype and check; kind, kernel, dtypes, checks, members, how often, the first
+  member's message's first line), oldest first; then each member in full, with the
+  replay command to paste into a shell: its worst element, error, bound, budget used, the saved
   case's shapes and config, the whole message.
 - **Budget used**: per kernel and dtype, how much of the derived error bound the worst
   check of each case used (error / bound; 1.0 is the bound, above it is a failure).
   Budgets far below 1 mean a loose bound that can hide bugs; infinite budgets (NaN or
   inf where the oracle is finite, or differing bits) are counted separately.
 - **Error vs bound**: error / bound against the bound, one panel per dtype and one
-  colour per check, in the band that matters (``BUDGET_FLOOR`` to above 1).
+  colour per check, on an axis spanning the data (``_band``: never below
+  ``BUDGET_FLOOR`` nor above ``BUDGET_CAP``, the bound always inside), exact zeros on
+  a marked row; each caption's numbers are its axis'.
 - **Coverage**: which shapes, configs and input kinds each kernel was fuzzed with.
 - **Throughput**: cumulative cases over the campaign's seconds (with the moments each
   failure was first seen), and where the search spent its tasks, in words (the
@@ -39,10 +42,11 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from pallascheck.fuzz import findings
 from pallascheck.fuzz.corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, headline
 from pallascheck.fuzz.corpus import STATE as CAMPAIGN
 from pallascheck.properties import check_kinds
@@ -52,9 +56,22 @@ from pallascheck.properties import check_kinds
 THROUGHPUT_POINTS = 500
 POINTS_PER_SERIES = 3000  # drawn per row or kernel of a scatter; statistics use all
 COVERAGE_ROWS = 20
-DPI = 90
+# Figures sized to be read where they are pasted (a pull request, an issue): 8 in at
+# 150 dpi is 1200 px, text of 10 to 12 pt (STYLE) stays readable at that width.
+WIDTH_IN, DPI = 8.0, 150
+STYLE: dict[str, Any] = {
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "axes.labelsize": 11,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "legend.fontsize": 10,
+    "legend.title_fontsize": 10,
+}
 BUDGET_FLOOR = 1e-3  # error / bound below this is drawn at the figure's floor: far from the bound either way
 BUDGET_CAP = 1e4  # and above this at its ceiling: a failure either way
+MARGIN = 2.0  # a log axis reaches this factor past its data
+ZERO_LABEL = "exactly 0"
 
 
 @dataclasses.dataclass
@@ -270,6 +287,7 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
             "cases": corpus.cases,
             "seconds": seconds,
             "cases_per_second": corpus.cases / seconds if seconds > 0 else None,
+            "findings": len(findings.group(corpus.failures)),
             "failures": len(corpus.failures),
             "failures_by_kind": {kind: sum(f.get("kind") == kind for f in corpus.failures) for kind in FAILURE_KINDS},
             "failure_occurrences": sum(int(f.get("count", 1)) for f in corpus.failures),
@@ -295,6 +313,10 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
         },
         "arms": campaign.get("arms") or [],
         "failures": corpus.failures,
+        "findings": [
+            dict(finding, members=[m.get("signature") for m in finding["members"]])
+            for finding in findings.group(corpus.failures)
+        ],
         "unreadable": corpus.unreadable,
         "throughput": _throughput(corpus.case_times),
     }
@@ -305,13 +327,14 @@ def summarise(corpus: str) -> dict[str, Any]:
 
     Keys: ``campaign`` (backend, jax, started, seconds, ...), ``files`` (which corpus
     files exist), ``skipped_lines`` (unparseable lines per file), ``totals`` (tasks,
-    task outcomes, cases, seconds, cases_per_second, failures, failures_by_kind,
-    failure_occurrences), ``budget_used`` (``by_kernel`` and ``by_kernel_dtype`` stats:
+    task outcomes, cases, seconds, cases_per_second, findings, failures,
+    failures_by_kind, failure_occurrences), ``budget_used`` (``by_kernel`` and ``by_kernel_dtype`` stats:
     count, inf, median, p90, max, where a case's budget is its worst check's error /
     bound and an infinite one is written "inf"), ``error_vs_bound`` (points and how many
     exceed their bound, per kernel), ``coverage`` (shape, config and input-kind counts
     per kernel), ``arms`` (campaign.json's), ``failures`` (the failure.json records,
-    oldest first), ``unreadable`` (JSON files left out because they do not parse) and
+    oldest first), ``findings`` (the failures grouped by ``findings.group``, each with
+    its members' signatures), ``unreadable`` (JSON files left out because they do not parse) and
     ``throughput`` ([seconds, cumulative cases] pairs).
     """
     return _summary(_load(corpus))
@@ -333,6 +356,13 @@ def _matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
+def _style() -> Any:
+    """The figures' text sizes (STYLE), for the figure drawn inside it."""
+    import matplotlib  # an optional dependency: only where figures are drawn
+
+    return matplotlib.rc_context(cast(Any, STYLE))  # its stubs list the keys as literals
+
+
 def _png(fig: Any, canvas: Any) -> str:
     buffer = io.BytesIO()
     canvas(fig)  # attaches the Agg canvas that savefig draws on
@@ -340,127 +370,187 @@ def _png(fig: Any, canvas: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _floor(values: list[float]) -> float:
-    """Where zeros go on a log axis: a decade below the smallest positive value."""
-    positive = [v for v in values if 0 < v < math.inf]
-    return min(positive) / 10 if positive else 1e-3
+@dataclasses.dataclass(frozen=True)
+class _Band:
+    """What a log axis of ratios shows: positive values from ``low`` to ``high`` (the
+    data with a margin), exact zeros on their own marked row or column at ``zero``
+    below ``low``; values past the band are drawn on the edge they passed. The axis
+    and its caption both read it, so the caption's numbers are the axis'."""
+
+    low: float
+    high: float
+    zero: float
+
+    @property
+    def limits(self) -> tuple[float, float]:
+        return self.zero / MARGIN, self.high
+
+    def text(self) -> str:
+        return f"{self.low:.3g} to {self.high:.3g}"
+
+
+def _band(values: list[float] | np.ndarray) -> _Band:
+    """The band of error / bound ratios (or budgets) worth reading: from the smallest
+    positive value (not below BUDGET_FLOOR: far from the bound either way) to the
+    largest finite one (not above BUDGET_CAP: a failure either way), the bound (1)
+    always inside, each end a MARGIN further out."""
+    finite = np.asarray([v for v in values if 0 < v < math.inf], dtype=float)
+    smallest = max(float(finite.min()), BUDGET_FLOOR) if finite.size else BUDGET_FLOOR
+    largest = min(float(finite.max()), BUDGET_CAP) if finite.size else 1.0
+    low, high = min(smallest, 1.0) / MARGIN, max(largest, 1.0) * MARGIN
+    return _Band(low, high, low / MARGIN**2)
+
+
+def _zero_strip(ax: Any, band: _Band, axis: str) -> None:
+    """Shade the strip of exact zeros below the band and name it on the axis."""
+    span, ticks, labels = (
+        (ax.axvspan, ax.get_xticks, ax.set_xticks) if axis == "x" else (ax.axhspan, ax.get_yticks, ax.set_yticks)
+    )
+    span(band.zero / MARGIN, band.low / math.sqrt(MARGIN), color="0.92", zorder=0)
+    shown = [t for t in ticks() if band.low <= t <= band.high]
+    labels([band.zero, *shown], [ZERO_LABEL, *(f"{t:g}" for t in shown)])
+
+
+def _budget_axes(corpus: _Corpus) -> tuple[_Band, float]:
+    """The budget figure's band and where its infinite budgets are drawn (right of the
+    band's end, inside the axis)."""
+    band = _band([b for budgets in corpus.budgets.values() for b in budgets])
+    return band, band.high / math.sqrt(MARGIN)
+
+
+def _budget_fig(corpus: _Corpus, mpl: tuple[Any, Any]) -> Any:
+    Figure, _ = mpl
+    rows = sorted(corpus.budgets)
+    band, inf_at = _budget_axes(corpus)
+    with _style():
+        fig = Figure(figsize=(WIDTH_IN, 1.6 + 0.45 * len(rows)), dpi=DPI)
+        ax = fig.add_subplot()
+        jitter = np.random.default_rng(0)
+        for y, key in enumerate(rows):
+            budgets = np.array(corpus.budgets[key])
+            finite = budgets[np.isfinite(budgets)]
+            shown = np.where(finite == 0, band.zero, np.clip(finite, band.low, inf_at))
+            shown = shown[:: max(1, shown.size // POINTS_PER_SERIES)]
+            if shown.size:
+                ax.scatter(
+                    shown, y + jitter.uniform(-0.2, 0.2, shown.size), s=10, alpha=0.3, color="tab:blue", zorder=1
+                )
+            positive = np.clip(finite[finite > 0], band.low, inf_at)
+            if positive.size:
+                # The box drawn by hand (boxplot's orientation argument differs across matplotlib
+                # versions), over the points: quartiles, median and the full range of the nonzero ones.
+                q1, median, q3 = np.quantile(positive, [0.25, 0.5, 0.75])
+                ax.hlines(y, positive.min(), positive.max(), color="black", linewidth=1, zorder=2)
+                ax.barh(y, q3 - q1, left=q1, height=0.5, fill=False, edgecolor="black", linewidth=1.2, zorder=2)
+                ax.vlines(median, y - 0.25, y + 0.25, color="black", linewidth=2.5, zorder=2)
+            infinite = int((~np.isfinite(budgets)).sum())
+            if infinite:
+                ax.scatter([inf_at], [y], marker=">", color="tab:red", s=40)
+                ax.annotate(
+                    f"{infinite} inf",
+                    (inf_at, y),
+                    xytext=(-4, 8),
+                    textcoords="offset points",
+                    ha="right",
+                    color="tab:red",
+                )
+        ax.axvline(1.0, color="tab:red", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlim(*band.limits)
+        _zero_strip(ax, band, "x")
+        ax.set_yticks(range(len(rows)), [f"{k} {d}" for k, d in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"budget used = error / bound, worst check per case ({band.text()}; dashed: the bound)")
+        fig.tight_layout()
+    return fig
 
 
 def _budget_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    Figure, canvas = mpl
-    rows = sorted(corpus.budgets)
-    # The band that matters: a budget under BUDGET_FLOOR / 10 is far from its bound, one
-    # over BUDGET_CAP a clear failure; both are drawn at the edge they passed.
-    floor = max(_floor([b for budgets in corpus.budgets.values() for b in budgets]), BUDGET_FLOOR / 10)
-    finite_max = min(
-        max([b for budgets in corpus.budgets.values() for b in budgets if math.isfinite(b)] + [1.0]), BUDGET_CAP
-    )
-    inf_at = finite_max * 10  # infinite budgets are drawn right of every finite one
-    fig = Figure(figsize=(7, 1.2 + 0.32 * len(rows)), dpi=DPI)
-    ax = fig.add_subplot()
-    jitter = np.random.default_rng(0)
-    for y, key in enumerate(rows):
-        budgets = np.array(corpus.budgets[key])
-        finite = np.clip(budgets[np.isfinite(budgets)], floor, BUDGET_CAP)
-        if finite.size:
-            shown = finite[:: max(1, finite.size // POINTS_PER_SERIES)]
-            ax.scatter(shown, y + jitter.uniform(-0.2, 0.2, shown.size), s=6, alpha=0.3, color="tab:blue", zorder=1)
-            # The box drawn by hand (boxplot's orientation argument differs across matplotlib
-            # versions), over the points: quartiles, median and the full range.
-            q1, median, q3 = np.quantile(finite, [0.25, 0.5, 0.75])
-            ax.hlines(y, finite.min(), finite.max(), color="black", linewidth=1, zorder=2)
-            ax.barh(y, q3 - q1, left=q1, height=0.5, fill=False, edgecolor="black", linewidth=1.2, zorder=2)
-            ax.vlines(median, y - 0.25, y + 0.25, color="black", linewidth=2.5, zorder=2)
-        infinite = int((~np.isfinite(budgets)).sum())
-        if infinite:
-            ax.scatter([inf_at], [y], marker=">", color="tab:red", s=30)
-            ax.annotate(
-                f"{infinite} inf", (inf_at, y), xytext=(6, -3), textcoords="offset points", fontsize=7, color="tab:red"
-            )
-    ax.axvline(1.0, color="tab:red", linestyle="--", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xlim(floor / 2, inf_at * 10)
-    ax.set_yticks(range(len(rows)), [f"{k} {d}" for k, d in rows], fontsize=8)
-    ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.invert_yaxis()
-    ax.set_xlabel(
-        f"budget used = error / bound (worst check per case; dashed: the bound; clipped to {floor:g}..{BUDGET_CAP:g})"
-    )
-    fig.tight_layout()
-    return _png(fig, canvas)
+    return _png(_budget_fig(corpus, mpl), mpl[1])
+
+
+def _error_bound_axes(corpus: _Corpus) -> tuple[_Band, tuple[float, float]]:
+    """The error / bound figure's band (y) and bound range (x: the middle 90% of the
+    bounds, a MARGIN further out each way; a bound far outside it is drawn on the edge)."""
+    points = [p for points in corpus.by_dtype_check.values() for p in points if p[1] > 0]
+    band = _band([e / b for e, b in points])
+    bounds = np.array([b for _, b in points])
+    low, high = np.quantile(bounds, [0.05, 0.95]) if bounds.size else (1e-8, 1.0)
+    return band, (float(low) / MARGIN, float(high) * MARGIN)
+
+
+def _error_bound_fig(corpus: _Corpus, mpl: tuple[Any, Any]) -> Any:
+    """One panel per dtype: error / bound against the bound, one colour per check, on
+    ``_error_bound_axes``: points outside are drawn on the edge they passed (triangles),
+    exact zeros on the marked row below the band."""
+    Figure, _ = mpl
+    dtypes = sorted({dtype for dtype, _ in corpus.by_dtype_check})
+    band, (low, high) = _error_bound_axes(corpus)
+    with _style():
+        fig = Figure(figsize=(WIDTH_IN, 5.2), dpi=DPI)
+        axes = fig.subplots(1, len(dtypes), sharey=True, squeeze=False)[0]
+        for ax, dtype in zip(axes, dtypes):
+            for (d, check), points in sorted(corpus.by_dtype_check.items()):
+                if d != dtype:
+                    continue
+                stride = max(1, len(points) // POINTS_PER_SERIES)
+                error, bound = (np.array(v) for v in zip(*points[::stride]))
+                keep = bound > 0
+                ratio, x = error[keep] / bound[keep], np.clip(bound[keep], low, high)
+                colour = check_kinds.COLOURS.get(check, "C7")
+                zeros = int((error == 0).sum())
+                sideways = (bound[keep] < low) | (bound[keep] > high)
+                below, above = (ratio > 0) & (ratio < band.low), ratio > band.high
+                inside = (ratio > 0) & ~below & ~above
+                ax.scatter(
+                    x[inside & ~sideways],
+                    ratio[inside & ~sideways],
+                    s=14,
+                    alpha=0.5,
+                    color=colour,
+                    label=f"{check} ({len(points)}{f', {zeros} exact' if zeros else ''})",
+                )
+                ax.scatter(x[inside & sideways], ratio[inside & sideways], s=18, marker=">", alpha=0.5, color=colour)
+                ax.scatter(x[below], np.full(below.sum(), band.low), s=18, marker="v", alpha=0.5, color=colour)
+                ax.scatter(x[above], np.full(above.sum(), band.high), s=22, marker="^", color=colour)
+                ax.scatter(
+                    x[ratio == 0],
+                    np.full(int((ratio == 0).sum()), band.zero),
+                    s=18,
+                    marker="o",
+                    facecolors="none",
+                    edgecolors=colour,
+                )
+            ax.axhline(1.0, color="tab:red", linestyle="--", linewidth=1)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(low, high)
+            ax.set_ylim(*band.limits)
+            _zero_strip(ax, band, "y")
+            ax.set_title(dtype)
+            ax.set_xlabel("bound")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, title="check (cases)", frameon=False)
+        axes[0].set_ylabel("error / bound (dashed: the bound)")
+        fig.tight_layout()
+    return fig
 
 
 def _error_bound_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    """One panel per dtype: error / bound against the bound, one colour per check. The
-    y axis is the band that matters, BUDGET_FLOOR to above 1 (the bound); the x axis
-    spans the middle 98% of the bounds. Points outside are drawn on the edge they
-    passed (triangles); exact zeros are counted in the legend, not drawn."""
-    Figure, canvas = mpl
-    dtypes = sorted({dtype for dtype, _ in corpus.by_dtype_check})
-    bounds = np.array([b for points in corpus.by_dtype_check.values() for _, b in points if b > 0])
-    low, high = np.quantile(bounds, [0.05, 0.95]) if bounds.size else (1e-8, 1.0)
-    low, high = low / 10, max(high * 10, low * 100)
-    ratios_all = [e / b for points in corpus.by_dtype_check.values() for e, b in points if b > 0]
-    top = max(2.0, min(max(ratios_all, default=1.0) * 1.5, 1e3))
-    fig = Figure(figsize=(3.6 * len(dtypes) + 0.6, 4.6), dpi=DPI)
-    axes = fig.subplots(1, len(dtypes), sharey=True, squeeze=False)[0]
-    for ax, dtype in zip(axes, dtypes):
-        for (d, check), points in sorted(corpus.by_dtype_check.items()):
-            if d != dtype:
-                continue
-            stride = max(1, len(points) // POINTS_PER_SERIES)
-            error, bound = (np.array(v) for v in zip(*points[::stride]))
-            keep = (error > 0) & (bound > 0)
-            ratio, x = error[keep] / bound[keep], bound[keep]
-            colour = check_kinds.COLOURS.get(check, "C7")
-            zeros = int((error == 0).sum())
-            inside = (ratio >= BUDGET_FLOOR) & (ratio <= top) & (x >= low) & (x <= high)
-            ax.scatter(
-                x[inside],
-                ratio[inside],
-                s=9,
-                alpha=0.5,
-                color=colour,
-                label=f"{check} ({len(points)}{f', {zeros} exact' if zeros else ''})",
-            )
-            below = ratio < BUDGET_FLOOR
-            ax.scatter(
-                np.clip(x[below], low, high),
-                np.full(below.sum(), BUDGET_FLOOR),
-                s=12,
-                marker="v",
-                alpha=0.5,
-                color=colour,
-            )
-            above = ratio > top
-            ax.scatter(np.clip(x[above], low, high), np.full(above.sum(), top), s=16, marker="^", color=colour)
-            sideways = ~below & ~above & ((x < low) | (x > high))
-            ax.scatter(np.clip(x[sideways], low, high), ratio[sideways], s=12, marker=">", alpha=0.5, color=colour)
-        ax.axhline(1.0, color="tab:red", linestyle="--", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(low, high)
-        ax.set_ylim(BUDGET_FLOOR / 1.5, top * 1.5)
-        ax.set_title(dtype, fontsize=9)
-        ax.set_xlabel("bound", fontsize=8)
-        ax.legend(
-            fontsize=7,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.2),
-            ncol=2,
-            title="check (cases)",
-            title_fontsize=7,
-            frameon=False,
-        )
-    axes[0].set_ylabel("error / bound (dashed: the bound)", fontsize=8)
-    fig.tight_layout()
-    return _png(fig, canvas)
+    return _png(_error_bound_fig(corpus, mpl), mpl[1])
 
 
 def _throughput_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
     Figure, canvas = mpl
-    fig = Figure(figsize=(7, 3), dpi=DPI)
-    ax = fig.add_subplot()
+    with _style():
+        fig = Figure(figsize=(WIDTH_IN, 3.6), dpi=DPI)
+        ax = fig.add_subplot()
+        _throughput_plot(ax, corpus)
+        fig.tight_layout()
+    return _png(fig, canvas)
+
+
+def _throughput_plot(ax: Any, corpus: _Corpus) -> None:
     t, cumulative = zip(*_throughput(corpus.case_times))
     ax.step(t, cumulative, where="post", color="tab:blue", label="cases checked")
     colours = dict(zip(FAILURE_KINDS, ("tab:red", "tab:purple", "tab:orange", "tab:brown")))
@@ -478,9 +568,7 @@ def _throughput_figure(corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
             )
     ax.set_xlabel("seconds since the campaign started")
     ax.set_ylabel("cumulative cases")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return _png(fig, canvas)
+    ax.legend(loc="upper left")
 
 
 # ---------------------------------------------------------------------------- HTML
@@ -540,7 +628,11 @@ def _header(summary: dict[str, Any]) -> str:
         ["tasks", f"{totals['tasks']} ({outcomes})"],
         ["cases", totals["cases"]],
         ["cases / s", _num(totals["cases_per_second"])],
-        ["failures", f"{totals['failures']} distinct ({failures}); seen {totals['failure_occurrences']} times"],
+        [
+            "failures",
+            f"{totals['findings']} finding(s) of {totals['failures']} distinct failure(s) ({failures}); "
+            f"seen {totals['failure_occurrences']} times",
+        ],
         # AFL++'s "last saved crash": a search still finding new failures near its end is not done
         ["last new failure", _last_new(summary)],
     ]
@@ -574,27 +666,36 @@ def _last_new(summary: dict[str, Any]) -> str:
 def _failures_section(summary: dict[str, Any]) -> str:
     failures = summary["failures"]
     if not failures:
-        return '<section id="failures"><h2>Failures</h2>' + _empty("No failures were recorded.") + "</section>"
+        return '<section id="failures"><h2>Findings</h2>' + _empty("No failures were recorded.") + "</section>"
+    grouped = findings.group(failures)
+    number = {id(f): i for i, f in enumerate((m for g in grouped for m in g["members"]), 1)}
     rows = [
         [
-            f.get("kind", "?"),
-            f.get("kernel", "?"),
-            f.get("dtype", "?"),
-            f.get("check", "?"),
-            f.get("count", 1),
-            _num(f.get("first_seen_t")),
-            "yes" if f.get("minimised") else "no",
-            headline(str(f.get("message") or "")),
-            _Html(f'<a href="#finding-{i}">#{i}</a>'),
+            g["kind"],
+            g["kernel"],
+            ", ".join(g["dtypes"]),
+            ", ".join(g["checks"]),
+            len(g["members"]),
+            g["count"],
+            _num(g["first_seen_t"]),
+            headline(str(g["members"][0].get("message") or "")),
+            _Html(" ".join(f'<a href="#finding-{number[id(m)]}">#{number[id(m)]}</a>' for m in g["members"])),
         ]
-        for i, f in enumerate(failures, 1)
+        for g in grouped
     ]
-    headers = ["kind", "kernel", "dtype", "check", "count", "first seen (s)", "minimised", "what went wrong", "details"]
+    headers = ["kind", "kernel", "dtypes", "checks", "failures", "seen", "first seen (s)", "what went wrong", "members"]
     return (
-        '<section id="failures"><h2>Failures</h2><p>One row per distinct failure, oldest first. Below the '
-        "table, each in full with the command that replays its saved case.</p>"
+        '<section id="failures"><h2>Findings</h2><p>One row per finding, oldest first: the failures whose '
+        "signatures differ only in dtype and check (the same kernel failing the same way: the same failure "
+        "kind and worst-element pattern), most likely one bug. Below the table, each finding's members in "
+        "full, each with the command that replays its saved case.</p>"
         + _table(headers, rows, cls="failure")
-        + "".join(_finding(i, f) for i, f in enumerate(failures, 1))
+        + "".join(
+            f'<div class="group"><h3>Finding {k}: {_e(findings.title(g))}</h3>'
+            + "".join(_finding(number[id(m)], m) for m in g["members"])
+            + "</div>"
+            for k, g in enumerate(grouped, 1)
+        )
         + "</section>"
     )
 
@@ -636,7 +737,7 @@ def _finding(number: int, failure: dict[str, Any]) -> str:
         f"[{failure.get('check', '?')}]"
     )
     return (
-        f'<div class="finding" id="finding-{number}"><h3>{_e(title)}</h3><dl>{rows}</dl>'
+        f'<div class="finding" id="finding-{number}"><h4>{_e(title)}</h4><dl>{rows}</dl>'
         f"<pre>{_e(str(failure.get('message') or '').strip())}</pre>"
         f"<p>replay: <code>{_e(failure.get('replay') or '')}</code></p></div>"
     )
@@ -646,12 +747,18 @@ def _shape_text(shape: Any) -> str:
     return "(" + ", ".join(map(str, shape or [])) + ")"
 
 
-def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    head = (
-        '<section id="budget"><h2>Budget used</h2><p>Per case, the worst check\'s error / bound: '
-        "above 1 is a failure; far below 1 is a loose bound that can hide bugs. Infinite budgets "
-        "(NaN or inf where the oracle is finite, differing bits) are counted apart.</p>"
+def _budget_caption(corpus: _Corpus) -> str:
+    band, _ = _budget_axes(corpus)
+    return (
+        f"Per case, the worst check's error / bound, drawn from {band.text()}: above 1 (dashed) is a failure; "
+        "far below 1 is a loose bound that can hide bugs. Budgets past either end are drawn on it; exact "
+        f"results (error 0) on the grey column \u201c{ZERO_LABEL}\u201d. Infinite budgets (NaN or inf where "
+        "the oracle is finite, differing bits) are counted apart, at the right edge (\u25b6)."
     )
+
+
+def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
+    head = '<section id="budget"><h2>Budget used</h2>'
     if not corpus.budgets:
         return head + _empty("No cases were recorded.") + "</section>"
     rows = [
@@ -660,18 +767,28 @@ def _budget_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, An
         for dtype, s in dtypes.items()
     ]
     table = _table(["kernel", "dtype", "cases", "inf", "median", "p90", "max"], rows)
-    return head + _img(_budget_figure(corpus, mpl), "budget used per kernel and dtype") + table + "</section>"
+    return (
+        head
+        + f"<p>{_e(_budget_caption(corpus))}</p>"
+        + _img(_budget_figure(corpus, mpl), "budget used per kernel and dtype")
+        + table
+        + "</section>"
+    )
+
+
+def _error_bound_caption(corpus: _Corpus) -> str:
+    band, (low, high) = _error_bound_axes(corpus)
+    return (
+        "Each case's worst error as a share of its bound, by dtype (one panel each) and check (one colour "
+        f"each), drawn from {band.text()}: above the dashed line (1) a case failed; near it the bound is "
+        "tight. Shares past either end are drawn on it (\u25bc, \u25b2); exact results (error 0) on the grey "
+        f"row \u201c{ZERO_LABEL}\u201d. Bounds from {low:.3g} to {high:.3g} (the middle 90%, {MARGIN:g} times "
+        "wider each way); those outside are drawn on the side edge (\u25b6)."
+    )
 
 
 def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str:
-    head = (
-        '<section id="error-bound"><h2>Error vs bound</h2><p>Each case\'s worst error as a share of its '
-        "bound, by dtype (one panel each) and check (one colour each). Above the dashed line (1) a case "
-        f"failed; near it the bound is tight; below {BUDGET_FLOOR:g} the bound is far from the error "
-        "(drawn on the floor, \u25bc). Bounds outside the middle 90% (widened tenfold) are drawn on the side "
-        "edge (\u25b6); "
-        "exact results (error 0) are counted in the legend.</p>"
-    )
+    head = '<section id="error-bound"><h2>Error vs bound</h2>'
     if not corpus.error_bound:
         return head + _empty("No checks with an error and a bound were recorded.") + "</section>"
     rows = [
@@ -688,6 +805,7 @@ def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[An
     ]
     return (
         head
+        + f"<p>{_e(_error_bound_caption(corpus))}</p>"
         + _img(_error_bound_figure(corpus, mpl), "error / bound against bound, by dtype and check")
         + _table(["dtype", "check", "cases", "exact", "median error / bound", "max", "above the bound"], rows)
         + "</section>"
@@ -774,7 +892,7 @@ def _search_section(summary: dict[str, Any]) -> str:
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
-h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;margin-top:1.6em}h3{font-size:1.05em;margin:1em 0 .3em}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;margin-top:1.6em}h3{font-size:1.05em;margin:1em 0 .3em}h4{font-size:1em;margin:.5em 0 .2em}
 table{border-collapse:collapse;margin:.5em 0;font-size:13px}
 th,td{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 thead th{background:#f3f3f3}

@@ -284,7 +284,22 @@ def store_tiles(out_gmems, out_smems, values, m_slice, n_slice) -> None:
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _band_order(pid: Any, m_tiles: int, n_tiles: int) -> tuple[Any, Any]:
+def store_slices(blocks: Any, out_smems: Any, values: Any, wg: Any) -> None:
+    """One consumer's epilogue in the warp-specialised forms: each value rounded once
+    to its output dtype into this consumer's slot ``smem[wg]`` of a small SMEM buffer,
+    slice by slice of its columns, and TMA-stored into ``block`` (this consumer's
+    output tile in GMEM). The buffer is reused as soon as TMA has read the last slice."""
+    epi = out_smems[0].shape[-1]
+    for c in range(values[0].shape[1] // epi):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
+        for smem, value in zip(out_smems, values):
+            smem[wg] = value[:, c * epi : (c + 1) * epi].astype(smem.dtype)
+        plgpu.commit_smem()
+        for block, smem in zip(blocks, out_smems):
+            plgpu.copy_smem_to_gmem(smem.at[wg], block.at[:, pl.ds(c * epi, epi)])
+
+
+def band_order(pid: Any, m_tiles: int, n_tiles: int) -> tuple[Any, Any]:
     """CTA ``pid`` -> its (row tile, column tile): bands of BAND_M row tiles (the last
     band may be shorter), each walked column by column."""
     band_m = min(BAND_M, m_tiles)
@@ -342,7 +357,7 @@ def _warp_specialized_call(
             # starts the next tile's loads while the consumers run this one's epilogue.
             @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="tile")
             def _tile(info):
-                m_idx, n_idx = _band_order(info.index[0], m_tiles, n_tiles)
+                m_idx, n_idx = band_order(info.index[0], m_tiles, n_tiles)
                 m_slice, cta_cols = pl.ds(m_idx * tm, tm), pl.ds(n_idx * 2 * tn, 2 * tn)
 
                 def consume(run_pipeline):
@@ -351,15 +366,8 @@ def _warp_specialized_call(
                         plgpu.wgmma_wait(0)
                         acc = acc_ref[...]
                         values = (get_activation(activation)(acc), acc)
-                        for c in range(tn // epi):
-                            cols = slice(c * epi, (c + 1) * epi)
-                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last slice is read out
-                            for smem, value in zip(out_smems, values):
-                                smem[wg] = value[:, cols].astype(smem.dtype)
-                            plgpu.commit_smem()
-                            for gmem, smem in zip(out_gmems, out_smems):
-                                block = gmem.at[m_slice, cta_cols].at[:, my_cols]
-                                plgpu.copy_smem_to_gmem(smem.at[wg], block.at[:, pl.ds(c * epi, epi)])
+                        blocks = tuple(gmem.at[m_slice, cta_cols].at[:, my_cols] for gmem in out_gmems)
+                        store_slices(blocks, out_smems, values, wg)
 
                     pl.run_scoped(with_accumulator, plgpu.ACC((tm, tn), jnp.float32))
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles import algebra, chunks, numeric
 from pallascheck.oracles.activations import activation_model
 from pallascheck.oracles.gradients import vjp64
 from pallascheck.oracles.numeric import f64, xp
@@ -37,21 +37,30 @@ class GluOracle:
 
 
 def oracle(x: Any, weights: Any, *, activation: str) -> GluOracle:
+    """In spans of token rows (oracles/chunks.py), beside the weights' float64 copies."""
     x64, w = f64(x), f64(weights)
     x2 = x64.reshape(-1, x64.shape[-1])
     sub = algebra.subnormal_part
-    gate, up = x2 @ w[:, 0], x2 @ w[:, 1]
-    out = activation_model(activation).fn(gate) * up
-    return GluOracle(
-        out=out.reshape(x64.shape[:-1] + (w.shape[2],)),
-        gate=gate,
-        up=up,
-        gate_magnitude=xp.abs(x2) @ xp.abs(w[:, 0]),
-        up_magnitude=xp.abs(x2) @ xp.abs(w[:, 1]),
-        gate_flushed=sub(x2) @ xp.abs(w[:, 0]) + xp.abs(x2) @ sub(w[:, 0]),
-        up_flushed=sub(x2) @ xp.abs(w[:, 1]) + xp.abs(x2) @ sub(w[:, 1]),
-        d=x2.shape[1],
-    )
+    w_abs, w_sub = xp.abs(w), sub(w)
+    (t, d), f = x2.shape, w.shape[2]
+
+    def rows(start: int, stop: int) -> GluOracle:
+        xr = x2[start:stop]
+        xr_abs, xr_sub = xp.abs(xr), sub(xr)
+        gate, up = xr @ w[:, 0], xr @ w[:, 1]
+        return GluOracle(
+            out=activation_model(activation).fn(gate) * up,
+            gate=gate,
+            up=up,
+            gate_magnitude=xr_abs @ w_abs[:, 0],
+            up_magnitude=xr_abs @ w_abs[:, 1],
+            gate_flushed=xr_sub @ w_abs[:, 0] + xr_abs @ w_sub[:, 0],
+            up_flushed=xr_sub @ w_abs[:, 1] + xr_abs @ w_sub[:, 1],
+            d=d,
+        )
+
+    whole = chunks.over(rows, t, max(d, 2 * f), axis=0)
+    return dataclasses.replace(whole, out=whole.out.reshape(x64.shape[:-1] + (f,)))
 
 
 def _order(arith: Arithmetic, block_k: int | None):
@@ -101,9 +110,15 @@ def bound(ref: GluOracle, *, activation: str, operand_dtype: Any, arith: Arithme
     u32 |out|; the final rounding to the output dtype adds u_out |out| plus the
     subnormal floor (algebra.multiply, algebra.round_to).
     """
-    gate, up = _projections(ref, operand_dtype, arith, block_k)
-    out = algebra.multiply(_activated(gate, activation, arith), up, arith=arith, dtype=F32)
-    return algebra.round_to(out, operand_dtype, arith).err.reshape(ref.out.shape)
+    f = ref.gate.shape[1]
+    flat = dataclasses.replace(ref, out=ref.out.reshape(-1, f))
+
+    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of token rows
+        gate, up = _projections(chunks.part(flat, start, stop, 0), operand_dtype, arith, block_k)
+        out = algebra.multiply(_activated(gate, activation, arith), up, arith=arith, dtype=F32)
+        return algebra.round_to(out, operand_dtype, arith).err
+
+    return chunks.over(rows, ref.gate.shape[0], f, axis=0).reshape(ref.out.shape)
 
 
 # Module-level, with the activation static, so that gradients.vjp64 compiles their
@@ -116,14 +131,34 @@ def _gated64(gate: Any, up: Any, activation: str) -> Any:
     return activation_model(activation).fn(gate) * up
 
 
+def _glu64_of_w(w: Any, x: Any, activation: str) -> Any:
+    """``_glu64`` with the weights first: its VJP in the weights alone."""
+    return _glu64(x, w, activation)
+
+
 def oracle_vjp(x: Any, weights: Any, cotangent: Any, *, activation: str) -> dict[str, np.ndarray]:
     """dx and dweights of sum(out * cotangent); also dgate and dup (the cotangents of
-    the two projections) that the gradient bound needs."""
+    the two projections) that the gradient bound needs. A token row of dx, dgate and
+    dup depends on its own rows of x and the cotangent, a column of dweights on its
+    own columns of the weights and the cotangent: spans of rows and of columns
+    (oracles/chunks.py), each span's VJP in its own operand alone."""
     x64, w = f64(x), f64(weights)
     x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
-    dx, dw = vjp64(_glu64, (x2, w), g, static=(activation,))
-    dgate, dup = vjp64(_gated64, (x2 @ w[:, 0], x2 @ w[:, 1]), g, static=(activation,))
-    return {"dx": dx.reshape(x64.shape), "dweights": dw, "dgate": dgate, "dup": dup}
+    (t, d), f = x2.shape, w.shape[2]
+
+    def rows(start: int, stop: int) -> dict[str, Any]:
+        xr, gr = x2[start:stop], g[start:stop]
+        (dx,) = vjp64(_glu64, (xr,), gr, constants=(w,), static=(activation,))
+        dgate, dup = vjp64(_gated64, (xr @ w[:, 0], xr @ w[:, 1]), gr, static=(activation,))
+        return {"dx": dx, "dgate": dgate, "dup": dup}
+
+    def columns(start: int, stop: int) -> Any:
+        (dw,) = vjp64(_glu64_of_w, (w[:, :, start:stop],), g[:, start:stop], constants=(x2,), static=(activation,))
+        return dw
+
+    by_rows = chunks.over(rows, t, max(d, 2 * f), axis=0)
+    dw = chunks.over(columns, f, 2 * max(t, d), axis=2)
+    return {"dx": by_rows["dx"].reshape(x64.shape), "dweights": dw, "dgate": by_rows["dgate"], "dup": by_rows["dup"]}
 
 
 def gradient_bound(
@@ -150,28 +185,34 @@ def gradient_bound(
     - dx = dz @ W^T (2f terms) and dW = x^T @ dz (T terms) are tiled matmuls whose
       left or right operand carries e_dz: e_dz @ |W|^T (resp. |x|^T @ e_dz) plus the
       dot error on the perturbed magnitudes plus rounding to the operand dtype.
+    dx in spans of token rows, dW in spans of columns (oracles/chunks.py).
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    x64, w = f64(x), f64(weights)
-    x2, g = x64.reshape(-1, x64.shape[-1]), f64(cotangent).reshape(-1, w.shape[2])
-    (t_rows, d), f = x2.shape, w.shape[2]
-    gate, up = _projections(ref, operand_dtype, arith, block_k)
-    exact_g = algebra.Bounded.exact(g)
-    c = algebra.multiply(exact_g, up, arith=arith, dtype=F32)
-    if math.isinf(act.curvature):  # act' jumps at 0
-        slope_err = xp.where(xp.abs(ref.gate) <= gate.err, 1.0, 0.0)
-    else:
-        slope_err = act.curvature * gate.err + act.derivative_error(u32, t)
-    dgate = algebra.Bounded(grads["dgate"], c.magnitude * slope_err + act.lipschitz * c.err)
-    dgate = algebra.round_to(algebra.round_to(dgate, F32, arith), operand_dtype, arith)
-    dup = algebra.round_to(
-        algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32), operand_dtype, arith
-    )
-    dz_value = xp.stack([dgate.value, dup.value], axis=1).reshape(t_rows, 2 * f)
-    dz_err = xp.stack([dgate.err, dup.err], axis=1).reshape(t_rows, 2 * f)
-    dz_mag = xp.abs(dz_value) + dz_err
-    w2 = w.reshape(d, 2 * f)
+    d, f = weights.shape[0], weights.shape[2]
+    g = f64(cotangent).reshape(-1, f)
+    t_rows = g.shape[0]
+    flat = dataclasses.replace(ref, out=ref.out.reshape(t_rows, f))
+
+    def dz_of(ref: GluOracle, dgate_exact: Any, g: Any) -> tuple[Any, Any]:
+        """dz = [dgate, dup] on a span of rows or columns ([r, 2c]: elementwise in the
+        oracle, dgate and g), its value and error."""
+        gate, up = _projections(ref, operand_dtype, arith, block_k)
+        exact_g = algebra.Bounded.exact(g)
+        c = algebra.multiply(exact_g, up, arith=arith, dtype=F32)
+        if math.isinf(act.curvature):  # act' jumps at 0
+            slope_err = xp.where(xp.abs(ref.gate) <= gate.err, 1.0, 0.0)
+        else:
+            slope_err = act.curvature * gate.err + act.derivative_error(u32, t)
+        dgate = algebra.Bounded(dgate_exact, c.magnitude * slope_err + act.lipschitz * c.err)
+        dgate = algebra.round_to(algebra.round_to(dgate, F32, arith), operand_dtype, arith)
+        dup = algebra.round_to(
+            algebra.multiply(exact_g, _activated(gate, activation, arith), arith=arith, dtype=F32), operand_dtype, arith
+        )
+        r, cols = g.shape
+        value = xp.stack([dgate.value, dup.value], axis=1).reshape(r, 2 * cols)
+        return value, xp.stack([dgate.err, dup.err], axis=1).reshape(r, 2 * cols)
+
     sub = algebra.subnormal_part
     order = _order(arith, block_k)
 
@@ -182,19 +223,33 @@ def gradient_bound(
         return algebra.round_to(algebra.Bounded(exact, dot.err + propagated), operand_dtype, arith).err
 
     mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; x and W may hold zeros
-    abs_w, abs_x = xp.abs(w2).T, xp.abs(x2).T
-    dx = product(
-        grads["dx"].reshape(t_rows, d),
-        mm(dz_err, abs_w),
-        mm(dz_mag, abs_w),
-        sub(dz_value) @ abs_w + mm(dz_mag, sub(w2).T),
-        2 * f,
-    )
-    dw = product(
-        grads["dweights"].reshape(d, 2 * f),
-        mm(abs_x, dz_err),
-        mm(abs_x, dz_mag),
-        mm(sub(x2).T, dz_mag) + abs_x @ sub(dz_value),
-        t_rows,
-    )
-    return {"dx": dx.reshape(x64.shape), "dweights": dw.reshape(w.shape)}
+    # |W| and W's subnormal part (then x's) once for all spans, no float64 copy kept
+    abs_w, sub_w = xp.abs(f64(weights)).reshape(d, 2 * f).T, sub(f64(weights)).reshape(d, 2 * f).T
+
+    def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of W
+        dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 0), grads["dgate"][start:stop], g[start:stop])
+        dz_mag = xp.abs(dz_value) + dz_err
+        return product(
+            grads["dx"].reshape(t_rows, d)[start:stop],
+            mm(dz_err, abs_w),
+            mm(dz_mag, abs_w),
+            sub(dz_value) @ abs_w + mm(dz_mag, sub_w),
+            2 * f,
+        )
+
+    dx = chunks.over(rows, t_rows, max(d, 2 * f), axis=0)
+    abs_x, sub_x = xp.abs(f64(x)).reshape(t_rows, d).T, sub(f64(x)).reshape(t_rows, d).T
+
+    def columns(start: int, stop: int) -> Any:  # dW[:, :, j] from dz[:, j] and all of x
+        dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 1), grads["dgate"][:, start:stop], g[:, start:stop])
+        dz_mag = xp.abs(dz_value) + dz_err
+        dw = product(
+            grads["dweights"][:, :, start:stop].reshape(d, 2 * (stop - start)),
+            mm(abs_x, dz_err),
+            mm(abs_x, dz_mag),
+            mm(sub_x, dz_mag) + abs_x @ sub(dz_value),
+            t_rows,
+        )
+        return dw.reshape(d, 2, stop - start)
+
+    return {"dx": dx.reshape(x.shape), "dweights": chunks.over(columns, f, 2 * max(t_rows, d), axis=2)}

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles import algebra, chunks, numeric
 from pallascheck.oracles.activations import activation_model
 from pallascheck.oracles.gradients import vjp64
 from pallascheck.oracles.numeric import f64, xp
@@ -28,15 +28,24 @@ class MatmulOracle:
 
 
 def oracle(x: Any, y: Any, *, activation: str = "none") -> MatmulOracle:
+    """In spans of output columns (oracles/chunks.py): a span's temporaries are its
+    [k, span] slices of y and [m, span] outputs, beside x's float64 copies."""
     x64, y64 = f64(x), f64(y)
-    z = x64 @ y64
-    return MatmulOracle(
-        out=activation_model(activation).fn(z),
-        preactivation=z,
-        magnitude=xp.abs(x64) @ xp.abs(y64),
-        flushed_magnitude=algebra.subnormal_part(x64) @ xp.abs(y64) + xp.abs(x64) @ algebra.subnormal_part(y64),
-        k=x64.shape[1],
-    )
+    x_abs, x_sub = xp.abs(x64), algebra.subnormal_part(x64)
+    (m, k), n = x64.shape, y64.shape[1]
+
+    def columns(start: int, stop: int) -> MatmulOracle:
+        yc = y64[:, start:stop]
+        z, yc_abs = x64 @ yc, xp.abs(yc)
+        return MatmulOracle(
+            out=activation_model(activation).fn(z),
+            preactivation=z,
+            magnitude=x_abs @ yc_abs,
+            flushed_magnitude=x_sub @ yc_abs + x_abs @ algebra.subnormal_part(yc),
+            k=k,
+        )
+
+    return chunks.over(columns, n, max(m, k), axis=1)
 
 
 def _preactivation(ref: MatmulOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None) -> algebra.Bounded:
@@ -70,11 +79,17 @@ def bound(
     (oracles/activations.py); rounding to ``out_dtype`` adds u_out |y| plus the
     subnormal floor.
     """
-    z = _preactivation(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k)
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    y = algebra.apply(z, act.fn, lipschitz=act.lipschitz, evaluation_error=lambda m: act.evaluation_error(m, u32, t))
-    return algebra.round_to(y, out_dtype, arith).err
+
+    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of rows
+        z = _preactivation(chunks.part(ref, start, stop, 0), operand_dtype=operand_dtype, arith=arith, block_k=block_k)
+        y = algebra.apply(
+            z, act.fn, lipschitz=act.lipschitz, evaluation_error=lambda m: act.evaluation_error(m, u32, t)
+        )
+        return algebra.round_to(y, out_dtype, arith).err
+
+    return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
 
 
 def _matmul64(x: Any, y: Any, activation: str) -> Any:
@@ -82,11 +97,36 @@ def _matmul64(x: Any, y: Any, activation: str) -> Any:
     return activation_model(activation).fn(x @ y)
 
 
+def _matmul64_of_y(y: Any, x: Any, activation: str) -> Any:
+    """``_matmul64`` with y first: its VJP in y alone."""
+    return activation_model(activation).fn(x @ y)
+
+
 def oracle_vjp(x: Any, y: Any, cotangent: Any, *, activation: str = "none") -> dict[str, np.ndarray]:
-    """dx, dy of sum(act(x @ y) * cotangent), and dz = cotangent * act'(x @ y)."""
-    dx, dy = vjp64(_matmul64, (x, y), cotangent, static=(activation,))
-    (dz,) = vjp64(activation_model(activation).fn, (f64(x) @ f64(y),), cotangent)
-    return {"dx": dx, "dy": dy, "dz": dz}
+    """dx, dy of sum(act(x @ y) * cotangent), and dz = cotangent * act'(x @ y). A row
+    of dx and dz depends on its own rows of x and the cotangent, a column of dy on its
+    own columns of y and the cotangent: spans of rows and of columns
+    (oracles/chunks.py), each span's VJP in its own operand alone."""
+    x64, y64, g = f64(x), f64(y), f64(cotangent)
+    (m, k), n = x64.shape, y64.shape[1]
+
+    def rows(start: int, stop: int) -> dict[str, Any]:
+        xr, gr = x64[start:stop], g[start:stop]
+        (dx,) = vjp64(_matmul64, (xr,), gr, constants=(y64,), static=(activation,))
+        (dz,) = vjp64(activation_model(activation).fn, (xr @ y64,), gr)
+        return {"dx": dx, "dz": dz}
+
+    def columns(start: int, stop: int) -> Any:
+        (dy,) = vjp64(_matmul64_of_y, (y64[:, start:stop],), g[:, start:stop], constants=(x64,), static=(activation,))
+        return dy
+
+    by_rows = chunks.over(rows, m, max(k, n), axis=0)
+    return {"dx": by_rows["dx"], "dy": chunks.over(columns, n, max(m, k), axis=1), "dz": by_rows["dz"]}
+
+
+def _abs_and_subnormal(a: Any) -> tuple[Any, Any]:
+    """|a|^T and a's subnormal part^T in float64, without keeping a float64 copy of a."""
+    return xp.abs(f64(a)).T, algebra.subnormal_part(f64(a)).T
 
 
 def gradient_bound(
@@ -108,27 +148,30 @@ def gradient_bound(
     evaluation error, times |g|; the product rounds (u32). dz is rounded to the
     operand dtype, then dx = dz @ y^T (N terms) and dy = x^T @ dz (M terms) are the
     same tiled dot as the forward, whose inputs now carry err(dz):
-    err(dx) = err(dz) @ |y|^T + dot error + rounding to x's dtype.
+    err(dx) = err(dz) @ |y|^T + dot error + rounding to x's dtype. dx in spans of
+    rows, dy in spans of columns (oracles/chunks.py).
     """
     act = activation_model(activation)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
-    g = f64(cotangent)
-    if activation == "none":
-        dz_err = xp.zeros_like(g)
-    else:
-        z_err = _preactivation(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k).err
-        if math.isinf(act.curvature):  # derivative jumps at 0
-            slope_err = xp.where(xp.abs(ref.preactivation) <= z_err, 1.0, 0.0)
-        else:
-            slope_err = act.curvature * z_err + act.derivative_error(u32, t)
-        dz_err = xp.abs(g) * slope_err
-    dz = algebra.round_to(algebra.Bounded(grads["dz"], dz_err), F32, arith)
-    dz = algebra.round_to(dz, operand_dtype, arith)
-    x64, y64 = f64(x), f64(y)
+    g64 = f64(cotangent)
     order = arith.dot_order(block_k) if block_k else SEQUENTIAL
 
-    def product(a: algebra.Bounded, b: np.ndarray, exact: np.ndarray, n: int, a_on_left: bool):
-        a_abs, a_sub, b_abs, b_sub = a.magnitude, algebra.subnormal_part(a.value), xp.abs(b), algebra.subnormal_part(b)
+    def dz_of(ref: MatmulOracle, dz_exact: Any, g: Any) -> algebra.Bounded:
+        """dz on a span of rows or columns (elementwise in the oracle, dz and g)."""
+        if activation == "none":
+            dz_err = xp.zeros_like(g)
+        else:
+            z_err = _preactivation(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k).err
+            if math.isinf(act.curvature):  # derivative jumps at 0
+                slope_err = xp.where(xp.abs(ref.preactivation) <= z_err, 1.0, 0.0)
+            else:
+                slope_err = act.curvature * z_err + act.derivative_error(u32, t)
+            dz_err = xp.abs(g) * slope_err
+        dz = algebra.round_to(algebra.Bounded(dz_exact, dz_err), F32, arith)
+        return algebra.round_to(dz, operand_dtype, arith)
+
+    def product(a: algebra.Bounded, b_abs: Any, b_sub: Any, exact: Any, n: int, a_on_left: bool):
+        a_abs, a_sub = a.magnitude, algebra.subnormal_part(a.value)
         mm = algebra.matmul  # dz's error and magnitude are unbounded where it may overflow; y may hold zeros
         if a_on_left:
             propagated, magnitude, flushed = mm(a.err, b_abs), mm(a_abs, b_abs), a_sub @ b_abs + mm(a_abs, b_sub)
@@ -139,7 +182,18 @@ def gradient_bound(
         )
         return algebra.round_to(algebra.Bounded(exact, d.err + propagated), operand_dtype, arith).err
 
-    return {
-        "dx": product(dz, y64.T, grads["dx"], y64.shape[1], a_on_left=True),
-        "dy": product(dz, x64.T, grads["dy"], x64.shape[0], a_on_left=False),
-    }
+    (m, k), n = x.shape, y.shape[1]
+    yt = _abs_and_subnormal(y)  # once for all spans; then x's
+
+    def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of y
+        dz = dz_of(chunks.part(ref, start, stop, 0), grads["dz"][start:stop], g64[start:stop])
+        return product(dz, *yt, grads["dx"][start:stop], n, a_on_left=True)
+
+    dx = chunks.over(rows, m, max(k, n), axis=0)
+    xt = _abs_and_subnormal(x)
+
+    def columns(start: int, stop: int) -> Any:  # dy[:, j] from dz[:, j] and all of x
+        dz = dz_of(chunks.part(ref, start, stop, 1), grads["dz"][:, start:stop], g64[:, start:stop])
+        return product(dz, *xt, grads["dy"][:, start:stop], m, a_on_left=False)
+
+    return {"dx": dx, "dy": chunks.over(columns, n, max(m, k), axis=1)}

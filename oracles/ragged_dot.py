@@ -5,6 +5,10 @@ rhs[i]; rows past sum(group_sizes) are exactly 0. Every output and gradient elem
 is one dot product of the matmul model (oracles/matmul.py, oracles/algebra.py):
 products exact for bf16/f16 (tf32-rounded f32 on the GPU), summed in f32 in the
 kernel's order, rounded once to the input dtype.
+
+The oracle, the bounds and dlhs run in spans of token rows, each with the groups'
+ranges clipped to it; drhs and its bound group by group (oracles/chunks.py), each
+group's sum over all m rows whole (rows of other groups add exact zeros).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pallascheck.oracles import algebra, numeric
+from pallascheck.oracles import algebra, chunks, numeric
 from pallascheck.oracles.numeric import f64, xp
 from pallascheck.oracles.tolerance import SEQUENTIAL, Arithmetic, unit_roundoff
 
@@ -40,13 +44,37 @@ class RaggedDotOracle:
 
 
 def oracle(lhs: Any, rhs: Any, group_sizes: Any) -> RaggedDotOracle:
-    x, w = f64(lhs), f64(rhs)
+    x, w = f64(lhs), _Groups(rhs)
     ranges = group_ranges(group_sizes, x.shape[0])
     sub = algebra.subnormal_part
-    out = _by_group(ranges, x, lambda i, rows: rows @ w[i])
-    magnitude = _by_group(ranges, x, lambda i, rows: xp.abs(rows) @ xp.abs(w[i]))
-    flushed = _by_group(ranges, x, lambda i, rows: sub(rows) @ xp.abs(w[i]) + xp.abs(rows) @ sub(w[i]))
+    w_abs, w_sub = _Groups(rhs, xp.abs), _Groups(rhs, sub)
+
+    def rows(start: int, stop: int) -> tuple[Any, Any, Any]:
+        span, xs = _clipped(ranges, start, stop), x[start:stop]
+        out = _by_group(span, xs, lambda i, rows: rows @ w[i])
+        magnitude = _by_group(span, xs, lambda i, rows: xp.abs(rows) @ w_abs[i])
+        flushed = _by_group(span, xs, lambda i, rows: sub(rows) @ w_abs[i] + xp.abs(rows) @ w_sub[i])
+        return out, magnitude, flushed
+
+    out, magnitude, flushed = chunks.over(rows, x.shape[0], max(x.shape[1], w.shape[2]), axis=0)
     return RaggedDotOracle(out, magnitude, flushed, tuple(ranges), x.shape[1])
+
+
+class _Groups:
+    """rhs group by group in float64 (``fn`` of it): never the whole [g, k, n] in
+    float64, which at DeepSeek-V3's 256 experts is 3.8 GB per copy."""
+
+    def __init__(self, rhs: Any, fn: Callable[[Any], Any] = lambda a: a) -> None:
+        self.rhs, self.fn, self.shape = rhs, fn, rhs.shape
+
+    def __getitem__(self, i: int) -> Any:
+        return self.fn(f64(self.rhs[i]))
+
+
+def _clipped(ranges: Sequence[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int]]:
+    """The groups' ranges within rows [start, stop), counted from ``start`` (a group
+    outside the span is empty)."""
+    return [(min(max(s, start), stop) - start, min(max(e, start), stop) - start) for s, e in ranges]
 
 
 def _group_rows(ranges: Sequence[tuple[int, int]], i: int, a: Any) -> Any:
@@ -62,13 +90,12 @@ def _group_rows(ranges: Sequence[tuple[int, int]], i: int, a: Any) -> Any:
 def _by_group(ranges: Sequence[tuple[int, int]], x: Any, product: Callable[[int, Any], Any]) -> Any:
     """Rows of group i from ``product(i, x's rows of group i, others zero)``, for every
     group; rows in no group are 0."""
-    parts = [product(i, _group_rows(ranges, i, x)) for i, (s, e) in enumerate(ranges) if e > s]
-    if not parts:
-        return xp.zeros((x.shape[0], product(0, x[:0]).shape[1]))
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part  # each row is nonzero in one part only: exact
-    return total
+    total = None
+    for i, (s, e) in enumerate(ranges):
+        if e > s:
+            part = product(i, _group_rows(ranges, i, x))
+            total = part if total is None else total + part  # each row is nonzero in one part only: exact
+    return xp.zeros((x.shape[0], product(0, x[:0]).shape[1])) if total is None else total
 
 
 def _order(arith: Arithmetic, block_k: int | None):
@@ -124,11 +151,15 @@ def dequantised_rhs_bound(
 def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str, np.ndarray]:
     """The op is linear in lhs and in rhs, so its VJP is two grouped products:
     dlhs[rows_i] = g[rows_i] @ rhs[i]^T and drhs[i] = lhs[rows_i]^T @ g[rows_i]."""
-    x, w, g = f64(lhs), f64(rhs), f64(cotangent)
+    x, w, g = f64(lhs), _Groups(rhs), f64(cotangent)
     ranges = group_ranges(group_sizes, x.shape[0])
-    dlhs = _by_group(ranges, g, lambda i, rows: rows @ w[i].T)
-    drhs = xp.stack([_group_rows(ranges, i, x).T @ g for i in range(len(ranges))])
-    return {"dlhs": dlhs, "drhs": drhs}
+
+    def rows(start: int, stop: int) -> Any:
+        return _by_group(_clipped(ranges, start, stop), g[start:stop], lambda i, rows: rows @ w[i].T)
+
+    dlhs = chunks.over(rows, x.shape[0], max(x.shape[1], w.shape[2]), axis=0)
+    # a group's rows of g, the narrower operand, others zero: the same products, exact zeros elsewhere
+    return {"dlhs": dlhs, "drhs": xp.stack([x.T @ _group_rows(ranges, i, g) for i in range(len(ranges))])}
 
 
 def gradient_bound(
@@ -153,38 +184,42 @@ def gradient_bound(
     zeros from masked rows cost nothing). XLA's order is unknown: sequential over
     n_i. Both round once to the input dtype.
     """
-    x, w, g = f64(lhs), f64(rhs), f64(cotangent)
+    w, g = _Groups(rhs), f64(cotangent)
     order = _order(arith, block_k)
     block_rows = block_k if block_rows is None else block_rows
     row_order = _order(arith, block_rows)
     sub = algebra.subnormal_part
-    dlhs_mag = _by_group(ref.ranges, g, lambda i, rows: xp.abs(rows) @ xp.abs(w[i]).T)
-    dlhs_flush = _by_group(ref.ranges, g, lambda i, rows: sub(rows) @ xp.abs(w[i]).T + xp.abs(rows) @ sub(w[i]).T)
+    w_abs, w_sub = _Groups(rhs, xp.abs), _Groups(rhs, sub)
+
+    def dlhs_rows(start: int, stop: int) -> Any:
+        span, gs = _clipped(ref.ranges, start, stop), g[start:stop]
+        dlhs = algebra.dot(
+            grads["dlhs"][start:stop],
+            _by_group(span, gs, lambda i, rows: xp.abs(rows) @ w_abs[i].T),
+            w.shape[2],
+            arith=arith,
+            operand_dtype=operand_dtype,
+            order=order,
+            flushed_magnitude=_by_group(span, gs, lambda i, rows: sub(rows) @ w_abs[i].T + xp.abs(rows) @ w_sub[i].T),
+        )
+        return algebra.round_to(dlhs, operand_dtype, arith).err
+
+    dlhs = chunks.over(dlhs_rows, lhs.shape[0], max(lhs.shape[1], w.shape[2]), axis=0)
+    x_abs_t, x_sub_t = xp.abs(f64(lhs)).T, sub(f64(lhs)).T  # once for every group, no float64 copy kept
 
     def drhs_err(i: int, s: int, e: int) -> Any:
         terms = (e - s) + (s % block_rows if block_rows else 0)
-        xi = _group_rows(ref.ranges, i, x)
+        gi = _group_rows(ref.ranges, i, g)  # the narrower operand zeroed outside the group, as oracle_vjp
+        gi_abs = xp.abs(gi)
         d = algebra.dot(
             grads["drhs"][i],
-            xp.abs(xi).T @ xp.abs(g),
+            x_abs_t @ gi_abs,
             terms,
             arith=arith,
             operand_dtype=operand_dtype,
             order=row_order,
-            flushed_magnitude=sub(xi).T @ xp.abs(g) + xp.abs(xi).T @ sub(g),
+            flushed_magnitude=x_sub_t @ gi_abs + x_abs_t @ sub(gi),
         )
         return algebra.round_to(d, operand_dtype, arith).err
 
-    dlhs = algebra.dot(
-        grads["dlhs"],
-        dlhs_mag,
-        w.shape[2],
-        arith=arith,
-        operand_dtype=operand_dtype,
-        order=order,
-        flushed_magnitude=dlhs_flush,
-    )
-    return {
-        "dlhs": algebra.round_to(dlhs, operand_dtype, arith).err,
-        "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)]),
-    }
+    return {"dlhs": dlhs, "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)])}

@@ -76,7 +76,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
         type=int,
         default=None,
         help="Hypothesis examples per kernel x dtype property, each a few cases of one compiled layout "
-        "(runner.layout_cases); default: the pallascheck profile's ($PALLASCHECK_PROFILE, ci: 4)",
+        "(runner.layout_cases); default: the pallascheck profile's ($PALLASCHECK_PROFILE; ci: as many as "
+        "pallascheck verify's --examples, runner.EXAMPLES)",
     ),
     "shapes": dict(
         choices=SHAPE_TIERS,
@@ -110,9 +111,11 @@ def profiles() -> dict[str, settings]:
     (``--hypothesis-profile ci``) in sessions that never use us."""
     from hypothesis import HealthCheck, settings  # Hypothesis loads with the first pallascheck test (~0.2 s)
 
+    from pallascheck.properties.runner import EXAMPLES  # verify's default too: one number for both
+
     common: dict[str, Any] = dict(deadline=None, suppress_health_check=list(HealthCheck))
     return {
-        "ci": settings(max_examples=4, derandomize=True, database=None, print_blob=True, **common),
+        "ci": settings(max_examples=EXAMPLES, derandomize=True, database=None, print_blob=True, **common),
         "dev": settings(max_examples=20, **common),
         "fuzz": settings(max_examples=200, **common),
         "hardware": settings(max_examples=25, derandomize=True, database=None, print_blob=True, **common),

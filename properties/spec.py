@@ -230,20 +230,32 @@ class KernelSpec:
         return [p for p in self.parameters if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
 
 
-def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]) -> Callable[..., np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class AnyOrderContract:
     """The accuracy contract of an op whose implementation bound, at config None,
     models the canonical backward-stable algorithm: every sum one chain in any order
     (gamma_{n-1}), f32 accumulation, one rounding of the output. That is the
     xla_reference model of the dot-like specs (matmul, GLU, ragged_dot); a tiled
-    kernel's blocked order is inside it (gamma_{b-1+n/b-1} <= gamma_{n-1})."""
-    return lambda case, ref, arith: bound(case, ref, None, arith)
+    kernel's blocked order is inside it (gamma_{b-1+n/b-1} <= gamma_{n-1}). It is
+    xla_reference's bound itself, so the runner computes and holds it once for both."""
+
+    bound: Callable[..., Any]
+
+    def __call__(self, case: Case, ref: Any, *rest: Any) -> Any:
+        """(case, oracle, arithmetic), or for gradients (case, oracle, grads, arithmetic)."""
+        return self.bound(case, ref, *rest[:-1], None, rest[-1])
+
+
+def any_order_contract(bound: Callable[[Case, Any, Any, Arithmetic], np.ndarray]) -> Callable[..., np.ndarray]:
+    """``AnyOrderContract`` of a spec's bound."""
+    return AnyOrderContract(bound)
 
 
 def any_order_gradient_contract(
     bound: Callable[..., Mapping[str, np.ndarray]],
 ) -> Callable[..., Mapping[str, np.ndarray]]:
-    """``any_order_contract`` for a GradientSpec bound."""
-    return lambda case, ref, grads, arith: bound(case, ref, grads, None, arith)
+    """``AnyOrderContract`` of a GradientSpec bound."""
+    return AnyOrderContract(bound)
 
 
 def config_fields(

@@ -1,4 +1,4 @@
-"""What verify's default budget (3 examples per spec and dtype, seed 0) draws, and
+"""What verify's default budget (runner.EXAMPLES per spec and dtype, seed 0) draws, and
 what the suite's properties in the callback interpreters draw with one case per
 example (kinds and configs in turn: runner.CALLBACK_CASES_PER_LAYOUT).
 
@@ -20,7 +20,7 @@ from pallascheck.properties.outside import jax_bundled
 from pallascheck.properties.outside import tokamax as tokamax_client
 from pallascheck.properties.registry import get_spec, registry
 
-VERIFY_EXAMPLES = 3  # pallascheck/cli/__init__.py: verify's --examples
+VERIFY_EXAMPLES = runner.EXAMPLES  # verify's --examples
 
 
 def _draws(monkeypatch, name: str) -> dict[str, list[tuple]]:
@@ -62,8 +62,8 @@ def test_verify_draws_each_optional_operand_given_and_not(monkeypatch, name: str
 
 # One case per example in the interpreters that call back into Python
 # (runner.CALLBACK_CASES_PER_LAYOUT): the suite's properties there, as the suite runs
-# them (ci profile: 4 examples per dtype, seed 0).
-CI_EXAMPLES = 4
+# them (ci profile: runner.EXAMPLES per dtype, seed 0).
+CI_EXAMPLES = runner.EXAMPLES
 
 
 def _callback_properties() -> list[tuple[str, str]]:
@@ -142,7 +142,7 @@ def test_in_turn_draws_replay_a_failing_example(monkeypatch) -> None:
 def test_each_layout_key_takes_its_options_in_turn() -> None:
     # one case per example leaves it to chance whether a bucket is drawn at all: the
     # Mosaic GPU ragged dot's m 150, its only size with three row tiles, was not, at
-    # verify's 3 examples per dtype. Two keys with the same options turn apart.
+    # verify's runner.EXAMPLES examples per dtype. Two keys with the same options turn apart.
     turn = strategies.InTurn()
     seen: dict[str, list[int]] = {"m": [], "n": []}
 

@@ -12,7 +12,7 @@ import pytest
 from fuzz_targets import WRONG_FIRST_ELEMENT
 
 from pallascheck import cli
-from pallascheck.fuzz import bandit, campaign, corpus
+from pallascheck.fuzz import bandit, campaign, corpus, report
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import checks, runner
 from pallascheck.properties.families.matmul import SPEC as MATMUL
@@ -306,3 +306,40 @@ def test_replay_repeat_tells_an_intermittent_failure_from_a_steady_one(tmp_path,
     with pytest.raises(SystemExit) as refused:
         cli.main(["replay", path, "--repeat", "0"])
     assert refused.value.code == 2 and "argument --repeat: must be >= 1" in capsys.readouterr().err
+
+
+PLANTED_GELU = """
+import jax.numpy as jnp
+from pallascheck.specs import elementwise_like
+
+def gelu_tanh(x, interpret=None):  # the bug: 0.44715 for 0.044715
+    xf = x.astype(jnp.float32)
+    return (0.5 * xf * (1 + jnp.tanh(0.7978845608 * (xf + 0.44715 * xf**3)))).astype(x.dtype)
+
+SPEC = elementwise_like(gelu_tanh, name="my_gelu", activation="gelu_tanh", dtypes=("float32", "bfloat16"),
+                        differentiable=False, interpret="interpret")
+"""
+
+
+def test_one_planted_bug_in_a_users_kernel_is_one_finding_listing_its_failures(tmp_path, capsys) -> None:
+    # A wrong GELU constant fails values and contract, in float32 and bfloat16: four
+    # records in the corpus (nothing lost), one finding in fuzz's summary and the report.
+    (tmp_path / "my_gelu.py").write_text(PLANTED_GELU)
+    out = tmp_path / "corpus"
+    argv = ["fuzz", "--kernel", "my_gelu:SPEC", "--path", str(tmp_path), "--tasks", "40", "--jobs", "1"]
+    assert cli.main(argv + ["--examples", "4", "--minutes", "10", "--corpus", str(out)]) == 1
+    printed = capsys.readouterr().out
+    stored = corpus.Corpus(str(out)).failures()
+    assert sorted((f["dtype"], f["check"]) for f in stored.values()) == [
+        ("bfloat16", "contract"),
+        ("bfloat16", "values"),
+        ("float32", "contract"),
+        ("float32", "values"),
+    ]
+    assert "1 new findings (4 new failures)" in printed
+    assert "[value] my_gelu:SPEC bfloat16, float32 [contract, values] (4 failures)" in printed
+    for failure in stored.values():  # each member listed with its own replay command
+        assert f"{failure['dtype']} [{failure['check']}] replay: {failure['replay']}" in printed
+    summary = report.summarise(str(out))
+    assert summary["totals"]["findings"] == 1 and summary["totals"]["failures"] == 4
+    assert sorted(summary["findings"][0]["members"]) == sorted(stored)

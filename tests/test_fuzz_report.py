@@ -282,9 +282,9 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     assert os.path.getsize(html_path) < 400_000
 
     failure_rows = [row for row in page.rows if row and row[0] in ("value", "hang")]
-    assert [row[:5] for row in failure_rows] == [
-        ["value", "matmul", "bfloat16", "values", "3"],
-        ["hang", "softmax", "float32", "values", "1"],
+    assert [row[:6] for row in failure_rows] == [  # kind, kernel, dtypes, checks, failures, seen
+        ["value", "matmul", "bfloat16", "values", "1", "3"],
+        ["hang", "softmax", "float32", "values", "1", "1"],
     ]
     assert [row[-1] for row in failure_rows] == ["#1", "#2"]  # links to each failure in full
     assert (
@@ -381,3 +381,96 @@ def test_headline_is_what_went_wrong() -> None:
     message = "[values] kernel=matmul dtype=bfloat16 backend=interpret\n  out: worst element (1, 3): error=6"
     assert headline(message) == "out: worst element (1, 3): error=6"
     assert headline("RuntimeError: boom\nmore") == "RuntimeError: boom" and headline("") == ""
+
+
+def _failure(signature: str, dtype: str, check: str, pattern: str, t: float) -> dict:
+    return {
+        "signature": signature,
+        "kernel": "my_gelu",
+        "dtype": dtype,
+        "check": check,
+        "kind": "value",
+        "pattern": pattern,
+        "message": f"[{check}] kernel=my_gelu\n  out: worst element (0,): error=2e-3 bound=8e-4",
+        "replay": f"pallascheck replay failures/{signature}/case.npz --path .",
+        "first_seen_t": t,
+        "count": 1,
+    }
+
+
+def test_one_bug_in_two_checks_and_two_dtypes_is_one_finding_with_its_members(tmp_path) -> None:
+    # values and contract of one wrong result, in float32 and bfloat16: four signatures,
+    # one finding; a failure at another element pattern is a finding of its own
+    members = [
+        _failure(f"value-{check}-{dtype}", dtype, check, "out:finite:.", t)
+        for t, (dtype, check) in enumerate(
+            [("float32", "values"), ("float32", "contract"), ("bfloat16", "values"), ("bfloat16", "contract")], 1
+        )
+    ]
+    other = _failure("value-values-float32-last", "float32", "values", "out:finite:L", 9.0)
+    for failure in [*members, other]:
+        directory = tmp_path / "failures" / failure["signature"]
+        directory.mkdir(parents=True)
+        (directory / "failure.json").write_text(json.dumps(failure))
+    summary = report.summarise(str(tmp_path))
+    assert summary["totals"]["findings"] == 2 and summary["totals"]["failures"] == 5
+    first, second = summary["findings"]
+    assert first["members"] == [m["signature"] for m in members] and second["members"] == [other["signature"]]
+    assert first["dtypes"] == ["bfloat16", "float32"] and first["checks"] == ["contract", "values"]
+    html_path, _ = report.write(str(tmp_path))
+    page, text = _parse(html_path)
+    (row, row_other) = [r for r in page.rows if r and r[0] == "value"]
+    assert row[:5] == ["value", "my_gelu", "bfloat16, float32", "contract, values", "4"]
+    assert row[-1] == "#1 #2 #3 #4" and row_other[-1] == "#5"
+    assert text.count("<h3>Finding ") == 2
+    for failure in [*members, other]:  # every member keeps its replay command on the page
+        assert failure["replay"] in text
+    header = {r[0]: r[1] for r in page.rows if len(r) == 2}
+    assert header["failures"].startswith("2 finding(s) of 5 distinct failure(s)")
+
+
+def _png_size(src: str) -> tuple[int, int]:
+    data = base64.b64decode(src.split(",", 1)[1])
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _caption_numbers(caption: str, after: str) -> tuple[float, float]:
+    low, high = re.search(re.escape(after) + r" (\S+) to (\S+?)[:;,]? ", caption).groups()
+    return float(low), float(high)
+
+
+def test_figures_are_sized_for_a_pull_request_in_the_band_of_their_data(corpus) -> None:
+    loaded = report._load(corpus)
+    mpl = report._matplotlib()
+    # the corpus' budgets run 0 .. 3 (and one inf); its error / bound shares 0 .. 3
+    fig = report._budget_fig(loaded, mpl)
+    (ax,) = fig.axes
+    band, _ = report._budget_axes(loaded)
+    assert ax.get_xlim() == pytest.approx(band.limits)
+    assert band.high == pytest.approx(3.0 * report.MARGIN) and band.low == pytest.approx(0.125 / report.MARGIN)
+    assert _caption_numbers(report._budget_caption(loaded), "drawn from") == pytest.approx(
+        (band.low, band.high), rel=1e-2
+    )
+    assert report.ZERO_LABEL in [t.get_text() for t in ax.get_xticklabels()]
+    assert all(t.get_fontsize() >= 10 for t in ax.get_xticklabels() + ax.get_yticklabels())
+
+    fig = report._error_bound_fig(loaded, mpl)
+    band, (low, high) = report._error_bound_axes(loaded)
+    caption = report._error_bound_caption(loaded)
+    assert _caption_numbers(caption, "drawn from") == pytest.approx((band.low, band.high), rel=1e-2)
+    assert _caption_numbers(caption, "Bounds from") == pytest.approx((low, high), rel=1e-2)
+    # the data's shares: 0.125 .. 3 among the positive ones, one exact zero (softmax f32)
+    assert (band.low, band.high) == pytest.approx((0.125 / report.MARGIN, 3.0 * report.MARGIN))
+    zeros_drawn = 0
+    for ax in fig.axes:
+        assert ax.get_ylim() == pytest.approx(band.limits) and ax.get_xlim() == pytest.approx((low, high))
+        assert all(t.get_fontsize() >= 10 for t in ax.get_xticklabels() + ax.get_yticklabels())
+        assert all(t.get_fontsize() >= 10 for legend in [ax.get_legend()] for t in legend.get_texts())
+        zeros_drawn += sum(
+            int((c.get_offsets()[:, 1] == band.zero).sum()) for c in ax.collections if len(c.get_offsets())
+        )
+    assert zeros_drawn == 1  # the exact result, on its row, not at the floor
+    assert report.ZERO_LABEL in [t.get_text() for t in fig.axes[0].get_yticklabels()]  # the panels share the y axis
+
+    page_images = _parse(report.write(corpus)[0])[0].images
+    assert all(1000 <= _png_size(src)[0] <= 1500 for src in page_images)  # about 1200 px wide

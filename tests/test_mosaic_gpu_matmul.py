@@ -56,7 +56,7 @@ def test_band_order_visits_every_tile_once() -> None:
     with a last band shorter than the others."""
     m_tiles, n_tiles = 11, 5  # bands of 8 and 3 rows
     seen = [
-        tuple(int(v) for v in mosaic_gpu_matmul._band_order(np.int32(pid), m_tiles, n_tiles))
+        tuple(int(v) for v in mosaic_gpu_matmul.band_order(np.int32(pid), m_tiles, n_tiles))
         for pid in range(m_tiles * n_tiles)
     ]
     assert sorted(seen) == [(i, j) for i in range(m_tiles) for j in range(n_tiles)]

@@ -267,3 +267,17 @@ def test_the_plugins_own_copies_of_names_match_their_homes() -> None:
     assert pytest_plugin.SHAPE_TIERS == runner.SHAPE_TIERS
     assert pytest_plugin.CASE_TIMEOUT_S == watchdog.CASE_TIMEOUT_S
     assert pytest_plugin.PROFILE_NAMES == tuple(pytest_plugin.profiles())
+
+
+def test_pytest_and_verify_draw_the_same_examples_by_default() -> None:
+    """One number (runner.EXAMPLES): a kernel checked by its spec_tests under the ci
+    profile and by `pallascheck verify` gets the same Hypothesis examples."""
+    import argparse
+
+    from pallascheck.cli import verify
+    from pallascheck.properties import pytest_plugin, runner
+
+    parser = argparse.ArgumentParser()
+    verify.add_parser(parser.add_subparsers())
+    assert parser.parse_args(["verify"]).examples == runner.EXAMPLES
+    assert pytest_plugin.profiles()["ci"].max_examples == runner.EXAMPLES

@@ -134,7 +134,9 @@ def _judge(
     later.insert(0, "jaxprs")
     stage_done("jaxprs")
 
-    state, both_orders = probes.hidden_state(task, candidate, shown, backend, seed)
+    state, both_orders = _probe(
+        verdict, replay, shown, lambda: probes.hidden_state(task, candidate, shown, backend, seed)
+    )
     if not both_orders:
         verdict.not_checked.append(
             "hidden state in the order B then A: the candidate has no module-level name to reload"
@@ -152,15 +154,17 @@ def _judge(
         )
     stage_done("hidden state")
 
-    poisoned = probes.poisoned_run(task, candidate, shown, backend, seed)
+    poisoned = _probe(verdict, replay, shown, lambda: probes.poisoned_run(task, candidate, shown, backend, seed))
     if poisoned is None:
         verdict.not_checked.append(memory.ON_CPU)
     else:
-        outcome, poisoned_bytes = poisoned
+        outcome, poisoned_bytes, nan_where_finite = poisoned
         verdict.checked.append(
-            {"check": "poisoned_memory", "unit": shown.label(), "passed": outcome.passed, "bytes": poisoned_bytes}
+            {"check": "poisoned_memory", "unit": shown.label(), "passed": not nan_where_finite, "bytes": poisoned_bytes}
         )
-        if not outcome.passed:
+        # only NaN where the oracle is finite is the poison's doing; an output wrong in
+        # other ways (zeros, a lower precision) is judged by the value checks, which say why
+        if nan_where_finite:
             verdict.reasons.append(
                 Reason(
                     "poisoned_output",
@@ -334,6 +338,25 @@ def _properties(
                 return
 
 
+def _probe[T](verdict: Verdict, replay: str, unit: units.Unit, probe: Callable[[], T]) -> T:
+    """``probe()``; a candidate that raises in it (it does not lower on this backend, it
+    fails at run time) ends the verdict with a ``crash`` reason naming the exception."""
+    try:
+        return probe()
+    except Exception as err:  # noqa: BLE001 - whatever the candidate raises is its verdict
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        verdict.reasons.append(
+            Reason(
+                "crash",
+                f"at {unit.label()}: {type(err).__name__}: {first_line}"[:400],
+                {"unit": unit.label(), "exception": type(err).__name__, "message": str(err)[:2000]},
+                replay,
+            )
+        )
+        verdict.not_checked.append("every later stage: the candidate raised")
+        raise _Stop from err
+
+
 def _note_worst(verdict: Verdict, outcome: checks.Outcome, unit: units.Unit) -> None:
     worst = outcome.worst
     if worst is None or worst.error is None or worst.bound is None:
@@ -378,6 +401,11 @@ def _value_reason(
         case = Case({k: v for k, v in case.arrays.items()}, {})
         judged = probes.judged(spec, case, backend)
         out = np.asarray(jax.device_get(probes.run(spec, case, backend)))
+        again = np.asarray(jax.device_get(probes.run(spec, case, backend)))
+        # a failure that comes and goes between calls on one input (a flipped bit every
+        # other call, a race) is nondeterminism, whichever call the value check saw
+        if out.tobytes() != again.tobytes():
+            return "nondeterministic"
         if jax.numpy.issubdtype(out.dtype, jax.numpy.floating) and bool(
             np.any(np.isnan(out.astype(np.float64)) & np.isfinite(judged.expected))
         ):

@@ -85,10 +85,12 @@ def hidden_state(
 
 def poisoned_run(
     task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
-) -> tuple[checks.Outcome, int] | None:
+) -> tuple[checks.Outcome, int, bool] | None:
     """The shown unit run twice, the device's free memory poisoned before each call, the
-    second output judged (the first call's freed buffers are in the pool then); None
-    where the device has no allocator to poison (the CPU: ``memory.ON_CPU``)."""
+    second output judged (the first call's freed buffers are in the pool then): its
+    outcome, the bytes poisoned and whether it holds NaN where the oracle is finite
+    (the poison read back); None where the device has no allocator to poison (the CPU:
+    ``memory.ON_CPU``)."""
     device = jax.devices(backend.platform)[0]
     if memory.poison_free_memory(device) is None:
         return None
@@ -101,4 +103,8 @@ def poisoned_run(
 
     run(spec, a, backend, before=poison)
     out = run(spec, b, backend, before=poison)
-    return judged(spec, b, backend)(out), min(poisoned)
+    judge = judged(spec, b, backend)
+    got = np.asarray(jax.device_get(out))
+    floating = bool(jax.numpy.issubdtype(got.dtype, jax.numpy.floating))
+    nan_where_finite = floating and bool(np.any(np.isnan(got.astype(np.float64)) & np.isfinite(judge.expected)))
+    return judge(out), min(poisoned), nan_where_finite

@@ -16,7 +16,7 @@ from pallascheck.cli._common import (
     positive,
     progress_printer,
 )
-from pallascheck.fuzz import campaign, cluster, corpus, import_path, plan, scope, targets, verify
+from pallascheck.fuzz import campaign, cluster, corpus, findings, import_path, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.registry import bundled_names, registry
 
@@ -102,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
         if ray_cluster is not None:
             cluster.disconnect()
     status = "interrupted" if result.interrupted else "done"
+    grouped = findings.group(result.new_failures)
     print(
         f"\n{status}: {result.tasks} tasks, {result.cases} cases in {result.seconds:.0f} s; "
-        f"{len(result.new_failures)} new failures, {result.repeats} repeats of known ones"
+        f"{len(grouped)} new findings ({len(result.new_failures)} new failures), "
+        f"{result.repeats} repeats of known ones"
     )
     if result.requeued:
         print(f"{result.requeued} tasks in flight on nodes that left the cluster were run again on others")
@@ -113,12 +115,10 @@ def run(args: argparse.Namespace) -> int:
             f"{result.stopped_in_flight} tasks still running {campaign.OVERRUN_S:.0f} s after the time given were "
             "stopped; the failures they had saved are booked unminimised"
         )
-    for found in result.new_failures:
-        print(
-            f"\n[{found['kind']}] {found['kernel']} {found['dtype']} [{found['check']}]: "
-            f"{corpus.headline(found['message'])}"
-            f"\n  replay: {found['replay']}"
-        )
+    for finding in grouped:
+        print(f"\n{findings.title(finding)}: {corpus.headline(finding['members'][0]['message'])}")
+        for found in finding["members"]:
+            print(f"  {found['dtype']} [{found['check']}] replay: {found['replay']}")
     not_checked += [
         scope.NotChecked(k, d, "no task in this run (give it more --minutes or --tasks, or fewer --kernel)")
         for k, d in result.never_tried

@@ -174,7 +174,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_backend_option(verify)
     verify.add_argument(
-        "--examples", type=at_least(1), default=3, help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT)
+        "--examples",
+        type=at_least(1),
+        default=runner.EXAMPLES,
+        help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT),
     )
     verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
     add_target_options(

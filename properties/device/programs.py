@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from pallascheck.oracles import numeric
 from pallascheck.properties.device import layout_programs
 
@@ -38,13 +40,20 @@ _OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
 _RUN_ALONE = threading.Lock()
 
 
-def per_layout(fn: Callable[..., Any]) -> Callable[..., Any]:
+def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> Callable[..., Any]:
     """``fn(case, *rest)``, on the oracle device one compiled program per layout
-    (``layout_programs.compiled``)."""
+    (``layout_programs.compiled``). A case for which ``streams(case)`` holds (an oracle
+    computed in spans: oracles/chunks.py) runs eagerly instead, span by span, still
+    alone: one program of all its spans would be free to keep every span's
+    intermediates at once, and the memory rule counts one span's."""
 
     def run(case: Any, *rest: Any) -> Any:
         if numeric.active_device() is None:
             return fn(case, *rest)
+        if streams is not None and streams(case):
+            arrays, rest = layout_programs.placed((dict(case.arrays), rest))
+            with _RUN_ALONE:
+                return jax.block_until_ready(fn(type(case)(arrays, case.params), *rest))
         return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
 
     return run

@@ -132,6 +132,12 @@ def _bad_inputs() -> list[BadInput]:
             r"config.promote_every must be 32, 64 or 128",
         ),
         BadInput(
+            "Mosaic GPU consumer tile past its registers",
+            lambda: mosaic_gpu_fp8_matmul.Config(tile_m=128, tile_n=128, consumers=2),
+            ValueError,
+            r"config.tile_m \* config.tile_n must be <= 8192 with consumers=2",
+        ),
+        BadInput(
             "generic config on Mosaic GPU",
             lambda: call(x, xs, w, ws, config=fp8_matmul.Config(), backend="mosaic_gpu_interpret"),
             TypeError,
@@ -140,11 +146,23 @@ def _bad_inputs() -> list[BadInput]:
     ]
 
 
+def _row_tile(config: Any) -> int | None:
+    """The rows one tile (one CTA, with Mosaic GPU's consumers stacked) computes."""
+    return getattr(config, "cta_m", None) or builders.row_block(config)
+
+
 def _paths() -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches."""
 
     def k_of(case: Case) -> int:
         return case.arrays["x"].shape[1]
+
+    def warp_specialised(config: Any) -> bool:
+        return getattr(config, "consumers", 1) == 2
+
+    def output_tiles(case: Case, config: Any) -> int:
+        (m, _), n = case.arrays["x"].shape, case.arrays["w"].shape[0]
+        return -(-m // config.cta_m) * -(-n // config.tile_n)
 
     return (
         CodePath("several scale blocks along K, the last partial", lambda case, config: k_of(case) > BLOCK),
@@ -154,11 +172,27 @@ def _paths() -> tuple[CodePath, ...]:
         ),
         CodePath(
             "several row tiles and a ragged last one",
-            lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[0], builders.row_block(config)),
+            lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[0], _row_tile(config)),
         ),
         CodePath(
             "several column tiles and a ragged last one",
             lambda case, config: builders.ragged_tiles(case.arrays["w"].shape[0], builders.column_block(config)),
+        ),
+        CodePath(
+            "a warp-specialised CTA's second consumer on real rows",
+            lambda case, config: warp_specialised(config) and case.arrays["x"].shape[0] > config.tile_m,
+            backends=MOSAIC_GPU,
+        ),
+        CodePath(
+            "a consumer promoting a span while the tensor core sums the next (two spans a step)",
+            lambda case, config: getattr(config, "spans_per_step", 1) == 2 and k_of(case) > config.promote_every,
+            backends=MOSAIC_GPU,
+        ),
+        CodePath(
+            # persistent_ctas: 2 CTAs in the interpreter, one per SM on the GPU
+            "a warp-specialised CTA walking several output tiles",
+            lambda case, config: warp_specialised(config) and output_tiles(case, config) > 2,
+            backends=("mosaic_gpu_interpret",),
         ),
     )
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pallascheck.kernels import gated_linear_unit as glu
 from pallascheck.kernels import matmul, mosaic_gpu_glu
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
+from pallascheck.oracles import chunks
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import builders, production, strategies
@@ -48,18 +49,26 @@ def production_layouts() -> tuple[Layout, ...]:
 
     def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
         t = math.prod(tokens)
-        # 35.9 GiB at 8192 tokens, d4096 f14336: 164 bytes per element of the largest
-        # array, the [t, 2f] projections (200 allowed)
+        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
+        # per element of the [t, 2f] projections: the oracle's 7 float64 [t, f] arrays
+        # (28), four forward bounds the runner keeps ([t, f]; xla_reference's is the
+        # contract: 16), exact dgate and dup (8), the float64 cotangent (4), the
+        # cotangent in the inputs' dtype (1): 60 allowed; per element of x (t d), and of the weights (d 2f) alike: the input
+        # (4), |x| and its subnormal part in float64 in the gradient bound (16), exact
+        # dx (8), two gradient bounds (kernel, contract: 16), the spans' parts beside
+        # their concatenation (8); plus one span's temporaries. (The oracle's three
+        # float64 copies of the weights come before any result is held.)
+        # xla_reference is two dense dots no larger than the kernel's.
+        needs = 60 * t * 2 * f + 52 * (t * d + d * 2 * f) + chunks.SPAN_BYTES
         return Layout(
-            f"{name}: tokens {tokens} d{d} f{f}",
-            dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
-            200 * max(t * 2 * f, t * d, d * 2 * f),
+            f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True), needs
         )
 
     return (
         layout("llama-3 8B, 8k tokens", (8192,), 4096, 14336),
         layout("llama-2 13B, batch 2 x 2000", (2, 2000), 5120, 13824),
         layout("llama-3 8B, decode batch 16", (16,), 4096, 14336),
+        layout("Mixtral 8x7B expert, 4k tokens", (4096,), 4096, 14336),
     )
 
 
@@ -147,7 +156,17 @@ def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Bac
     )
 
 
-@device_programs.per_layout
+def _streams(case: Case) -> bool:
+    """Whether the case's oracle and bounds take more than one span (oracles/chunks.py)."""
+    x, f = case.arrays["x"], case.arrays["weights"].shape[2]
+    t, d = math.prod(x.shape[:-1]), x.shape[-1]
+    return chunks.streams(t, max(d, 2 * f)) or chunks.streams(f, 2 * max(t, d))
+
+
+_per_layout = functools.partial(device_programs.per_layout, streams=_streams)
+
+
+@_per_layout
 def _oracle(case: Case) -> oracle.GluOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["weights"], activation=case.params["activation"])
 
@@ -156,7 +175,7 @@ def _block_k(config: Any) -> int | None:
     return None if config is None else config.block_k
 
 
-@device_programs.per_layout
+@_per_layout
 def _bound(case: Case, ref: oracle.GluOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref,
@@ -178,13 +197,13 @@ def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backe
     return {"dx": dx, "dweights": dw}
 
 
-@device_programs.per_layout
+@_per_layout
 def _oracle_vjp(case: Case, ref: oracle.GluOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["weights"], a["cotangent"], activation=case.params["activation"])
 
 
-@device_programs.per_layout
+@_per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(

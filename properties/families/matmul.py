@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels import matmul, mosaic_gpu_matmul
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
+from pallascheck.oracles import chunks
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
 from pallascheck.properties import builders, production, relations, strategies
@@ -40,8 +41,17 @@ def production_layouts() -> tuple[Layout, ...]:
     """The production tier's layouts of real models (properties/production.py: the memory rule)."""
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        # 15.8 GiB at 8192^3: 253 bytes per element of the largest array (300 allowed)
-        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), 300 * max(m * n, m * k, k * n))
+        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
+        # per element of out (m n): the oracle's 4 float64 arrays (32), the four
+        # forward bounds the runner keeps (kernel, probabilistic, xla_reference's which
+        # is the contract, default config: 32), exact dz (8), the float64 cotangent (8), out
+        # and cotangent in the inputs' dtype (2); per element of x (m k), and of y
+        # alike: the input (4), |x| and its subnormal part in float64 in the gradient
+        # bound (16), exact dx (8), two gradient bounds (kernel, xla_reference's which
+        # is the contract: 16), the spans' parts beside their concatenation (8); plus
+        # one span's temporaries. xla_reference is a dense dot no larger than the kernel.
+        needs = 82 * m * n + 52 * (m * k + k * n) + chunks.SPAN_BYTES
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs)
 
     return (
         layout("square 8192", 8192, 8192, 8192),
@@ -131,7 +141,16 @@ def _reference(case: Case) -> jax.Array:
     )
 
 
-@device_programs.per_layout
+def _streams(case: Case) -> bool:
+    """Whether the case's oracle and bounds take more than one span (oracles/chunks.py)."""
+    (m, k), n = case.arrays["x"].shape, case.arrays["y"].shape[1]
+    return chunks.streams(n, max(m, k)) or chunks.streams(m, max(k, n))
+
+
+_per_layout = functools.partial(device_programs.per_layout, streams=_streams)
+
+
+@_per_layout
 def _oracle(case: Case) -> oracle.MatmulOracle:
     return oracle.oracle(case.arrays["x"], case.arrays["y"], activation=case.params["activation"])
 
@@ -141,7 +160,7 @@ def _block_k(config: Any, case: Case) -> int | None:
     return None if config is None else config.block_k or case.arrays["x"].shape[1]
 
 
-@device_programs.per_layout
+@_per_layout
 def _bound(case: Case, ref: oracle.MatmulOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(
         ref,
@@ -172,13 +191,13 @@ def _reference_vjp(case: Case) -> dict[str, jax.Array]:
     return _vjp(lambda x, y: matmul.xla_reference(x, y, activation=p["activation"], out_dtype=p["out_dtype"]), case)
 
 
-@device_programs.per_layout
+@_per_layout
 def _oracle_vjp(case: Case, ref: oracle.MatmulOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["x"], a["y"], a["cotangent"], activation=case.params["activation"])
 
 
-@device_programs.per_layout
+@_per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels import mosaic_gpu_ragged_dot, ragged_dot
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
+from pallascheck.oracles import chunks
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import builders, production, strategies
@@ -51,15 +52,20 @@ def production_layouts() -> tuple[Layout, ...]:
     """The production tier's layouts of real models (properties/production.py: the memory rule)."""
 
     def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
-        # 1.9 GiB at m8192 k2048 n1024 g8: 122 bytes per element of the largest array
-        # (150 allowed). xla_reference, lax.ragged_dot, runs densely on a GPU: at m32768
-        # k2048 n1408 g64 its VJP asked for an f32 [g, m, k] (16 GiB) and for 27.7 GiB in
-        # one buffer, 10.9 bytes per element of g x m x max(k, n) (16 allowed)
-        return Layout(
-            f"{name}: m{m} k{k} n{n} g{groups}",
-            dict(m=(m,), n=(n,), k=(k,), groups=(groups,)),
-            max(150 * max(m * n, m * k, groups * k * n), 16 * groups * m * max(k, n)),
-        )
+        # The check streams (oracles/chunks.py; rhs in float64 one group at a time):
+        # what it holds is whole-size, in bytes per element of out (m n): the oracle's
+        # 3 float64 arrays (24), four forward bounds the runner keeps (kernel,
+        # probabilistic, xla_reference's which is the contract, default config: 32),
+        # the float64 cotangent (8), out and cotangent in the inputs' dtype (4); per
+        # element of lhs (m k): the input (4), |lhs| and its subnormal part in float64
+        # in the gradient bound (16), exact dlhs (8), two gradient bounds (kernel,
+        # xla_reference's which is the contract: 16), the spans' parts beside their
+        # concatenation (8); per element of rhs (g k n): the input and the kernel's
+        # drhs (4), exact drhs (8), two gradient bounds (16), the groups' parts beside
+        # their stack (8); plus one span's temporaries. xla_reference is apart
+        # (``_reference_bytes``).
+        needs = 68 * m * n + 52 * m * k + 36 * groups * k * n + chunks.SPAN_BYTES
+        return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)), needs)
 
     return (
         layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
@@ -71,6 +77,14 @@ def production_layouts() -> tuple[Layout, ...]:
 
 
 LAYOUTS_PRODUCTION = production_layouts()
+
+
+def _reference_bytes(case: Case) -> int:
+    """xla_reference's device memory: lax.ragged_dot runs densely on a GPU; at m32768
+    k2048 n1408 g64 its VJP asked for an f32 [g, m, k] (16 GiB) and for 27.7 GiB in one
+    buffer, 10.9 bytes per element of g x m x max(k, n) (16 allowed)."""
+    (m, k), (groups, _, n) = case.arrays["lhs"].shape, case.arrays["rhs"].shape
+    return 16 * groups * m * max(k, n)
 
 
 def group_sizes(seed: int, m: int, groups: int, layout: str) -> np.ndarray:
@@ -401,6 +415,7 @@ def make_spec(
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,
         bad_inputs=bad_inputs or _bad_inputs,
+        reference_bytes=_reference_bytes,
     )
 
 

@@ -12,10 +12,14 @@ cannot run an initialised accumulator, ``ACC.init``), and its wgmma is an f32 nu
 matmul anyway: there the variant is the correct kernel up to f32 rounding, which no
 check can tell from it. It is caught on the GPU only, at the production tier's
 K >= 4096 (GPU_COMMANDS: ``verify --shapes production`` on this variant).
+
+It is the one-consumer form's body (``Config.consumers=1``); its spec draws only those
+configs. The warp-specialised form (the default) has no such variant yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -30,6 +34,7 @@ from pallascheck.kernels.mosaic_gpu_matmul import store_tiles
 from pallascheck.properties.families.fp8_matmul import make_spec
 
 BACKENDS = MOSAIC_GPU
+ONE_CONSUMER = mosaic_gpu_fp8_matmul.ONE_CONSUMER
 
 
 def _body(
@@ -99,14 +104,24 @@ def no_promotion(x, x_scale, w, w_scale, *, out_dtype=jnp.bfloat16, config=None,
         w,
         w_scale,
         out_dtype=jnp.dtype(out_dtype),
-        config=config or mosaic_gpu_fp8_matmul.Config(),
+        config=config or ONE_CONSUMER,
         backend=be,
         body=functools.partial(_body, interpreted=be.is_interpreted),
     )
 
 
+def _one_consumer_spec():
+    spec = make_spec(no_promotion, name="mosaic_gpu_fp8_matmul[no_promotion]")
+    space = spec.configs
+    return dataclasses.replace(
+        spec,
+        configs=lambda case, backend: [c for c in space(case, backend) if c.consumers == 1],
+        default_config_on={name: ONE_CONSUMER for name in MOSAIC_GPU},
+    )
+
+
 VARIANTS: dict[str, tuple[object, tuple[str, ...], int]] = {
-    "no_promotion": (make_spec(no_promotion, name="mosaic_gpu_fp8_matmul[no_promotion]"), ("float8_e4m3fn",), 4),
+    "no_promotion": (_one_consumer_spec(), ("float8_e4m3fn",), 4),
 }
 NOT_ON = {
     "no_promotion": {

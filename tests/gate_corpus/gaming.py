@@ -266,7 +266,28 @@ def flips_last_bit(x, interpret=False):
     return jax.lax.bitcast_convert_type(bits ^ 1, out.dtype)
 
 
+_CALLS_FIRST = [0]
+
+
+def flips_first_call(x, interpret=False):
+    """flips_last_bit with the other parity: the call the value check sees is flipped."""
+    _CALLS_FIRST[0] += 1
+    out = _honest_softmax(x, interpret)
+    if _CALLS_FIRST[0] % 2 == 0:
+        return out
+    bits = jax.lax.bitcast_convert_type(out, jnp.uint32 if out.dtype == jnp.float32 else jnp.uint16)
+    return jax.lax.bitcast_convert_type(bits ^ 1, out.dtype)
+
+
 # ---- not a candidate at all
+
+
+def raises_when_run(x, interpret=False):
+    """Traces, then cannot run: as a kernel using a primitive the backend's Pallas
+    lowering lacks (Triton's ``slice``) fails when first called, after its jaxpr."""
+    if not isinstance(x, jax.core.Tracer):
+        raise NotImplementedError("Unimplemented primitive in Pallas lowering: slice")
+    return _honest_softmax(x, interpret)
 
 
 def wrong_dtype(x, interpret=False):
@@ -292,6 +313,8 @@ GAMING: list[tuple[str, str, str]] = [
     ("softmax", "cached_by_shape", "hidden_state"),
     ("softmax", "previous_result", "hidden_state"),
     ("softmax", "flips_last_bit", "nondeterministic"),
+    ("softmax", "flips_first_call", "nondeterministic"),
+    ("softmax", "raises_when_run", "crash"),
     ("softmax", "wrong_dtype", "wrong_signature"),
     ("softmax", "no_such_function", "not_loadable"),
 ]
