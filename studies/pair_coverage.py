@@ -20,7 +20,6 @@ from pallascheck.properties import pairs, runner
 from pallascheck.properties.registry import get_spec
 
 KERNELS = ("attention", "matmul", "ragged_dot", "gated_linear_unit", "fp8_matmul")
-VERIFY_EXAMPLES = 3  # verify's --examples default
 
 
 def measure(name: str, backend: Backend, examples: int) -> list[dict[str, Any]]:
@@ -56,7 +55,7 @@ def measure(name: str, backend: Backend, examples: int) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", action="append", help="default: interpret and mosaic_gpu_interpret")
-    parser.add_argument("--examples", type=int, default=VERIFY_EXAMPLES)
+    parser.add_argument("--examples", type=int, default=runner.EXAMPLES)
     parser.add_argument("--json", help="also write the rows as JSON to this path")
     args = parser.parse_args()
     rows = []
