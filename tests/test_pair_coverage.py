@@ -125,8 +125,12 @@ def test_verify_prints_the_pairs_covered_and_strict_fails_on_a_pair_not_met(tmp_
     monkeypatch.setitem(registry._REGISTRY, spec.name, spec)
     monkeypatch.chdir(tmp_path)
     argv = ["verify", "--kernel", spec.name, "--examples", "1", "--jobs", "1", "--failures", "", "--json", "v.json"]
-    # every check passed; --strict fails on the pairs not met
+    # without --cover-pairs the budget's draws alone: the pairs they missed are counted as not checked
     assert cli.main([*argv, "--strict"]) == verify_command.STRICT_EXIT
+    out = capsys.readouterr().out
+    assert "parameter pairs not met (--cover-pairs draws for them)" in out, out
+    # drawn for: every check passed; --strict fails on the pairs no draw can meet
+    assert cli.main([*argv, "--strict", "--cover-pairs"]) == verify_command.STRICT_EXIT
     out = capsys.readouterr().out
     assert "pairs covered" in out and " 6/8 " in out, out
     assert "relu_with_pairs float32: parameter pair not met: rank=5 & large input=False" in out, out
