@@ -8,7 +8,11 @@ The order of the items is this suite's schedule for pytest-xdist's ``worksteal``
 that runs out steals the last ones queued on the other. The tests whose kernels run
 in the interpreters that call back into Python are the longest ones (up to a minute
 each on 2 cores, cold: docs/results.md); each half starts with half of them, so that
-no worker is left running one of them alone at the end while the other idles."""
+no worker is left running one of them alone at the end while the other idles. The
+modules whose tests share a costly module fixture run first, each whole on the first
+worker: alternated between the halves, each worker would make the fixture for itself
+(two three-node Ray clusters at once for tests/test_cluster.py), and at the end of a
+queue a steal could split them again."""
 
 from __future__ import annotations
 
@@ -42,10 +46,17 @@ QUICK_MODULES = (
 )
 
 
+# Modules whose tests share a module-scoped fixture that starts processes
+# (a three-node Ray cluster and a Redis server).
+SHARED_FIXTURE_MODULES = ("test_cluster.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in QUICK_MODULES:
             item.add_marker(pytest.mark.quick)
-    long = [item for item in items if any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
-    rest = [item for item in items if not any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
-    items[:] = long[0::2] + rest[0::2] + long[1::2] + rest[1::2]
+    shared = [item for item in items if item.path.name in SHARED_FIXTURE_MODULES]
+    others = [item for item in items if item.path.name not in SHARED_FIXTURE_MODULES]
+    long = [item for item in others if any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
+    rest = [item for item in others if not any(mark in item.nodeid for mark in CALLBACK_INTERPRETER_IDS)]
+    items[:] = shared + long[0::2] + rest[0::2] + long[1::2] + rest[1::2]
