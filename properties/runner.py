@@ -900,17 +900,23 @@ def _draw_reaching(
         return find(
             drawn,
             lambda example: bool(_reached(example, missing, spec, backend)),
-            settings=settings(
-                max_examples=PATH_DRAWS,
-                phases=[Phase.generate],
-                database=None,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-            ),
+            settings=_drawing_settings(),
             random=random.Random(seed),
         )
     except NoSuchExample:
         return None
+
+
+def _drawing_settings() -> settings:
+    """Hypothesis' settings for drawing toward a path or a pair: up to PATH_DRAWS
+    generated examples (read when called: tests lower it), nothing stored or shrunk."""
+    return settings(
+        max_examples=PATH_DRAWS,
+        phases=[Phase.generate],
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 # Of the draws that meet the pair a covering example is drawn for, how many are
@@ -961,13 +967,7 @@ def _draw_covering(
             find(
                 drawn,
                 meets,
-                settings=settings(
-                    max_examples=PATH_DRAWS,
-                    phases=[Phase.generate],
-                    database=None,
-                    deadline=None,
-                    suppress_health_check=list(HealthCheck),
-                ),
+                settings=_drawing_settings(),
                 random=random.Random(seed),
             )
         except NoSuchExample:
