@@ -152,6 +152,21 @@ def _judge(
                 replay,
             )
         )
+    # two calls on one input, as a user makes them (outside any compiled program of the
+    # property runner, which on hardware traces a candidate's Python once per layout)
+    differing, elements = _probe(
+        verdict, replay, shown, lambda: probes.rerun_differs(task, candidate, shown, backend, seed)
+    )
+    verdict.checked.append({"check": "rerun_bits", "unit": shown.label(), "passed": differing == 0})
+    if differing:
+        verdict.reasons.append(
+            Reason(
+                "nondeterministic",
+                f"two calls on one input of {shown.label()}: {differing} of {elements} output elements differ in their bits",
+                {"unit": shown.label(), "differing": differing, "elements": elements},
+                replay,
+            )
+        )
     stage_done("hidden state")
 
     poisoned = _probe(verdict, replay, shown, lambda: probes.poisoned_run(task, candidate, shown, backend, seed))

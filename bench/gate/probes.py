@@ -83,6 +83,17 @@ def hidden_state(
     return None, fresh is not None
 
 
+def rerun_differs(task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int) -> tuple[int, int]:
+    """(elements whose bits differ, elements) between two calls in a row on one input."""
+    spec = units.unit_spec(task, candidate, unit, 0)
+    case = units.case(task, unit, seed + 3)
+    first, second = (np.asarray(jax.device_get(run(spec, case, backend))) for _ in range(2))
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return first.size, first.size
+    as_bytes = [np.frombuffer(a.tobytes(), np.uint8).reshape(a.size, a.dtype.itemsize) for a in (first, second)]
+    return int(np.any(as_bytes[0] != as_bytes[1], axis=1).sum()), int(first.size)
+
+
 def poisoned_run(
     task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
 ) -> tuple[checks.Outcome, int, bool] | None:
