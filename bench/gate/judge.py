@@ -419,11 +419,9 @@ def _value_reason(
         again = np.asarray(jax.device_get(probes.run(spec, case, backend)))
         # a failure that comes and goes between calls on one input (a flipped bit every
         # other call, a race) is nondeterminism, whichever call the value check saw
-        if out.tobytes() != again.tobytes():
+        if probes.differing_elements(out, again):
             return "nondeterministic"
-        if jax.numpy.issubdtype(out.dtype, jax.numpy.floating) and bool(
-            np.any(np.isnan(out.astype(np.float64)) & np.isfinite(judged.expected))
-        ):
+        if probes.nan_where_finite(out, judged.expected):
             return "poisoned_output"
         if _lower_precision_explains(task, unit, backend, case, out):
             return "lower_precision"

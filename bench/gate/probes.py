@@ -83,15 +83,28 @@ def hidden_state(
     return None, fresh is not None
 
 
+def differing_elements(first: np.ndarray, second: np.ndarray) -> int:
+    """How many elements of two outputs of one input differ in their bits (all of them
+    where shape or dtype differ)."""
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return int(first.size)
+    as_bytes = [np.frombuffer(a.tobytes(), np.uint8).reshape(a.size, a.dtype.itemsize) for a in (first, second)]
+    return int(np.any(as_bytes[0] != as_bytes[1], axis=1).sum())
+
+
+def nan_where_finite(out: np.ndarray, expected: np.ndarray) -> bool:
+    """Whether a float output holds NaN where the oracle is finite (the poison, or
+    Pallas' interpreter's NaN fill, read back from an unwritten tile)."""
+    floating = bool(jax.numpy.issubdtype(out.dtype, jax.numpy.floating))
+    return floating and bool(np.any(np.isnan(out.astype(np.float64)) & np.isfinite(expected)))
+
+
 def rerun_differs(task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int) -> tuple[int, int]:
     """(elements whose bits differ, elements) between two calls in a row on one input."""
     spec = units.unit_spec(task, candidate, unit, 0)
     case = units.case(task, unit, seed + 3)
     first, second = (np.asarray(jax.device_get(run(spec, case, backend))) for _ in range(2))
-    if first.shape != second.shape or first.dtype != second.dtype:
-        return first.size, first.size
-    as_bytes = [np.frombuffer(a.tobytes(), np.uint8).reshape(a.size, a.dtype.itemsize) for a in (first, second)]
-    return int(np.any(as_bytes[0] != as_bytes[1], axis=1).sum()), int(first.size)
+    return differing_elements(first, second), int(first.size)
 
 
 def poisoned_run(
@@ -115,7 +128,4 @@ def poisoned_run(
     run(spec, a, backend, before=poison)
     out = run(spec, b, backend, before=poison)
     judge = judged(spec, b, backend)
-    got = np.asarray(jax.device_get(out))
-    floating = bool(jax.numpy.issubdtype(got.dtype, jax.numpy.floating))
-    nan_where_finite = floating and bool(np.any(np.isnan(got.astype(np.float64)) & np.isfinite(judge.expected)))
-    return judge(out), min(poisoned), nan_where_finite
+    return judge(out), min(poisoned), nan_where_finite(np.asarray(jax.device_get(out)), judge.expected)
