@@ -59,6 +59,11 @@ class Row:
     pairs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
+    def pairs_not_met(self) -> list[str]:
+        """The declared pairs no case met."""
+        return [p for p in self.pairs_declared if not self.pairs.get(p)]
+
+    @property
     def checked(self) -> bool:
         """A row of no cases that did not fail was not checked: never a pass."""
         return self.examples > 0 or not self.passed
@@ -459,7 +464,7 @@ def as_json(row: Row) -> dict[str, Any]:
         "budget_used": None if budget == float("inf") or not row.checked else budget,
         "verdict": row.verdict,
         "pairs_met": [p for p in row.pairs_declared if row.pairs.get(p)],
-        "pairs_not_met": [p for p in row.pairs_declared if not row.pairs.get(p)],
+        "pairs_not_met": row.pairs_not_met,
     }
 
 
@@ -652,18 +657,17 @@ def pairs_not_checked(rows: Sequence[Row], covered: bool) -> list[NotChecked]:
     kernel x dtype counting them (the budget's draws alone miss most)."""
     if covered:
         return [NotChecked(k, d, f"parameter pair not met: {p}") for k, d, p in unmet_pairs(rows)]
-    lines = []
-    for k, d, declared, counts in pair_coverage(rows):
-        unmet = [p for p in declared if not counts.get(p)]
-        if unmet:
-            lines.append(
-                NotChecked(
-                    k, d, f"{len(unmet)} of {len(declared)} parameter pairs not met (--cover-pairs draws for them)"
-                )
-            )
-    return lines
+    return [
+        NotChecked(
+            r.kernel,
+            r.dtype,
+            f"{len(r.pairs_not_met)} of {len(r.pairs_declared)} parameter pairs not met (--cover-pairs draws for them)",
+        )
+        for r in rows
+        if r.pairs_not_met
+    ]
 
 
 def unmet_pairs(rows: Sequence[Row]) -> list[tuple[str, str, str]]:
     """(kernel, dtype, pair) for each declared parameter pair no case met."""
-    return [(k, d, p) for k, d, declared, counts in pair_coverage(rows) for p in declared if not counts.get(p)]
+    return [(r.kernel, r.dtype, p) for r in rows for p in r.pairs_not_met]

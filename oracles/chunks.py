@@ -6,9 +6,11 @@ sizes (an 8192 x 14336 output is 0.94 GB per float64 array) they outgrow a devic
 Every output row of ``x @ y`` depends on its own row of x and all of y, every column
 on all of x and its own column of y; so an oracle or bound is computed over spans of
 rows (or columns, or groups), each span with the same operations on its slice, and
-the spans' results are concatenated. The float64 sums over K are never split: a
-span's values are the whole computation's, elementwise (tests/test_dot_chunks.py),
-and a span's temporaries are at most ``CHUNK_ELEMENTS`` float64 elements each.
+the spans' results are concatenated. The float64 sums over K are never split, but
+BLAS and XLA choose how to order a dot's sums by its operands' shapes, so a span's
+values can differ from the whole computation's in their last float64 bits (within
+the float64 oracle's own error, far below any bound: tests/test_dot_chunks.py). A
+span's temporaries are at most ``CHUNK_ELEMENTS`` float64 elements each.
 """
 
 from __future__ import annotations

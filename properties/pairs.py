@@ -2,9 +2,10 @@
 
 A pair is two values of two different parameters (config "32x16" and causal True);
 a checked case meets the pairs of the values it takes. The declared pairs of a run
-are every pair of values of every two parameters; ``runner.run_property`` draws
-for the pairs its budgeted draws did not meet, greedily (``runner._draw_covering``),
-and reports the ones no draw meets."""
+are every pair of values of every two parameters; ``runner.run_property`` counts
+the pairs met and, with ``cover_pairs`` (``verify --cover-pairs``), draws for the
+pairs its budgeted draws did not meet, greedily (``runner._draw_covering``), and
+reports the ones no draw meets."""
 
 from __future__ import annotations
 

@@ -111,9 +111,10 @@ class Parameter:
     """A discrete parameter of the kernel, for pairwise coverage: ``of(case, config)``
     gives the values that checking ``case`` under ``config`` takes, each one of
     ``values`` (one value for most parameters; an input kind takes each element kind
-    the case drew). A run must meet every pair of values of two parameters in one
-    checked case (properties/pairs.py; ``runner.run_property`` draws for the pairs its
-    budget missed and reports those no draw meets). ``element_kind``: the values are
+    the case drew). A run counts the pairs of values of two parameters its checked
+    cases met (properties/pairs.py); with ``cover_pairs`` (``verify --cover-pairs``)
+    ``runner.run_property`` draws for the pairs its budget missed and reports those no
+    draw meets. ``element_kind``: the values are
     element kinds, which a draw can pin (``strategies.pinned_element_kind``); a config
     is pinned by its index. ``backends`` and ``tiers``: as CodePath's."""
 
@@ -194,9 +195,9 @@ class KernelSpec:
     # the code paths every run must reach (runner.run_property draws for any the
     # random draws missed, and reports each one's cases)
     paths: Sequence[CodePath] = ()
-    # the kernel's discrete parameters (config, causal, input kind, ...): every pair of
-    # their values must meet in one checked case (runner.run_property draws for the
-    # pairs the budgeted draws missed, and reports those no draw meets)
+    # the kernel's discrete parameters (config, causal, input kind, ...): a run counts
+    # the pairs of their values its cases met, and with cover_pairs draws for the rest
+    # (runner.run_property), reporting those no draw meets
     parameters: Sequence[Parameter] = ()
     # (case) -> the device bytes xla_reference needs for it, where that can outgrow
     # the kernel's own (attention's materialises [b, h, sq, skv] logits): a case whose
@@ -223,11 +224,16 @@ class KernelSpec:
 
     def paths_for(self, backend: Backend, shapes: str = "small") -> list[CodePath]:
         """The declared paths a run on ``backend`` at the ``shapes`` tier must reach."""
-        return [p for p in self.paths if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
+        return _for_run(self.paths, backend, shapes)
 
     def parameters_for(self, backend: Backend, shapes: str = "small") -> list[Parameter]:
-        """The declared parameters whose pairs a run on ``backend`` at the ``shapes`` tier must meet."""
-        return [p for p in self.parameters if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
+        """The declared parameters whose pairs a run on ``backend`` at the ``shapes`` tier counts."""
+        return _for_run(self.parameters, backend, shapes)
+
+
+def _for_run[T: (CodePath, Parameter)](declared: Sequence[T], backend: Backend, shapes: str) -> list[T]:
+    """Those of ``declared`` (paths, parameters) for a run on ``backend`` at the ``shapes`` tier."""
+    return [p for p in declared if shapes in p.tiers and (p.backends is None or backend.name in p.backends)]
 
 
 @dataclasses.dataclass(frozen=True)
