@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,9 +47,11 @@ import ml_dtypes
 import numpy as np
 from jax.experimental import pallas as pl
 
+from pallascheck.bench import probe_fp8
 from pallascheck.kernels import mosaic_gpu_matmul
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
+from pallascheck.properties.device import identity
 
 ROWS, K, COLS = 64, 32, 64
 BF16 = ml_dtypes.bfloat16
@@ -313,8 +314,7 @@ def run(backend: Backend) -> Report:
     backend.require_available()
     arith = arithmetic_for(backend)
     measured = {name: probe_path(dot) for name, dot in paths(backend).items()}
-    device = jax.devices(backend.platform)[0]
-    kind = getattr(device, "device_kind", "") or platform.processor() or "cpu"
+    kind = identity.device_kind(backend)
     return Report(
         str(backend),
         kind,
@@ -322,6 +322,18 @@ def run(backend: Backend) -> Report:
         measured,
         {name: assumption_violations(m, arith) for name, m in measured.items()},
     )
+
+
+def device_report(backend: Backend, emulation_cases: int = 0, fp8: bool | None = None) -> dict[str, Any]:
+    """The probe as JSON data (what ``pallascheck probe --json`` writes, and what a fuzz
+    campaign keeps per device kind: ``oracles.device_arithmetic.from_probe`` reads it):
+    the bf16 dot paths, and under ``fp8`` the FP8 ones (``fp8`` None: where the backend
+    has an FP8 matrix path, Mosaic GPU's wgmma; elsewhere the FP8 dots are XLA's upcast
+    ones, which no bound rests on)."""
+    report = json.loads(run(backend).as_json())
+    if backend.is_mosaic_gpu if fp8 is None else fp8:
+        report["fp8"] = probe_fp8.run(backend, emulation_cases=emulation_cases)
+    return report
 
 
 def print_table(report: Report) -> None:

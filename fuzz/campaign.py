@@ -16,6 +16,15 @@ others go on. A hang, crash or out-of-memory kills the worker: the case it was
 running is kept, the pair is retired, a new worker takes over. Everything is on disk
 the moment it is known; ``resume=True`` continues a campaign from its state file,
 skipping what it already found.
+
+Results are kept per device kind (JAX's ``device_kind``; a cluster may mix H100, A100
+and CPU nodes): every case, task and failure records the kind it ran on. Given a
+``probe`` (the face hands in ``bench.probe.device_report``: fuzz does not import
+bench), the first worker of each kind runs it before any task, and the corpus keeps the
+result (``probes/``); where it finds the tolerance model's assumptions do not hold on
+that kind (``oracles.device_arithmetic``), the campaign says so and runs only the checks
+that need no bound there (``check_kinds.UNBOUNDED``), so that the model's failure is
+never booked as the kernel's.
 """
 
 from __future__ import annotations
@@ -38,8 +47,10 @@ from pallascheck.fuzz.corpus import (
     crash_pattern,
     signature,
 )
-from pallascheck.fuzz.workers import Death, Task, Worker, failed_dir
+from pallascheck.fuzz.workers import Death, Probe, Task, Worker, failed_dir
 from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import device_arithmetic
+from pallascheck.oracles.device_arithmetic import DeviceArithmetic
 from pallascheck.properties import check_kinds, watchdog
 from pallascheck.properties.spec import Case
 
@@ -54,6 +65,16 @@ OVERRUN_S = 60.0
 
 
 @dataclasses.dataclass
+class DeviceTally:
+    """What a run did on one device kind."""
+
+    tasks: int = 0
+    cases: int = 0
+    new_failures: int = 0
+    best_budget: float = 0.0  # the largest budget used by a case's worst check
+
+
+@dataclasses.dataclass
 class CampaignResult:
     tasks: int = 0
     cases: int = 0
@@ -65,11 +86,20 @@ class CampaignResult:
     stopped_in_flight: int = 0  # tasks still running OVERRUN_S after the time given, stopped
     requeued: int = 0  # tasks whose cluster node left while they ran, run again elsewhere
     never_tried: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (kernel, dtype) with no task
+    devices: dict[str, DeviceTally] = dataclasses.field(default_factory=dict)  # by device kind
+    probed: list[str] = dataclasses.field(default_factory=list)  # device kinds probed in this run
+    # each device kind's arithmetic (from its probe, this run's or the corpus's), for the
+    # kinds this run's workers ran on
+    arithmetic: dict[str, DeviceArithmetic] = dataclasses.field(default_factory=dict)
+
+    def device(self, kind: str | None) -> DeviceTally:
+        return self.devices.setdefault(kind or "unknown", DeviceTally())
 
     def count(self, found: list[dict[str, Any]], seconds: float) -> None:
         """Count the failures a task booked, ``seconds`` into this run."""
         for failure in found:
             if failure["new"]:
+                self.device(failure.get("device_kind")).new_failures += 1
                 self.new_failures.append(failure)
                 if self.first_failure_seconds is None:
                     self.first_failure_seconds = seconds
@@ -158,6 +188,10 @@ class Campaign:
         self.cases = state.get("cases", 0)
         # Distinct failures by kind, kept here for the progress line (read once, on resume).
         self.failure_kinds = collections.Counter(f["kind"] for f in self.corpus.failures().values())
+        # each device kind's arithmetic, from the probes the corpus kept (earlier runs')
+        self.devices = {
+            kind: device_arithmetic.from_probe(backend, kind, report) for kind, report in self.corpus.probes().items()
+        }
         self.run_start = time.monotonic()
 
     # -- state -------------------------------------------------------------------
@@ -195,15 +229,43 @@ class Campaign:
     def open_pairs(self) -> list[tuple[str, str]]:
         return [p for p in self.pairs if p not in self.retired]
 
+    # -- device kinds --------------------------------------------------------------
+    def probed(self, device_kind: str, report: dict[str, Any]) -> DeviceArithmetic:
+        """Keep the probe of ``device_kind`` and take its arithmetic from it."""
+        self.corpus.save_probe(device_kind, report)
+        self.devices[device_kind] = device_arithmetic.from_probe(self.backend, device_kind, report)
+        return self.devices[device_kind]
+
+    def probe_failed(self, device_kind: str, why: str) -> DeviceArithmetic:
+        """The probe of ``device_kind`` died (``why``): its arithmetic is unknown for this
+        run, and is not kept, so that the next campaign probes again."""
+        self.devices[device_kind] = device_arithmetic.from_probe(self.backend, device_kind, {"failed": why})
+        return self.devices[device_kind]
+
+    def checks_on(self, device_kind: str | None) -> tuple[str, ...]:
+        """The checks a task may run on ``device_kind``: all, or where its probe found the
+        tolerance model does not hold, those that need no bound."""
+        known = self.devices.get(device_kind) if device_kind is not None else None
+        return check_kinds.CHECKS if known is None or known.modelled else check_kinds.UNBOUNDED
+
     # -- tasks -------------------------------------------------------------------
-    def next_task(self) -> Task | None:
-        pairs = self.open_pairs()
+    def next_task(self, device_kind: str | None = None) -> Task | None:
+        """The next task for a worker on ``device_kind`` (None: any), None if none is left for it."""
+        allowed = self.checks_on(device_kind)
+
+        def unretired(pair: tuple[str, str]) -> tuple[str, ...]:
+            return tuple(c for c in allowed if c not in self.retired_checks.get(pair, ()))
+
+        pairs = [p for p in self.open_pairs() if unretired(p)]
         if not pairs:
             return None
-        while self.requeued:
-            task = self.requeued.pop(0)
-            if (task.target, task.dtype) in pairs:  # else retired while it waited
-                return task
+        for task in list(self.requeued):
+            checks = tuple(c for c in task.checks if c in allowed)
+            if (task.target, task.dtype) not in self.open_pairs():  # retired while it waited
+                self.requeued.remove(task)
+            elif checks:
+                self.requeued.remove(task)
+                return dataclasses.replace(task, checks=checks)
         # Every EXPLORE_EVERY-th task of a targeted campaign draws plainly (the pair is
         # still the bandit's): climbing narrows Hypothesis' draws toward what scored
         # well, and a bug that needs a rare draw (an empty group) rather than a high
@@ -218,7 +280,7 @@ class Campaign:
             fewest = min(self.tasks_started[p] for p in pairs)
             pair, kind, slot = self.rng.choice([p for p in pairs if self.tasks_started[p] == fewest]), "any", None
         self.tasks_started[pair] += 1
-        checks = tuple(c for c in check_kinds.CHECKS if c not in self.retired_checks.get(pair, ()))
+        checks = unretired(pair)
         self.seed += 1
         return Task(
             pair[0], pair[1], kind, slot, self.seed, self.examples, checks, climb, self.shapes, self.layout_cases
@@ -231,6 +293,7 @@ class Campaign:
         self.bandit.learn(pair, result["kinds"], result["configs"])
         self.bandit.update(pair, task.kind, task.slot, bandit.reward(result["budgets"]))
         found = []
+        device = result.get("device_kind")
         for failure in result["failures"]:
             check = failure["check"]
             self.retire(pair, check)
@@ -249,9 +312,10 @@ class Campaign:
                     minimised=True,
                     worst=failure["worst"],
                     budget=failure["budget"],
+                    device_kind=device,
                 )
             )
-        self.log_task(task, result["cases"], result["budgets"], found, node=result.get("node"))
+        self.log_task(task, result["cases"], result["budgets"], found, node=result.get("node"), device_kind=device)
         return found
 
     def retire(self, pair: tuple[str, str], check: str) -> None:
@@ -271,8 +335,8 @@ class Campaign:
         kernel. What its cases reported before is kept (cases.jsonl)."""
         self.requeued.append(task)
 
-    def died(self, task: Task, death: Death) -> dict[str, Any]:
-        """Book a task whose worker was lost: its in-flight case is the reproducer."""
+    def died(self, task: Task, death: Death, device_kind: str | None = None) -> dict[str, Any]:
+        """Book a task whose worker (on ``device_kind``) was lost: its in-flight case is the reproducer."""
         self.retired.add((task.target, task.dtype))
         case_path = None
         if death.inflight is not None:
@@ -280,11 +344,13 @@ class Campaign:
             meta = dict(case.params["__failure__"], check=death.kind, message=death.message)
             case_path = death.inflight + f".{death.kind}.npz"
             Case(case.arrays, {**case.params, "__failure__": meta}).save(case_path)
-        found = self.record(task, death.kind, death.kind, "-", death.message, case_path, minimised=False)
-        self.log_task(task, 0, {}, [found], node=death.node)
+        found = self.record(
+            task, death.kind, death.kind, "-", death.message, case_path, minimised=False, device_kind=device_kind
+        )
+        self.log_task(task, 0, {}, [found], node=death.node, device_kind=device_kind)
         return found
 
-    def salvage(self, task: Task, failed_dir: str) -> list[dict[str, Any]]:
+    def salvage(self, task: Task, failed_dir: str, device_kind: str | None = None) -> list[dict[str, Any]]:
         """Book the failures a task stopped in flight had saved under ``failed_dir``
         (runner.save_failure: while Hypothesis shrinks, the smallest failing case so
         far), unminimised; the task's other cases are booked already."""
@@ -297,9 +363,13 @@ class Campaign:
                 continue
             kind = "crash" if meta["check"] == "crash" else "value"
             self.retire((task.target, task.dtype), meta["check"])
-            found.append(self.record(task, kind, meta["check"], "-", meta["message"], path, minimised=False))
+            found.append(
+                self.record(
+                    task, kind, meta["check"], "-", meta["message"], path, minimised=False, device_kind=device_kind
+                )
+            )
         if found:
-            self.log_task(task, 0, {}, found)
+            self.log_task(task, 0, {}, found, device_kind=device_kind)
         return found
 
     def record(
@@ -314,10 +384,12 @@ class Campaign:
         minimised: bool,
         worst: dict[str, Any] | None = None,
         budget: float | None = None,
+        device_kind: str | None = None,
     ) -> dict[str, Any]:
         """Keep one failure in the corpus. ``worst``: where the failing check's budget
         was used most (output, index, shape, error, bound); ``budget``: error / bound
-        there (None: infinite)."""
+        there (None: infinite); ``device_kind``: the kind of device it was found on (the
+        first finding's; events.jsonl has every one's)."""
         sig = signature(task.target, task.dtype, check, kind, pattern)
         case_file = self.corpus.file(FAILURES, sig, "case.npz")
         paths = "".join(f" --path {p}" for p in self.paths)
@@ -330,6 +402,7 @@ class Campaign:
             "pattern": pattern,
             "message": message,
             "backend": str(self.backend),
+            "device_kind": device_kind,
             "seed": task.seed,
             "input_kind": task.kind,
             "config_slot": task.slot,
@@ -352,9 +425,16 @@ class Campaign:
         return stored
 
     def log_task(
-        self, task: Task, cases: int, budgets: dict[str, Any], found: list[dict[str, Any]], node: str | None = None
+        self,
+        task: Task,
+        cases: int,
+        budgets: dict[str, Any],
+        found: list[dict[str, Any]],
+        node: str | None = None,
+        device_kind: str | None = None,
     ) -> None:
-        """One line of events.jsonl; ``node``: the Ray node that ran the task (None on one machine)."""
+        """One line of events.jsonl; ``node``: the Ray node that ran the task (None on
+        one machine); ``device_kind``: the kind of device it ran on."""
         self.corpus.append(
             EVENTS,
             {
@@ -372,6 +452,7 @@ class Campaign:
                 "targeted": task.targeted,
                 "checks": list(task.checks),
                 "node": node,
+                "device_kind": device_kind,
             },
         )
         self.save()
@@ -398,6 +479,8 @@ def run(
     tasks: int | None = None,
     cluster: Cluster | None = None,
     shared_database: str | None = None,
+    probe: Callable[[Backend], dict[str, Any]] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> CampaignResult:
     """Fuzz ``targets_`` (see ``targets``) on ``backend`` for about ``seconds`` with
     ``jobs`` worker processes; ``examples`` Hypothesis examples per task, drawn from
@@ -407,7 +490,11 @@ def run(
     (a run bounded by work, not by the clock; ``seconds`` still ends it). ``cluster``:
     run the workers on that Ray cluster (``cluster.connect``) instead of as processes of
     this machine; ``shared_database``: a Redis URL, Hypothesis' example database shared
-    by every worker (``workers.example_database``)."""
+    by every worker (``workers.example_database``). ``probe``: a module-level function
+    (it reaches the workers by name) that measures the backend's arithmetic where it runs
+    (``bench.probe.device_report``), run once per device kind the corpus has no probe
+    of, before that kind's first task (None: none is run; the kinds the corpus has probes
+    of still use them); ``notify``: told, in one line, what each new probe found."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
     if examples < 1:
@@ -438,6 +525,7 @@ def run(
         "paths": [os.path.abspath(p) for p in campaign.paths],
         "database": os.path.abspath(campaign.corpus.database),
         "shared_database": shared_database,
+        "probe": probe,
     }
     devices = plan.gpu_devices(backend) if cluster is None else 0
 
@@ -451,7 +539,14 @@ def run(
     best = (0.0, "")
     last_progress = 0.0
     started = 0
+    device_kinds: dict[int, str] = {}  # each worker slot's, from its "ready"
+    probing: set[str] = set()  # device kinds whose probe is running
     campaign.save()
+
+    def probed(found: DeviceArithmetic) -> None:
+        if notify is not None:
+            notify(f"probe of {found.line()}")
+
     try:
         while True:
             busy = False
@@ -460,7 +555,9 @@ def run(
                 messages, death = worker.poll(limits.case_timeout, limits.memory_bytes)
                 found = []
                 for kind, payload in messages:
-                    if kind == "checked":
+                    if kind == "ready":
+                        device_kinds[i] = payload["device_kind"]
+                    elif kind == "checked":
                         campaign.corpus.append(CASES, dict(payload, t=round(campaign.elapsed(), 2)))
                         campaign.cases += 1
                         result.cases += 1
@@ -472,20 +569,36 @@ def run(
                             default=0.0,
                         )
                         best = max(best, (used, f"{payload['kernel']} {payload['dtype']}"))
+                        tally = result.device(payload["device_kind"])
+                        tally.cases += 1
+                        tally.best_budget = max(tally.best_budget, used)
                     elif kind == "done":
-                        if task is None:
+                        if not isinstance(task, Task):
                             raise RuntimeError(f"worker {i} reported a task done while it had none")
                         result.tasks += 1
+                        result.device(payload["device_kind"]).tasks += 1
                         found = campaign.finish(task, payload)
+                    elif kind == "probed":
+                        if not isinstance(task, Probe):
+                            raise RuntimeError(f"worker {i} reported a probe while it ran none")
+                        probing.discard(task.device_kind)
+                        result.probed.append(task.device_kind)
+                        probed(campaign.probed(task.device_kind, payload))
                 if death is not None:
-                    if task is not None and death.kind == "lost":
+                    if isinstance(task, Probe):
+                        probing.discard(task.device_kind)  # lost with its node: the next worker of its kind probes
+                        if death.kind != "lost":
+                            probed(campaign.probe_failed(task.device_kind, death.message))
+                    elif task is not None and death.kind == "lost":
                         campaign.requeue(task)
                         result.requeued += 1
                         started -= 1  # it starts again, and counts once against ``tasks``
                     elif task is not None:
                         result.tasks += 1
-                        found = [campaign.died(task, death)]
+                        result.device(device_kinds.get(i)).tasks += 1
+                        found = [campaign.died(task, death, device_kinds.get(i))]
                     workers[i] = worker = new_worker(i)
+                    device_kinds.pop(i, None)
                 result.count(found, time.monotonic() - campaign.run_start)
                 # At least one task runs, however short the time given.
                 stop = (
@@ -493,9 +606,13 @@ def run(
                     or (time.monotonic() >= deadline and started)
                     or (tasks is not None and started >= tasks)
                 )
-                if worker.task is None and worker.ready and not stop:
-                    task = campaign.next_task()
-                    if task is not None:
+                device = device_kinds.get(i)
+                if worker.task is None and worker.ready and not stop and device is not None:
+                    if probe is not None and device not in campaign.devices:
+                        if device not in probing:  # one worker of a kind probes; the others wait for it
+                            probing.add(device)
+                            worker.start(Probe(device))
+                    elif (task := campaign.next_task(device)) is not None:
                         worker.start(task)
                         started += 1
                 busy |= worker.task is not None
@@ -528,15 +645,21 @@ def run(
             if in_flight is None:  # the list holds the workers with a task
                 raise RuntimeError(f"worker {worker.index} has no task in flight")
             worker.kill()  # a task in flight is stopped, not what it found
+            if isinstance(in_flight, Probe):  # nothing kept: the next campaign probes that kind
+                continue
             result.stopped_in_flight += 1
             result.count(
-                campaign.salvage(in_flight, failed_dir(worker.inflight)), time.monotonic() - campaign.run_start
+                campaign.salvage(in_flight, failed_dir(worker.inflight), device_kinds.get(worker.index)),
+                time.monotonic() - campaign.run_start,
             )
         deadline = time.monotonic() + 5.0
         for worker in idle:
             worker.wait(deadline)
         result.seconds = time.monotonic() - campaign.run_start
         result.never_tried = [p for p in campaign.pairs if not campaign.tasks_started[p]]
+        result.arithmetic = {
+            k: a for k, a in campaign.devices.items() if k in set(device_kinds.values()) | set(result.devices)
+        }
         campaign.save()
         campaign.corpus.close()
     return result

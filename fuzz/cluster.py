@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from pallascheck.fuzz import plan
-from pallascheck.fuzz.workers import Death, Task, Worker, failed_dir
+from pallascheck.fuzz.workers import FINISHED, Death, Probe, Task, Worker, failed_dir
 from pallascheck.kernels.backends import Backend
 
 # The case in flight is shipped to the driver with each poll so that it outlives an
@@ -114,7 +114,7 @@ class Supervisor:
         """(node id, node address): answers once the actor has started."""
         return self.node_id, self.node_ip
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task | Probe) -> None:
         self.shipped = None
         self.worker.start(task)
 
@@ -163,14 +163,14 @@ class RemoteWorker:
         self.actor = actor_class.options(max_restarts=0, **cluster.resources).remote(setup)
         self.placed = self.actor.where.remote()  # resolves once Ray has placed and started the actor
         self.node: tuple[str, str] | None = None
-        self.task: Task | None = None
+        self.task: Task | Probe | None = None
         self.ready = False
         self.in_case = False
         self.asked: Any = None  # the poll in flight
         self.stopping: Any = None  # the stop asked for by ``request_stop``
         self.last_answer = time.monotonic()
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task | Probe) -> None:
         if os.path.exists(self.inflight):
             os.remove(self.inflight)
         shutil.rmtree(failed_dir(self.inflight), ignore_errors=True)  # what an earlier task's kill fetched
@@ -179,7 +179,9 @@ class RemoteWorker:
 
     def poll(self, case_timeout: float, memory_bytes: int) -> tuple[list[tuple[str, Any]], Death | None]:
         import ray
-        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        # OutOfMemoryError: Ray's memory monitor killed the actor while this poll was in flight
+        from ray.exceptions import ActorUnavailableError, OutOfMemoryError, RayActorError
 
         if self.node is None:
             # An actor Ray has not placed yet waits for a free slot (a node that left
@@ -206,7 +208,7 @@ class RemoteWorker:
         except ActorUnavailableError:  # a node that may come back: ask again
             self.asked = None
             return [], None
-        except RayActorError as err:
+        except (RayActorError, OutOfMemoryError) as err:
             return [], self._lost(err)
         self.asked, self.last_answer = None, time.monotonic()
         self.ready = reply["ready"]
@@ -215,8 +217,9 @@ class RemoteWorker:
         messages = []
         for kind, payload in reply["messages"]:
             self.in_case = kind == "case"
-            if kind == "done":
+            if kind in FINISHED:
                 self.task = None
+            if kind == "done":
                 for n, failure in enumerate(payload["failures"]):
                     failure["case"] = self._keep(f"done-{n}.npz", failure["case"])
             messages.append((kind, payload))

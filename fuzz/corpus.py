@@ -13,6 +13,10 @@
     CORPUS/hypothesis/            Hypothesis' example database, so that a resumed
                                   campaign starts from the failing and best-scoring
                                   examples of the last
+    CORPUS/probes/<kind>.json     the arithmetic probe of each device kind the
+                                  campaign's workers ran on (``pallascheck probe``'s
+                                  JSON and ``device_kind``), run once per kind and
+                                  reused by --resume and later campaigns here
     CORPUS/workers/<n>/           the case each worker is running, saved before it
                                   runs: what a hang or a crash leaves behind
 
@@ -41,6 +45,7 @@ CASES = "cases.jsonl"
 FAILURES = "failures"
 DATABASE = "hypothesis"
 WORKERS = "workers"
+PROBES = "probes"
 FAILURE_KINDS = ("value", "crash", "hang", "oom")
 
 
@@ -87,6 +92,18 @@ def read_state(path: str) -> dict[str, Any] | None:
         return None
 
 
+def probes(path: str) -> dict[str, dict[str, Any]]:
+    """The probes kept in the corpus directory ``path``, by device kind (none if it has none)."""
+    directory = os.path.join(path, PROBES)
+    found = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name.endswith(".json"):
+            with open(os.path.join(directory, name)) as f:
+                report = json.load(f)
+            found[report["device_kind"]] = report
+    return found
+
+
 class Corpus:
     """The files of one campaign directory (created if missing)."""
 
@@ -116,6 +133,19 @@ class Corpus:
         with open(tmp, "w") as f:
             json.dump(state, f, indent=1)
         os.replace(tmp, self.file(STATE))
+
+    def save_probe(self, device_kind: str, report: dict[str, Any]) -> None:
+        """Keep the probe of ``device_kind``, written beside and renamed over (a kill
+        mid-write keeps none, and the next campaign probes again)."""
+        os.makedirs(self.file(PROBES), exist_ok=True)
+        path = self.file(PROBES, re.sub(r"[^A-Za-z0-9_.-]+", "_", device_kind) + ".json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(dict(report, device_kind=device_kind), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def probes(self) -> dict[str, dict[str, Any]]:
+        """The probes kept, by device kind."""
+        return probes(self.path)
 
     def append(self, log: str, record: dict[str, Any]) -> None:
         """One JSON line, flushed at once (an interrupted campaign keeps every line)."""

@@ -4,11 +4,14 @@ eats memory costs a worker, not the campaign.
 Each worker is a fresh interpreter (multiprocessing "spawn": no inherited JAX
 state) that runs tasks, one Hypothesis run of one arm each, and reports over a pipe:
 
-    ("ready", None)                    imports done, waiting for a task
+    ("ready", {"device_kind": kind})   imports done, waiting for a task; the kind of
+                                       device it checks on (JAX's device_kind)
     ("case", None)                     a case was saved to the worker's in-flight
                                        file and is about to run
     ("checked", record)                that case's shapes, config and budgets
     ("done", result)                   the task finished (passed or a check failed)
+    ("probed", report)                 the arithmetic probe asked for with ``Probe``
+                                       finished (``setup["probe"]``'s JSON report)
 
 The parent (``Pool``) watches each worker: no message for ``case_timeout`` seconds
 while a case runs is a hang; a resident set above ``memory_bytes`` is out of memory;
@@ -52,6 +55,19 @@ class Task:
     cases: int | None = None  # cases per example (per compiled layout); None: the backend's and tier's
 
 
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """Ask a worker to run the arithmetic probe (``setup["probe"]``, a module-level
+    function of the backend) on its device, of kind ``device_kind``: a campaign does
+    once per device kind (``oracles.device_arithmetic``)."""
+
+    device_kind: str
+
+
+# The messages after which a worker has no task in flight.
+FINISHED = ("done", "probed")
+
+
 @dataclasses.dataclass
 class Death:
     """How a worker was lost: "hang", "oom" or "crash", with what is known; or "lost":
@@ -88,12 +104,12 @@ class Worker:
         self.process = context.Process(target=_main, args=(child, self.inflight, setup, run or _run), daemon=True)
         self.process.start()
         child.close()
-        self.task: Task | None = None
+        self.task: Task | Probe | None = None
         self.last_message = time.monotonic()
         self.ready = False
         self.in_case = False
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task | Probe) -> None:
         if os.path.exists(self.inflight):
             os.remove(self.inflight)
         self.task = task
@@ -111,7 +127,7 @@ class Worker:
                 self.last_message = time.monotonic()
                 self.ready |= kind == "ready"
                 self.in_case = kind == "case"
-                if kind == "done":
+                if kind in FINISHED:
                     self.task = None
                 messages.append((kind, payload))
         except (EOFError, OSError):
@@ -201,11 +217,17 @@ def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunne
 
     import_path.add_paths(setup["paths"])
     from pallascheck.kernels.backends import get_backend
+    from pallascheck.properties.device import identity
 
-    compilation.configure(get_backend(setup["backend"]), worker=True)
-    conn.send(("ready", None))
+    backend = get_backend(setup["backend"])
+    compilation.configure(backend, worker=True)
+    setup = dict(setup, device_kind=identity.device_kind(backend))
+    conn.send(("ready", {"device_kind": setup["device_kind"]}))
     while (task := conn.recv()) is not None:
-        conn.send(("done", run(task, conn, inflight, setup)))
+        if isinstance(task, Probe):
+            conn.send(("probed", setup["probe"](backend)))
+        else:
+            conn.send(("done", run(task, conn, inflight, setup)))
 
 
 def example_database(directory: str, shared: str | None) -> ExampleDatabase:
@@ -259,6 +281,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
                 {
                     "kernel": task.target,
                     "dtype": task.dtype,
+                    "device_kind": setup["device_kind"],
                     "kind": task.kind,
                     "config": runner.config_to_json(config),
                     "shapes": {k: list(v.shape) for k, v in case.arrays.items()},
@@ -332,4 +355,5 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
         "cases": tally.outcomes["values"].examples if "values" in tally.outcomes else 0,
         "kinds": sorted(kinds),
         "configs": config_counts[0],
+        "device_kind": setup["device_kind"],
     }

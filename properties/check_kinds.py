@@ -30,6 +30,10 @@ class CheckKind:
     # it, or only its cases can tell (configs_agree runs where a case draws a config
     # other than the default)
     applies: Callable[[Any], bool] | None = None
+    # whether its verdict compares with a bound of the tolerance model (or a relation's
+    # tolerance): where the probe finds the model's arithmetic does not hold on a device
+    # kind (oracles/device_arithmetic.py), such checks are not run there
+    bounded: bool = True
 
 
 def _always(spec: Any) -> bool:
@@ -72,15 +76,18 @@ KINDS: dict[str, CheckKind] = {
                 spec.contract is not None or (spec.gradients is not None and spec.gradients.contract is not None)
             ),
         ),
-        CheckKind("deterministic", "bitwise reruns", applies=_always),
+        CheckKind("deterministic", "bitwise reruns", applies=_always, bounded=False),
         CheckKind("metamorphic", "invariances", "C5", applies=lambda spec: bool(spec.relations)),
-        CheckKind("errors", "bad input refused", per_case=False),
-        CheckKind("crash", "the kernel raised", per_case=False),
+        CheckKind("errors", "bad input refused", per_case=False, bounded=False),
+        CheckKind("crash", "the kernel raised", per_case=False, bounded=False),
     )
 }
 
 # The per-case checks, in the order a case runs them.
 CHECKS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.per_case)
+# The per-case checks that need no tolerance model: what runs on a device kind whose
+# arithmetic the model does not describe.
+UNBOUNDED: tuple[str, ...] = tuple(name for name in CHECKS if not KINDS[name].bounded)
 # The rows a property reports: its checks, and a crash as its own failed row.
 REPORTED: tuple[str, ...] = (*CHECKS, "crash")
 COLOURS: dict[str, str] = {k.name: k.colour for k in KINDS.values() if k.colour is not None}

@@ -58,6 +58,7 @@ DEFERRED = {
         ("pallascheck.fuzz.workers", m): "in the worker, after its device and --path are set"
         for m in (
             "pallascheck.properties.device.compilation",
+            "pallascheck.properties.device.identity",
             "pallascheck.fuzz.import_path",
             "pallascheck.fuzz.targets",
             "pallascheck.kernels.backends",

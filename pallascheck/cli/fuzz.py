@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pallascheck.bench import probe
 from pallascheck.cli._common import (
     UsageError,
     add_backend_option,
@@ -17,7 +18,7 @@ from pallascheck.cli._common import (
     progress_printer,
 )
 from pallascheck.fuzz import campaign, cluster, corpus, findings, import_path, plan, scope, targets, verify
-from pallascheck.properties import runner, watchdog
+from pallascheck.properties import check_kinds, runner, watchdog
 from pallascheck.properties.registry import bundled_names, registry
 
 
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             layout_cases=args.cases,
             cluster=ray_cluster,
             shared_database=args.redis,
+            probe=probe.device_report,
+            notify=lambda line: print(line, flush=True),
         )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
@@ -108,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
         f"{len(grouped)} new findings ({len(result.new_failures)} new failures), "
         f"{result.repeats} repeats of known ones"
     )
+    for kind, tally in sorted(result.devices.items()):
+        print(
+            f"  on {kind}: {tally.tasks} tasks, {tally.cases} cases, {tally.new_failures} new failures, "
+            f"best budget used {tally.best_budget:.3g}"
+        )
     if result.requeued:
         print(f"{result.requeued} tasks in flight on nodes that left the cluster were run again on others")
     if result.stopped_in_flight:
@@ -122,6 +130,16 @@ def run(args: argparse.Namespace) -> int:
     not_checked += [
         scope.NotChecked(k, d, "no task in this run (give it more --minutes or --tasks, or fewer --kernel)")
         for k, d in result.never_tried
+    ]
+    not_checked += [
+        scope.NotChecked(
+            f"every kernel on {kind}",
+            "-",
+            f"{', '.join(c for c in check_kinds.CHECKS if c not in check_kinds.UNBOUNDED)} not run: the probe found "
+            f"the tolerance model does not hold there ({'; '.join(arith.violations)})",
+        )
+        for kind, arith in sorted(result.arithmetic.items())
+        if not arith.modelled
     ]
     scope.print_not_checked(not_checked, "task")
     print(f"\nreport: pallascheck report {args.corpus}")

@@ -1,4 +1,5 @@
-"""Which physical GPU a check ran on, for the reports of failures that no rounding
+"""Which kind of device a process checks on (``device_kind``: what a campaign's results
+are split by), and which physical GPU a check ran on, for the reports of failures that no rounding
 explains.
 
 A failure whose output changes between runs on the same inputs (runner.py reruns
@@ -17,6 +18,16 @@ from __future__ import annotations
 import ctypes
 import functools
 from typing import Any
+
+import jax
+
+from pallascheck.kernels.backends import Backend
+
+
+def device_kind(backend: Backend) -> str:
+    """The kind of the device ``backend``'s kernels run on here: JAX's ``device_kind``
+    of the platform's first device ("NVIDIA H100 80GB HBM3"; "cpu" on the interpreters)."""
+    return jax.devices(backend.platform)[0].device_kind or backend.platform
 
 
 def describe(device: Any) -> str | None:
