@@ -17,6 +17,9 @@ The page answers what a kernel engineer asks after a campaign, top to bottom:
   colour per check, on an axis spanning the data (``_band``: never below
   ``BUDGET_FLOOR`` nor above ``BUDGET_CAP``, the bound always inside), exact zeros on
   a marked row; each caption's numbers are its axis'.
+- **By device kind**: tasks, cases, failures and budgets used per kind of device the
+  workers ran on (a cluster may mix them), and what the arithmetic probe found there:
+  the tolerance model holds, or which assumption fails (its bounded checks were not run).
 - **Coverage**: which shapes, configs and input kinds each kernel was fuzzed with.
 - **Throughput**: cumulative cases over the campaign's seconds (with the moments each
   failure was first seen), and where the search spent its tasks, in words (the
@@ -47,8 +50,9 @@ from typing import Any, cast
 import numpy as np
 
 from pallascheck.fuzz import findings
-from pallascheck.fuzz.corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, headline
+from pallascheck.fuzz.corpus import CASES, EVENTS, FAILURE_KINDS, FAILURES, headline, probes
 from pallascheck.fuzz.corpus import STATE as CAMPAIGN
+from pallascheck.oracles import device_arithmetic
 from pallascheck.properties import check_kinds
 
 # The JSON's throughput curve and the page's tables stay readable (and the page small)
@@ -70,6 +74,7 @@ STYLE: dict[str, Any] = {
 }
 BUDGET_FLOOR = 1e-3  # error / bound below this is drawn at the figure's floor: far from the bound either way
 BUDGET_CAP = 1e4  # and above this at its ceiling: a failure either way
+NOT_RECORDED = "not recorded"  # the device kind of a case or failure from before kinds were recorded
 MARGIN = 2.0  # a log axis reaches this factor past its data
 ZERO_LABEL = "exactly 0"
 
@@ -99,6 +104,10 @@ class _Corpus:
     kinds: dict[str, Counter] = dataclasses.field(default_factory=lambda: defaultdict(Counter))
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     unreadable: list[str] = dataclasses.field(default_factory=list)  # JSON files that do not parse
+    # by device kind ("not recorded": a corpus written before kinds were): tasks, and each case's worst budget
+    device_tasks: Counter = dataclasses.field(default_factory=Counter)
+    device_budgets: dict[str, list[float]] = dataclasses.field(default_factory=lambda: defaultdict(list))
+    probes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -160,9 +169,13 @@ def _add_case(corpus: _Corpus, case: dict[str, Any]) -> None:
     corpus.cases += 1
     corpus.case_times.append(float(case.get("t", 0.0)))
     checks = case.get("checks") or {}
+    device = str(case.get("device_kind") or NOT_RECORDED)
     if checks:
         # A case is as bad as its worst check.
         corpus.budgets[(kernel, dtype)].append(max(_budget(c.get("budget")) for c in checks.values()))
+        corpus.device_budgets[device].append(corpus.budgets[(kernel, dtype)][-1])
+    elif device not in corpus.device_budgets:
+        corpus.device_budgets[device] = []
     for name, check in checks.items():
         # Checks that compare bits (deterministic) have no error or bound to plot.
         error, bound = check.get("error"), check.get("bound")
@@ -208,6 +221,7 @@ def _load(path: str) -> _Corpus:
     for event in _records(corpus, EVENTS):
         corpus.tasks += 1
         corpus.outcomes[str(event.get("outcome", "?"))] += 1
+        corpus.device_tasks[str(event.get("device_kind") or NOT_RECORDED)] += 1
         corpus.last_t = max(corpus.last_t, float(event.get("t", 0.0)))
     for case in _records(corpus, CASES):
         _add_case(corpus, case)
@@ -215,6 +229,10 @@ def _load(path: str) -> _Corpus:
     if corpus.case_times:
         corpus.last_t = max(corpus.last_t, corpus.case_times[-1])
     _read_failures(corpus)
+    try:
+        corpus.probes = probes(path)
+    except (OSError, json.JSONDecodeError, KeyError):
+        corpus.unreadable.append("probes/")
     return corpus
 
 
@@ -265,6 +283,28 @@ def _throughput(times: list[float]) -> list[list[float]]:
     return [[times[i], int(i) + 1] for i in picks]
 
 
+def _by_device(corpus: _Corpus) -> dict[str, dict[str, Any]]:
+    """Per device kind: tasks, cases, failures by kind, the worst budgets' statistics,
+    and its probe's verdict ("holds", the violations, or "not probed")."""
+    kinds = set(corpus.device_tasks) | set(corpus.device_budgets) | set(corpus.probes)
+    kinds |= {str(f.get("device_kind") or NOT_RECORDED) for f in corpus.failures}
+    out = {}
+    for kind in sorted(kinds):
+        failures = [f for f in corpus.failures if str(f.get("device_kind") or NOT_RECORDED) == kind]
+        budgets = corpus.device_budgets.get(kind, [])
+        probe = corpus.probes.get(kind)
+        verdict: Any = "not probed" if probe is None else list(device_arithmetic.violations(probe)) or "holds"
+        out[kind] = {
+            "tasks": corpus.device_tasks.get(kind, 0),
+            "cases": len(budgets),
+            "failures": len(failures),
+            "failures_by_kind": {k: sum(f.get("kind") == k for f in failures) for k in FAILURE_KINDS},
+            "budget_used": _stats(budgets) if budgets else None,
+            "tolerance_model": verdict,
+        }
+    return out
+
+
 def _summary(corpus: _Corpus) -> dict[str, Any]:
     campaign = corpus.campaign or {}
     seconds = _duration(corpus)
@@ -292,6 +332,7 @@ def _summary(corpus: _Corpus) -> dict[str, Any]:
             "failures_by_kind": {kind: sum(f.get("kind") == kind for f in corpus.failures) for kind in FAILURE_KINDS},
             "failure_occurrences": sum(int(f.get("count", 1)) for f in corpus.failures),
         },
+        "by_device_kind": _by_device(corpus),
         "budget_used": {
             "by_kernel": {k: _stats(b) for k, b in sorted(by_kernel.items())},
             "by_kernel_dtype": dict(by_kernel_dtype),
@@ -328,7 +369,9 @@ def summarise(corpus: str) -> dict[str, Any]:
     Keys: ``campaign`` (backend, jax, started, seconds, ...), ``files`` (which corpus
     files exist), ``skipped_lines`` (unparseable lines per file), ``totals`` (tasks,
     task outcomes, cases, seconds, cases_per_second, findings, failures,
-    failures_by_kind, failure_occurrences), ``budget_used`` (``by_kernel`` and ``by_kernel_dtype`` stats:
+    failures_by_kind, failure_occurrences), ``by_device_kind`` (per kind of device the
+    workers ran on: tasks, cases, failures, failures_by_kind, budget_used stats or None,
+    and ``tolerance_model``: "holds", the probe's violations, or "not probed"), ``budget_used`` (``by_kernel`` and ``by_kernel_dtype`` stats:
     count, inf, median, p90, max, where a case's budget is its worst check's error /
     bound and an infinite one is written "inf"), ``error_vs_bound`` (points and how many
     exceed their bound, per kernel), ``coverage`` (shape, config and input-kind counts
@@ -812,6 +855,33 @@ def _error_bound_section(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[An
     )
 
 
+def _device_section(summary: dict[str, Any]) -> str:
+    head = (
+        '<section id="devices"><h2>By device kind</h2><p>What ran on each kind of device (a cluster may mix '
+        "them), and what the arithmetic probe run there found: where the tolerance model's assumptions do not "
+        "hold, the checks against a bound were not run on that kind (only the bitwise reruns were).</p>"
+    )
+    kinds = summary["by_device_kind"]
+    if not kinds:
+        return head + _empty("No tasks were recorded.") + "</section>"
+    rows = [
+        [
+            kind,
+            d["tasks"],
+            d["cases"],
+            f"{d['failures']} ({', '.join(f'{k} {n}' for k, n in d['failures_by_kind'].items() if n) or 'none'})",
+            _num((d["budget_used"] or {}).get("median")),
+            _num((d["budget_used"] or {}).get("max")),
+            d["tolerance_model"]
+            if isinstance(d["tolerance_model"], str)
+            else "does not hold, bounded checks not run: " + "; ".join(d["tolerance_model"]),
+        ]
+        for kind, d in kinds.items()
+    ]
+    headers = ["device kind", "tasks", "cases", "failures", "median budget", "max budget", "tolerance model (probe)"]
+    return head + _table(headers, rows) + "</section>"
+
+
 def _counts_table(title: str, counts: dict[str, int]) -> str:
     rows: list[list[Any]] = [[value, n] for value, n in list(counts.items())[:COVERAGE_ROWS]]
     if len(counts) > COVERAGE_ROWS:
@@ -918,6 +988,7 @@ def _page(summary: dict[str, Any], corpus: _Corpus, mpl: tuple[Any, Any]) -> str
         + _failures_section(summary)
         + _budget_section(summary, corpus, mpl)
         + _error_bound_section(summary, corpus, mpl)
+        + _device_section(summary)
         + _coverage_section(summary)
         + _throughput_section(summary, corpus, mpl)
         + "</body></html>\n"

@@ -50,10 +50,15 @@ def from_probe(backend: Backend, device_kind: str, probe: Mapping[str, Any]) -> 
     """The arithmetic of ``device_kind`` from its probe (the JSON of ``pallascheck
     probe``: ``violations`` per dot path, and the FP8 paths' under ``fp8``; a probe that
     could not finish carries its reason under ``failed``)."""
+    found = violations(probe)
+    return DeviceArithmetic(device_kind, None if found else arithmetic_for(backend), found)
+
+
+def violations(probe: Mapping[str, Any]) -> tuple[str, ...]:
+    """The assumptions a probe (``from_probe``) found do not hold, each "path: what"."""
     if probe.get("failed"):
-        return DeviceArithmetic(device_kind, None, (f"the probe did not finish: {probe['failed']}",))
+        return (f"the probe did not finish: {probe['failed']}",)
     found = [f"{path}: {v}" for path, listed in probe.get("violations", {}).items() for v in listed]
-    found += [
-        f"FP8 {path}: {v}" for path, listed in (probe.get("fp8") or {}).get("violations", {}).items() for v in listed
-    ]
-    return DeviceArithmetic(device_kind, None if found else arithmetic_for(backend), tuple(found))
+    fp8 = probe.get("fp8") or {}
+    found += [f"FP8 {path}: {v}" for path, listed in fp8.get("violations", {}).items() for v in listed]
+    return tuple(found)

@@ -24,6 +24,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 REPLAY_VALUE = "pallascheck replay failures/matmul-bf16-values/case.npz --backend interpret"
 REPLAY_HANG = "pallascheck replay failures/softmax-f32-hang/case.npz --timeout 60"
+# The corpus's two kinds of device: matmul ran on the first, softmax on the second, whose
+# probe found a 22-bit accumulator.
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+DEVICE = {"matmul": H100, "softmax": A100}
+SHORT_ACCUMULATOR = "the accumulator keeps 22 significand bits, fewer than f32's 24"
 
 # (kernel, dtype, kind, config, shapes, {check: (budget, error, bound)}) per written case.
 CASES = [
@@ -89,6 +94,7 @@ def _write_corpus(root) -> None:
             "best_budget": {"values": 3.0},
             "outcome": "value",
             "signature": "matmul-bf16-values",
+            "device_kind": H100,
         },
         {
             "t": 9.0,
@@ -102,6 +108,7 @@ def _write_corpus(root) -> None:
             "best_budget": {"values": None},
             "outcome": "hang",
             "signature": "softmax-f32-hang",
+            "device_kind": A100,
         },
     ]
     # The campaign was killed while appending a third event.
@@ -114,6 +121,7 @@ def _write_corpus(root) -> None:
                     "t": float(t + 1),
                     "kernel": kernel,
                     "dtype": dtype,
+                    "device_kind": DEVICE[kernel],
                     "kind": kind,
                     "config": config,
                     "shapes": shapes,
@@ -161,7 +169,11 @@ def _write_corpus(root) -> None:
     for failure in failures:
         directory = root / "failures" / failure["signature"]
         directory.mkdir(parents=True)
-        (directory / "failure.json").write_text(json.dumps(failure))
+        (directory / "failure.json").write_text(json.dumps(dict(failure, device_kind=DEVICE[failure["kernel"]])))
+    (root / "probes").mkdir()
+    for name, kind, violations in (("h100", H100, []), ("a100", A100, [SHORT_ACCUMULATOR])):
+        probe = {"device_kind": kind, "violations": {"xla": [], "pallas": violations}, "paths": {}}
+        (root / "probes" / f"{name}.json").write_text(json.dumps(probe))
 
 
 class _StrictPage(HTMLParser):
@@ -247,6 +259,27 @@ def test_summary_counts_what_the_corpus_holds(corpus) -> None:
         "max": "inf",
     }
     assert summary["budget_used"]["by_kernel"]["softmax"]["max"] == 0.125
+    # by device kind: matmul's task, cases and failure on the H100; softmax's on the A100,
+    # whose probe found the model's accumulator does not hold there
+    no_failures = {"value": 0, "crash": 0, "hang": 0, "oom": 0}
+    assert summary["by_device_kind"] == {
+        A100: {
+            "tasks": 1,
+            "cases": 2,
+            "failures": 1,
+            "failures_by_kind": dict(no_failures, hang=1),
+            "budget_used": {"count": 2, "inf": 0, "median": 0.0, "p90": 0.125, "max": 0.125},
+            "tolerance_model": [f"pallas: {SHORT_ACCUMULATOR}"],
+        },
+        H100: {
+            "tasks": 1,
+            "cases": 4,
+            "failures": 1,
+            "failures_by_kind": dict(no_failures, value=1),
+            "budget_used": {"count": 4, "inf": 1, "median": 0.5, "p90": "inf", "max": "inf"},
+            "tolerance_model": "holds",
+        },
+    }
 
     # Checks without an error (bit comparisons, the NaN case) are not points.
     assert summary["error_vs_bound"] == {
@@ -315,6 +348,17 @@ def test_page_is_valid_self_contained_html(corpus, tmp_path) -> None:
     assert header["last new failure"] == "at 0m 09s, 0m 03s before the end"
     assert "events.jsonl: 1 line(s) that do not parse were skipped" in text
     assert ["matmul", "bfloat16", "3", "0", "0.5", "3", "3"] in page.rows  # the budget table
+    # the device kinds' table: the A100's probe says why its bounded checks did not run
+    assert [
+        A100,
+        "1",
+        "2",
+        "1 (hang 1)",
+        "0",
+        "0.125",
+        f"does not hold, bounded checks not run: pallas: {SHORT_ACCUMULATOR}",
+    ] in page.rows
+    assert [H100, "1", "4", "1 (value 1)", "0.5", "inf", "holds"] in page.rows
 
 
 @pytest.mark.skipif(
