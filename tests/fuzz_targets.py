@@ -4,7 +4,8 @@ Each is a plain jnp relu checked with the elementwise spec builder (no Pallas, s
 the ``interpret`` keyword the builder passes is unused: these test the campaign,
 not a kernel), broken one way: it hangs, aborts the
 process, allocates without bound, or is wrong at the first element (a value
-failure whose worst element is the same at every shape: one signature).
+failure whose worst element is the same at every shape: one signature). And the
+probe's report of a device whose arithmetic the tolerance model does not describe.
 """
 
 from __future__ import annotations
@@ -115,3 +116,55 @@ def _wrong_when_long(x, interpret=None):
 
 
 WRONG_WHEN_LONG = _spec(_wrong_when_long, "relu_wrong_when_long")
+
+
+def _machine_memory() -> tuple[int, int]:
+    """(total, available) bytes of this machine, as /proc/meminfo and Ray's memory monitor count them."""
+    with open("/proc/meminfo") as f:
+        fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return fields["MemTotal"], fields["MemAvailable"]
+
+
+def _swells_past_rays_threshold(x, interpret=None):
+    """Touches memory until the machine's use is past the fraction at which the Ray node
+    it runs on kills a worker (the RAY_memory_usage_threshold that node was started
+    with, which its workers inherit), then waits to be killed; never into the machine's
+    last 2 GiB."""
+    threshold = float(os.environ["RAY_memory_usage_threshold"])
+    hoard = []
+    while True:
+        total, available = _machine_memory()
+        if (total - available) / total > threshold + 0.02 or available < 2 * 2**30:
+            break
+        hoard.append(np.ones(2**26, np.uint8))  # 64 MiB, written so that it is resident
+    time.sleep(3600)
+    return _relu(x)
+
+
+SWELLS = _spec(_swells_past_rays_threshold, "relu_that_swells_past_rays_threshold")
+
+
+def _short_accumulator_dot(x, y) -> np.ndarray:
+    """A dot of the probe's shapes on a device whose accumulator keeps 22 significand
+    bits (f32 keeps 24): the exact sums, rounded to nearest at 22 bits."""
+    exact = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+    fraction, exponent = np.frexp(exact)
+    return np.ldexp(np.round(fraction * 2.0**22) / 2.0**22, exponent)
+
+
+def probe_of_a_short_accumulator(backend) -> dict:
+    """``pallascheck probe``'s report (bench.probe.device_report's format) of a device
+    whose accumulator is short: the probe's own measurements and comparison with the
+    backend's tolerance model, run on ``_short_accumulator_dot``. No CPU computes this way;
+    a campaign's reaction to such a device is tested with it."""
+    from pallascheck.bench import probe
+    from pallascheck.oracles.tolerance import arithmetic_for
+
+    measured = probe.probe_path(_short_accumulator_dot)
+    return {
+        "backend": str(backend),
+        "device": "cpu",
+        "jax_version": jax.__version__,
+        "paths": {"emulated": measured},
+        "violations": {"emulated": probe.assumption_violations(measured, arithmetic_for(backend))},
+    }

@@ -9,7 +9,7 @@ import os
 import random
 
 import pytest
-from fuzz_targets import WRONG_FIRST_ELEMENT
+from fuzz_targets import WRONG_FIRST_ELEMENT, probe_of_a_short_accumulator
 
 from pallascheck import cli
 from pallascheck.fuzz import bandit, campaign, corpus, report
@@ -178,6 +178,29 @@ def test_resumed_campaign_does_not_redo_found_failures(tmp_path, backend) -> Non
     assert all(f["count"] == 1 for f in corpus.Corpus(str(tmp_path)).failures().values())
 
 
+def test_a_device_kind_whose_arithmetic_the_model_does_not_describe_books_no_value_failure(tmp_path, backend) -> None:
+    """The probe (run once per device kind, kept in the corpus) of a device with a short
+    accumulator: the kernel, wrong at its first element, fails its bounded checks on any
+    device the model describes, and is not booked for them on this one."""
+    backend = _generic(backend)
+    said: list[str] = []
+    targets = ["fuzz_targets:WRONG_FIRST_ELEMENT"]
+    first = _run(targets, backend, tmp_path, tasks=2, probe=probe_of_a_short_accumulator, notify=said.append)
+    (line,) = said
+    assert line.startswith("probe of cpu: the tolerance model does not hold") and "22 significand bits" in line
+    assert first.probed == ["cpu"] and not first.arithmetic["cpu"].modelled
+    assert first.tasks == 2 and not first.new_failures and not corpus.Corpus(str(tmp_path)).failures()
+    events = _lines(tmp_path / "events.jsonl")
+    assert [e["checks"] for e in events] == [["deterministic"]] * 2 and {e["device_kind"] for e in events} == {"cpu"}
+    kept = corpus.probes(str(tmp_path))["cpu"]
+    assert [f"emulated: {v}" for v in kept["violations"]["emulated"]] == list(first.arithmetic["cpu"].violations)
+    # resumed: the kept probe is the kind's arithmetic, not run again
+    said.clear()
+    second = _run([], backend, tmp_path, tasks=1, resume=True, probe=probe_of_a_short_accumulator, notify=said.append)
+    assert second.probed == [] and said == [] and not second.new_failures
+    assert _lines(tmp_path / "events.jsonl")[-1]["checks"] == ["deterministic"]
+
+
 def test_fuzz_command(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["fuzz", "--help"])
@@ -202,8 +225,13 @@ def test_fuzz_command(tmp_path, capsys) -> None:
     assert cli.main(argv) == 0
     (event,) = _lines(tmp_path / "events.jsonl")
     assert event["outcome"] == "pass" and event["cases"] == runner.CASES_PER_LAYOUT
+    # the probe ran once on this machine's kind of device, and the summary splits by kind
+    out = capsys.readouterr().out
+    assert "probe of cpu: the tolerance model's arithmetic holds" in out and "  on cpu: 1 tasks, " in out
+    assert corpus.probes(str(tmp_path))["cpu"]["violations"] == {"xla": [], "pallas": []}
     # --cases: that many value draws per layout, kept by a resumed campaign that names none
     assert cli.main(argv + ["--resume", "--cases", "3"]) == 0
+    assert "probe of" not in capsys.readouterr().out  # the corpus's probe is reused
     assert cli.main(argv + ["--resume"]) == 0
     assert [e["cases"] for e in _lines(tmp_path / "events.jsonl")[1:]] == [3, 3]
     with pytest.raises(SystemExit) as refused:
