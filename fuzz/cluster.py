@@ -276,12 +276,12 @@ class RemoteWorker:
         """Stop the actor (and with it its worker), first fetching the cases a task in
         flight had saved, for ``campaign.salvage``."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError
 
         if self.task is not None and self.node is not None:
             try:
                 saved = ray.get(self.actor.saved_failures.remote(), timeout=10)
-            except (RayActorError, GetTimeoutError):
+            except (RayActorError, OutOfMemoryError, GetTimeoutError):  # a dead actor's calls raise how it died
                 saved = {}
             for name, data in saved.items():
                 self._write(os.path.join(failed_dir(self.inflight), name), data)

@@ -11,6 +11,8 @@ installs; without them the tests skip, saying which is missing.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -25,12 +27,14 @@ from pathlib import Path
 import pytest
 
 from pallascheck import cli
+from pallascheck.bench import probe
 from pallascheck.fuzz import campaign, cluster, corpus, workers
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties.spec import Case
 
 ray = pytest.importorskip("ray", reason="the cluster extra is not installed: pip install -e '.[cluster]'")
 redis = pytest.importorskip("redis", reason="the cluster extra is not installed: pip install -e '.[cluster]'")
+import fuzz_targets  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402  - after the skip above
 
 TESTS = os.path.dirname(__file__)
@@ -114,6 +118,7 @@ def test_a_campaign_across_three_nodes_books_hangs_crashes_and_values_with_their
         progress=stop_once_found,
         cluster=joined,
         shared_database=redis_url,
+        probe=probe.device_report,
     )
     stored = corpus.Corpus(str(tmp_path)).failures()
     kinds = {f["kernel"].split(":")[1]: f["kind"] for f in stored.values()}
@@ -131,6 +136,11 @@ def test_a_campaign_across_three_nodes_books_hangs_crashes_and_values_with_their
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert {e["node"] for e in events if e["node"]} == alive
     assert len({e["seed"] for e in events}) == len(events)
+    # one kind of device on the three nodes: probed once, before any task; every task,
+    # case and finding says it ran there
+    assert result.probed == ["cpu"] and list(corpus.probes(str(tmp_path))) == ["cpu"]
+    assert {e["device_kind"] for e in events} == {"cpu"} and {f["device_kind"] for f in stored.values()} == {"cpu"}
+    assert result.devices["cpu"].tasks == result.tasks and result.devices["cpu"].cases == result.cases
 
     # The shrunk failure is in the shared database: a worker on another machine, with a
     # local database of its own and empty, replays it first. Without the shared
@@ -237,3 +247,60 @@ def test_bad_cluster_arguments_are_one_line_errors(tmp_path, capsys) -> None:
         err = capsys.readouterr().err
         assert refused.value.code == 2 and says in err and len(err.strip().splitlines()) <= 3, err
     assert not (tmp_path / "c").exists()  # refused before anything is created
+
+
+# What another process (the suite's other worker) may take of this machine's memory while
+# the memory monitor's test runs without crossing the threshold it sets before its kernel does.
+OOM_MARGIN = 4 * 2**30
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+
+
+def test_rays_memory_monitor_killing_a_worker_is_an_oom_finding_with_its_case(tmp_path, three_nodes) -> None:
+    # Ray's monitor compares the machine's memory in use (MemTotal - MemAvailable) with a
+    # fraction of MemTotal, and kills a worker of its own node: here the only one on a
+    # node started with the fraction just past what is in use now. The kernel's memory is
+    # in the worker's child process, which the node counts all the same.
+    total, available = fuzz_targets._machine_memory()
+    threshold = (total - available + OOM_MARGIN) / total
+    with _environment(RAY_memory_usage_threshold=f"{threshold:.4f}", RAY_memory_monitor_refresh_ms="100"):
+        node = three_nodes.add_node(num_cpus=1, resources={"memory_monitor": 1})
+    try:
+        three_nodes.wait_for_nodes()
+        joined = cluster.connect(three_nodes.address, BACKEND)
+        there = dataclasses.replace(joined, slots=1, resources={"num_cpus": 1, "resources": {"memory_monitor": 1}})
+        result = campaign.run(
+            ["fuzz_targets:SWELLS"],
+            BACKEND,
+            str(tmp_path),
+            seconds=CEILING_S,
+            examples=1,
+            jobs=1,
+            paths=[TESTS],
+            dtypes=["float32"],
+            tasks=1,
+            # our own limit, the whole machine per worker, never fires first
+            limits=campaign.Limits(case_timeout=CEILING_S, memory_bytes=total),
+            cluster=there,
+        )
+    finally:
+        three_nodes.remove_node(node)
+    (found,) = result.new_failures
+    assert found["kind"] == "oom" and found["message"].startswith("Ray's memory monitor killed the worker"), found
+    assert node.node_id[:12] in found["message"]
+    case = Case.load(found["case"])  # the input in flight when Ray killed the worker
+    assert (
+        case.params["__failure__"]["kernel"] == "fuzz_targets:SWELLS" and case.params["__failure__"]["check"] == "oom"
+    )
