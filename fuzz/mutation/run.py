@@ -17,6 +17,10 @@ same draws, spec and dtype after the other, until a check fails. A mutant is
 
 Results go to a JSON-lines file as they arrive, so an interrupted run keeps what it
 found and ``resume`` continues it.
+
+With a Ray cluster (``cluster.connect``) each worker is a slot's actor on whichever
+node Ray places it (fuzz/cluster.py): the mutant's source travels in the worker's
+setup, so a node needs pallascheck and the spec, never the driver's disk.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallascheck.fuzz import durations
+from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.mutation import worker as mutant_worker
 from pallascheck.fuzz.mutation.operators import Mutant
 from pallascheck.fuzz.workers import Death, Task, Worker
@@ -222,7 +227,7 @@ class _Job:
     """One process's work: the baseline (mutant None) or one mutant, unit by unit."""
 
     mutant: Mutant | None
-    worker: Worker
+    worker: Worker | RemoteWorker
     units: list[tuple[str, str]]
     started: float = dataclasses.field(default_factory=time.monotonic)
     unit: tuple[str, str] | None = None
@@ -264,25 +269,32 @@ class _Job:
 
 def _setup(settings: Settings, mutant: Mutant | None) -> dict[str, Any]:
     setup: dict[str, Any] = {"backend": settings.backend, "paths": list(settings.paths), "database": None}
-    if mutant is None:
-        setup["coverage"] = settings.origin
+    if mutant is None:  # by name: a node finds the module's file where it is installed there
+        setup["coverage"] = settings.module
     else:
         setup["mutant"] = {"module": settings.module, "source": mutant.source, "origin": settings.origin}
     return setup
 
 
-def _spawn(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
-    """A job whose worker process starts (interpreter, JAX import) now; its first task
-    goes when ``next_task`` is called."""
+def _spawn(
+    settings: Settings, mutant: Mutant | None, slot: int, directory: str, cluster: Cluster | None = None
+) -> _Job:
+    """A job whose worker process starts (interpreter, JAX import) now, here or (with
+    ``cluster``) once Ray has placed its actor; its first task goes when ``next_task``
+    is called."""
     folder = os.path.join(directory, f"worker-{slot}-{'baseline' if mutant is None else mutant.id}")
     os.makedirs(folder, exist_ok=True)
-    return _Job(
-        mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units)
+    setup = _setup(settings, mutant)
+    worker = (
+        Worker(slot, folder, setup, run=mutant_worker.run_task)
+        if cluster is None
+        else RemoteWorker(slot, folder, setup, cluster, run=mutant_worker.run_task)
     )
+    return _Job(mutant, worker, list(settings.units))
 
 
-def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
-    job = _spawn(settings, mutant, slot, directory)
+def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str, cluster: Cluster | None) -> _Job:
+    job = _spawn(settings, mutant, slot, directory, cluster)
     job.next_task(settings)
     return job
 
@@ -292,18 +304,15 @@ class _Retired:
     that the next mutant need not wait for); ``close`` kills what is left."""
 
     def __init__(self) -> None:
-        self.workers: list[Worker] = []
+        self.workers: list[Worker | RemoteWorker] = []
 
-    def add(self, worker: Worker) -> None:
-        try:
-            worker.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
+    def add(self, worker: Worker | RemoteWorker) -> None:
+        worker.request_stop()
         self.workers.append(worker)
 
     def reap(self) -> None:
-        for worker in [w for w in self.workers if not w.process.is_alive()]:
-            worker.kill()  # joins it and closes its pipe
+        for worker in [w for w in self.workers if w.exited()]:
+            worker.kill()  # joins it and closes its pipe; on a cluster, ends its actor
             self.workers.remove(worker)
 
     def close(self) -> None:
@@ -326,9 +335,11 @@ def _step(
     return None, None, death
 
 
-def run_baseline(settings: Settings, directory: str, progress: Callable[[str], None]) -> _Job:
+def run_baseline(
+    settings: Settings, directory: str, progress: Callable[[str], None], cluster: Cluster | None = None
+) -> _Job:
     """Run the unmutated kernel; raises BaselineFailure if any check fails."""
-    job = _start(settings, None, 0, directory)
+    job = _start(settings, None, 0, directory, cluster)
     timeout = settings.case_timeout_s or 600.0
     try:
         while True:
@@ -391,10 +402,12 @@ def run(
     *,
     resume: bool = False,
     progress: Callable[[str], None] = lambda line: None,
+    cluster: Cluster | None = None,
 ) -> Result:
-    """The baseline, then every mutant on ``settings.jobs`` workers; each outcome is
-    appended to ``settings.out`` as it arrives (``resume``: outcomes already there
-    for the same settings are reused)."""
+    """The baseline, then every mutant on ``settings.jobs`` workers, processes here or
+    (``cluster``) slots of that Ray cluster; each outcome is appended to
+    ``settings.out`` as it arrives (``resume``: outcomes already there for the same
+    settings are reused)."""
     start = time.monotonic()
     previous = load_previous(settings) if resume else {}
     os.makedirs(os.path.dirname(os.path.abspath(settings.out)), exist_ok=True)
@@ -474,7 +487,7 @@ def run(
                 f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
                 + ", ".join(" ".join(u) for u in settings.units)
             )
-            baseline = run_baseline(settings, directory, progress)
+            baseline = run_baseline(settings, directory, progress, cluster)
             baseline_seconds = time.monotonic() - start
             durations.save("mutate", {f"{prefix}:baseline": baseline_seconds})
             timeout = settings.case_timeout_s or max(MIN_CASE_TIMEOUT_S, CASE_TIMEOUT_FACTOR * baseline.slowest_step)
@@ -498,10 +511,10 @@ def run(
                 for slot in range(settings.jobs):
                     if slot not in jobs and (slot in spares or queue):
                         spare: _Job | None = spares.pop(slot, None)
-                        jobs[slot] = spare or _spawn(settings, queue.pop(0), slot, directory)
+                        jobs[slot] = spare or _spawn(settings, queue.pop(0), slot, directory, cluster)
                         jobs[slot].next_task(settings)
                     if slot not in spares and queue:
-                        spares[slot] = _spawn(settings, queue.pop(0), slot, directory)
+                        spares[slot] = _spawn(settings, queue.pop(0), slot, directory, cluster)
                 for slot, job in list(jobs.items()):
                     unit, result, death = _step(job, settings, timeout)
                     outcome = None
