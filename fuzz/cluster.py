@@ -204,7 +204,7 @@ class RemoteWorker:
             silent = time.monotonic() - self.last_answer
             if silent > case_timeout:  # the actor's node stopped answering: it is gone
                 self.kill()
-                return [], Death("lost", f"node {self._where()} did not answer for {silent:.0f} s", None)
+                return [], Death("lost", f"node {self.node_label} did not answer for {silent:.0f} s", None)
             return [], None
         try:
             reply = ray.get(self.asked)
@@ -229,7 +229,7 @@ class RemoteWorker:
         if reply["death"] is not None:
             kind, message, case = reply["death"]
             death = Death(
-                kind, f"{message} on node {self._where()}", self._keep("inflight-lost.npz", case), self._node_id
+                kind, f"{message} on node {self.node_label}", self._keep("inflight-lost.npz", case), self._node_id
             )
             self.kill()
         return messages, death
@@ -242,22 +242,24 @@ class RemoteWorker:
         text = str(err)
         node_alive = self.node is not None and any(n["NodeID"] == self.node[0] and n["Alive"] for n in ray.nodes())
         if not node_alive:
-            return Death("lost", f"node {self._where()} left the cluster while running {self.task}", None)
+            return Death("lost", f"node {self.node_label} left the cluster while running {self.task}", None)
         inflight = self.inflight if self.in_case and os.path.exists(self.inflight) else None
         if "memory pressure" in text or "low on memory" in text:
             return Death(
                 "oom",
-                f"Ray's memory monitor killed the worker on node {self._where()}: {text}",
+                f"Ray's memory monitor killed the worker on node {self.node_label}: {text}",
                 inflight,
                 self._node_id,
             )
-        return Death("crash", f"the worker's actor on node {self._where()} died: {text}", inflight, self._node_id)
+        return Death("crash", f"the worker's actor on node {self.node_label} died: {text}", inflight, self._node_id)
 
     @property
     def _node_id(self) -> str | None:
         return self.node[0] if self.node else None
 
-    def _where(self) -> str:
+    @property
+    def node_label(self) -> str:
+        """Its node, as the messages name it: address (the start of Ray's node id)."""
         return f"{self.node[1]} ({self.node[0][:12]})" if self.node else "(not placed)"
 
     def _write(self, path: str, data: bytes) -> None:

@@ -363,14 +363,14 @@ def run(
         flush=True,
     )
 
-    def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
+    def done(unit: Unit, result: tuple[list[Row], list[str], float], where: str = "") -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
         left = durations.seconds_left(
             [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
         )
         print(
-            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s "
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s{where} "
             + durations.progress_suffix(time.perf_counter() - start, left),
             file=sys.stderr,
             flush=True,
@@ -501,9 +501,10 @@ def _run_cluster(
     options: Options,
     cluster: Cluster,
     jobs: int,
-    done: Callable[[Unit, tuple[list[Row], list[str], float]], None],
+    done: Callable[[Unit, tuple[list[Row], list[str], float], str], None],
 ) -> None:
-    """Run ``units`` on ``jobs`` workers of ``cluster``, each where Ray places it. A
+    """Run ``units`` on ``jobs`` workers of ``cluster``, each where Ray places it (the
+    progress line names the node that ran each unit). A
     unit whose worker was lost is that unit's failed row, as on one machine: "hang"
     where its watchdog's report came back, else what the node's actor saw ("crash",
     "oom", "hang": fuzz/cluster.py). A unit whose node left the cluster is run again
@@ -538,13 +539,21 @@ def _run_cluster(
                         del running[slot]
                         result = finished[0]
                         paths = _bring_back(result["saved"], options.failures)
-                        done(unit, (result["rows"], [_here(m, paths) for m in result["messages"]], result["seconds"]))
+                        said = [_here(m, paths) for m in result["messages"]]
+                        done(unit, (result["rows"], said, result["seconds"]), f" on node {worker.node_label}")
                     elif death is not None:
                         del running[slot]
                         if death.kind == "lost":  # the node, not the kernel: run again elsewhere
+                            print(
+                                f"  {unit.kernel} {unit.dtype} {unit.kind}: {death.message}; running it again on "
+                                "another node",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                             queue.insert(0, unit)
                         else:
-                            done(unit, _worker_lost(unit, death.kind, death.message, worker, options))
+                            lost = _worker_lost(unit, death.kind, death.message, worker, options)
+                            done(unit, lost, f" on node {worker.node_label}")
                 time.sleep(0.05)
         finally:
             for worker in workers.values():

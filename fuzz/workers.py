@@ -91,6 +91,7 @@ class Worker:
         self.process.start()
         child.close()
         self.task: Any = None  # what ``run`` is running (see ``TaskRunner``)
+        self.node: tuple[str, str] | None = None  # a cluster worker's (Ray node id, address); None: here
         self.last_message = time.monotonic()
         self.ready = False
         self.in_case = False

@@ -106,6 +106,7 @@ class Outcome:
     cases: int = 0  # cases checked until the kill (every case drawn, for the others)
     seconds: float = 0.0
     message: str = ""
+    node: str | None = None  # the Ray node whose worker ran it (None: this machine)
 
     def row(self, original: str, path: str) -> dict[str, Any]:
         m = self.mutant
@@ -125,6 +126,7 @@ class Outcome:
             "cases": self.cases,
             "seconds": round(self.seconds, 2),
             "message": self.message,
+            "node": self.node,
             "diff": m.diff(original, path),
         }
 
@@ -377,7 +379,8 @@ def _finish(job: _Job, status: str, baseline: _Job, **fields: Any) -> Outcome:
             status = EQUIVALENT
         else:
             fields["message"] = f"first output that differs from the unmutated kernel's: {different}"
-    return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, **fields)
+    node = job.worker.node[0] if job.worker.node else None
+    return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, node=node, **fields)
 
 
 def _first_difference(
@@ -497,7 +500,16 @@ def run(
                     row = previous[source_key(m.source)]
                     unit = (row["kernel"], row["dtype"]) if row["kernel"] else None
                     record(
-                        Outcome(m, row["status"], row["check"], unit, row["cases"], row["seconds"], row["message"]),
+                        Outcome(
+                            m,
+                            row["status"],
+                            row["check"],
+                            unit,
+                            row["cases"],
+                            row["seconds"],
+                            row["message"],
+                            row.get("node"),
+                        ),
                         reused=True,
                     )
                 elif not any(line in baseline.lines for line in range(m.reach[0], m.reach[1] + 1)):

@@ -114,7 +114,7 @@ def workers_phrase(jobs: int, joined: cluster.Cluster | None) -> str:
     """Where the work runs, for a command's opening line."""
     if joined is None:
         return f"{jobs} jobs"
-    return f"{jobs} workers on the Ray cluster at {joined.address} ({joined.nodes} nodes)"
+    return f"{jobs} workers on the Ray cluster at {joined.address} ({joined.nodes} node{'s' * (joined.nodes != 1)})"
 
 
 def fitting(names: list[str], backend: Backend) -> tuple[list[str], list[scope.NotChecked]]:
