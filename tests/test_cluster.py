@@ -193,6 +193,28 @@ def test_verify_on_the_nodes_gives_the_rows_of_a_verify_here(tmp_path, three_nod
     assert len(_nodes_named(err)) > 1, err
 
 
+def test_verify_on_the_nodes_books_a_hung_case_and_a_dead_worker_as_their_units_failures(
+    tmp_path, three_nodes, monkeypatch, capsys
+) -> None:
+    """A relu that sleeps past --case-timeout and one that aborts its process: each is
+    its own unit's failed row, as on one machine (the hang with the watchdog's report
+    and case, brought back here from the node), and nothing else fails."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["verify", "--cluster", three_nodes.address, "--path", TESTS, "--kernel", "fuzz_targets:HANGS"]
+    argv += ["--kernel", "fuzz_targets:ABORTS", "--examples", "1", "--case-timeout", "10", "--failures", "failures"]
+    assert cli.main([*argv, "--json", "v.json"]) == 1
+    capsys.readouterr()
+    report = json.loads((tmp_path / "v.json").read_text())
+    failed = {(r["kernel"], r["check"]) for r in report["rows"] if r["verdict"] == "FAIL"}
+    assert failed == {("fuzz_targets:HANGS", "hang"), ("fuzz_targets:ABORTS", "crash")}, report["rows"]
+    hang = next(m for m in report["failures"] if m.startswith("[hang] kernel=fuzz_targets:HANGS"))
+    saved = os.path.join("failures", "fuzz_targets:HANGS-float32-hang.npz")
+    assert f"saved: {saved} (pallascheck replay {saved})" in hang, hang
+    assert Case.load(str(tmp_path / saved)).params["__failure__"]["check"] == "hang"
+    crash = next(m for m in report["failures"] if "(crash)" in m)
+    assert "killed by signal 6" in crash and " on node " in crash, crash
+
+
 def test_mutate_on_the_nodes_gives_the_outcomes_of_a_mutate_here(tmp_path, three_nodes, monkeypatch, capsys) -> None:
     """Two of norms.py's mutants under rms_norm's checks (tests/test_mutate.py has the
     same ones here): the eps constant the spec overrides (equivalent) and the dropped
