@@ -201,7 +201,7 @@ def test_verify_on_the_nodes_books_a_hung_case_and_a_dead_worker_as_their_units_
     and case, brought back here from the node), and nothing else fails."""
     monkeypatch.chdir(tmp_path)
     argv = ["verify", "--cluster", three_nodes.address, "--path", TESTS, "--kernel", "fuzz_targets:HANGS"]
-    argv += ["--kernel", "fuzz_targets:ABORTS", "--examples", "1", "--case-timeout", "10", "--failures", "failures"]
+    argv += ["--kernel", "fuzz_targets:ABORTS", "--examples", "1", "--case-timeout", "5", "--failures", "failures"]
     assert cli.main([*argv, "--json", "v.json"]) == 1
     capsys.readouterr()
     report = json.loads((tmp_path / "v.json").read_text())

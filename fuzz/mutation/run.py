@@ -8,7 +8,8 @@ each mutant gets a fresh worker process (``fuzz.workers``: a hang, a crash or a
 runaway allocation kills that worker, and counts as the mutant's death) and runs the
 same draws, spec and dtype after the other, until a check fails. A mutant is
 
-- ``killed``: a check failed, or its worker hung, crashed or ran out of memory;
+- ``killed``: a check failed, or its worker hung, crashed or ran out of memory (a
+  worker lost with its cluster node is no verdict: the mutant runs again elsewhere);
 - ``equivalent``: it passed, and every case drew the same inputs and every kernel
   output was bitwise equal to the baseline's: it changes nothing the checks draw;
 - ``survived``: it passed and changed some output, or (``unreached``) no case ran
@@ -346,6 +347,10 @@ def run_baseline(
     try:
         while True:
             unit, result, death = _step(job, settings, timeout)
+            if death is not None and death.kind == "lost":  # its node left, not the kernel: again, elsewhere
+                progress(f"baseline: {death.message}; running it again on another node")
+                job = _start(settings, None, 0, directory, cluster)
+                continue
             if death is not None:
                 raise BaselineFailure(f"the unmutated kernel's worker was lost ({death.kind}): {death.message}")
             if result is not None:
@@ -529,6 +534,12 @@ def run(
                         spares[slot] = _spawn(settings, queue.pop(0), slot, directory, cluster)
                 for slot, job in list(jobs.items()):
                     unit, result, death = _step(job, settings, timeout)
+                    if death is not None and death.kind == "lost" and job.mutant is not None:
+                        # its node left the cluster, which says nothing of the mutant: it runs again
+                        progress(f"{job.mutant.label}: {death.message}; running it again on another node")
+                        queue.insert(0, job.mutant)
+                        del jobs[slot]
+                        continue
                     outcome = None
                     if death is not None:
                         outcome = _finish(
