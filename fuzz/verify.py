@@ -449,7 +449,7 @@ def cluster_task(unit: Unit, conn: Connection, inflight: str, setup: dict[str, A
     options: Options = setup["options"]
     saved = failed_dir(inflight)
     shutil.rmtree(saved, ignore_errors=True)
-    here = dataclasses.replace(options, failures=saved if options.failures is not None else None)
+    here = dataclasses.replace(options, failures=saved if options.failures else None)  # "": none saved
     stop = threading.Event()
 
     def beat() -> None:
@@ -478,9 +478,9 @@ def _files(directory: str) -> dict[str, bytes]:
 def _bring_back(saved: dict[str, bytes], failures: str | None) -> dict[str, str]:
     """Write the cases a cluster worker ``saved`` under ``failures`` here; returns the
     path here of each, by name."""
-    paths = {}
+    paths: dict[str, str] = {}
     for name, data in saved.items():
-        if name == HANG_REPORT or failures is None:
+        if name == HANG_REPORT or not failures:
             continue
         os.makedirs(failures, exist_ok=True)
         paths[name] = os.path.join(failures, name)
