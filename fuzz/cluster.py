@@ -1,10 +1,11 @@
-"""Campaign workers on a Ray cluster: the same tasks as on one machine, each run by a
-worker process on whichever node Ray places it.
+"""Workers on a Ray cluster: the same tasks as on one machine (a campaign's, verify's
+units, mutate's mutants), each run by a worker process on whichever node Ray places it.
 
 Each worker slot is a Ray actor (``Supervisor``) that asks for one CPU core (the
 interpreter backends) or one GPU (Ray then shows it only that GPU), placed by Ray on
 any node with that resource free; how many and what each asks for is run planning
-(``plan.cluster_slots``). The actor runs a ``workers.Worker`` on its own node, so
+(``plan.cluster_slots``). The actor runs a ``workers.Worker`` on its own node, with
+the ``run`` function and setup its command gives (a campaign's by default), so
 that hang, crash and out-of-memory detection are what they are on one machine and a
 kernel that kills its process kills only that worker, not the actor that reports it.
 The driver (``RemoteWorker``, the same interface as ``Worker``) polls each actor,
@@ -36,7 +37,7 @@ import time
 from typing import Any
 
 from pallascheck.fuzz import plan
-from pallascheck.fuzz.workers import FINISHED, Death, Probe, Task, Worker, failed_dir
+from pallascheck.fuzz.workers import FINISHED, Death, TaskRunner, Worker, failed_dir
 from pallascheck.kernels.backends import Backend
 
 # The case in flight is shipped to the driver with each poll so that it outlives an
@@ -92,20 +93,21 @@ def _read(path: str | None) -> bytes | None:
 
 
 class Supervisor:
-    """The Ray actor of one worker slot: runs one ``Worker`` on its node and reports
-    what the worker says, with the files the driver keeps as bytes."""
+    """The Ray actor of one worker slot: runs one ``Worker`` (its tasks run by ``run``,
+    None: a campaign's) on its node and reports what the worker says, with the files
+    the driver keeps as bytes."""
 
-    def __init__(self, setup: dict[str, Any]):
+    def __init__(self, setup: dict[str, Any], run: TaskRunner | None = None):
         import ray
 
         self.directory = tempfile.mkdtemp(prefix="pallascheck-worker-")
-        # The corpus's example database where this node sees it (the driver's machine, a
-        # shared filesystem), else one on the node; the shared database (Redis) joins
-        # them all.
-        database = setup["database"]
-        if not os.path.isdir(os.path.dirname(database)):
+        # A campaign's example database: the corpus's where this node sees it (the
+        # driver's machine, a shared filesystem), else one on the node; the shared
+        # database (Redis) joins them all.
+        database = setup.get("database")
+        if database is not None and not os.path.isdir(os.path.dirname(database)):
             database = os.path.join(self.directory, "hypothesis")
-        self.worker = Worker(0, self.directory, dict(setup, database=database, device=None))
+        self.worker = Worker(0, self.directory, dict(setup, database=database, device=None), run=run)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.shipped: float | None = None  # mtime of the in-flight case last shipped
@@ -114,7 +116,7 @@ class Supervisor:
         """(node id, node address): answers once the actor has started."""
         return self.node_id, self.node_ip
 
-    def start(self, task: Task | Probe) -> None:
+    def start(self, task: Any) -> None:
         self.shipped = None
         self.worker.start(task)
 
@@ -123,7 +125,7 @@ class Supervisor:
         for kind, payload in messages:
             if kind == "done":
                 payload["node"] = self.node_id  # events.jsonl says where each task ran
-                for failure in payload["failures"]:
+                for failure in payload.get("failures", ()):  # a campaign task's, saved on the node
                     failure["case"] = _read(failure["case"])
         inflight = None
         if self.worker.in_case and os.path.exists(self.worker.inflight):
@@ -150,27 +152,30 @@ class Supervisor:
 
 class RemoteWorker:
     """The driver's side of one worker slot on the cluster, with ``Worker``'s
-    interface: ``start``, ``poll``, ``kill``, ``request_stop``, ``wait``. Files the
-    actor ships land under ``directory`` on the driver."""
+    interface: ``start``, ``poll``, ``kill``, ``request_stop``, ``wait``, ``stop``,
+    ``exited``; ``run`` and ``setup`` are the node's ``Worker``'s. Files the actor
+    ships land under ``directory`` on the driver."""
 
-    def __init__(self, index: int, directory: str, setup: dict[str, Any], cluster: Cluster):
+    def __init__(
+        self, index: int, directory: str, setup: dict[str, Any], cluster: Cluster, run: TaskRunner | None = None
+    ):
         import ray
 
         self.index = index
         self.inflight = os.path.join(directory, "inflight.npz")
         # Any: Ray's stubs type a remote class's handle as the class itself
         actor_class: Any = ray.remote(Supervisor)
-        self.actor = actor_class.options(max_restarts=0, **cluster.resources).remote(setup)
+        self.actor = actor_class.options(max_restarts=0, **cluster.resources).remote(setup, run)
         self.placed = self.actor.where.remote()  # resolves once Ray has placed and started the actor
         self.node: tuple[str, str] | None = None
-        self.task: Task | Probe | None = None
+        self.task: Any = None  # what ``run`` is running (a campaign's Task, a verify Unit)
         self.ready = False
         self.in_case = False
         self.asked: Any = None  # the poll in flight
         self.stopping: Any = None  # the stop asked for by ``request_stop``
         self.last_answer = time.monotonic()
 
-    def start(self, task: Task | Probe) -> None:
+    def start(self, task: Any) -> None:
         if os.path.exists(self.inflight):
             os.remove(self.inflight)
         shutil.rmtree(failed_dir(self.inflight), ignore_errors=True)  # what an earlier task's kill fetched
@@ -201,7 +206,7 @@ class RemoteWorker:
             silent = time.monotonic() - self.last_answer
             if silent > case_timeout:  # the actor's node stopped answering: it is gone
                 self.kill()
-                return [], Death("lost", f"node {self._where()} did not answer for {silent:.0f} s", None)
+                return [], Death("lost", f"node {self.node_label} did not answer for {silent:.0f} s", None)
             return [], None
         try:
             reply = ray.get(self.asked)
@@ -219,15 +224,14 @@ class RemoteWorker:
             self.in_case = kind == "case"
             if kind in FINISHED:
                 self.task = None
-            if kind == "done":
-                for n, failure in enumerate(payload["failures"]):
+                for n, failure in enumerate(payload.get("failures", ())):
                     failure["case"] = self._keep(f"done-{n}.npz", failure["case"])
             messages.append((kind, payload))
         death = None
         if reply["death"] is not None:
             kind, message, case = reply["death"]
             death = Death(
-                kind, f"{message} on node {self._where()}", self._keep("inflight-lost.npz", case), self._node_id
+                kind, f"{message} on node {self.node_label}", self._keep("inflight-lost.npz", case), self._node_id
             )
             self.kill()
         return messages, death
@@ -240,22 +244,24 @@ class RemoteWorker:
         text = str(err)
         node_alive = self.node is not None and any(n["NodeID"] == self.node[0] and n["Alive"] for n in ray.nodes())
         if not node_alive:
-            return Death("lost", f"node {self._where()} left the cluster while running {self.task}", None)
+            return Death("lost", f"node {self.node_label} left the cluster while running {self.task}", None)
         inflight = self.inflight if self.in_case and os.path.exists(self.inflight) else None
         if "memory pressure" in text or "low on memory" in text:
             return Death(
                 "oom",
-                f"Ray's memory monitor killed the worker on node {self._where()}: {text}",
+                f"Ray's memory monitor killed the worker on node {self.node_label}: {text}",
                 inflight,
                 self._node_id,
             )
-        return Death("crash", f"the worker's actor on node {self._where()} died: {text}", inflight, self._node_id)
+        return Death("crash", f"the worker's actor on node {self.node_label} died: {text}", inflight, self._node_id)
 
     @property
     def _node_id(self) -> str | None:
         return self.node[0] if self.node else None
 
-    def _where(self) -> str:
+    @property
+    def node_label(self) -> str:
+        """Its node, as the messages name it: address (the start of Ray's node id)."""
         return f"{self.node[1]} ({self.node[0][:12]})" if self.node else "(not placed)"
 
     def _write(self, path: str, data: bytes) -> None:
@@ -289,6 +295,17 @@ class RemoteWorker:
 
     def request_stop(self) -> None:
         self.stopping = self.actor.stop.remote()
+
+    def exited(self) -> bool:
+        """Whether the actor asked to stop has stopped its worker (``wait`` then ends it at once)."""
+        import ray
+
+        return self.stopping is not None and bool(ray.wait([self.stopping], timeout=0)[0])
+
+    def stop(self) -> None:
+        """Ask an idle worker to stop; end its actor once it has, or after 15 s."""
+        self.request_stop()
+        self.wait(time.monotonic() + 15.0)
 
     def wait(self, deadline: float) -> None:
         import ray

@@ -8,6 +8,10 @@ compilation. Units start longest first, by the durations the previous run record
 Every case has a time limit (``--case-timeout``, properties/watchdog.py): a worker
 whose case passes it reports the case and exits, its unit becomes a failed "hang"
 row, and the units that shared its pool run on in a new one.
+
+With ``--cluster`` the units run on the workers of a Ray cluster instead, one a slot
+(``plan.cluster_slots``; the actors are fuzz/cluster.py's): each unit's rows, failure
+messages and saved cases come back to this process, and the table is the same.
 """
 
 from __future__ import annotations
@@ -18,15 +22,22 @@ import hashlib
 import math
 import multiprocessing
 import os
+import re
+import shutil
 import sys
+import tempfile
 import textwrap
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
 from typing import Any
 
 from pallascheck.fuzz import durations
 from pallascheck.fuzz import plan as planning
+from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.scope import NotChecked
+from pallascheck.fuzz.workers import failed_dir
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import check_kinds, checks, runner, watchdog
 from pallascheck.properties.device import compilation, multidevice
@@ -197,13 +208,14 @@ def plan(
     return sorted(units, key=lambda u: (-previous.get(f"{backend}:{u.key}", float("inf")), first[u.kind]))
 
 
-def run_unit(unit: Unit, options: Options) -> tuple[list[Row], list[str], float]:
-    """Run one unit here; returns its rows, failure messages and wall time."""
+def run_unit(unit: Unit, options: Options, hang_report: str | None = None) -> tuple[list[Row], list[str], float]:
+    """Run one unit here; returns its rows, failure messages and wall time.
+    ``hang_report``: where a hung case's report goes (None: ``unit.hang_report``)."""
     start = time.perf_counter()
     if unit.kind == "errors":
         rows, failures = _errors(unit.kernel, options)
     elif unit.kind == "property":
-        rows, failures = _property(unit, options)
+        rows, failures = _property(unit, options, hang_report or unit.hang_report)
     else:
         rows, failures = _distributed(unit.kernel.split(","), options)
     return rows, failures, time.perf_counter() - start
@@ -218,7 +230,7 @@ def _errors(name: str, options: Options) -> tuple[list[Row], list[str]]:
     return [row], ([] if err.passed else [f"[errors] kernel={name}: {err.detail}"])
 
 
-def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
+def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row], list[str]]:
     name, dtype = unit.kernel, unit.dtype
     backend = options.backend
     replay = (
@@ -235,7 +247,7 @@ def _property(unit: Unit, options: Options) -> tuple[list[Row], list[str]]:
         backend=str(backend),
         replay=replay,
         failure_dir=options.failures,
-        report_path=unit.hang_report,
+        report_path=hang_report,
     )
     with watchdog.watching(dog):
         tally = runner.run_property(
@@ -335,8 +347,11 @@ def _worker_init(backend: Backend) -> None:
     compilation.configure(backend, worker=True)
 
 
-def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], list[str]]:
-    """Run ``units`` on ``jobs`` processes (1: in this process); rows in plan order."""
+def run(
+    units: Sequence[Unit], options: Options, jobs: int, cluster: Cluster | None = None
+) -> tuple[list[Row], list[str]]:
+    """Run ``units`` on ``jobs`` processes (1: in this process), or ``jobs`` workers of
+    the Ray ``cluster`` (``cluster.connect``); rows in plan order."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
     previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
@@ -348,14 +363,14 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
         flush=True,
     )
 
-    def done(unit: Unit, result: tuple[list[Row], list[str], float]) -> None:
+    def done(unit: Unit, result: tuple[list[Row], list[str], float], where: str = "") -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
         left = durations.seconds_left(
             [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
         )
         print(
-            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s "
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s{where} "
             + durations.progress_suffix(time.perf_counter() - start, left),
             file=sys.stderr,
             flush=True,
@@ -368,7 +383,9 @@ def run(units: Sequence[Unit], options: Options, jobs: int) -> tuple[list[Row], 
     # the workers, which share those GPUs, are gone.
     after = [u for u in units if u.kind == "distributed" and options.backend.platform == "gpu"]
     pooled = [u for u in units if u not in after]
-    if jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
+    if cluster is not None:
+        _run_cluster(pooled, options, cluster, jobs, done)
+    elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
         for unit in pooled:
             done(unit, run_unit(unit, options))
     else:
@@ -412,6 +429,150 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[
             done(unit, _lost(unit, "crash", "a verify worker process died while this unit was unfinished", 0.0))
         return []
     return [u for u in broken if u not in hung]
+
+
+# A cluster worker says it is alive this often while a unit runs (at most: a quarter of
+# --case-timeout). A hung case is its own watchdog's to report, as on one machine; a
+# worker silent for longer than CLUSTER_SILENCE_S and --case-timeout (one that cannot
+# even run a thread), or a node, is lost.
+HEARTBEAT_S = 5.0
+CLUSTER_SILENCE_S = 120.0  # also the time a worker has to start (imports) on a loaded node
+HANG_REPORT = "hang-report.txt"  # a cluster worker's, beside the cases it saved
+
+
+def cluster_task(unit: Unit, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
+    """Run ``unit`` in a cluster worker (``workers.Worker(..., run=cluster_task)`` on a
+    node; ``setup["options"]``: the run's Options). Its failing cases and a hung case's
+    report are saved beside the worker's in-flight file, not in the driver's --failures
+    (this node may not see it): the saved cases return as bytes with the rows, and what
+    a hung case leaves there the actor ships when its worker is lost."""
+    options: Options = setup["options"]
+    saved = failed_dir(inflight)
+    shutil.rmtree(saved, ignore_errors=True)
+    here = dataclasses.replace(options, failures=saved if options.failures else None)  # "": none saved
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(min(HEARTBEAT_S, options.case_timeout / 4)):
+            conn.send(("alive", None))
+
+    # the pipe's only sender until the unit is done: joined before the "done" message
+    heart = threading.Thread(target=beat, daemon=True)
+    heart.start()
+    try:
+        rows, failures, seconds = run_unit(unit, here, hang_report=os.path.join(saved, HANG_REPORT))
+    finally:
+        stop.set()
+        heart.join()
+    return {"rows": rows, "messages": failures, "seconds": seconds, "saved": _files(saved)}
+
+
+def _files(directory: str) -> dict[str, bytes]:
+    files = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        with open(os.path.join(directory, name), "rb") as f:
+            files[name] = f.read()
+    return files
+
+
+def _bring_back(saved: dict[str, bytes], failures: str | None) -> dict[str, str]:
+    """Write the cases a cluster worker ``saved`` under ``failures`` here; returns the
+    path here of each, by name."""
+    paths: dict[str, str] = {}
+    for name, data in saved.items():
+        if name == HANG_REPORT or not failures:
+            continue
+        os.makedirs(failures, exist_ok=True)
+        paths[name] = os.path.join(failures, name)
+        with open(paths[name], "wb") as f:
+            f.write(data)
+    return paths
+
+
+def _here(text: str, paths: dict[str, str]) -> str:
+    """``text`` with the node's paths to the saved cases replaced by their ``paths`` here."""
+    for name, path in paths.items():
+        text = re.sub(r"\S*/" + re.escape(name), path.replace("\\", "\\\\"), text)
+    return text
+
+
+def _run_cluster(
+    units: Sequence[Unit],
+    options: Options,
+    cluster: Cluster,
+    jobs: int,
+    done: Callable[[Unit, tuple[list[Row], list[str], float], str], None],
+) -> None:
+    """Run ``units`` on ``jobs`` workers of ``cluster``, each where Ray places it (the
+    progress line names the node that ran each unit). A
+    unit whose worker was lost is that unit's failed row, as on one machine: "hang"
+    where its watchdog's report came back, else what the node's actor saw ("crash",
+    "oom", "hang": fuzz/cluster.py). A unit whose node left the cluster is run again
+    on another, and reported once."""
+    setup = {"backend": str(options.backend), "paths": list(options.paths), "options": options}
+    silence = max(options.case_timeout, CLUSTER_SILENCE_S)
+    queue = list(units)
+    workers: dict[int, RemoteWorker] = {}
+    running: dict[int, Unit] = {}
+    started = 0
+    with tempfile.TemporaryDirectory(prefix="pallascheck-verify-") as directory:
+        try:
+            while queue or running:
+                for slot in range(jobs):
+                    if slot in running or not queue:
+                        continue
+                    if slot not in workers:
+                        started += 1
+                        folder = os.path.join(directory, f"worker-{started}")
+                        workers[slot] = RemoteWorker(slot, folder, setup, cluster, run=cluster_task)
+                    running[slot] = queue.pop(0)
+                    workers[slot].start(running[slot])
+                for slot, unit in list(running.items()):
+                    worker = workers[slot]
+                    # verify sets no memory limit of its own, as on one machine (Ray's
+                    # memory monitor may still end a worker: an "oom" row)
+                    messages, death = worker.poll(silence, sys.maxsize)
+                    finished = [payload for kind, payload in messages if kind == "done"]
+                    if death is not None:
+                        del workers[slot]
+                    if finished:
+                        del running[slot]
+                        result = finished[0]
+                        paths = _bring_back(result["saved"], options.failures)
+                        said = [_here(m, paths) for m in result["messages"]]
+                        done(unit, (result["rows"], said, result["seconds"]), f" on node {worker.node_label}")
+                    elif death is not None:
+                        del running[slot]
+                        if death.kind == "lost":  # the node, not the kernel: run again elsewhere
+                            print(
+                                f"  {unit.kernel} {unit.dtype} {unit.kind}: {death.message}; running it again on "
+                                "another node",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                            queue.insert(0, unit)
+                        else:
+                            lost = _worker_lost(unit, death.kind, death.message, worker, options)
+                            done(unit, lost, f" on node {worker.node_label}")
+                time.sleep(0.05)
+        finally:
+            for worker in workers.values():
+                worker.request_stop()
+            deadline = time.monotonic() + 15.0
+            for worker in workers.values():
+                worker.wait(deadline)
+
+
+def _worker_lost(
+    unit: Unit, kind: str, message: str, worker: RemoteWorker, options: Options
+) -> tuple[list[Row], list[str], float]:
+    """The failed row of a unit whose cluster worker died: a hang where the watchdog's
+    report came back with the cases the worker had saved, else ``kind``."""
+    saved = _files(failed_dir(worker.inflight))
+    paths = _bring_back(saved, options.failures)
+    if HANG_REPORT in saved:
+        return _lost(unit, "hang", _here(saved[HANG_REPORT].decode(), paths), options.case_timeout)
+    return _lost(unit, kind, f"a verify worker was lost while running this unit ({kind}): {message}", 0.0)
 
 
 def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Row], list[str], float]:

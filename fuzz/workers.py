@@ -87,8 +87,10 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-# What a worker does with a task: (task, pipe, in-flight file, setup) -> the "done" payload.
-TaskRunner = Callable[[Task, Connection, str, dict[str, Any]], dict[str, Any]]
+# What a worker does with a task: (task, pipe, in-flight file, setup) -> the "done"
+# payload. The task is whatever its command sends (a campaign's ``Task``, a verify
+# ``Unit``): a picklable value that ``run`` understands.
+TaskRunner = Callable[[Any, Connection, str, dict[str, Any]], dict[str, Any]]
 
 
 class Worker:
@@ -104,12 +106,13 @@ class Worker:
         self.process = context.Process(target=_main, args=(child, self.inflight, setup, run or _run), daemon=True)
         self.process.start()
         child.close()
-        self.task: Task | Probe | None = None
+        self.task: Any = None  # what ``run`` is running (see ``TaskRunner``)
+        self.node: tuple[str, str] | None = None  # a cluster worker's (Ray node id, address); None: here
         self.last_message = time.monotonic()
         self.ready = False
         self.in_case = False
 
-    def start(self, task: Task | Probe) -> None:
+    def start(self, task: Any) -> None:
         if os.path.exists(self.inflight):
             os.remove(self.inflight)
         self.task = task
@@ -176,6 +179,10 @@ class Worker:
             self.conn.send(None)
         except (BrokenPipeError, OSError):
             pass
+
+    def exited(self) -> bool:
+        """Whether the process has ended (a worker asked to stop: ``wait`` then ends at once)."""
+        return not self.process.is_alive()
 
     def wait(self, deadline: float) -> None:
         """Wait until ``deadline`` (``time.monotonic()``) for a worker asked to stop;

@@ -107,6 +107,15 @@ def _slow_relu(x, interpret=None):
 
 
 SLOW = _spec(_slow_relu, "relu_slowly")
+# three verify units that each outlast the removal of a node (tests/test_cluster.py)
+SLOW_IN_THREE_DTYPES = elementwise_like(
+    _slow_relu,
+    name="relu_slowly_in_three_dtypes",
+    activation="relu",
+    dtypes=("float32", "float16", "bfloat16"),
+    differentiable=False,
+    interpret="interpret",
+)
 
 
 def _wrong_when_long(x, interpret=None):

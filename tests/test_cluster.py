@@ -1,9 +1,11 @@
-"""Campaigns on a Ray cluster (docs/cluster.md): a real cluster of three nodes on this
-machine (``ray.cluster_utils.Cluster``, one CPU each) and a real Redis server on a
-free loopback port. Findings of hangs, crashes and wrong values come back from the
-nodes with their cases; a node removed mid-campaign costs no task and no finding; a
-driver killed mid-campaign resumes losing at most its tasks in flight; a failure shrunk
-on one node reaches every other through the shared example database.
+"""Campaigns, verify and mutate on a Ray cluster (docs/cluster.md): a real cluster of
+three nodes on this machine (``ray.cluster_utils.Cluster``, one CPU each) and a real
+Redis server on a free loopback port. Findings of hangs, crashes and wrong values come
+back from the nodes with their cases; a node removed mid-campaign costs no task and no
+finding; a driver killed mid-campaign resumes losing at most its tasks in flight; a
+failure shrunk on one node reaches every other through the shared example database.
+verify and mutate on the nodes give what they give on this machine; a node removed
+while a verify unit runs costs no row and duplicates none.
 
 Needs the ``cluster`` extra (Ray, redis-py) and Debian's redis-server, which `.ci/run`
 installs; without them the tests skip, saying which is missing.
@@ -15,11 +17,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +32,7 @@ import pytest
 
 from pallascheck import cli
 from pallascheck.bench import probe
-from pallascheck.fuzz import campaign, cluster, corpus, workers
+from pallascheck.fuzz import campaign, cluster, corpus, verify, workers
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties.spec import Case
 
@@ -170,6 +174,80 @@ def test_a_campaign_across_three_nodes_books_hangs_crashes_and_values_with_their
     assert first_cases["shared"] == shrunk["shapes"] != first_cases["alone"], (first_cases, shrunk["shapes"])
 
 
+def _nodes_named(err: str) -> set[str]:
+    """The nodes (the start of Ray's node id) a verify run's progress lines name."""
+    return set(re.findall(r" on node \S+ \((\w+)\)", err))
+
+
+def test_verify_on_the_nodes_gives_the_rows_of_a_verify_here(tmp_path, three_nodes, monkeypatch, capsys) -> None:
+    """Two plain jnp relus, one wrong at its first element: the same rows (checks,
+    verdicts, cases), failure and saved case as the same verify run here, the units
+    run on more than one node."""
+    monkeypatch.chdir(tmp_path)  # verify's durations file
+    argv = ["verify", "--path", TESTS, "--kernel", "fuzz_targets:SOUND", "--kernel", "fuzz_targets:WRONG_FIRST_ELEMENT"]
+    argv += ["--examples", "1", "--seed", "5", "--full"]
+    runs = {}
+    for name, where in (("here", ["--jobs", "1"]), ("cluster", ["--cluster", three_nodes.address])):
+        code = cli.main([*argv, *where, "--json", f"{name}.json", "--failures", f"{name}-failures"])
+        out, err = capsys.readouterr()
+        assert code == 1, out[-3000:]  # the wrong relu fails
+        runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), err)
+    (here, _), (there, err) = runs["here"], runs["cluster"]
+    keys = ("kernel", "dtype", "check", "verdict", "examples", "passed", "note")
+    assert [[r[k] for k in keys] for r in there["rows"]] == [[r[k] for k in keys] for r in here["rows"]]
+    assert any(r["verdict"] == "FAIL" for r in there["rows"])
+    assert len(there["failures"]) == len(here["failures"]) == 1
+    assert there["not_checked"] == here["not_checked"]
+    saved = sorted(os.listdir(tmp_path / "cluster-failures"))
+    assert saved == sorted(os.listdir(tmp_path / "here-failures")) and saved, saved
+    assert len(_nodes_named(err)) > 1, err
+
+
+def test_verify_on_the_nodes_books_a_hung_case_and_a_dead_worker_as_their_units_failures(
+    tmp_path, three_nodes, monkeypatch, capsys
+) -> None:
+    """A relu that sleeps past --case-timeout and one that aborts its process: each is
+    its own unit's failed row, as on one machine (the hang with the watchdog's report
+    and case, brought back here from the node), and nothing else fails."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["verify", "--cluster", three_nodes.address, "--path", TESTS, "--kernel", "fuzz_targets:HANGS"]
+    argv += ["--kernel", "fuzz_targets:ABORTS", "--examples", "1", "--case-timeout", "5", "--failures", "failures"]
+    assert cli.main([*argv, "--json", "v.json"]) == 1
+    capsys.readouterr()
+    report = json.loads((tmp_path / "v.json").read_text())
+    failed = {(r["kernel"], r["check"]) for r in report["rows"] if r["verdict"] == "FAIL"}
+    assert failed == {("fuzz_targets:HANGS", "hang"), ("fuzz_targets:ABORTS", "crash")}, report["rows"]
+    hang = next(m for m in report["failures"] if m.startswith("[hang] kernel=fuzz_targets:HANGS"))
+    saved = os.path.join("failures", "fuzz_targets:HANGS-float32-hang.npz")
+    assert f"saved: {saved} (pallascheck replay {saved})" in hang, hang
+    assert Case.load(str(tmp_path / saved)).params["__failure__"]["check"] == "hang"
+    crash = next(m for m in report["failures"] if "(crash)" in m)
+    assert "killed by signal 6" in crash and " on node " in crash, crash
+
+
+def test_mutate_on_the_nodes_gives_the_outcomes_of_a_mutate_here(tmp_path, three_nodes, monkeypatch, capsys) -> None:
+    """Two of norms.py's mutants under rms_norm's checks (tests/test_mutate.py has the
+    same ones here): the eps constant the spec overrides (equivalent) and the dropped
+    rescale of the mean square (killed by values), the same here and on the nodes,
+    whose workers get the mutant's source with their setup."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "1", "--seed", "0"]
+    argv += ["--operator", "rescale", "--operator", "constant", "--function", "rms_statistics|<module>"]
+    argv += ["--mutant", "0", "--mutant", "2"]
+    outcomes, printed = {}, {}
+    for name, where in (("here", ["--jobs", "1"]), ("cluster", ["--cluster", three_nodes.address])):
+        assert cli.main([*argv, *where, "--out", f"{name}.jsonl"]) == 0
+        printed[name] = capsys.readouterr().out
+        outcomes[name] = [r for r in _lines(tmp_path / f"{name}.jsonl") if r["kind"] == "mutant"]
+    keys = ("id", "status", "check", "kernel", "dtype", "cases")
+    assert [[r[k] for k in keys] for r in outcomes["cluster"]] == [[r[k] for k in keys] for r in outcomes["here"]]
+    assert [(r["id"], r["status"]) for r in outcomes["here"]] == [(0, "equivalent"), (2, "killed")]
+    assert all("mutation score 100.0% (1/1)" in text for text in printed.values()), printed
+    assert all(r["node"] is None for r in outcomes["here"])
+    # two mutants at once on nodes of one CPU each: two nodes
+    assert len({r["node"] for r in outcomes["cluster"]}) == 2, outcomes["cluster"]
+
+
 def test_a_node_removed_and_a_driver_killed_lose_no_finding_and_duplicate_none(tmp_path, three_nodes) -> None:
     joined = cluster.connect(three_nodes.address, BACKEND)
     targets = ["fuzz_targets:SLOW", "fuzz_targets:WRONG_FIRST_ELEMENT"]
@@ -237,7 +315,41 @@ def test_a_node_removed_and_a_driver_killed_lose_no_finding_and_duplicate_none(t
     assert {name: f["count"] for name, f in before.items()} == {name: kept[name]["count"] for name in before}
 
 
-def test_bad_cluster_arguments_are_one_line_errors(tmp_path, capsys) -> None:
+def test_a_node_removed_while_verify_runs_its_unit_costs_no_row_and_duplicates_none(
+    tmp_path, three_nodes, monkeypatch, capsys
+) -> None:
+    """A property in three dtypes whose every case sleeps: its units take every slot,
+    then a node leaves. The unit it ran is run again on a node left, reported once."""
+    monkeypatch.chdir(tmp_path)
+    joined = cluster.connect(three_nodes.address, BACKEND)
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert len(alive) >= 2, "the cluster needs a node to remove besides its head"
+    kernel = "fuzz_targets:SLOW_IN_THREE_DTYPES"
+    options = verify.Options(BACKEND, 1, 0, str(tmp_path / "failures"), (), paths=(TESTS,))
+    units = verify.plan(BACKEND, [kernel], None)
+    assert [u.kind for u in units[: joined.slots]] == ["property"] * joined.slots  # the slow ones start first
+    result: list = []
+    run = threading.Thread(target=lambda: result.append(verify.run(units, options, joined.slots, joined)))
+    run.start()
+    deadline = time.monotonic() + CEILING_S
+    while ray.available_resources().get("CPU", 0) > 0:  # every slot placed, each with its unit
+        assert run.is_alive() and time.monotonic() < deadline, "the units did not take every slot"
+        time.sleep(0.1)
+    node = three_nodes.list_all_nodes()[-1]
+    three_nodes.remove_node(node, allow_graceful=False)
+    run.join(CEILING_S)
+    assert not run.is_alive() and result, "verify did not finish"
+    rows, failures = result[0]
+    err = capsys.readouterr().err
+    assert "running it again on another node" in err, err
+    assert not failures and all(r.passed for r in rows), (failures, rows)
+    keys = [(r.kernel, r.dtype, r.check) for r in rows]
+    assert len(keys) == len(set(keys)) and {d for _, d, _ in keys} == {"-", "float32", "float16", "bfloat16"}
+    assert len(re.findall(r"^  \[\d+/\d+\]", err, re.M)) == len(units), err  # each unit reported once
+    assert node.node_id[:12] not in _nodes_named(err)  # none reported from the node that left
+
+
+def test_bad_cluster_arguments_are_one_line_errors(tmp_path, capsys, monkeypatch) -> None:
     for argv, says in (
         (["--redis", "localhost:6379"], "argument --redis: must be a redis://HOST:PORT URL, got 'localhost:6379'"),
         (["--cluster", ""], "--cluster needs an address (host:port of the Ray head) or 'local'"),
@@ -247,6 +359,13 @@ def test_bad_cluster_arguments_are_one_line_errors(tmp_path, capsys) -> None:
         err = capsys.readouterr().err
         assert refused.value.code == 2 and says in err and len(err.strip().splitlines()) <= 3, err
     assert not (tmp_path / "c").exists()  # refused before anything is created
+    monkeypatch.chdir(tmp_path)
+    for command in (["verify", "--kernel", "rms_norm"], ["mutate", "--kernel", "rms_norm", "--out", "m.jsonl"]):
+        with pytest.raises(SystemExit) as refused:
+            cli.main([*command, "--cluster", ""])
+        err = capsys.readouterr().err
+        says = "--cluster needs an address (host:port of the Ray head) or 'local'"
+        assert refused.value.code == 2 and says in err and len(err.strip().splitlines()) <= 3, (command, err)
 
 
 # What another process (the suite's other worker) may take of this machine's memory while

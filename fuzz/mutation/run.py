@@ -8,7 +8,8 @@ each mutant gets a fresh worker process (``fuzz.workers``: a hang, a crash or a
 runaway allocation kills that worker, and counts as the mutant's death) and runs the
 same draws, spec and dtype after the other, until a check fails. A mutant is
 
-- ``killed``: a check failed, or its worker hung, crashed or ran out of memory;
+- ``killed``: a check failed, or its worker hung, crashed or ran out of memory (a
+  worker lost with its cluster node is no verdict: the mutant runs again elsewhere);
 - ``equivalent``: it passed, and every case drew the same inputs and every kernel
   output was bitwise equal to the baseline's: it changes nothing the checks draw;
 - ``survived``: it passed and changed some output, or (``unreached``) no case ran
@@ -17,6 +18,10 @@ same draws, spec and dtype after the other, until a check fails. A mutant is
 
 Results go to a JSON-lines file as they arrive, so an interrupted run keeps what it
 found and ``resume`` continues it.
+
+With a Ray cluster (``cluster.connect``) each worker is a slot's actor on whichever
+node Ray places it (fuzz/cluster.py): the mutant's source travels in the worker's
+setup, so a node needs pallascheck and the spec, never the driver's disk.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallascheck.fuzz import durations
+from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.mutation import worker as mutant_worker
 from pallascheck.fuzz.mutation.operators import Mutant
 from pallascheck.fuzz.workers import Death, Task, Worker
@@ -101,6 +107,7 @@ class Outcome:
     cases: int = 0  # cases checked until the kill (every case drawn, for the others)
     seconds: float = 0.0
     message: str = ""
+    node: str | None = None  # the Ray node whose worker ran it (None: this machine)
 
     def row(self, original: str, path: str) -> dict[str, Any]:
         m = self.mutant
@@ -120,6 +127,7 @@ class Outcome:
             "cases": self.cases,
             "seconds": round(self.seconds, 2),
             "message": self.message,
+            "node": self.node,
             "diff": m.diff(original, path),
         }
 
@@ -222,7 +230,7 @@ class _Job:
     """One process's work: the baseline (mutant None) or one mutant, unit by unit."""
 
     mutant: Mutant | None
-    worker: Worker
+    worker: Worker | RemoteWorker
     units: list[tuple[str, str]]
     started: float = dataclasses.field(default_factory=time.monotonic)
     unit: tuple[str, str] | None = None
@@ -264,25 +272,32 @@ class _Job:
 
 def _setup(settings: Settings, mutant: Mutant | None) -> dict[str, Any]:
     setup: dict[str, Any] = {"backend": settings.backend, "paths": list(settings.paths), "database": None}
-    if mutant is None:
-        setup["coverage"] = settings.origin
+    if mutant is None:  # by name: a node finds the module's file where it is installed there
+        setup["coverage"] = settings.module
     else:
         setup["mutant"] = {"module": settings.module, "source": mutant.source, "origin": settings.origin}
     return setup
 
 
-def _spawn(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
-    """A job whose worker process starts (interpreter, JAX import) now; its first task
-    goes when ``next_task`` is called."""
+def _spawn(
+    settings: Settings, mutant: Mutant | None, slot: int, directory: str, cluster: Cluster | None = None
+) -> _Job:
+    """A job whose worker process starts (interpreter, JAX import) now, here or (with
+    ``cluster``) once Ray has placed its actor; its first task goes when ``next_task``
+    is called."""
     folder = os.path.join(directory, f"worker-{slot}-{'baseline' if mutant is None else mutant.id}")
     os.makedirs(folder, exist_ok=True)
-    return _Job(
-        mutant, Worker(slot, folder, _setup(settings, mutant), run=mutant_worker.run_task), list(settings.units)
+    setup = _setup(settings, mutant)
+    worker = (
+        Worker(slot, folder, setup, run=mutant_worker.run_task)
+        if cluster is None
+        else RemoteWorker(slot, folder, setup, cluster, run=mutant_worker.run_task)
     )
+    return _Job(mutant, worker, list(settings.units))
 
 
-def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str) -> _Job:
-    job = _spawn(settings, mutant, slot, directory)
+def _start(settings: Settings, mutant: Mutant | None, slot: int, directory: str, cluster: Cluster | None) -> _Job:
+    job = _spawn(settings, mutant, slot, directory, cluster)
     job.next_task(settings)
     return job
 
@@ -292,18 +307,15 @@ class _Retired:
     that the next mutant need not wait for); ``close`` kills what is left."""
 
     def __init__(self) -> None:
-        self.workers: list[Worker] = []
+        self.workers: list[Worker | RemoteWorker] = []
 
-    def add(self, worker: Worker) -> None:
-        try:
-            worker.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
+    def add(self, worker: Worker | RemoteWorker) -> None:
+        worker.request_stop()
         self.workers.append(worker)
 
     def reap(self) -> None:
-        for worker in [w for w in self.workers if not w.process.is_alive()]:
-            worker.kill()  # joins it and closes its pipe
+        for worker in [w for w in self.workers if w.exited()]:
+            worker.kill()  # joins it and closes its pipe; on a cluster, ends its actor
             self.workers.remove(worker)
 
     def close(self) -> None:
@@ -326,13 +338,19 @@ def _step(
     return None, None, death
 
 
-def run_baseline(settings: Settings, directory: str, progress: Callable[[str], None]) -> _Job:
+def run_baseline(
+    settings: Settings, directory: str, progress: Callable[[str], None], cluster: Cluster | None = None
+) -> _Job:
     """Run the unmutated kernel; raises BaselineFailure if any check fails."""
-    job = _start(settings, None, 0, directory)
+    job = _start(settings, None, 0, directory, cluster)
     timeout = settings.case_timeout_s or 600.0
     try:
         while True:
             unit, result, death = _step(job, settings, timeout)
+            if death is not None and death.kind == "lost":  # its node left, not the kernel: again, elsewhere
+                progress(f"baseline: {death.message}; running it again on another node")
+                job = _start(settings, None, 0, directory, cluster)
+                continue
             if death is not None:
                 raise BaselineFailure(f"the unmutated kernel's worker was lost ({death.kind}): {death.message}")
             if result is not None:
@@ -366,7 +384,8 @@ def _finish(job: _Job, status: str, baseline: _Job, **fields: Any) -> Outcome:
             status = EQUIVALENT
         else:
             fields["message"] = f"first output that differs from the unmutated kernel's: {different}"
-    return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, **fields)
+    node = job.worker.node[0] if job.worker.node else None
+    return Outcome(job.mutant, status, seconds=time.monotonic() - job.started, node=node, **fields)
 
 
 def _first_difference(
@@ -391,10 +410,12 @@ def run(
     *,
     resume: bool = False,
     progress: Callable[[str], None] = lambda line: None,
+    cluster: Cluster | None = None,
 ) -> Result:
-    """The baseline, then every mutant on ``settings.jobs`` workers; each outcome is
-    appended to ``settings.out`` as it arrives (``resume``: outcomes already there
-    for the same settings are reused)."""
+    """The baseline, then every mutant on ``settings.jobs`` workers, processes here or
+    (``cluster``) slots of that Ray cluster; each outcome is appended to
+    ``settings.out`` as it arrives (``resume``: outcomes already there for the same
+    settings are reused)."""
     start = time.monotonic()
     previous = load_previous(settings) if resume else {}
     os.makedirs(os.path.dirname(os.path.abspath(settings.out)), exist_ok=True)
@@ -474,7 +495,7 @@ def run(
                 f"baseline: the unmutated kernel on {settings.backend}, {settings.examples} Hypothesis examples for each of "
                 + ", ".join(" ".join(u) for u in settings.units)
             )
-            baseline = run_baseline(settings, directory, progress)
+            baseline = run_baseline(settings, directory, progress, cluster)
             baseline_seconds = time.monotonic() - start
             durations.save("mutate", {f"{prefix}:baseline": baseline_seconds})
             timeout = settings.case_timeout_s or max(MIN_CASE_TIMEOUT_S, CASE_TIMEOUT_FACTOR * baseline.slowest_step)
@@ -484,7 +505,16 @@ def run(
                     row = previous[source_key(m.source)]
                     unit = (row["kernel"], row["dtype"]) if row["kernel"] else None
                     record(
-                        Outcome(m, row["status"], row["check"], unit, row["cases"], row["seconds"], row["message"]),
+                        Outcome(
+                            m,
+                            row["status"],
+                            row["check"],
+                            unit,
+                            row["cases"],
+                            row["seconds"],
+                            row["message"],
+                            row.get("node"),
+                        ),
                         reused=True,
                     )
                 elif not any(line in baseline.lines for line in range(m.reach[0], m.reach[1] + 1)):
@@ -498,12 +528,18 @@ def run(
                 for slot in range(settings.jobs):
                     if slot not in jobs and (slot in spares or queue):
                         spare: _Job | None = spares.pop(slot, None)
-                        jobs[slot] = spare or _spawn(settings, queue.pop(0), slot, directory)
+                        jobs[slot] = spare or _spawn(settings, queue.pop(0), slot, directory, cluster)
                         jobs[slot].next_task(settings)
                     if slot not in spares and queue:
-                        spares[slot] = _spawn(settings, queue.pop(0), slot, directory)
+                        spares[slot] = _spawn(settings, queue.pop(0), slot, directory, cluster)
                 for slot, job in list(jobs.items()):
                     unit, result, death = _step(job, settings, timeout)
+                    if death is not None and death.kind == "lost" and job.mutant is not None:
+                        # its node left the cluster, which says nothing of the mutant: it runs again
+                        progress(f"{job.mutant.label}: {death.message}; running it again on another node")
+                        queue.insert(0, job.mutant)
+                        del jobs[slot]
+                        continue
                     outcome = None
                     if death is not None:
                         outcome = _finish(

@@ -9,8 +9,9 @@ process per mutant, so no mutant outlives its run or leaks into another.
 Each case is reported as it finishes: ``("checked", {"passed", "digest"})``, where
 the digest covers the case (arrays, parameters, config) and every output the kernel
 and its VJP returned on it, bit for bit. The unmutated baseline also records the
-kernel module's executed lines (``coverage``), so that a mutant on a line no case
-reaches is known without running it.
+kernel module's executed lines (``coverage``: the module's name; its file is found
+where the worker runs, which on a cluster's node may be another path than the
+driver's), so that a mutant on a line no case reaches is known without running it.
 """
 
 from __future__ import annotations
@@ -136,9 +137,15 @@ def _recording(spec: Any, outputs: list[Any]) -> Any:
 _STATE: dict[str, Any] = {"lines": set()}  # this process's lines run (the baseline), and whether its mutant is in
 
 
+def source_file(module: str | None) -> str | None:
+    """The file ``module`` is imported from in this process (None: no module)."""
+    found = None if module is None else importlib.util.find_spec(module)
+    return None if found is None else found.origin
+
+
 def run_task(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> dict[str, Any]:
     """One dtype's Hypothesis run of the (mutated) kernel's checks, no shrinking."""
-    with recording_lines(setup.get("coverage"), _STATE["lines"]):
+    with recording_lines(source_file(setup.get("coverage")), _STATE["lines"]):
         return _run_task(task, conn, setup)
 
 

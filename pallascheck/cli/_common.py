@@ -1,6 +1,6 @@
 """What the subcommands share: the usage error and the number rules every command's
-options follow, the backend option and its set-up, the target options, the help
-formatter, progress lines, and the production tier's fitting."""
+options follow, the backend option and its set-up, the target options, ``--cluster``,
+the help formatter, progress lines, and the production tier's fitting."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pallascheck.fuzz import plan, scope
+from pallascheck.fuzz import cluster, plan, scope
 from pallascheck.kernels import backends
 from pallascheck.kernels.backends import NAMES, Backend
 from pallascheck.properties import runner
@@ -84,6 +84,37 @@ def set_up(backend: Backend) -> Backend:
 def available_backend(name: str | None) -> Backend:
     """The chosen backend, set up for this run (``chosen_backend``, then ``set_up``)."""
     return set_up(chosen_backend(name))
+
+
+def add_cluster_option(parser: argparse.ArgumentParser, stays: str) -> None:
+    """``--cluster ADDRESS``, declared once for fuzz, verify and mutate; ``stays``: what
+    stays with the command on this machine."""
+    parser.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        default=None,
+        help="run the workers on the Ray cluster at ADDRESS (host:port of its head, as `ray start --head` "
+        "prints; 'local': start one on this machine): one per CPU core on the interpreter backends, one per "
+        f"GPU on a GPU backend; {stays} stays here (docs/cluster.md; needs the cluster extra)",
+    )
+
+
+def join_cluster(address: str | None, backend: Backend) -> cluster.Cluster | None:
+    """The Ray cluster ``--cluster`` names, joined (None without ``--cluster``); a
+    UsageError saying what is missing where it cannot be."""
+    if address is None:
+        return None
+    try:
+        return cluster.connect(address, backend)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def workers_phrase(jobs: int, joined: cluster.Cluster | None) -> str:
+    """Where the work runs, for a command's opening line."""
+    if joined is None:
+        return f"{jobs} jobs"
+    return f"{jobs} workers on the Ray cluster at {joined.address} ({joined.nodes} node{'s' * (joined.nodes != 1)})"
 
 
 def fitting(names: list[str], backend: Backend) -> tuple[list[str], list[scope.NotChecked]]:

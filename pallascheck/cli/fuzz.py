@@ -8,14 +8,17 @@ from pallascheck.bench import probe
 from pallascheck.cli._common import (
     UsageError,
     add_backend_option,
+    add_cluster_option,
     add_target_options,
     at_least,
     available_backend,
     chosen_backend,
     examples_help,
     fitting,
+    join_cluster,
     positive,
     progress_printer,
+    workers_phrase,
 )
 from pallascheck.fuzz import campaign, cluster, corpus, findings, import_path, plan, scope, targets, verify
 from pallascheck.properties import check_kinds, runner, watchdog
@@ -51,12 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no production shape tier: {', '.join(untiered) or 'none'}")
         named = [n for n in named if n not in untiered]
         not_checked += [scope.NotChecked(k, "-", "no production shape tier") for k in untiered]
-    ray_cluster = None
-    if args.cluster is not None:
-        try:
-            ray_cluster = cluster.connect(args.cluster, backend)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+    ray_cluster = join_cluster(args.cluster, backend)
     jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("fuzz", backend, shapes))
     if backend.platform != "cpu":  # workers round-robin the GPUs; on a cluster, Ray gives each its own
         plan.share_devices("fuzz", backend, jobs, on_cluster=ray_cluster is not None)
@@ -65,14 +63,9 @@ def run(args: argparse.Namespace) -> int:
             not_checked += skipped_layouts
     memory = int(args.memory_gb * 2**30) if args.memory_gb else plan.default_memory_bytes(jobs)
     mode = "random draws" if args.random else "targeted search"
-    where = (
-        f"{jobs} workers on the Ray cluster at {args.cluster} ({ray_cluster.nodes} nodes)"
-        if ray_cluster
-        else f"{jobs} jobs"
-    )
     print(
         f"fuzzing {', '.join(named) or 'the saved targets'} on {backend} for {args.minutes:g} min "
-        f"({mode}, {where}); corpus {args.corpus}/",
+        f"({mode}, {workers_phrase(jobs, ray_cluster)}); corpus {args.corpus}/",
         flush=True,
     )
     progress = progress_printer()
@@ -213,14 +206,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="resident memory per worker before it counts as out of memory (default: 3/4 of the "
         "machine's, shared among the jobs)",
     )
-    fuzz.add_argument(
-        "--cluster",
-        metavar="ADDRESS",
-        default=None,
-        help="run the workers on the Ray cluster at ADDRESS (host:port of its head, as `ray start --head` "
-        "prints; 'local': start one on this machine): one per CPU core on the interpreter backends, one per "
-        "GPU on a GPU backend; the corpus stays here (docs/cluster.md; needs the cluster extra)",
-    )
+    add_cluster_option(fuzz, "the corpus")
     fuzz.add_argument(
         "--redis",
         metavar="URL",

@@ -3,6 +3,7 @@
 pallascheck mutate --kernel K [--kernel K2 ...] [--module MOD] [--path DIR] [--backend B] [--examples N] [--dtype D]
                    [--budget S] [--seed N] [--jobs N] [--operator OP] [--function REGEX]
                    [--max-mutants N] [--mutant ID] [--out PATH] [--resume] [--list] [--fail-under PCT]
+                   [--cluster ADDRESS]
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ import os
 import re
 import sys
 
-from pallascheck.cli._common import add_backend_option, at_least, available_backend
-from pallascheck.fuzz import import_path, plan, targets
+from pallascheck.cli._common import (
+    add_backend_option,
+    add_cluster_option,
+    at_least,
+    available_backend,
+    chosen_backend,
+    join_cluster,
+    workers_phrase,
+)
+from pallascheck.fuzz import cluster, import_path, plan, targets
 from pallascheck.fuzz.mutation import operators, run
 
 STATUSES = (run.KILLED, run.EQUIVALENT, run.SURVIVED, run.UNREACHED, run.NOT_RUN)
@@ -58,7 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds for the whole run; mutants not started by then are reported as not run",
     )
     p.add_argument("--seed", type=int, default=0, help="the Hypothesis seed of every run (verify's default)")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: every core on the CPU)")
+    p.add_argument(
+        "--jobs", type=int, default=0, help="worker processes (default: every core on the CPU; a cluster's slots)"
+    )
     p.add_argument(
         "--operator", action="append", choices=sorted(operators.OPERATORS), help="only this operator (repeatable)"
     )
@@ -93,6 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--resume", action="store_true", help="reuse the results already in --out for the same settings")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    add_cluster_option(p, "the results file")
     p.add_argument(
         "--fail-under", type=float, default=None, help="exit 1 if the mutation score (percent) is below this"
     )
@@ -105,7 +117,8 @@ def _display(path: str) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    backend = available_backend(args.backend)
+    # on a cluster the workers run where Ray places them, each with its device
+    backend = chosen_backend(args.backend) if args.cluster else available_backend(args.backend)
     import_path.add_paths(args.path or ())
     try:
         specs = [targets.resolve(name) for name in args.kernel]
@@ -159,7 +172,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"pallascheck: no mutants of {shown} with these --operator / --function choices")
     if args.jobs < 0 or (args.budget is not None and args.budget <= 0):
         raise SystemExit("pallascheck: --jobs must be >= 0 and --budget > 0")
-    jobs = args.jobs or plan.default_jobs("mutate", backend)
+    ray_cluster = join_cluster(args.cluster, backend)
+    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("mutate", backend))
     out = args.out or os.path.join(".pallascheck", "mutate", re.sub(r"[^\w.-]+", "_", "+".join(args.kernel)) + ".jsonl")
     settings = run.Settings(
         units=tuple(units),
@@ -177,7 +191,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     print(
         f"mutating {module} ({shown}): {len(mutants)} mutants, checked on {backend} by "
-        f"{', '.join(' '.join(u) for u in units)} ({args.examples} Hypothesis examples each), seed {args.seed}, {jobs} jobs; "
+        f"{', '.join(' '.join(u) for u in units)} ({args.examples} Hypothesis examples each), seed {args.seed}, {workers_phrase(jobs, ray_cluster)}; "
         f"results in {out}",
         flush=True,
     )
@@ -189,10 +203,14 @@ def run_command(args: argparse.Namespace) -> int:
             shown,
             resume=args.resume,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
+            cluster=ray_cluster,
         )
     except run.BaselineFailure as err:
         print(f"\nFAIL: {err}\nNo score: fix the false alarm (or the kernel) first.")
         return 1
+    finally:
+        if ray_cluster is not None:
+            cluster.disconnect()
     print_report(result, original, shown, settings)
     if result.interrupted:
         return 130

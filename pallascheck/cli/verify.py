@@ -11,15 +11,18 @@ from pallascheck.cli._common import (
     DEFAULT_FAILURE_DIR,
     UsageError,
     add_backend_option,
+    add_cluster_option,
     add_target_options,
     at_least,
     chosen_backend,
     examples_help,
     fitting,
+    join_cluster,
     positive,
     set_up,
+    workers_phrase,
 )
-from pallascheck.fuzz import import_path, plan, scope, targets, verify
+from pallascheck.fuzz import cluster, import_path, plan, scope, targets, verify
 from pallascheck.properties import runner, watchdog
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.outside import tokamax as tokamax_client
@@ -54,9 +57,16 @@ def run(args: argparse.Namespace) -> int:
         not_checked = scope.dtypes(args.dtype or (), specs, backend)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    set_up(backend)  # the compilation cache and flags: only once every argument is checked
+    # The compilation cache and flags: only once every argument is checked. On a cluster
+    # the units run where Ray places them: this machine needs the backend only to plan
+    # production layouts with its own device.
+    if not args.cluster or args.shapes == "production":
+        set_up(backend)
+    ray_cluster = join_cluster(args.cluster, backend)
     layouts = [l for spec in specs.values() for l in spec.production_layouts] if args.shapes == "production" else []
-    jobs = args.jobs or plan.default_jobs("verify", backend, args.shapes, layouts)
+    jobs = args.jobs or (
+        ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes, layouts)
+    )
     start = time.perf_counter()
     options = verify.Options(
         backend,
@@ -84,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     not_checked += [
         scope.NotChecked(k, "-", "distributed: needs --backend mosaic_gpu on 2+ GPUs, or a CPU run") for k in elsewhere
     ]
-    if args.shapes == "production":
-        plan.share_devices("verify", backend, jobs)
+    if args.shapes == "production":  # on a cluster each worker has a device of its own
+        plan.share_devices("verify", backend, jobs, on_cluster=ray_cluster is not None)
         if backend.is_interpreted:
             raise SystemExit(
                 f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
@@ -104,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         kernels = args.kernel
     units = verify.plan(backend, kernels, args.dtype, args.shapes, args.examples)
-    rows, failures = verify.run(units, options, jobs)
+    try:
+        rows, failures = verify.run(units, options, jobs, ray_cluster)
+    finally:
+        if ray_cluster is not None:
+            cluster.disconnect()
     elapsed = time.perf_counter() - start
     not_checked += [scope.NotChecked(r.kernel, r.dtype, f"{r.check}: {r.note}") for r in rows if not r.checked]
     not_checked += [scope.NotChecked(k, d, f"code path not reached: {p}") for k, d, p in verify.unreached(rows)]
@@ -134,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n{verdict}: {sum(r.passed for r in checked)}/{len(checked)} checks passed"
         + (f" - NOT CHECKED: {len(not_checked)} (above)" if not_checked else "")
-        + f" on backend {backend} in {elapsed:.1f}s ({jobs} jobs; {examples} cases checked, "
+        + f" on backend {backend} in {elapsed:.1f}s ({workers_phrase(jobs, ray_cluster)}; {examples} cases checked, "
         f"{examples / elapsed:.2f}/s)"
     )
     if args.json:
@@ -145,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             "jax": jax.__version__,
             "examples": args.examples,
             "jobs": jobs,
+            "cluster": args.cluster,
             "seed": args.seed,
             "seconds": elapsed,
             "passed": ok,
@@ -197,6 +212,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="worker processes (default: every core on the CPU, three quarters of them on a GPU)",
     )
+    add_cluster_option(verify, "the table")
     verify.add_argument(
         "--case-timeout",
         type=positive,
