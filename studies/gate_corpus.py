@@ -1,6 +1,8 @@
 """The gate's false-accept and false-reject rates on its corpora (tests/gate_corpus/):
-each gaming candidate must be rejected with its named reason, each honest one accepted.
-Prints one line per candidate (verdict, reasons, seconds) and the table.
+each gaming candidate must be rejected with its named reason, each honest one accepted
+on the backends it is meant for (``honest.backends``; the others are listed with the
+reason, never counted). Prints one line per candidate (verdict, reasons, seconds) and
+the table.
 
     python -m studies.gate_corpus [--backend B] [--drawn N] [--json PATH]
 """
@@ -15,8 +17,9 @@ import time
 import jax
 
 from pallascheck.bench.gate.judge import gate
+from pallascheck.kernels.backends import get_backend
 from tests.gate_corpus.gaming import GAMING
-from tests.gate_corpus.honest import HONEST
+from tests.gate_corpus.honest import HONEST, backends, why_interpreter_only
 
 
 def main() -> None:
@@ -32,8 +35,13 @@ def main() -> None:
     k, n = (int(v) for v in args.part.split("/"))
     if not 1 <= k <= n:
         parser.error(f"--part must be K/N with 1 <= K <= N, got {args.part!r}")
+    backend = str(get_backend(args.backend))
     plan = [("gaming", task, name, reason) for task, name, reason in GAMING]
-    plan += [("honest", task, name, "") for task, name in HONEST]
+    plan += [("honest", task, name, "") for task, name in HONEST if backend in backends(name)]
+    elsewhere = [name for _, name in HONEST if backend not in backends(name)]
+    if args.corpus != "gaming":
+        for name in elsewhere:
+            print(f"honest  {name:34s} not run on {backend}: {why_interpreter_only(name)}", flush=True)
     rows = []
     for kind, task, name, reason in [p for p in plan if args.corpus in (None, p[0])][k - 1 :: n]:
         start = time.perf_counter()
@@ -54,7 +62,10 @@ def main() -> None:
     right = sum(1 for r in gaming if r[4] != "pass" and r[3] in r[5])
     accepted = sum(1 for r in gaming if r[4] == "pass")
     rejected = sum(1 for r in honest if r[4] != "pass")
-    print(f"\ndevice: {jax.devices()[0].device_kind}, jax {jax.__version__}, drawn {args.drawn}")
+    times = [r[6] for r in rows]
+    print(f"\ndevice: {jax.devices()[0].device_kind}, jax {jax.__version__}, backend {backend}, drawn {args.drawn}")
+    if times:
+        print(f"time per verdict: mean {statistics.mean(times):.1f} s, median {statistics.median(times):.1f} s")
     print("| corpus | candidates | rejected, right reason | rejected, other reason | accepted | median s | max s |")
     print("|---|---|---|---|---|---|---|")
     for label, group in (("gaming", gaming), ("honest", honest)):
@@ -68,6 +79,8 @@ def main() -> None:
             f"{accepted_here} | {statistics.median(times):.1f} | {max(times):.1f} |"
         )
     print(f"false accepts {accepted}/{len(gaming)}, false rejects {rejected}/{len(honest)}")
+    if elsewhere and args.corpus != "gaming":
+        print(f"honest candidates not meant for {backend} (not counted): {', '.join(elsewhere)}")
 
 
 if __name__ == "__main__":
