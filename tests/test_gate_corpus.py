@@ -6,6 +6,10 @@ table with the verdict times."""
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -17,8 +21,9 @@ from pallascheck.bench.gate.task import load_task
 from pallascheck.bench.gate.verdict import REASONS
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties import strategies
+from pallascheck.properties.device import compilation
 from tests.gate_corpus.gaming import GAMING
-from tests.gate_corpus.honest import HONEST, INTERPRETER_ONLY, backends, why_interpreter_only
+from tests.gate_corpus.honest import EXPECTED_FINDINGS, HONEST, INTERPRETER_ONLY, backends, why_interpreter_only
 
 # an H100 as the lowering's target, so Triton's lowering runs on a machine without one
 H100 = jax.sharding.AbstractMesh(
@@ -35,15 +40,33 @@ def test_gaming_candidate_rejected_for_its_reason(task: str, name: str, reason: 
 
 
 @pytest.mark.parametrize(("task", "name"), HONEST, ids=[h[1] for h in HONEST])
-def test_honest_candidate_accepted(task: str, name: str) -> None:
+def test_honest_candidate_accepted(task: str, name: str, request: pytest.FixtureRequest) -> None:
     backend = get_backend(None)
     if str(backend) not in backends(name):
         pytest.skip(f"{name} is meant for {', '.join(backends(name))}: {why_interpreter_only(name)}")
+    as_written = backend.platform != "cpu" or not compilation.excess_precision_allowed()
+    if name in EXPECTED_FINDINGS and as_written:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=EXPECTED_FINDINGS[name][1]))
     verdict = gate(task, f"tests.gate_corpus.honest:{name}", drawn=0)
     assert verdict.passed, verdict.summary()
     assert verdict.worst is not None and verdict.worst["budget_used"] <= 1.0
     if backend.platform == "cpu":
         assert any("poisoned" in item for item in verdict.not_checked), "the CPU says what it could not poison"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FINDINGS))
+def test_an_outside_kernels_finding_reproduces_with_intermediates_as_written(name: str, tmp_path) -> None:
+    """In a process whose XLA:CPU rounds bf16 intermediates as written (its flag must be
+    set before JAX starts), the finding is made, for the reason expected."""
+    task = next(t for t, n in HONEST if n == name)
+    out = tmp_path / "verdict.json"
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {compilation.AS_WRITTEN_CPU_FLAGS[0]}"}
+    command = [sys.executable, "-m", "pallascheck", "gate", task, f"tests.gate_corpus.honest:{name}", "--drawn", "0"]
+    subprocess.run([*command, "--backend", "interpret", "--json", str(out)], env=env, check=False, timeout=600)
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "fail", verdict
+    assert {r["name"] for r in verdict["reasons"]} <= set(EXPECTED_FINDINGS[name][0]), verdict["reasons"]
+    assert verdict["reasons"][0]["replay"].startswith("XLA_FLAGS="), "the replay rounds as this run did"
 
 
 GENERIC = [
