@@ -24,8 +24,6 @@ from tests.gate_corpus.honest import EXPECTED_FINDINGS, HONEST, backends, why_in
 
 
 def main() -> None:
-    # before JAX starts: the CPU rounds bf16 intermediates as the candidates write them
-    compilation.add_xla_flags(compilation.AS_WRITTEN_CPU_FLAGS)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", default=None)
     parser.add_argument("--drawn", type=int, default=2)
@@ -38,6 +36,12 @@ def main() -> None:
     k, n = (int(v) for v in args.part.split("/"))
     if not 1 <= k <= n:
         parser.error(f"--part must be K/N with 1 <= K <= N, got {args.part!r}")
+    # before JAX starts, as `pallascheck gate` sets up: the compilation cache and XLA's
+    # flags for the backend (on the CPU its quick compiles: most of a cold verdict is
+    # compiling the derivation's float64 operations), and the CPU rounding bf16
+    # intermediates as the candidates write them
+    compilation.configure(get_backend(args.backend))
+    compilation.add_xla_flags(compilation.AS_WRITTEN_CPU_FLAGS)
     backend = str(get_backend(args.backend))
     meant = [(t, n) for t, n in HONEST if backend in backends(n)]
     plan = [("gaming", task, name, (reason,)) for task, name, reason in GAMING]
