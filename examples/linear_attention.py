@@ -6,6 +6,10 @@ the causal part is a masked (q k^T) v, and the chunks before it enter through th
 running state S = sum_s k_s^T v_s, carried from chunk to chunk (o_chunk = q S +
 masked intra-chunk part). ``bug=True`` plants an off-by-one in the intra-chunk mask
 (strictly causal: each position no longer attends to itself).
+
+Its dots ask for ``HIGHEST`` precision: it states f32 arithmetic (``Facts(compute_dtype=
+"float32")``), and at the default a GPU feeds f32 operands to tensor cores as tf32
+(unit roundoff 2^-11, not 2^-24).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ def linear_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.
     return jnp.dot(jnp.where(causal, scores, 0.0), v.astype(jnp.float32)).astype(q.dtype)
 
 
+F32_DOT = functools.partial(jnp.dot, precision=lax.Precision.HIGHEST)
+
+
 def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
     t, d = q_ref.shape
     rows = lax.broadcasted_iota(jnp.int32, (CHUNK, CHUNK), 0)
@@ -36,9 +43,9 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
     def chunk(c, state):
         sl = pl.ds(c * CHUNK, CHUNK)
         q, k, v = (r[sl, :].astype(jnp.float32) for r in (q_ref, k_ref, v_ref))
-        intra = jnp.dot(jnp.where(mask, jnp.dot(q, k.T), 0.0), v)
-        o_ref[sl, :] = (jnp.dot(q, state) + intra).astype(o_ref.dtype)
-        return state + jnp.dot(k.T, v)
+        intra = F32_DOT(jnp.where(mask, F32_DOT(q, k.T), 0.0), v)
+        o_ref[sl, :] = (F32_DOT(q, state) + intra).astype(o_ref.dtype)
+        return state + F32_DOT(k.T, v)
 
     lax.fori_loop(0, t // CHUNK, chunk, jnp.zeros((d, v_ref.shape[1]), jnp.float32))
 

@@ -6,6 +6,10 @@ normalising each x tile in f32 and casting it to x's dtype before it meets w (wh
 tensor-core kernel must do), with an f32 accumulator. Both K loops sum tile by tile:
 blocked order, block ``BLOCK_K``. ``bug=True`` plants the fused-norm bug: the
 statistics of each K tile alone (the row's mean square taken per tile).
+
+The dot asks for ``HIGHEST`` precision: for f32 inputs it states f32 arithmetic, and
+at the default a GPU feeds f32 operands to tensor cores as tf32 (bf16 operands are
+unaffected).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ def _kernel(x_ref, g_ref, w_ref, o_ref, *, bug: bool):
         x = tile(x_ref, t)
         scale = lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + EPS) if bug else rstd
         normed = (x * scale * g_ref[:, pl.ds(t * BLOCK_K, BLOCK_K)].astype(jnp.float32)).astype(x_ref.dtype)
-        return acc + jnp.dot(normed, w_ref[pl.ds(t * BLOCK_K, BLOCK_K), :], preferred_element_type=jnp.float32)
+        w = w_ref[pl.ds(t * BLOCK_K, BLOCK_K), :]
+        return acc + jnp.dot(normed, w, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, tiles, matmul, jnp.zeros(o_ref.shape, jnp.float32))
     o_ref[...] = acc.astype(o_ref.dtype)

@@ -5,6 +5,10 @@ i - WINDOW < j <= i. The grid runs over query blocks; each loops over the key bl
 with an online softmax (running max, rescaled sum and accumulator in f32), and divides
 once at the end. ``bug=True`` plants an off-by-one in the window (i - j <= WINDOW: one
 key too many).
+
+Its dots ask for ``HIGHEST`` precision: it states f32 arithmetic (``Facts(compute_dtype=
+"float32")``), and at the default a GPU feeds f32 operands to tensor cores as tf32
+(unit roundoff 2^-11, not 2^-24).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from jax.experimental import pallas as pl
 BLOCK = 16
 WINDOW = 12
 CAP = 30.0
+F32_DOT = functools.partial(jnp.dot, precision=lax.Precision.HIGHEST)
 
 
 def softcap_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -40,7 +45,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
         m, l, acc = carry
         k = k_ref[pl.ds(kb * BLOCK, BLOCK), :].astype(jnp.float32)
         v = v_ref[pl.ds(kb * BLOCK, BLOCK), :].astype(jnp.float32)
-        s = jnp.dot(q, k.T) * (d**-0.5)
+        s = F32_DOT(q, k.T) * (d**-0.5)
         s = CAP * jnp.tanh(s / CAP)
         cols = kb * BLOCK + lax.broadcasted_iota(jnp.int32, (block, BLOCK), 1)
         inside = (rows - cols <= WINDOW) if bug else (rows - cols < WINDOW)
@@ -49,7 +54,7 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, bug: bool):
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with no key yet: exp(-inf - 0) = 0, not NaN
         p = jnp.exp(s - shift)
         rescale = jnp.exp(m - shift)
-        return m_new, l * rescale + p.sum(axis=1, keepdims=True), acc * rescale + jnp.dot(p, v)
+        return m_new, l * rescale + p.sum(axis=1, keepdims=True), acc * rescale + F32_DOT(p, v)
 
     # key blocks that can hold a key in the window of this query block
     first = jnp.maximum(qi * block - WINDOW + 1, 0) // BLOCK

@@ -1,18 +1,26 @@
-"""The gate's pieces without running kernels: task validation, the jaxpr's anatomy, the
-verdict's JSON and the command's errors."""
+"""The gate's pieces without running kernels: task validation, a task's contract, the
+jaxpr's anatomy, the verdict's JSON and the command's errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from pallascheck.bench.gate import integrity
+from pallascheck.bench.gate import integrity, units
+from pallascheck.bench.gate.candidate import Candidate
 from pallascheck.bench.gate.task import Arg, Task, load_task, shipped_tasks
 from pallascheck.bench.gate.verdict import Reason, Verdict
 from pallascheck.cli import main
+from pallascheck.kernels.backends import get_backend
+from pallascheck.oracles import derive
+from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties import strategies
+from pallascheck.properties.spec import Case
 
 
 def test_at_least_twelve_tasks_ship_and_load() -> None:
@@ -65,3 +73,54 @@ def test_the_command_refuses_an_unknown_task(capsys) -> None:
         main(["gate", "no_such_task", "m:f"])
     assert stop.value.code == 2
     assert "shipped task" in capsys.readouterr().err
+
+
+def _cross_entropy_case() -> tuple[Case, np.ndarray]:
+    """Seed 50 of the shown sizes' domain, and the f32 gradient ``g (p - onehot)`` of a
+    fused kernel with p correctly rounded (IEEE f32 steps: the same on every machine)."""
+    tokens, vocab = 8, 256
+    logits = strategies.elements(50, (tokens, vocab), "float32", "normal", reduction=vocab)
+    labels = np.random.default_rng(50).integers(0, vocab, tokens).astype(np.int32)
+    g = strategies.elements(59, (tokens,), "float32", "normal")
+    z = logits.astype(np.float64)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    p = (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    onehot = (np.arange(vocab)[None, :] == labels[:, None]).astype(np.float32)
+    return Case({"logits": logits, "labels": labels, "cotangent": g}, {}), g[:, None] * (p - onehot)
+
+
+def _fused_with_p_in(dtype: str, case: Case) -> np.ndarray:
+    """The fused gradient with its p rounded to ``dtype`` first."""
+    logits, labels, g = case.arrays["logits"], case.arrays["labels"], case.arrays["cotangent"]
+    z = logits.astype(np.float64)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    p = (e / e.sum(-1, keepdims=True)).astype(strategies.np_dtype(dtype)).astype(np.float32)
+    onehot = (np.arange(z.shape[-1])[None, :] == labels[:, None]).astype(np.float32)
+    return (g[:, None] * (p - onehot)).astype(np.float64)
+
+
+def test_the_cross_entropy_contract_admits_the_fused_order_and_no_lower_precision() -> None:
+    task = load_task("cross_entropy")
+    case, fused = _cross_entropy_case()
+    spec = units.unit_spec(task, Candidate(lambda *a: None, ""), units.Unit("shown", task.shown, {}, "float32"), 0)
+    assert spec.gradients is not None
+    ref, arith = spec.oracle(case), arithmetic_for(get_backend("interpret"))
+    contract = spec.gradients.bound(case, ref, {}, task.facts, arith)["dlogits"]
+    args = (case.arrays["logits"], case.arrays["labels"], case.arrays["cotangent"])
+    own = derive.derive(derive.vjp_function(task.reference, (0,)), args, facts=task.facts, arith=arith)
+    error = np.abs(fused.astype(np.float64) - own.values[0])
+    assert np.nanmax(error / own.bounds[0]) > 1.0, "the reference's own order rejects the fused kernel's here"
+    assert np.nanmax(error / contract) <= 1.0
+    # p rounded to bf16 first: a lower precision than declared stays outside the contract
+    low = _fused_with_p_in("bfloat16", case)
+    assert np.nanmax(np.abs(low - own.values[0]) / contract) > 1.0
+
+
+def test_a_formulation_of_another_op_is_refused() -> None:
+    task = load_task("softmax")
+    wrong = dataclasses.replace(task, formulations=(lambda x: task.reference(x) * 2.0,))
+    x = strategies.elements(0, (8, 128), "float32", "normal", reduction=128)
+    spec = units.unit_spec(wrong, Candidate(lambda *a: None, ""), units.Unit("shown", task.shown, {}, "float32"), 0)
+    case = Case({"x": x}, {})
+    with pytest.raises(ValueError, match="formulations.0. is not the reference's op"):
+        spec.bound(case, spec.oracle(case), task.facts, arithmetic_for(get_backend("interpret")))

@@ -37,6 +37,7 @@ from pallascheck.oracles import derive
 from pallascheck.oracles.derive import Facts
 from pallascheck.oracles.tolerance import SEQUENTIAL, arithmetic_for
 from pallascheck.properties import checks, runner, strategies
+from pallascheck.properties.device import compilation
 from pallascheck.properties.spec import Case
 
 # A lower precision than declared: every intermediate and every dot operand in bf16, any
@@ -44,6 +45,10 @@ from pallascheck.properties.spec import Case
 # shortfall, not a wrong formula.
 LOWER_PRECISION = Facts(compute_dtype="bfloat16", order=SEQUENTIAL, dot_operands="bfloat16")
 CHECKS = ("values", "deterministic")
+EXCESS_PRECISION = (
+    "bf16/f16 intermediates rounded as written: XLA:CPU computed them in f32 (excess precision); "
+    f"start the process with XLA_FLAGS={compilation.AS_WRITTEN_CPU_FLAGS[0]} (the corpus study does)"
+)
 
 
 class _Stop(Exception):
@@ -98,10 +103,12 @@ def _environment(backend: Backend) -> dict[str, str]:
 def _replay(task: Task, source: str, backend: Backend, seed: int, drawn: int, examples: int) -> str:
     if not source:
         return f"gate(TASK {task.name}, the candidate, backend={str(backend)!r}, seed={seed}, drawn={drawn})"
-    return shlex.join(
+    command = shlex.join(
         ["pallascheck", "gate", task.name, source, "--backend", str(backend), "--seed", str(seed)]
         + ["--drawn", str(drawn), "--examples", str(examples)]
     )
+    as_written = backend.platform == "cpu" and not compilation.excess_precision_allowed()
+    return f"XLA_FLAGS={compilation.AS_WRITTEN_CPU_FLAGS[0]} {command}" if as_written else command
 
 
 def _judge(
@@ -189,6 +196,8 @@ def _judge(
                 )
             )
     stage_done("poisoned memory")
+    if backend.platform == "cpu" and compilation.excess_precision_allowed():
+        verdict.not_checked.append(EXCESS_PRECISION)
 
     _properties(task, candidate, plan, backend, seed, examples, stop_at_first, budget_s, verdict, replay, start)
     stage_done("values, gradients and determinism on every unit")

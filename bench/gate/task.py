@@ -68,7 +68,15 @@ class Task:
     - ``options``: each keyword option's values, the first the default;
     - ``facts``: how the kernel must compute (the declared precision: its bound);
     - ``dtypes``: the dtypes under test; ``gradients``: check the VJP;
-    - ``signature``: what the candidate is, in one line, for its author.
+    - ``signature``: what the candidate is, in one line, for its author;
+    - ``formulations`` / ``gradient_formulations``: the task's contract. A derived
+      bound models one order of operations; these name the other orders in which
+      correct kernels compute the op (each in jax.numpy, called like the reference;
+      the gradient ones ``f(*inputs, cotangent)`` -> each differentiable input's
+      gradient), and every bound is the largest of their derivations and the
+      reference's at the declared facts (``from_reference``). Each is an exact
+      rewriting of the reference (the derivation refuses one that is not), so a
+      kernel below the declared precision still fails.
     """
 
     name: str
@@ -83,6 +91,8 @@ class Task:
     gradients: bool = False
     valid: Callable[[Dims], bool] | None = None
     kinds: Sequence[str] = strategies.ELEMENT_KINDS
+    formulations: Sequence[Callable[..., Any]] = ()
+    gradient_formulations: Sequence[Callable[..., Any]] = ()
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -109,6 +119,8 @@ class Task:
             strategies.np_dtype(dtype)  # an unknown dtype fails here, naming it
         if self.gradients and not any(a.differentiable and a.dtype is None for a in self.inputs.values()):
             raise ValueError(f"task {self.name}: gradients asked, but no input of the tested dtype is differentiable")
+        if self.gradient_formulations and not self.gradients:
+            raise ValueError(f"task {self.name}: gradient_formulations given, but gradients=False checks no gradient")
 
     def is_valid(self, dims: Dims) -> bool:
         return self.valid is None or bool(self.valid(dims))

@@ -81,6 +81,8 @@ def unit_spec(task: Task, candidate: Candidate, unit: Unit, index: int) -> Kerne
         kinds=task.kinds,
         differentiable=task.gradients,
         interpret="interpret",
+        formulations=[functools.partial(f, **unit.options) for f in task.formulations],
+        gradient_formulations=[functools.partial(f, **unit.options) for f in task.gradient_formulations],
     )
 
 

@@ -85,6 +85,21 @@ def enable_cache(directory: str | None = None) -> str | None:
     return directory
 
 
+# XLA:CPU by default computes a chain of bf16/f16 operations in f32 and rounds once
+# (excess precision), so a kernel that rounds an intermediate to bf16 is run as if it
+# did not: more precisely than a GPU runs it. JAX's bundled softmax subtracts its row
+# max in bf16 (``row - row_max``, then the f32 cast): 4.8 times the f32-intermediate
+# bound with this flag on the CPU, within it without (docs/results.md). Set only where
+# a run judges declared precision (the gate's own processes), before JAX starts.
+AS_WRITTEN_CPU_FLAGS = ("--xla_allow_excess_precision=false",)
+
+
+def excess_precision_allowed() -> bool:
+    """Whether XLA:CPU may compute low-precision intermediates in f32 in this process
+    (``AS_WRITTEN_CPU_FLAGS`` not in $XLA_FLAGS)."""
+    return AS_WRITTEN_CPU_FLAGS[0] not in os.environ.get("XLA_FLAGS", "").split()
+
+
 def add_xla_flags(flags: tuple[str, ...]) -> None:
     """Add ``flags`` to $XLA_FLAGS, each unless the user set that flag otherwise. Only
     effective before JAX creates the backend's client; child processes inherit it."""

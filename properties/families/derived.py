@@ -8,6 +8,13 @@ reduction in any order and dots fed in the input dtype; ``xla_reference`` (the r
 against the derivation with the reference's own dtypes. Gradients: the same
 derivation over the jaxpr of the reference's VJP.
 
+A derivation models one order of operations, the reference's. Where correct kernels
+of the op compute in other orders (a cross-entropy gradient as ``g (p - onehot)`` or
+as ``g p - g onehot``), ``formulations`` and ``gradient_formulations`` name them in
+jax.numpy: each is derived like the reference and every bound is the elementwise
+largest of theirs, so a kernel that follows any of them is judged at the declared
+precision, and one below it still is not.
+
     spec = from_reference(my_kernel, my_reference, name="swiglu",
                           inputs={"x": (8, 64), "y": (8, 64)}, facts=Facts(compute_dtype="float32"))
     test_swiglu = spec_tests(spec)
@@ -69,6 +76,7 @@ class DerivedOracle:
     args: tuple[np.ndarray, ...]
     forward: Callable[..., Any]
     cache: dict[Any, Derived] = dataclasses.field(default_factory=dict)
+    formulations: tuple[Callable[..., Any], ...] = ()
 
     def derivation(
         self, key: Any, facts: Facts, arith: Arithmetic, fn: Callable[..., Any], args: Sequence[Any]
@@ -84,6 +92,19 @@ class DerivedOracle:
     def out(self) -> np.ndarray:
         return self.values(CONTRACT, _EXACT_ARITH).values[0]
 
+    def widest(self, facts: Facts, arith: Arithmetic) -> np.ndarray:
+        """The bound of the output for ``facts``: the largest over the reference and its
+        formulations (NaN where any finds the element unverifiable)."""
+        return widest(
+            [self.values(facts, arith)]
+            + [
+                self.derivation(("values", i, facts, arith), facts, arith, form, self.args)
+                for i, form in enumerate(self.formulations)
+            ],
+            0,
+            "formulations",
+        )
+
 
 # The contract: the reference's math in f32, every reduction and dot in any order, the
 # dots fed operands in the input dtype (what a bf16 tensor core takes: a backward pass
@@ -95,10 +116,25 @@ AS_WRITTEN = Facts(compute_dtype=None, order=SEQUENTIAL)
 _EXACT_ARITH = Arithmetic("values-only")  # the values do not depend on the arithmetic
 
 
-def _bound(d: Derived, output: int) -> np.ndarray:
-    """The bound with NaN where the derivation found the element unverifiable: the
-    checks fail there, by name, instead of passing an element no bound covers."""
-    return np.where(d.unverifiable[output], np.nan, d.bounds[output])
+def widest(derivations: Sequence[Derived], output: int, what: str) -> np.ndarray:
+    """The elementwise largest bound of ``derivations`` of one op (the first is the
+    reference's), NaN where any of them finds the element unverifiable (a correct kernel
+    following that one may go either way there). A formulation whose exact value
+    differs from the reference's by more than its own bound computes another op: a
+    ValueError naming it (``what``), not a looser bound."""
+    first = derivations[0]
+    for i, d in enumerate(derivations[1:]):
+        apart = np.abs(d.values[output] - first.values[output]) > d.bounds[output]
+        if np.any(apart):
+            at = tuple(int(j) for j in np.argwhere(apart)[0])
+            raise ValueError(
+                f"{what}[{i}] is not the reference's op: at {at} its exact value {d.values[output][at]:.6g} "
+                f"differs from the reference's {first.values[output][at]:.6g} by more than its own bound "
+                f"{d.bounds[output][at]:.3g}; give only formulations equal to the reference in exact arithmetic"
+            )
+    bound = np.max(np.stack([d.bounds[output] for d in derivations]), axis=0)
+    unverifiable = np.any(np.stack([d.unverifiable[output] for d in derivations]), axis=0)
+    return np.where(unverifiable, np.nan, bound)
 
 
 def from_reference(
@@ -115,6 +151,8 @@ def from_reference(
     backends: Sequence[str] = GENERIC,
     interpret: str | None = "interpret",
     bad_inputs: Mapping[str, Callable[[], Any]] | None = None,
+    formulations: Sequence[Callable[..., jax.Array]] = (),
+    gradient_formulations: Sequence[Callable[..., tuple[jax.Array, ...]]] = (),
 ) -> KernelSpec:
     """The spec of ``kernel(*inputs)``, which computes what ``reference(*inputs)``
     (plain jax.numpy, one output array) states, in the way ``facts`` describe.
@@ -127,7 +165,11 @@ def from_reference(
     - ``differentiable``: the kernel's VJP (a ``jax.custom_vjp``) is checked against
       the derivation over the reference's VJP, for each ``Input.differentiable``;
     - ``backends`` / ``interpret``: see ``builders.call_on``;
-    - ``bad_inputs``: name -> a call the kernel must refuse (``builders.must_refuse``).
+    - ``bad_inputs``: name -> a call the kernel must refuse (``builders.must_refuse``);
+    - ``formulations``: the same op in other orders of operations, called like the
+      reference; each bound is the largest of theirs and the reference's (their VJPs
+      join the gradients'); ``gradient_formulations``: the VJP in other orders,
+      ``f(*inputs, cotangent) -> (gradient of each differentiable input, ...)``.
 
     A failed check names the facts, the primitive that dominates the bound at the
     worst element, and whether looser facts (compute in the input dtype, any order)
@@ -188,23 +230,25 @@ def from_reference(
         return out
 
     def oracle(case: Case) -> DerivedOracle:
-        return DerivedOracle(args_of(case), reference)
+        return DerivedOracle(args_of(case), reference, formulations=tuple(formulations))
 
     def bound(case: Case, ref: DerivedOracle, config: Facts | None, arith: Arithmetic) -> np.ndarray:
-        return _bound(ref.values(config or AS_WRITTEN, arith), 0)
+        return ref.widest(config or AS_WRITTEN, arith)
 
     def contract(case: Case, ref: DerivedOracle, arith: Arithmetic) -> np.ndarray:
-        return _bound(ref.values(dataclasses.replace(CONTRACT, out_dtype=facts.out_dtype), arith), 0)
+        return ref.widest(dataclasses.replace(CONTRACT, out_dtype=facts.out_dtype), arith)
 
     # ---------------------------------------------------------------- gradients
     pulled = derive.vjp_function(reference, wrt)
+    # the VJP's other orders: each formulation's autodiff VJP, then those stated
+    other_pulls = [derive.vjp_function(f, wrt) for f in formulations] + list(gradient_formulations)
 
-    def grad_derivation(case: Case, ref: DerivedOracle, facts_: Facts, arith: Arithmetic) -> Derived:
+    def grad_derivation(case: Case, ref: DerivedOracle, facts_: Facts, arith: Arithmetic, form: int = -1) -> Derived:
         return ref.derivation(
-            ("grads", facts_, arith),
+            ("grads", form, facts_, arith),
             dataclasses.replace(facts_, out_dtype=None),
             arith,
-            pulled,
+            pulled if form < 0 else other_pulls[form],
             ref.args + (case.arrays["cotangent"],),
         )
 
@@ -229,8 +273,9 @@ def from_reference(
     def gradient_bound(
         case: Case, ref: DerivedOracle, grads: Any, config: Facts | None, arith: Arithmetic
     ) -> dict[str, np.ndarray]:
-        d = grad_derivation(case, ref, config or AS_WRITTEN, arith)
-        return {g: _bound(d, i) for i, g in enumerate(grad_names)}
+        stated = config or AS_WRITTEN
+        ds = [grad_derivation(case, ref, stated, arith, form) for form in range(-1, len(other_pulls))]
+        return {g: widest(ds, i, "gradient formulations") for i, g in enumerate(grad_names)}
 
     def gradient_contract(case: Case, ref: DerivedOracle, grads: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
         return gradient_bound(case, ref, grads, CONTRACT, arith)

@@ -173,6 +173,28 @@ def bf16_accumulation(x, y, *, activation, interpret=False):
     )
 
 
+def _tf32(a):
+    """``a`` (f32) rounded to tf32 (10 mantissa bits, to nearest even), as a GPU's
+    tensor cores take f32 operands at the default precision."""
+    bits = jax.lax.bitcast_convert_type(a, jnp.uint32)
+    bits = (bits + jnp.uint32(0xFFF) + ((bits >> 13) & 1)) & jnp.uint32(0xFFFFE000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def tf32_operands(x, y, *, activation, interpret=False):
+    # a tf32 dot under the task's f32 facts: the f32 operands rounded to tf32 first
+    def tile(x_ref, y_ref, o_ref):
+        a, b = (r[...].astype(jnp.float32) for r in (x_ref, y_ref))
+        z = jnp.dot(_tf32(a), _tf32(b), preferred_element_type=jnp.float32)
+        if activation == "gelu_tanh":
+            z = jax.nn.gelu(z, approximate=True)
+        o_ref[...] = z.astype(o_ref.dtype)
+
+    return pl.pallas_call(tile, out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype), interpret=interpret)(
+        x, y
+    )
+
+
 def ignores_activation(x, y, *, activation, interpret=False):
     def tile(x_ref, y_ref, o_ref):
         o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32).astype(o_ref.dtype)
@@ -307,6 +329,7 @@ GAMING: list[tuple[str, str, str]] = [
     ("softmax", "first_block_only", "poisoned_output"),
     ("softmax", "shown_shape_special_cased", "wrong_beyond_shown_shapes"),
     ("matmul_epilogue", "bf16_accumulation", "lower_precision"),
+    ("matmul_epilogue", "tf32_operands", "lower_precision"),
     ("matmul_epilogue", "ignores_activation", "wrong_under_option"),
     ("matmul_epilogue", "transposed_operand", "wrong_values"),
     ("rms_norm", "wrong_backward", "wrong_gradients"),
