@@ -18,8 +18,8 @@ from pallascheck.bench.gate.verdict import Reason, Verdict
 from pallascheck.cli import main
 from pallascheck.kernels.backends import get_backend
 from pallascheck.oracles import derive
-from pallascheck.oracles.tolerance import arithmetic_for
-from pallascheck.properties import strategies
+from pallascheck.oracles.tolerance import GPU, arithmetic_for
+from pallascheck.properties import checks, strategies
 from pallascheck.properties.spec import Case
 
 
@@ -124,3 +124,47 @@ def test_a_formulation_of_another_op_is_refused() -> None:
     case = Case({"x": x}, {})
     with pytest.raises(ValueError, match="formulations.0. is not the reference's op"):
         spec.bound(case, spec.oracle(case), task.facts, arithmetic_for(get_backend("interpret")))
+
+
+def _near_tie_row() -> np.ndarray:
+    """The H100 verdict's input of fake_quantize (drawn rows=1,d=128, positive): x[0, 37]
+    = 0.787478 in a row of max 0.9951214, so 127 x / max = 100.500007, a rounding
+    near-tie; the other elements keep away from ties."""
+    row = np.full((1, 128), 0.25, np.float32)  # 127 * 0.25 / max = 31.9: no tie
+    row[0, 37], row[0, 100] = np.float32(0.787478), np.float32(0.9951214)
+    return row
+
+
+def test_a_near_tie_is_unverifiable_on_the_gpu_arithmetic_and_bounds_nothing_in_the_gate() -> None:
+    task = load_task("fake_quantize")
+    unit = units.Unit("drawn", {"rows": 1, "d": 128}, {}, "float32")
+    tally = units.Unverifiable()
+    spec = units.unit_spec(task, Candidate(lambda x: x, ""), unit, 0, tally)
+    case = Case({"x": _near_tie_row()}, {})
+    ref = spec.oracle(case)
+    bound = spec.bound(case, ref, task.facts, GPU)
+    assert np.isinf(bound[0, 37]) and np.isfinite(np.delete(bound, 37)).all()
+    assert (tally.unverifiable, tally.elements) == (1, 128)
+    assert tally.first.startswith("out[0, 37] (round at") and "fake_quantize" in tally.first
+    assert not tally.checked_little
+    expected = np.asarray(spec.expected(ref))
+    # the H100's output there, one f32 ulp from the oracle's side of the tie: not a fault
+    near = expected.astype(np.float32)
+    near[0, 37] = np.float32(0.7913957238197327)
+    assert checks.compare(near, expected, bound).passed
+    # a verifiable element off by as much still fails: the tie excuses only itself
+    off = expected.astype(np.float32)
+    off[0, 5] += np.float32(1e-3)
+    assert not checks.compare(off, expected, bound).passed
+    # the probabilistic bound and xla_reference's are not the checks' own: not counted
+    spec.bound(case, ref, task.facts, GPU.with_probabilistic())
+    spec.bound(case, ref, None, GPU)
+    assert tally.unverifiable == 1
+
+
+def test_a_unit_mostly_unverifiable_checked_little() -> None:
+    tally = units.Unverifiable()
+    tally.add("out", np.array([np.nan, np.nan, 1.0]), lambda at: "div")
+    assert tally.checked_little and tally.first == "out[0] (div)"
+    tally.add("out", np.ones(3), lambda at: "div")
+    assert tally.share == pytest.approx(2 / 6) and not tally.checked_little
