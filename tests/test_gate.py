@@ -168,3 +168,23 @@ def test_a_unit_mostly_unverifiable_checked_little() -> None:
     assert tally.checked_little and tally.first == "out[0] (div)"
     tally.add("out", np.ones(3), lambda at: "div")
     assert tally.share == pytest.approx(2 / 6) and not tally.checked_little
+
+
+def test_softcap_attentions_rows_are_unverifiable_on_the_gpu_arithmetic_only() -> None:
+    """The H100's softcap_attention rejection (shown t=32,d=16 f32, "large" inputs, a row
+    dominated by the softmax's div): on the GPU arithmetic the reference's f32 dots at
+    default precision are derived as tf32, the logits' error exceeds the cap's range and
+    the softmax's sum may reach 0; the CPU's f32 dots leave every element verifiable."""
+    task = load_task("softcap_attention")
+    unit = units.Unit("shown", {"t": 32, "d": 16}, {}, "float32")
+    q, k, v = (strategies.elements(i, (32, 16), "float32", "large", reduction=r) for i, r in enumerate((16, 16, 1)))
+    case = Case({"q": q, "k": k, "v": v}, {})
+    counts = {}
+    for arith in (GPU, arithmetic_for(get_backend("interpret"))):
+        tally = units.Unverifiable()
+        spec = units.unit_spec(task, Candidate(lambda *a: a[0], ""), unit, 0, tally)
+        spec.bound(case, spec.oracle(case), task.facts, arith)
+        counts[arith.name] = tally.unverifiable
+        if tally.unverifiable:
+            assert tally.unverifiable % 16 == 0 and "div at" in tally.first, tally.first  # whole rows of d=16
+    assert counts["cpu"] == 0 and counts["gpu"] > 0, counts
