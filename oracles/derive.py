@@ -1037,12 +1037,19 @@ rule("sin", "cos")(_unary(_sin_cos))
 
 @rule("sign", "floor", "ceil", "round")
 def _step(ev: _Evaluator, eqn: Any, ins: list[Tracked]) -> Tracked:
-    """Exact, except where a jump lies within the operand's error: unverifiable there."""
+    """Exact, except where a jump lies within the operand's error: there the kernel may
+    land on either side (a rounding near-tie), and each of the four is nondecreasing, so
+    its value lies between f(x - e) and f(x + e): the error is the larger step to either
+    side, charged to this equation. Unverifiable only where the error is unbounded."""
     (x,) = ins
     value = _value(eqn, x.value)
-    low, high = x.value - x.err, x.value + x.err
-    jumps = _value(eqn, low) != _value(eqn, high)
-    return Tracked(value, jnp.zeros(value.shape, F64), ev.flag(eqn, x.bad, jumps), x.dom, x.carried)
+    below, above = _value(eqn, x.value - x.err), _value(eqn, x.value + x.err)
+    jumps = below != above
+    err = jnp.where(jumps, jnp.maximum(above - value, value - below), 0.0)
+    unbounded = jumps & ~jnp.isfinite(err)
+    err = jnp.where(unbounded, 0.0, err)
+    dom = jnp.where(jumps, ev.label(eqn), x.dom).astype(x.dom.dtype)
+    return Tracked(value, err, ev.flag(eqn, x.bad, unbounded), dom, x.carried)
 
 
 @rule("integer_pow", "square")

@@ -331,7 +331,8 @@ def _properties(
             if budget_s is not None and time.perf_counter() - start > budget_s:
                 verdict.not_checked.extend(f"unit {u.label()} (time budget {budget_s:g} s spent)" for u in plan[index:])
                 return
-            spec = units.unit_spec(task, candidate, unit, index)
+            unverifiable = units.Unverifiable()
+            spec = units.unit_spec(task, candidate, unit, index, unverifiable)
             tally = runner.run_property(
                 spec,
                 unit.dtype,
@@ -343,16 +344,18 @@ def _properties(
                 replay_hint=replay,
             )
             for check, outcome in tally.outcomes.items():
-                verdict.checked.append(
-                    {
-                        "check": check,
-                        "unit": unit.label(),
-                        "passed": outcome.passed,
-                        "budget_used": outcome.budget_used,
-                        "cases": outcome.examples,
-                    }
-                )
+                entry = {
+                    "check": check,
+                    "unit": unit.label(),
+                    "passed": outcome.passed,
+                    "budget_used": outcome.budget_used,
+                    "cases": outcome.examples,
+                }
+                if check in ("values", "gradients"):
+                    entry |= {"elements": unverifiable.elements, "unverifiable": unverifiable.unverifiable}
+                verdict.checked.append(entry)
                 _note_worst(verdict, outcome, unit)
+            _say_unverifiable(verdict, unit, unverifiable)
             for finding in tally.findings:
                 verdict.reasons.append(_reason(task, spec, unit, backend, finding, failures, replay))
             if stop_at_first and verdict.reasons:
@@ -360,6 +363,22 @@ def _properties(
                     f"unit {u.label()} (stopped at the first failing unit)" for u in plan[index + 1 :]
                 )
                 return
+
+
+def _say_unverifiable(verdict: Verdict, unit: units.Unit, unverifiable: units.Unverifiable) -> None:
+    """Elements no bound holds for were not compared: said, never folded into a pass."""
+    if not unverifiable.unverifiable:
+        return
+    counted = f"{unverifiable.unverifiable} of {unverifiable.elements} elements"
+    verdict.not_checked.append(
+        f"unit {unit.label()}: {counted} unverifiable, not compared (first at {unverifiable.first}): "
+        "the inputs put them within the error bounds of a decision, where a correct kernel may go either way"
+    )
+    if unverifiable.checked_little:
+        verdict.not_checked.append(
+            f"unit {unit.label()} checked little: {unverifiable.share:.0%} of its elements unverifiable, more than "
+            f"{units.CHECKED_LITTLE_SHARE:.0%}; a fault at one element escapes its value checks more often than not"
+        )
 
 
 def _probe[T](verdict: Verdict, replay: str, unit: units.Unit, probe: Callable[[], T]) -> T:
@@ -453,6 +472,9 @@ def _lower_precision_explains(task: Task, unit: units.Unit, backend: Backend, ca
                 facts=LOWER_PRECISION,
                 arith=arithmetic_for(backend),
             )
+        # an element the lower precision leaves unverifiable cannot show that it explains
+        # the error there (bf16 leaves softmax's row max undecided: as no bound, it would
+        # "explain" an output of zeros)
         bound = np.where(lower.unverifiable[0], np.nan, lower.bounds[0])
         if checks.compare(out, lower.values[0], bound).passed:
             return True

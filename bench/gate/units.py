@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -13,9 +14,16 @@ import numpy as np
 
 from pallascheck.bench.gate.candidate import Candidate
 from pallascheck.bench.gate.task import Dims, Task
+from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import strategies
-from pallascheck.properties.families.derived import Input, from_reference
+from pallascheck.properties.families.derived import AS_WRITTEN, DerivedOracle, Input, from_reference
 from pallascheck.properties.spec import Case, KernelSpec
+
+# A unit whose value checks left more than this share of its elements unverifiable
+# "checked little": a fault at one element, placed independently of the near-ties the
+# inputs decide, escapes the check with probability equal to that share, so beyond 1/2
+# the check misses such a fault more often than it finds it.
+CHECKED_LITTLE_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +73,57 @@ def _inputs(task: Task, dims: Dims) -> dict[str, Input]:
     }
 
 
-def unit_spec(task: Task, candidate: Candidate, unit: Unit, index: int) -> KernelSpec:
-    """The spec of ``candidate`` on ``unit``: oracle and bounds from the task's reference."""
+@dataclasses.dataclass
+class Unverifiable:
+    """The elements of a unit's cases that no bound holds for, counted as the checks saw
+    them. The derivation marks an element unverifiable where an operation of the
+    reference decides it from operands closer than their error bounds (a rounding tie, a
+    divisor whose interval reaches 0): there a correct kernel may go either way. The
+    mark comes from the inputs and the task's facts alone, never from the candidate's
+    output, so a candidate cannot make an element unverifiable; it is not compared, and
+    the verdict says how many and where."""
+
+    elements: int = 0
+    unverifiable: int = 0
+    first: str = ""  # where the first one was, and the operation that decided it
+
+    def add(self, name: str, bound: np.ndarray, why: Callable[[tuple[int, ...]], str]) -> None:
+        marked = np.isnan(bound)
+        self.elements += int(bound.size)
+        count = int(marked.sum())
+        if count and not self.first:
+            at = tuple(int(i) for i in np.argwhere(marked)[0])
+            self.first = f"{name}{list(at)} ({why(at)})"
+        self.unverifiable += count
+
+    @property
+    def share(self) -> float:
+        return self.unverifiable / self.elements if self.elements else 0.0
+
+    @property
+    def checked_little(self) -> bool:
+        return self.share > CHECKED_LITTLE_SHARE
+
+
+def _unbounded_where_unverifiable(bound: np.ndarray) -> np.ndarray:
+    """``from_reference`` marks an unverifiable element with a NaN bound, which fails
+    (verify asks the spec's author to draw inputs away from the tie). A gate's task
+    cannot steer every draw, and the element is no fault of the candidate's: no bound
+    there (an infinite one compares nothing), counted by ``Unverifiable``."""
+    return np.where(np.isnan(bound), np.inf, bound)
+
+
+def unit_spec(
+    task: Task, candidate: Candidate, unit: Unit, index: int, unverifiable: Unverifiable | None = None
+) -> KernelSpec:
+    """The spec of ``candidate`` on ``unit``: oracle and bounds from the task's reference,
+    no bound at the elements the derivation finds unverifiable (``unverifiable`` counts
+    those of the value and gradient checks)."""
 
     def kernel(*arrays: jax.Array, interpret: Any) -> Any:
         return candidate.call(interpret, *arrays, **unit.options)
 
-    return from_reference(
+    spec = from_reference(
         kernel,
         functools.partial(task.reference, **unit.options),
         name=f"{task.name}.{index}",
@@ -84,6 +136,31 @@ def unit_spec(task: Task, candidate: Candidate, unit: Unit, index: int) -> Kerne
         formulations=[functools.partial(f, **unit.options) for f in task.formulations],
         gradient_formulations=[functools.partial(f, **unit.options) for f in task.gradient_formulations],
     )
+    values_bound, gradients = spec.bound, spec.gradients
+
+    def counted(config: Any, arith: Arithmetic) -> bool:
+        # the checks' own bound, once a case: not xla_reference's, not the probabilistic one
+        return unverifiable is not None and config is not None and not arith.probabilistic
+
+    def bound(case: Case, ref: DerivedOracle, config: Any, arith: Arithmetic) -> np.ndarray:
+        b = np.asarray(values_bound(case, ref, config, arith))
+        if counted(config, arith) and unverifiable is not None:
+            unverifiable.add("out", b, lambda at: ref.values(config or AS_WRITTEN, arith).explain(0, at))
+        return _unbounded_where_unverifiable(b)
+
+    spec = dataclasses.replace(spec, bound=bound)
+    if gradients is not None:
+        gradient_bound = gradients.bound
+
+        def grad_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
+            bounds = {k: np.asarray(v) for k, v in gradient_bound(case, ref, grads, config, arith).items()}
+            if counted(config, arith) and unverifiable is not None:
+                for k, b in bounds.items():
+                    unverifiable.add(k, b, lambda at: "the derivation of the reference's VJP")
+            return {k: _unbounded_where_unverifiable(b) for k, b in bounds.items()}
+
+        spec = dataclasses.replace(spec, gradients=dataclasses.replace(gradients, bound=grad_bound))
+    return spec
 
 
 def case(task: Task, unit: Unit, seed: int) -> Case:

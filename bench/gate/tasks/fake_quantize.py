@@ -22,8 +22,9 @@ TASK = Task(
     dims={"rows": (1, 8, 13), "d": (32, 64, 128)},
     shown={"rows": 8, "d": 128},
     kinds=("normal", "positive", "few_distinct"),
-    # bf16 inputs land on rounding ties (127 x / max|x| = k + 1/2 exactly), where no bound
-    # exists (either rounding is right): f32 inputs
+    # bf16 inputs land on rounding ties (127 x / max|x| = k + 1/2 exactly), where either
+    # rounding is right and the bound is a whole quantization step: f32 inputs, where a
+    # near-tie is rare
     dtypes=("float32",),
     signature="fake_quantize(x) -> per-row symmetric int8 quantize-dequantize (scale max|x|/127, round half to even)",
 )
