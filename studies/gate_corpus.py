@@ -19,7 +19,7 @@ import jax
 from pallascheck.bench.gate.judge import gate
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties.device import compilation
-from tests.gate_corpus.gaming import GAMING
+from tests.gate_corpus.gaming import GAMING, GAMING_ONLY_ON, gaming_here
 from tests.gate_corpus.honest import EXPECTED_FINDINGS, HONEST, backends, finding_seen, why_interpreter_only
 
 
@@ -42,9 +42,14 @@ def main() -> None:
     # intermediates as the candidates write them
     compilation.configure(get_backend(args.backend))
     compilation.add_xla_flags(compilation.AS_WRITTEN_CPU_FLAGS)
-    backend = str(get_backend(args.backend))
+    resolved = get_backend(args.backend)
+    backend = str(resolved)
     meant = [(t, n) for t, n in HONEST if backend in backends(n)]
-    plan = [("gaming", task, name, (reason,)) for task, name, reason in GAMING]
+    plan = [("gaming", task, name, (reason,)) for task, name, reason in GAMING if gaming_here(name, resolved.platform)]
+    if args.corpus != "honest":
+        for _, name, _ in GAMING:
+            if not gaming_here(name, resolved.platform):
+                print(f"gaming  {name:34s} not run on {backend}: {GAMING_ONLY_ON[name][1]}", flush=True)
     # outside findings where this run sees them (its intermediates are rounded as written):
     # right when rejected for the reasons expected
     seen = {n for _, n in meant if finding_seen(n, backend, as_written=True)}

@@ -24,7 +24,7 @@ from pallascheck.bench.gate.verdict import REASONS
 from pallascheck.kernels.backends import get_backend
 from pallascheck.properties import strategies
 from pallascheck.properties.device import compilation
-from tests.gate_corpus.gaming import GAMING
+from tests.gate_corpus.gaming import GAMING, GAMING_ONLY_ON, gaming_here
 from tests.gate_corpus.honest import (
     AS_WRITTEN,
     EXPECTED_FINDINGS,
@@ -43,6 +43,9 @@ H100 = jax.sharding.AbstractMesh(
 
 @pytest.mark.parametrize(("task", "name", "reason"), GAMING, ids=[g[1] for g in GAMING])
 def test_gaming_candidate_rejected_for_its_reason(task: str, name: str, reason: str) -> None:
+    platform = get_backend(None).platform
+    if not gaming_here(name, platform):
+        pytest.skip(f"{name} is not gaming on {platform}: {GAMING_ONLY_ON[name][1]}")
     verdict = gate(task, f"tests.gate_corpus.gaming:{name}", drawn=1)
     assert verdict.status == REASONS[reason][0], verdict.summary()
     assert reason in verdict.reason_names, verdict.summary()

@@ -316,6 +316,22 @@ def wrong_dtype(x, interpret=False):
     return _honest_softmax(x.astype(jnp.float32), interpret)
 
 
+# Gaming only where the reference computes above it: name -> (platforms, why not elsewhere).
+# A GPU's default precision rounds f32 dot operands to tf32 itself, as XLA computes the
+# task's reference there (docs/gate.md, "Declared precision").
+GAMING_ONLY_ON: dict[str, tuple[tuple[str, ...], str]] = {
+    "tf32_operands": (
+        ("cpu",),
+        "a GPU's default precision rounds f32 dot operands to tf32 itself, as XLA computes the task's reference",
+    ),
+}
+
+
+def gaming_here(name: str, platform: str) -> bool:
+    """Whether candidate ``name`` games the gate on a backend of ``platform``."""
+    return name not in GAMING_ONLY_ON or platform in GAMING_ONLY_ON[name][0]
+
+
 GAMING: list[tuple[str, str, str]] = [
     ("softmax", "reference_itself", "no_pallas_call"),
     ("softmax", "xla_beside_trivial_pallas", "work_outside_pallas"),
