@@ -46,9 +46,11 @@ QUICK_MODULES = (
 )
 
 
-# Modules whose tests share a module-scoped fixture that starts processes
-# (a three-node Ray cluster and a Redis server).
-SHARED_FIXTURE_MODULES = ("test_cluster.py",)
+# Modules whose tests share a costly module-scoped fixture: a three-node Ray cluster and
+# a Redis server (test_cluster), the autotuning result ``tuned`` (test_autotune), the
+# docs site built by mkdocs (test_docs), and the user project whose on-disk compile
+# cache its commands share (test_user_specs_cli).
+SHARED_FIXTURE_MODULES = ("test_cluster.py", "test_autotune.py", "test_docs.py", "test_user_specs_cli.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
