@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from pallascheck.fuzz import plan
-from pallascheck.fuzz.workers import FINISHED, Death, TaskRunner, Worker, failed_dir
+from pallascheck.fuzz.workers import FINISHED, Death, TaskRunner, Worker, failed_dir, saved_files
 from pallascheck.kernels.backends import Backend
 
 # The case in flight is shipped to the driver with each poll so that it outlives an
@@ -141,9 +141,7 @@ class Supervisor:
 
     def saved_failures(self) -> dict[str, bytes]:
         """The cases the running task has saved (``campaign.salvage`` books them)."""
-        directory = failed_dir(self.worker.inflight)
-        names = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-        return {name: data for name in names if (data := _read(os.path.join(directory, name))) is not None}
+        return saved_files(self.worker.inflight)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -37,7 +37,7 @@ from pallascheck.fuzz import durations
 from pallascheck.fuzz import plan as planning
 from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.scope import NotChecked
-from pallascheck.fuzz.workers import failed_dir
+from pallascheck.fuzz.workers import failed_dir, saved_files
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import check_kinds, checks, runner, watchdog
 from pallascheck.properties.device import compilation, multidevice
@@ -464,15 +464,7 @@ def cluster_task(unit: Unit, conn: Connection, inflight: str, setup: dict[str, A
     finally:
         stop.set()
         heart.join()
-    return {"rows": rows, "messages": failures, "seconds": seconds, "saved": _files(saved)}
-
-
-def _files(directory: str) -> dict[str, bytes]:
-    files = {}
-    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-        with open(os.path.join(directory, name), "rb") as f:
-            files[name] = f.read()
-    return files
+    return {"rows": rows, "messages": failures, "seconds": seconds, "saved": saved_files(inflight)}
 
 
 def _bring_back(saved: dict[str, bytes], failures: str | None) -> dict[str, str]:
@@ -568,7 +560,7 @@ def _worker_lost(
 ) -> tuple[list[Row], list[str], float]:
     """The failed row of a unit whose cluster worker died: a hang where the watchdog's
     report came back with the cases the worker had saved, else ``kind``."""
-    saved = _files(failed_dir(worker.inflight))
+    saved = saved_files(worker.inflight)
     paths = _bring_back(saved, options.failures)
     if HANG_REPORT in saved:
         return _lost(unit, "hang", _here(saved[HANG_REPORT].decode(), paths), options.case_timeout)

@@ -202,6 +202,21 @@ def failed_dir(inflight: str) -> str:
     return os.path.join(os.path.dirname(inflight), "failed")
 
 
+def saved_files(inflight: str) -> dict[str, bytes]:
+    """What the task beside ``inflight`` saved under ``failed_dir``, each file's bytes by
+    name (what a cluster worker ships to the driver). A task still running may replace a
+    file as it is listed: one gone by its read is left out."""
+    directory = failed_dir(inflight)
+    files = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                files[name] = f.read()
+        except FileNotFoundError:
+            continue
+    return files
+
+
 def _main(conn: Connection, inflight: str, setup: dict[str, Any], run: TaskRunner) -> None:
     """The worker: import once, then run tasks until told to stop (None)."""
     import signal
