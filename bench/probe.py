@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -306,8 +305,14 @@ class Report:
     paths: dict[str, dict[str, Any]]
     violations: dict[str, list[str]]
 
-    def as_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
+    def as_dict(self, fp8: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The report as JSON data (what ``pallascheck probe --json`` writes, and what a
+        fuzz campaign keeps per device kind: ``oracles.device_arithmetic.from_probe``
+        reads it), with the FP8 probe's (``probe_fp8.run``) under ``fp8``."""
+        data = dataclasses.asdict(self)
+        if fp8 is not None:
+            data["fp8"] = fp8
+        return data
 
 
 def run(backend: Backend) -> Report:
@@ -324,16 +329,11 @@ def run(backend: Backend) -> Report:
     )
 
 
-def device_report(backend: Backend, emulation_cases: int = 0, fp8: bool | None = None) -> dict[str, Any]:
-    """The probe as JSON data (what ``pallascheck probe --json`` writes, and what a fuzz
-    campaign keeps per device kind: ``oracles.device_arithmetic.from_probe`` reads it):
-    the bf16 dot paths, and under ``fp8`` the FP8 ones (``fp8`` None: where the backend
-    has an FP8 matrix path, Mosaic GPU's wgmma; elsewhere the FP8 dots are XLA's upcast
-    ones, which no bound rests on)."""
-    report = json.loads(run(backend).as_json())
-    if backend.is_mosaic_gpu if fp8 is None else fp8:
-        report["fp8"] = probe_fp8.run(backend, emulation_cases=emulation_cases)
-    return report
+def device_report(backend: Backend) -> dict[str, Any]:
+    """The probe of the device ``backend`` runs on here, as ``Report.as_dict``: the bf16
+    dot paths, and the FP8 ones where the backend has an FP8 matrix path (Mosaic GPU's
+    wgmma; elsewhere the FP8 dots are XLA's upcast ones, which no bound rests on)."""
+    return run(backend).as_dict(probe_fp8.run(backend) if backend.is_mosaic_gpu else None)
 
 
 def print_table(report: Report) -> None:

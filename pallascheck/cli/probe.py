@@ -12,17 +12,17 @@ from pallascheck.cli._common import add_backend_option, available_backend
 
 def run(args: argparse.Namespace) -> int:
     backend = available_backend(args.backend)
-    measured = probe.device_report(backend, emulation_cases=args.emulation_cases, fp8=True)
-    report = probe.Report(**{k: v for k, v in measured.items() if k != "fp8"})
+    report = probe.run(backend)
     probe.print_table(report)
+    fp8 = probe_fp8.run(backend, emulation_cases=args.emulation_cases)
     print()
-    probe_fp8.print_table(measured["fp8"])
+    probe_fp8.print_table(fp8)
     path = args.json or os.path.join(".pallascheck", f"probe-{report.backend.replace(':', '-')}.json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
-        f.write(json.dumps(measured, indent=1))
+        f.write(json.dumps(report.as_dict(fp8), indent=1))
     print(f"written to {path}")
-    return 1 if any(report.violations.values()) or any(measured["fp8"]["violations"].values()) else 0
+    return 1 if any(report.violations.values()) or any(fp8["violations"].values()) else 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
