@@ -48,6 +48,27 @@ def test_costly_work_is_counted_outside_pallas_only() -> None:
     assert plain.outside == {"exp": 128.0, "dot_general": 2.0 * 8 * 8 * 16}
 
 
+def test_a_mosaic_gpu_kernel_counts_as_pallas() -> None:
+    """Mosaic GPU kernels (``plgpu.kernel``) trace to core_map/mpmd_map, not pallas_call:
+    their work is Pallas work, and none of it is counted outside."""
+    from pallascheck.kernels.matmul import matmul
+
+    x = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
+    mosaic = integrity.anatomy(integrity.trace(lambda a, b: matmul(a, b, backend="mosaic_gpu_interpret"), x, x))
+    assert mosaic.pallas_calls >= 1 and "dot_general" not in mosaic.outside
+
+
+def test_a_verdict_in_some_of_the_tasks_dtypes(capsys) -> None:
+    task = load_task("softmax")
+    assert task.only_dtypes(["bfloat16"]).dtypes == ("bfloat16",)
+    with pytest.raises(ValueError, match=r"each must be one of task softmax's dtypes \(float32, bfloat16\)"):
+        task.only_dtypes(["float16"])
+    with pytest.raises(SystemExit) as stop:
+        main(["gate", "softmax", "m:f", "--dtype", "f16"])
+    assert stop.value.code == 2
+    assert "--dtype 'float16' is not among task softmax's dtypes" in capsys.readouterr().err
+
+
 def test_verdict_status_follows_its_reasons() -> None:
     verdict = Verdict("softmax", "c", "interpret", 0)
     assert verdict.status == "pass" and verdict.reward() == 1.0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from pallascheck.bench.gate import units
+from pallascheck.bench.gate import probes, units
 from pallascheck.bench.gate.candidate import load_candidate
 from pallascheck.bench.gate.judge import gate
 from pallascheck.bench.gate.task import Arg, Task, load_task
@@ -31,8 +31,9 @@ from tests.gate_corpus.honest import (
     HONEST,
     INTERPRETER_ONLY,
     backends,
+    dtypes_on,
     finding_seen,
-    why_interpreter_only,
+    why_not_meant,
 )
 
 # an H100 as the lowering's target, so Triton's lowering runs on a machine without one
@@ -56,11 +57,11 @@ def test_gaming_candidate_rejected_for_its_reason(task: str, name: str, reason: 
 def test_honest_candidate_accepted(task: str, name: str, request: pytest.FixtureRequest) -> None:
     backend = get_backend(None)
     if str(backend) not in backends(name):
-        pytest.skip(f"{name} is meant for {', '.join(backends(name))}: {why_interpreter_only(name)}")
+        pytest.skip(f"{name} is meant for {', '.join(backends(name))}: {why_not_meant(name, str(backend))}")
     as_written = backend.platform != "cpu" or not compilation.excess_precision_allowed()
     if finding_seen(name, str(backend), as_written):
         request.applymarker(pytest.mark.xfail(strict=True, reason=EXPECTED_FINDINGS[name][1]))
-    verdict = gate(task, f"tests.gate_corpus.honest:{name}", drawn=0)
+    verdict = gate(task, f"tests.gate_corpus.honest:{name}", drawn=0, dtypes=dtypes_on(name, str(backend)))
     assert verdict.passed, verdict.summary()
     assert verdict.worst is not None and verdict.worst["budget_used"] <= 1.0
     if backend.platform == "cpu":
@@ -90,12 +91,10 @@ GENERIC = [
 ]
 
 
-@pytest.mark.parametrize(("task", "name"), GENERIC, ids=[g[1] for g in GENERIC])
-def test_triton_lowers_the_candidates_meant_for_it(task: str, name: str) -> None:
-    """Triton lowers each generic candidate meant for it at the corpus run's units (the
-    shown sizes, the options, two drawn sizes of seed 0), for an H100; those meant for
-    the interpreter only fail to lower for the reason stated."""
-    spec, candidate = load_task(task), load_candidate(f"tests.gate_corpus.honest:{name}")
+def _refused_by_triton(task: str, source: str) -> list[str]:
+    """Why Triton's lowering refuses the candidate at the corpus run's units (the shown
+    sizes, the options, two drawn sizes of seed 0), for an H100; [] where it lowers."""
+    spec, candidate = load_task(task), load_candidate(source)
     refused = []
     for unit in units.plan(spec, 0, 2):
         args = [
@@ -109,11 +108,31 @@ def test_triton_lowers_the_candidates_meant_for_it(task: str, name: str) -> None
                 )
         except (NotImplementedError, ValueError) as err:  # what Triton's lowering raises
             refused.append(f"{unit.label()}: {err}")
+    return refused
+
+
+@pytest.mark.parametrize(("task", "name"), GENERIC, ids=[g[1] for g in GENERIC])
+def test_triton_lowers_the_candidates_meant_for_it(task: str, name: str) -> None:
+    """Triton lowers each generic candidate meant for it, for an H100; those meant for
+    the interpreter only fail to lower for the reason stated."""
+    refused = _refused_by_triton(task, f"tests.gate_corpus.honest:{name}")
     if "triton" in backends(name):
         assert not refused, refused
     else:
         lacking = f"Unimplemented primitive in Pallas Triton lowering: {INTERPRETER_ONLY[name][0]}"
         assert refused and any(lacking in r for r in refused), refused
+
+
+def test_the_race_lowers_for_triton_and_an_interpreter_says_it_cannot_see_it() -> None:
+    """The split-K kernel whose atomic adds land in the order its programs finish: Triton
+    lowers it (on a GPU the run-twice checks reject it, tests/test_gate_corpus.py's GPU
+    run); on the interpreter its adds land in one order, it is right, and the verdict
+    says that races were not checked."""
+    source = "tests.gate_corpus.gaming:split_k_atomics"
+    assert not _refused_by_triton("matmul_epilogue", source)
+    verdict = gate("matmul_epilogue", source, backend="interpret", drawn=0)
+    assert verdict.passed, verdict.summary()
+    assert probes.RACES_ON_INTERPRETERS in verdict.not_checked
 
 
 def _tie(x):

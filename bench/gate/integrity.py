@@ -7,8 +7,10 @@ element it reads (sorts and top-k times log2 of the sorted length), a transcende
 one per element it writes. Elementwise arithmetic, casts and data movement are not
 counted: they are what legitimately surrounds a kernel (padding, casts, reshapes) and
 cost bytes, not arithmetic. Sub-jaxprs are walked (jit, custom_vjp/jvp, cond, scan
-times its length, while once: its trip count is unknown); a ``pallas_call``'s body is
-where the work should be, so it is not counted.
+times its length, while once: its trip count is unknown); a Pallas kernel's body is
+where the work should be, so it is not counted. A Pallas kernel is a ``pallas_call``
+(the grid form) or a kernel of Pallas' newer forms (``core_map``, ``mpmd_map``: what
+``pl.kernel`` and Mosaic GPU's ``plgpu.kernel`` trace to).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from jax.extend import core as jcore
 # rows the reduction reads, so at most 1/8 of the reference's reduction.
 OUTSIDE_SHARE_LIMIT = 1 / 8
 
+# The primitives of a Pallas kernel (their bodies are the kernel's code)
+KERNELS = ("pallas_call", "core_map", "mpmd_map")
 CALLBACKS = ("pure_callback", "io_callback", "ffi_call", "custom_call", "host_callback", "outside_call")
 REDUCTIONS = (
     "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin "
@@ -43,9 +47,9 @@ TRANSCENDENTALS = (
 
 @dataclasses.dataclass
 class Anatomy:
-    """A jaxpr's Pallas calls, its callbacks, and its costly work by primitive."""
+    """A jaxpr's Pallas kernels, its callbacks, and its costly work by primitive."""
 
-    pallas_calls: int = 0
+    pallas_calls: int = 0  # Pallas kernels (any of KERNELS)
     callbacks: list[str] = dataclasses.field(default_factory=list)
     outside: dict[str, float] = dataclasses.field(default_factory=dict)  # primitive -> flops outside Pallas
     unknown_trips: int = 0  # while loops counted once
@@ -100,8 +104,8 @@ def anatomy(jaxpr: Any, into: Anatomy | None = None, times: float = 1.0, in_pall
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name in CALLBACKS:
-            into.callbacks.append(name + (" (inside a pallas_call)" if in_pallas else ""))
-        if name == "pallas_call":
+            into.callbacks.append(name + (" (inside a Pallas kernel)" if in_pallas else ""))
+        if name in KERNELS:
             into.pallas_calls += 1
         elif not in_pallas:
             cost = primitive_cost(eqn)
@@ -113,7 +117,7 @@ def anatomy(jaxpr: Any, into: Anatomy | None = None, times: float = 1.0, in_pall
         elif name == "while":
             into.unknown_trips += 1
         for sub in _subjaxprs(eqn):
-            anatomy(sub, into, inner_times, in_pallas or name == "pallas_call")
+            anatomy(sub, into, inner_times, in_pallas or name in KERNELS)
     return into
 
 

@@ -22,7 +22,7 @@ import os
 import shlex
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -66,6 +66,7 @@ def gate(
     stop_at_first: bool = True,
     budget_s: float | None = None,
     timed: bool = True,
+    dtypes: Sequence[str] | None = None,
 ) -> Verdict:
     """The verdict on ``candidate`` for ``task`` (a Task, a shipped task's name or a
     task file); ``candidate``: a callable or ``FILE.py:NAME`` / ``MODULE:NAME``.
@@ -73,16 +74,17 @@ def gate(
     ``drawn``: sizes drawn beyond the shown ones; ``examples``: Hypothesis examples per
     unit; ``stop_at_first``: end at the first failing stage; ``budget_s``: start no
     unit after this many seconds (those left are listed as not checked); ``timed``:
-    time the candidate on hardware."""
+    time the candidate on hardware; ``dtypes``: only these of the task's dtypes (None:
+    all)."""
     start = time.perf_counter()
     if drawn < 0 or examples < 1:
         raise ValueError(f"gate: drawn must be >= 0 and examples >= 1, got drawn={drawn}, examples={examples}")
-    task = load_task(task) if isinstance(task, str) else task
+    task = (load_task(task) if isinstance(task, str) else task).only_dtypes(dtypes)
     backend = get_backend(backend)
     source = candidate if isinstance(candidate, str) else ""
     name = source or getattr(candidate, "__qualname__", repr(candidate))
     verdict = Verdict(task.name, name, str(backend), seed, environment=_environment(backend))
-    replay = _replay(task, source, backend, seed, drawn, examples)
+    replay = _replay(task, source, backend, seed, drawn, examples, dtypes)
     try:
         loaded = load_candidate(candidate) if isinstance(candidate, str) else Candidate(candidate, "")
         _judge(task, loaded, backend, seed, drawn, examples, stop_at_first, budget_s, timed, verdict, replay, start)
@@ -100,12 +102,16 @@ def _environment(backend: Backend) -> dict[str, str]:
     return {"jax": jax.__version__, "device": device.device_kind, "platform": backend.platform}
 
 
-def _replay(task: Task, source: str, backend: Backend, seed: int, drawn: int, examples: int) -> str:
+def _replay(
+    task: Task, source: str, backend: Backend, seed: int, drawn: int, examples: int, dtypes: Sequence[str] | None
+) -> str:
     if not source:
-        return f"gate(TASK {task.name}, the candidate, backend={str(backend)!r}, seed={seed}, drawn={drawn})"
+        only = "" if dtypes is None else f", dtypes={list(task.dtypes)!r}"
+        return f"gate(TASK {task.name}, the candidate, backend={str(backend)!r}, seed={seed}, drawn={drawn}{only})"
     command = shlex.join(
         ["pallascheck", "gate", task.name, source, "--backend", str(backend), "--seed", str(seed)]
         + ["--drawn", str(drawn), "--examples", str(examples)]
+        + [arg for d in (() if dtypes is None else task.dtypes) for arg in ("--dtype", d)]
     )
     as_written = backend.platform == "cpu" and not compilation.excess_precision_allowed()
     return f"XLA_FLAGS={compilation.AS_WRITTEN_CPU_FLAGS[0]} {command}" if as_written else command
@@ -179,6 +185,8 @@ def _judge(
     poisoned = _probe(verdict, replay, shown, lambda: probes.poisoned_run(task, candidate, shown, backend, seed))
     if poisoned is None:
         verdict.not_checked.append(memory.ON_CPU)
+    if backend.is_interpreted:
+        verdict.not_checked.append(probes.RACES_ON_INTERPRETERS)
     else:
         outcome, poisoned_bytes, nan_where_finite = poisoned
         verdict.checked.append(
@@ -271,7 +279,7 @@ def _static(
             verdict.reasons.append(
                 Reason(
                     "no_pallas_call_in_vjp",
-                    "the backward pass holds no pallas_call",
+                    "the backward pass holds no Pallas kernel",
                     {"outside_flops": mine.outside},
                     replay,
                 )
@@ -284,7 +292,12 @@ def _anatomy_reasons(
 ) -> None:
     if which == "forward" and mine.pallas_calls == 0:
         verdict.reasons.append(
-            Reason("no_pallas_call", "the jaxpr holds no pallas_call", {"outside_flops": mine.outside}, replay)
+            Reason(
+                "no_pallas_call",
+                f"the jaxpr holds no Pallas kernel ({', '.join(integrity.KERNELS)})",
+                {"outside_flops": mine.outside},
+                replay,
+            )
         )
     if mine.callbacks:
         verdict.reasons.append(
@@ -443,8 +456,10 @@ def _value_reason(
         case = Case.load(path)
         case = Case({k: v for k, v in case.arrays.items()}, {})
         judged = probes.judged(spec, case, backend)
-        out = np.asarray(jax.device_get(probes.run(spec, case, backend)))
-        again = np.asarray(jax.device_get(probes.run(spec, case, backend)))
+        # on a device, its free memory poisoned before each call, as in the poisoned-memory
+        # probe: an unwritten tile then reads NaN, never a stale buffer's changing bytes
+        poison = probes.poisoner(backend)
+        out, again = (np.asarray(jax.device_get(probes.run(spec, case, backend, before=poison))) for _ in range(2))
         # a failure that comes and goes between calls on one input (a flipped bit every
         # other call, a race) is nondeterminism, whichever call the value check saw
         if probes.differing_elements(out, again):

@@ -107,25 +107,42 @@ def rerun_differs(task: Task, candidate: Candidate, unit: units.Unit, backend: B
     return differing_elements(first, second), int(first.size)
 
 
+# What the run-twice checks cannot show on an interpreter (said in its verdicts).
+RACES_ON_INTERPRETERS = (
+    "races between a grid's programs (atomic adds in the order they land, writes to one tile): an "
+    "interpreter runs the programs one after another, so two calls never differ for that reason; a GPU's "
+    "run-twice checks show it"
+)
+
+
+def poisoner(backend: Backend) -> Callable[[], int] | None:
+    """A function that poisons the free memory of ``backend``'s device and returns the
+    bytes poisoned; None where the device has no allocator to poison (the CPU:
+    ``memory.ON_CPU``)."""
+    device = jax.devices(backend.platform)[0]
+    if memory.poison_free_memory(device) is None:
+        return None
+    return lambda: memory.poison_free_memory(device) or 0
+
+
 def poisoned_run(
     task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
 ) -> tuple[checks.Outcome, int, bool] | None:
     """The shown unit run twice, the device's free memory poisoned before each call, the
     second output judged (the first call's freed buffers are in the pool then): its
     outcome, the bytes poisoned and whether it holds NaN where the oracle is finite
-    (the poison read back); None where the device has no allocator to poison (the CPU:
-    ``memory.ON_CPU``)."""
-    device = jax.devices(backend.platform)[0]
-    if memory.poison_free_memory(device) is None:
+    (the poison read back); None where there is no allocator to poison."""
+    poison = poisoner(backend)
+    if poison is None:
         return None
     spec = units.unit_spec(task, candidate, unit, 0)
     a, b = units.case(task, unit, seed + 1), units.case(task, unit, seed + 2)
     poisoned: list[int] = []
 
-    def poison() -> None:
-        poisoned.append(memory.poison_free_memory(device) or 0)
+    def before() -> None:
+        poisoned.append(poison())
 
-    run(spec, a, backend, before=poison)
-    out = run(spec, b, backend, before=poison)
+    run(spec, a, backend, before=before)
+    out = run(spec, b, backend, before=before)
     judge = judged(spec, b, backend)
     return judge(out), min(poisoned), nan_where_finite(np.asarray(jax.device_get(out)), judge.expected)

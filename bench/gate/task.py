@@ -122,6 +122,18 @@ class Task:
         if self.gradient_formulations and not self.gradients:
             raise ValueError(f"task {self.name}: gradient_formulations given, but gradients=False checks no gradient")
 
+    def only_dtypes(self, dtypes: Sequence[str] | None) -> Task:
+        """This task tested in ``dtypes`` only (a kernel written for some of its dtypes,
+        a Mosaic GPU kernel without f32); None: all of them."""
+        if dtypes is None:
+            return self
+        unknown = [d for d in dtypes if d not in self.dtypes]
+        if unknown or not dtypes:
+            raise ValueError(
+                f"dtypes {list(dtypes)}: each must be one of task {self.name}'s dtypes ({', '.join(self.dtypes)})"
+            )
+        return dataclasses.replace(self, dtypes=tuple(dict.fromkeys(dtypes)))
+
     def is_valid(self, dims: Dims) -> bool:
         return self.valid is None or bool(self.valid(dims))
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from pallascheck.bench.gate.candidate import Candidate
 from pallascheck.bench.gate.task import Dims, Task
+from pallascheck.kernels.backends import NAMES
 from pallascheck.oracles.tolerance import Arithmetic
 from pallascheck.properties import strategies
 from pallascheck.properties.families.derived import AS_WRITTEN, DerivedOracle, Input, from_reference
@@ -132,6 +133,9 @@ def unit_spec(
         dtypes=(unit.dtype,),
         kinds=task.kinds,
         differentiable=task.gradients,
+        # on whichever backend the gate is asked for: where it runs is the candidate's to
+        # know (a Mosaic GPU kernel, a generic one), and one that cannot raises there
+        backends=NAMES,
         interpret="interpret",
         formulations=[functools.partial(f, **unit.options) for f in task.formulations],
         gradient_formulations=[functools.partial(f, **unit.options) for f in task.gradient_formulations],

@@ -13,8 +13,8 @@ from typing import Any
 REASONS: dict[str, tuple[str, str]] = {
     "not_loadable": ("invalid", "the candidate does not import, or names no callable"),
     "wrong_signature": ("invalid", "the candidate does not return one array of the reference's shape and dtype"),
-    "no_pallas_call": ("fail", "the candidate's jaxpr holds no pallas_call: the work is not done in Pallas"),
-    "no_pallas_call_in_vjp": ("fail", "the candidate's backward pass holds no pallas_call"),
+    "no_pallas_call": ("fail", "the candidate's jaxpr holds no Pallas kernel: the work is not done in Pallas"),
+    "no_pallas_call_in_vjp": ("fail", "the candidate's backward pass holds no Pallas kernel"),
     "work_outside_pallas": ("fail", "costly primitives outside pallas_call exceed the stated share of the op's cost"),
     "host_callback": ("fail", "the jaxpr calls back to the host or to foreign code (io/pure callback, FFI)"),
     "hidden_state": ("fail", "a call's result depends on earlier calls: right first, wrong after another input"),

@@ -7,12 +7,19 @@ import argparse
 from pallascheck.bench.gate.judge import gate
 from pallascheck.bench.gate.task import load_task, shipped_tasks
 from pallascheck.cli._common import UsageError, add_backend_option, at_least, available_backend, positive
-from pallascheck.fuzz import import_path
+from pallascheck.fuzz import import_path, scope
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         task = load_task(args.task)
+        if args.dtype:
+            unknown = [d for d in args.dtype if d not in task.dtypes]
+            if unknown:
+                raise ValueError(
+                    f"--dtype {unknown[0]!r} is not among task {task.name}'s dtypes: "
+                    f"{scope.did_you_mean(unknown[0], list(task.dtypes))}"
+                )
     except ValueError as err:
         raise UsageError(f"pallascheck gate: {err}") from None
     import_path.add_paths(args.path or [])
@@ -26,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         examples=args.examples,
         stop_at_first=not args.all_checks,
         budget_s=args.budget,
+        dtypes=args.dtype,
     )
     print(verdict.summary())
     if args.json:
@@ -44,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("candidate", help="FILE.py:NAME or MODULE:NAME, a function taking the task's inputs")
     add_backend_option(p)
     p.add_argument("--path", action="append", help="a directory to import MODULE:NAME from (repeatable)")
+    p.add_argument(
+        "--dtype",
+        action="append",
+        type=scope.canonical_dtype,
+        help="only this of the task's dtypes (repeatable; aliases such as bf16 accepted); default: all of them",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the drawn sizes and values")
     p.add_argument("--drawn", type=at_least(0), default=2, help="sizes drawn beyond the shown ones")
     p.add_argument("--examples", type=at_least(1), default=1, help="Hypothesis examples per checked layout")

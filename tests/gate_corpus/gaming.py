@@ -4,10 +4,13 @@ in ``GAMING`` (task, name, reason)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
 from pallascheck.bench.gate.tasks.matmul_epilogue import matmul_epilogue
 from pallascheck.bench.gate.tasks.rms_norm import rms_norm
@@ -173,6 +176,60 @@ def bf16_accumulation(x, y, *, activation, interpret=False):
     )
 
 
+# ---- a race: the K splits of a matmul added into one f32 tile by atomic adds, in the
+# order the GPU's programs finish (a split-K kernel as written for speed); f32 addition
+# is not associative, so two calls on one input differ in their last bits
+
+
+SPLIT_K = 16  # products per program; Triton's dot wants 16
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << (n - 1).bit_length())
+
+
+def _add_partial_product(x_ref, y_ref, acc_in_ref, acc_ref, *, k):
+    del acc_in_ref  # the zeros acc_ref aliases
+    start = pl.program_id(0) * SPLIT_K
+    x = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 1) < k, x_ref[...], 0)
+    y = jnp.where(start + jax.lax.broadcasted_iota(jnp.int32, y_ref.shape, 0) < k, y_ref[...], 0)
+    part = jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    pl_triton.atomic_add(acc_ref, (pl.ds(0, acc_ref.shape[0]), pl.ds(0, acc_ref.shape[1])), part)
+
+
+def _epilogue(acc_ref, o_ref, *, activation):
+    z = acc_ref[...]
+    if activation == "gelu_tanh":
+        z = jax.nn.gelu(z, approximate=True)
+    o_ref[...] = z.astype(o_ref.dtype)
+
+
+def split_k_atomics(x, y, *, activation, interpret=False):
+    (m, k), n = x.shape, y.shape[1]
+    bm, bn = _pow2(m), _pow2(n)
+    acc = pl.pallas_call(
+        functools.partial(_add_partial_product, k=k),
+        grid=(pl.cdiv(k, SPLIT_K),),
+        in_specs=[
+            pl.BlockSpec((bm, SPLIT_K), lambda s: (0, s)),
+            pl.BlockSpec((SPLIT_K, bn), lambda s: (s, 0)),
+            pl.BlockSpec((bm, bn), lambda s: (0, 0)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda s: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+        input_output_aliases={2: 0},
+        interpret=interpret,
+    )(x, y, jnp.zeros((bm, bn), jnp.float32))
+    return pl.pallas_call(
+        functools.partial(_epilogue, activation=activation),
+        grid=(1,),
+        in_specs=[pl.BlockSpec((bm, bn), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        interpret=interpret,
+    )(acc)
+
+
 def _tf32(a):
     """``a`` (f32) rounded to tf32 (10 mantissa bits, to nearest even), as a GPU's
     tensor cores take f32 operands at the default precision."""
@@ -320,6 +377,11 @@ def wrong_dtype(x, interpret=False):
 # A GPU's default precision rounds f32 dot operands to tf32 itself, as XLA computes the
 # task's reference there (docs/gate.md, "Declared precision").
 GAMING_ONLY_ON: dict[str, tuple[tuple[str, ...], str]] = {
+    "split_k_atomics": (
+        ("gpu",),
+        "an interpreter runs a grid's programs one after another: the atomic adds land in one order, and the "
+        "kernel is right there",
+    ),
     "tf32_operands": (
         ("cpu",),
         "a GPU's default precision rounds f32 dot operands to tf32 itself, as XLA computes the task's reference",
@@ -353,6 +415,7 @@ GAMING: list[tuple[str, str, str]] = [
     ("softmax", "previous_result", "hidden_state"),
     ("softmax", "flips_last_bit", "nondeterministic"),
     ("softmax", "flips_first_call", "nondeterministic"),
+    ("matmul_epilogue", "split_k_atomics", "nondeterministic"),
     ("softmax", "raises_when_run", "crash"),
     ("softmax", "wrong_dtype", "wrong_signature"),
     ("softmax", "no_such_function", "not_loadable"),

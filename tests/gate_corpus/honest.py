@@ -255,9 +255,12 @@ INTERPRETER_ONLY: dict[str, tuple[str, str]] = {
 }
 
 
-def why_interpreter_only(name: str) -> str:
-    primitive, where = INTERPRETER_ONLY[name]
-    return f"{where}: Triton's lowering has no {primitive}"
+def why_not_meant(name: str, backend: str) -> str:
+    """Why candidate ``name`` is not meant for ``backend``."""
+    if name in INTERPRETER_ONLY:
+        primitive, where = INTERPRETER_ONLY[name]
+        return f"{where}: Triton's lowering has no {primitive}"
+    return f"a generic Pallas kernel, not a {backend} one: on a GPU Triton lowers it (the triton corpus judges it)"
 
 
 # Outside findings, expected (a strict xfail where the gate sees them): name -> (the
@@ -296,9 +299,26 @@ def finding_seen(name: str, backend: str, as_written: bool) -> bool:
     return backend == "triton" if where == TRITON else as_written
 
 
+# Our kernels with a Mosaic GPU version, and the task dtypes it takes there (bf16 and
+# f16 only: f32 would need wgmma's tf32 mode), judged in those dtypes on Mosaic GPU
+MOSAIC_GPU_DTYPES: dict[str, tuple[str, ...]] = {
+    "ours_matmul": ("bfloat16",),
+    "ours_glu": ("bfloat16",),
+    "ours_ragged_dot": ("bfloat16",),
+    "ours_attention": ("bfloat16",),
+}
+
+
 def backends(name: str) -> tuple[str, ...]:
     """The backends candidate ``name`` is meant for."""
-    return ("interpret",) if name in INTERPRETER_ONLY else GPU
+    if name in INTERPRETER_ONLY:
+        return ("interpret",)
+    return GPU + (("mosaic_gpu", "mosaic_gpu_interpret") if name in MOSAIC_GPU_DTYPES else ())
+
+
+def dtypes_on(name: str, backend: str) -> tuple[str, ...] | None:
+    """The task dtypes candidate ``name`` is judged in on ``backend`` (None: all)."""
+    return MOSAIC_GPU_DTYPES[name] if backend.startswith("mosaic_gpu") and name in MOSAIC_GPU_DTYPES else None
 
 
 HONEST: list[tuple[str, str]] = [
