@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--backend", default=None)
     parser.add_argument("--drawn", type=int, default=2)
     parser.add_argument("--json")
+    parser.add_argument("--only", action="append", help="only this candidate (repeatable)")
     parser.add_argument("--warm", action="store_true", help="judge each candidate again and time it warm")
     parser.add_argument("--corpus", choices=("gaming", "honest"), help="only this corpus (default: both)")
     parser.add_argument(
@@ -77,6 +78,7 @@ def main() -> None:
             print(f"honest  {name:34s} not run on {backend}: {why_not_meant(name, backend)}", flush=True)
     rows = []
     chosen = [p for p in plan if args.corpus in (None, "honest" if p[0] == "finding" else p[0])]
+    chosen = [p for p in chosen if not args.only or p[2] in args.only]
     for kind, task, name, expected in chosen[k - 1 :: n]:
         module = "gaming" if kind == "gaming" else "honest"
         start = time.perf_counter()
