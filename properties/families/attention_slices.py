@@ -28,10 +28,20 @@ add (float64 reassociation only, some 2^29 below any bound) before the factors o
 whole sum (gamma of its depth over all sq rows, its underflow floors, sm_scale, the
 output rounding) are applied once (``RowSums.finish``). Nothing is left unchunked.
 
+A causal chunk sees a prefix of the keys: its last row sees keys j <= i + skv - sq
+only. Its oracle is computed over the keys its last row sees, rounded up to a multiple
+of an eighth of skv (``_visible_keys``: at most eight programs per function serve
+every chunk; a causal s32768 case does 56% of the work of every chunk over every key),
+and one stand-in key for the rest (``oracles.attention.key_prefix``): the rest
+contribute to the chunk's results only the terms a key no row sees gets (underflow
+floors of roundings), which the stand-in gets as they do; the results with a key axis
+(dk, dv, a dbias with keys, and their bounds) come back with every key, the stand-in's
+entry for each of the rest, and the bounds count the whole case's keys.
+
 Device memory of one chunk's program. With G the q heads of a slice (its kv head's
 group, or all h where not sliced by head, times b where not sliced by batch), r its
 rows and d the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv
-bytes, at most 8 ``SLICE_ELEMENTS`` = 268 MB) and [G, skv, d] ones (V = 8 G skv d
+bytes, at most 8 ``SLICE_ELEMENTS`` = 268 MB; a causal chunk's prefix holds fewer) and [G, skv, d] ones (V = 8 G skv d
 bytes: k and v repeated for the group's heads, their magnitudes; no chunking shrinks
 them). XLA:CPU's buffer assignment (temp bytes; G 4, causal, no bias) put the gradient
 bound, the largest program, at 15.7 U (d/r = 1/8), 30.1 U (d/r = 4) and 51.1 U (d/r =
@@ -139,22 +149,42 @@ def _sub_case(case: Case, batch: int | None, kv_head: int | None) -> Case:
     return Case(out, case.params)
 
 
-def _chunk_case(case: Case, first_row: Any, rows: int) -> Case:
+def _visible_keys(seq_q: int, seq_kv: int, first_row: int, rows: int) -> int | None:
+    """How many of the first keys a causal chunk of query rows ``first_row`` ..
+    ``first_row + rows`` computes over: those its last row sees (bottom-right), rounded
+    up to a multiple of an eighth of seq_kv (a power of two), so that at most eight
+    lengths, each its own compiled program, serve every chunk; None: all of them."""
+    step = 1 << max((seq_kv - 1) // 8, 1).bit_length()
+    seen = first_row + rows + seq_kv - seq_q
+    keys = max(-(-seen // step), 1) * step
+    return None if keys >= seq_kv else keys
+
+
+def _chunk_case(case: Case, first_row: Any, rows: int, keys: int | None) -> Case:
     """The case of query rows ``first_row`` .. ``first_row + rows`` of ``case``: their
-    q, cotangent, bias and mask rows, every key, and the causal mask as the mask of
-    those rows' absolute positions in ``case`` (never as if the first were row 0)."""
+    q, cotangent, bias and mask rows, every key (or the first ``keys`` and the stand-in
+    for the rest, which no row of the chunk sees: ``oracles.attention.key_prefix``),
+    and the causal mask as the mask of those rows' absolute positions in ``case``
+    (never as if the first were row 0)."""
     sq, skv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     out: dict[str, Any] = {}  # the case's arrays, sliced on the device (traced)
     for name, a in case.arrays.items():
         if name in ("q", "cotangent"):  # [b, sq, h, d]
             out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, 1)
-        elif name not in ("k", "v") and a.ndim >= 2 and a.shape[-2] > 1:  # bias, mask with rows
-            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, a.ndim - 2)
-        else:  # k, v; a bias or mask broadcast over rows
-            out[name] = a
+            continue
+        if name not in ("k", "v") and a.ndim >= 2 and a.shape[-2] > 1:  # bias, mask with rows
+            a = jax.lax.dynamic_slice_in_dim(a, first_row, rows, a.ndim - 2)
+        if keys is not None and name in ("k", "v"):  # [b, skv, hkv, d]
+            a = attention_oracle.key_prefix(a, 1, keys, stand_in="magnitude" if name == "k" else "zero")
+        elif keys is not None and a.shape[-1] > 1:  # a bias or mask with keys
+            a = attention_oracle.key_prefix(a, a.ndim - 1, keys, stand_in="zero")
+        out[name] = a
     params = dict(case.params)
     if params["causal"]:
-        visible = attention_oracle.causal_visible(sq, skv, first_row=first_row, rows=rows)
+        # the stand-in is key ``keys``: past the last row's last visible key
+        visible = attention_oracle.causal_visible(
+            sq, skv, first_row=first_row, rows=rows, keys=None if keys is None else keys + 1
+        )
         out["mask"] = visible & out["mask"] if "mask" in out else visible
         params["causal"] = False
     return Case(out, params)
@@ -188,11 +218,13 @@ def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]
     added and finished."""
     # placed once: every chunk's program reads the same device copies
     case = Case(layout_programs.placed(dict(case.arrays)), case.params)
-    seq_q = case.arrays["q"].shape[1]
+    seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     pieces: dict[str, list[Any]] = {}
     sums: dict[str, attention_oracle.RowSums] = {}
     for first in range(0, seq_q, rows):
-        part = program(case, np.asarray(first, np.int32), min(rows, seq_q - first), *rest)
+        size = min(rows, seq_q - first)
+        keys = _visible_keys(seq_q, seq_kv, first, size) if case.params["causal"] else None
+        part = program(case, np.asarray(first, np.int32), size, keys, *rest)
         results = part if isinstance(part, Mapping) else {"out": part}
         for key, x in results.items():
             if isinstance(x, attention_oracle.RowSums):
@@ -221,11 +253,12 @@ def sliced(
     def expected_of(case: Case, ref: Any) -> Any:
         return expected(ref)
 
-    def chunk_oracle(case: Case, first_row: Any, rows: int) -> Any:
-        ref = oracle(_chunk_case(case, first_row, rows))
+    def chunk_oracle(case: Case, first_row: Any, rows: int, keys: int | None) -> Any:
+        ref = oracle(_chunk_case(case, first_row, rows, keys))
         bias = case.arrays.get("bias")
+        seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
         return attention_oracle.chunk(
-            ref, first_row, case.arrays["q"].shape[1], None if bias is None else tuple(bias.shape)
+            ref, first_row, seq_q, None if bias is None else tuple(bias.shape), None if keys is None else seq_kv
         )
 
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,7 +267,7 @@ def sliced(
         # chunk's, where ``fn`` sees the slice's case
         of_slice = device_programs.per_layout(lambda case, *rest: fn(case, oracle(case), *rest))
         of_chunk = device_programs.per_layout(
-            lambda case, first_row, rows, *rest: fn(case, chunk_oracle(case, first_row, rows), *rest)
+            lambda case, first_row, rows, keys, *rest: fn(case, chunk_oracle(case, first_row, rows, keys), *rest)
         )
 
         def run(case: Case, ref: Any, *rest: Any) -> Any:
