@@ -627,8 +627,9 @@ def gradient_bound(
     common = dict(arith=arith, dtype=dtype)
     over_q = dict(common, depth=q_depth, terms=ref.group * sq)  # a dot's terms may each underflow twice
 
-    def over_keys(parts: tuple[Any, Any, Any]) -> tuple[Any, ...]:  # [b, kv heads, keys, d]
-        return tuple(_whole_keys(ref, x, 2) for x in parts)
+    def over_keys(parts: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:  # [b, kv heads, keys, d]
+        value, propagated, magnitude = parts
+        return _whole_keys(ref, value, 2), _whole_keys(ref, propagated, 2), _whole_keys(ref, magnitude, 2)
 
     bounds: dict[str, Any] = {
         "dq": _DotSums(*sums(ds_r, ref.k, False), **common, depth=kv_depth, terms=skv, sm_scale=ref.sm_scale).finish(),
@@ -643,9 +644,13 @@ def gradient_bound(
         shape = (1,) * (4 - len(whole_bias)) + tuple(whole_bias)
         whole = ds.value.shape[:2] + (sq, skv)
         axes = tuple(a for a in range(4) if shape[a] == 1 and whole[a] != 1)
+        ds_parts = (ds.value, ds.err, ds.magnitude)
         if axes:
+            value, err, magnitude = (_whole_keys(ref, x.sum(axes, keepdims=True), -1) for x in ds_parts)
             total = _BiasSums(
-                *(_whole_keys(ref, x.sum(axes, keepdims=True), -1) for x in (ds.value, ds.err, ds.magnitude)),
+                value,
+                err,
+                magnitude,
                 **common,
                 terms=math.prod(whole[a] for a in axes),
                 shape=tuple(ref.bias_shape[:-1]) + (whole_bias[-1],),

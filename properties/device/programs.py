@@ -17,6 +17,13 @@ The runner asks for a case's oracle and bounds from several threads at once
 (``_RUN_ALONE``): the production tier's memory rule (properties/production.py) counts
 one oracle program's float64 intermediates, not ten.
 
+An oracle computed in parts (attention's chunks: properties/families/attention_slices.py)
+serves the calls a check makes with it in shared passes (``SharedPasses``): each part's
+oracle once, fed to every call of the pass, instead of once a call. The runner says
+how many calls each round asks (``asked_in_rounds``; the second round's calls read the
+first's exact gradients), so that one pass serves a round whatever order its threads
+ask in.
+
 On the host (numpy oracles) ``fn`` runs as it is. A function that reads its arrays'
 values on the host (ragged_dot's group sizes) runs eagerly, as before, and so does one
 whose arguments cannot be hashed.
@@ -24,8 +31,10 @@ whose arguments cannot be hashed.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -57,3 +66,89 @@ def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = N
         return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
 
     return run
+
+
+@dataclasses.dataclass
+class _Ask:
+    request: Any
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    taken: bool = False  # a thread serves it
+    result: Any = None
+    error: BaseException | None = None
+
+
+class SharedPasses:
+    """Calls that one pass over an oracle's parts serves together. ``ask(request)``
+    queues a call and returns its result; once the round it belongs to has all its
+    calls (``asked_in_rounds``), or when nothing holds them (no rounds said, or
+    ``release()``), the asking thread serves every queued call with ``serve`` (a list
+    of requests -> their results, in order) and the others wait for theirs. The results
+    are the calls' own: a pass feeds each the same parts, whichever calls share it."""
+
+    def __init__(self, serve: Callable[[list[Any]], list[Any]]) -> None:
+        self._serve = serve
+        self._changed = threading.Condition()
+        self._queue: list[_Ask] = []
+        self._rounds: collections.deque[int] = collections.deque()
+        self.served: list[int] = []  # the calls of each pass, in the order served
+
+    def expect(self, rounds: Sequence[int]) -> None:
+        """The calls still to come arrive in rounds of these many (a round's calls can
+        ask only once the round before it is served)."""
+        with self._changed:
+            self._rounds = collections.deque(n for n in rounds if n > 0)
+
+    def release(self) -> None:
+        """Serve what is queued, and every later call at once (a check that stops
+        early: the calls it counted on may never come)."""
+        with self._changed:
+            self._rounds.clear()
+            self._changed.notify_all()
+
+    def ask(self, request: Any) -> Any:
+        mine = _Ask(request)
+        with self._changed:
+            self._queue.append(mine)
+            if self._rounds:
+                self._rounds[0] -= 1
+                if self._rounds[0] == 0:
+                    self._rounds.popleft()
+                    self._changed.notify_all()
+                else:  # wait for the round's last call, which serves the round
+                    self._changed.wait_for(lambda: mine.taken or not self._rounds)
+            batch = [] if mine.taken else self._queue
+            if batch:
+                self._queue = []
+                for ask in batch:
+                    ask.taken = True
+        if batch:
+            self._run(batch)
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def _run(self, batch: list[_Ask]) -> None:
+        self.served.append(len(batch))
+        try:
+            for ask, result in zip(batch, self._serve([a.request for a in batch]), strict=True):
+                ask.result = result
+        except BaseException as error:  # every call of the pass gets it
+            for ask in batch:
+                ask.error = error
+        finally:
+            for ask in batch:
+                ask.done.set()
+
+
+def asked_in_rounds(oracle: Any, rounds: Sequence[int]) -> None:
+    """Tell an oracle served in shared passes (its ``passes``) how many calls each
+    round will ask of it; nothing for another oracle."""
+    if isinstance(passes := getattr(oracle, "passes", None), SharedPasses):
+        passes.expect(rounds)
+
+
+def release(oracle: Any) -> None:
+    """No more calls are held for ``oracle``'s rounds (``SharedPasses.release``)."""
+    if isinstance(passes := getattr(oracle, "passes", None), SharedPasses):
+        passes.release()

@@ -92,6 +92,9 @@ class Sliced:
     case: Case
     slices: tuple[tuple[int | None, int | None], ...]
     rows: int | None = None
+    # serves the spec functions' calls with this case (``sliced``): one pass over the
+    # slices and chunks for each round of calls the runner asks
+    passes: device_programs.SharedPasses | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _chunk_rows(seq_q: int, row_elements: int) -> int | None:
@@ -168,17 +171,18 @@ def _chunk_case(case: Case, first_row: Any, rows: int, keys: int | None) -> Case
     (never as if the first were row 0)."""
     sq, skv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     out: dict[str, Any] = {}  # the case's arrays, sliced on the device (traced)
-    for name, a in case.arrays.items():
+    for name, whole in case.arrays.items():
+        x: Any = whole
         if name in ("q", "cotangent"):  # [b, sq, h, d]
-            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, 1)
+            out[name] = jax.lax.dynamic_slice_in_dim(x, first_row, rows, 1)
             continue
-        if name not in ("k", "v") and a.ndim >= 2 and a.shape[-2] > 1:  # bias, mask with rows
-            a = jax.lax.dynamic_slice_in_dim(a, first_row, rows, a.ndim - 2)
+        if name not in ("k", "v") and x.ndim >= 2 and x.shape[-2] > 1:  # bias, mask with rows
+            x = jax.lax.dynamic_slice_in_dim(x, first_row, rows, x.ndim - 2)
         if keys is not None and name in ("k", "v"):  # [b, skv, hkv, d]
-            a = attention_oracle.key_prefix(a, 1, keys, stand_in="magnitude" if name == "k" else "zero")
-        elif keys is not None and a.shape[-1] > 1:  # a bias or mask with keys
-            a = attention_oracle.key_prefix(a, a.ndim - 1, keys, stand_in="zero")
-        out[name] = a
+            x = attention_oracle.key_prefix(x, 1, keys, stand_in="magnitude" if name == "k" else "zero")
+        elif keys is not None and x.shape[-1] > 1:  # a bias or mask with keys
+            x = attention_oracle.key_prefix(x, x.ndim - 1, keys, stand_in="zero")
+        out[name] = x
     params = dict(case.params)
     if params["causal"]:
         # the stand-in is key ``keys``: past the last row's last visible key
@@ -212,29 +216,41 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
-def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]) -> Any:
-    """``program(case, first_row, rows, *rest)`` over the query rows of the slice
-    ``case``, ``rows`` at a time: the chunks' rows concatenated, their ``RowSums``
-    added and finished."""
+def _chunked(
+    chunk_oracle: Callable[..., Any], functions: list[Callable[..., Any]], case: Case, rows: int, rests: list[list[Any]]
+) -> list[Any]:
+    """Each of ``functions`` ``fn(case, chunk, *rest)`` over the query rows of the slice
+    ``case``, ``rows`` at a time, with each chunk's oracle ``chunk_oracle(case,
+    first_row, rows, keys)`` computed once for all of them: per function, the chunks'
+    rows concatenated, their ``RowSums`` added and finished."""
     # placed once: every chunk's program reads the same device copies
     case = Case(layout_programs.placed(dict(case.arrays)), case.params)
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    pieces: dict[str, list[Any]] = {}
-    sums: dict[str, attention_oracle.RowSums] = {}
+    pieces: list[dict[str, list[Any]]] = [{} for _ in functions]
+    sums: list[dict[str, attention_oracle.RowSums]] = [{} for _ in functions]
+    parts: list[Any] = [None for _ in functions]
     for first in range(0, seq_q, rows):
         size = min(rows, seq_q - first)
         keys = _visible_keys(seq_q, seq_kv, first, size) if case.params["causal"] else None
-        part = program(case, np.asarray(first, np.int32), size, keys, *rest)
-        results = part if isinstance(part, Mapping) else {"out": part}
-        for key, x in results.items():
-            if isinstance(x, attention_oracle.RowSums):
-                sums[key] = jax.tree_util.tree_map(operator.add, sums[key], x) if key in sums else x
-            else:
-                pieces.setdefault(key, []).append(x)
-    combined = {
-        key: sums[key].finish() if key in sums else xp.concatenate(pieces[key], axis=_ROW_AXIS[key]) for key in results
-    }
-    return combined if isinstance(part, Mapping) else combined["out"]
+        ref = chunk_oracle(case, np.asarray(first, np.int32), size, keys)
+        for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
+            parts[n] = fn(case, ref, *rest)
+            results = parts[n] if isinstance(parts[n], Mapping) else {"out": parts[n]}
+            for key, x in results.items():
+                if isinstance(x, attention_oracle.RowSums):
+                    total = sums[n].get(key)
+                    sums[n][key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
+                else:
+                    pieces[n].setdefault(key, []).append(x)
+    combined = []
+    for n, part in enumerate(parts):
+        keys_of = part.keys() if isinstance(part, Mapping) else ("out",)
+        whole = {
+            key: sums[n][key].finish() if key in sums[n] else xp.concatenate(pieces[n][key], axis=_ROW_AXIS[key])
+            for key in keys_of
+        }
+        combined.append(whole if isinstance(part, Mapping) else whole["out"])
+    return combined
 
 
 def sliced(
@@ -242,16 +258,13 @@ def sliced(
 ) -> tuple[Callable[[Case], Any], Callable[[Any], Any], Callable[[Callable[..., Any]], Callable[..., Any]]]:
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
-    ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too)."""
+    ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too). The calls
+    made with one sliced case are served in shared passes (``Sliced.passes``): each
+    slice's or chunk's oracle is computed once per pass, as its own program, and fed to
+    every function of the pass, each its own program (so a function's results do not
+    depend on which others share its pass)."""
 
     whole_oracle = device_programs.per_layout(oracle)
-
-    def sliced_oracle(case: Case) -> Any:
-        plan = _plan(case)
-        return whole_oracle(case) if plan is None else plan
-
-    def expected_of(case: Case, ref: Any) -> Any:
-        return expected(ref)
 
     def chunk_oracle(case: Case, first_row: Any, rows: int, keys: int | None) -> Any:
         ref = oracle(_chunk_case(case, first_row, rows, keys))
@@ -261,29 +274,53 @@ def sliced(
             ref, first_row, seq_q, None if bias is None else tuple(bias.shape), None if keys is None else seq_kv
         )
 
+    chunk_program = device_programs.per_layout(chunk_oracle)
+
+    def serve(plan: Sliced, requests: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+        """One pass over ``plan``'s slices (and chunks) for every request
+        (``fn(case, ref, *rest)``, compiled per layout)."""
+        case = plan.case
+        group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
+        functions = [fn for fn, _ in requests]
+        parts: list[list[Any]] = [[] for _ in requests]
+        for i, j in plan.slices:
+            sub = _sub_case(case, i, j)
+            rests = [
+                [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest] for _, rest in requests
+            ]
+            if plan.rows is None:
+                ref = whole_oracle(sub)
+                outs = [fn(sub, ref, *rest) for fn, rest in zip(functions, rests, strict=True)]
+            else:
+                outs = _chunked(chunk_program, functions, sub, plan.rows, rests)
+            for n, out in enumerate(outs):
+                parts[n].append(out)
+        return [
+            {k: _assemble(plan, [p[k] for p in part], k) for k in part[0]}
+            if isinstance(part[0], Mapping)
+            else _assemble(plan, part, "out")
+            for part in parts
+        ]
+
+    def sliced_oracle(case: Case) -> Any:
+        plan = _plan(case)
+        if plan is None:
+            return whole_oracle(case)
+        # the plan serves its own passes (a pass reads only the plan's case and layout)
+        return dataclasses.replace(plan, passes=device_programs.SharedPasses(lambda requests: serve(plan, requests)))
+
+    def expected_of(case: Case, ref: Any) -> Any:
+        return expected(ref)
+
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
         whole = device_programs.per_layout(fn)
-        # a slice's oracle is computed inside the slice's program, a chunk's inside the
-        # chunk's, where ``fn`` sees the slice's case
-        of_slice = device_programs.per_layout(lambda case, *rest: fn(case, oracle(case), *rest))
-        of_chunk = device_programs.per_layout(
-            lambda case, first_row, rows, keys, *rest: fn(case, chunk_oracle(case, first_row, rows, keys), *rest)
-        )
 
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
                 return whole(case, ref, *rest)
-            group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
-            parts = []
-            for i, j in ref.slices:
-                sub = _sub_case(case, i, j)
-                sub_rest = [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest]
-                parts.append(
-                    of_slice(sub, *sub_rest) if ref.rows is None else _chunked(of_chunk, sub, ref.rows, sub_rest)
-                )
-            if isinstance(parts[0], Mapping):
-                return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
-            return _assemble(ref, parts, "out")
+            if ref.passes is None:  # a plan made outside ``sliced_oracle``: a pass of its own
+                return serve(ref, [(whole, rest)])[0]
+            return ref.passes.ask((whole, rest))
 
         return run
 
