@@ -98,16 +98,23 @@ def main() -> None:
 
     jax.monitoring.register_event_duration_secs_listener(counted)
     runs = [0]
+    seconds_in: dict[str, float] = {}  # per spec function: its programs' calls (waits for the lock included)
     compiled = layout_programs.compiled
 
-    def counting(*a: Any, **k: Any) -> Any:
+    def counting(fn: Any, *a: Any, **k: Any) -> Any:
         runs[0] += 1
-        return compiled(*a, **k)
+        start = time.perf_counter()
+        try:
+            return compiled(fn, *a, **k)
+        finally:
+            name = getattr(fn, "__name__", "?")
+            seconds_in[name] = seconds_in.get(name, 0.0) + time.perf_counter() - start
 
     layout_programs.compiled = counting  # every oracle-side program call goes through it
     rows = []
     for i, case in enumerate(cases):
         runs[0] = compiles[0] = 0
+        seconds_in.clear()
         start = time.perf_counter()
         tally = runner.check_case(spec, case, config, backend, context=context, selected=CHECKS)
         seconds = time.perf_counter() - start
@@ -118,6 +125,7 @@ def main() -> None:
                 "checks": {k: round(v, 2) for k, v in tally.seconds.items()},
                 "programs_run": runs[0],
                 "programs_compiled": compiles[0],
+                "program_seconds": {k: round(v, 2) for k, v in sorted(seconds_in.items())},
                 "budgets": {k: o.budget_used for k, o in tally.outcomes.items()},
             }
         )

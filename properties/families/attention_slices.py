@@ -38,26 +38,35 @@ floors of roundings), which the stand-in gets as they do; the results with a key
 (dk, dv, a dbias with keys, and their bounds) come back with every key, the stand-in's
 entry for each of the rest, and the bounds count the whole case's keys.
 
-Device memory of one chunk's program. With G the q heads of a slice (its kv head's
-group, or all h where not sliced by head, times b where not sliced by batch), r its
-rows and d the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv
-bytes, at most 8 ``SLICE_ELEMENTS`` = 268 MB; a causal chunk's prefix holds fewer) and [G, skv, d] ones (V = 8 G skv d
-bytes: k and v repeated for the group's heads, their magnitudes; no chunking shrinks
-them). XLA:CPU's buffer assignment (temp bytes; G 4, causal, no bias) put the gradient
-bound, the largest program, at 15.7 U (d/r = 1/8), 30.1 U (d/r = 4) and 51.1 U (d/r =
-8); the forward bound at 11.4, 25.0 and 49.0 U; the VJP at 4.3, 10.0 and 18.0 U; the
-oracle alone at 2.1, 9.0 and 17.0 U: all within 16 U + 6 V (a GPU's fusion differs;
-not measured). Add the outputs (dk, dv sums: 6 x 8 skv d bytes per kv head) and the
-slice's inputs, placed on the device once for all its chunks, in their dtypes: q and
-the cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
-(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d 128:
-s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
+Device memory of one chunk. With G the q heads of a slice (its kv head's group, or
+all h where not sliced by head, times b where not sliced by batch), r its rows and d
+the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv bytes, at most 8
+``SLICE_ELEMENTS`` = 268 MB; a causal chunk's prefix holds fewer) and [G, skv, d] ones
+(V = 8 G skv d bytes: k and v repeated for the group's heads, their magnitudes; no
+chunking shrinks them). A pass holds the chunk's oracle (its program's output) while
+each function's program runs on it, one at a time. XLA:CPU's buffer assignment (G 4,
+causal, no bias, every key) put the oracle's output at 6.4 U (d/r = 1/8), 7.1 U (d/r
+= 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1, 4.5 and 8.0 U, and the
+largest fed program, the gradient bound, at 9.3, 8.0 and 13.0 U (the forward bound
+4.1, 4.5, 6.0 U; the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the
+gradient bound's temp bytes and outputs, is 15.9 U, 15.9 U and 26 U, within 16 U + 6 V
+(V = U / 8, U / 2, 2 U there; a GPU's fusion differs: not measured). Add the slice's
+inputs, placed on the device once for all its chunks, in their dtypes: q and the
+cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
+(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d
+128: s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
 programs (properties/device/programs.py): for cases below ``SLICE_ELEMENTS`` one per
 function and layout, else one per function and slice (or chunk) layout, which every
-slice, chunk and case of the layout reuses.
+slice, chunk and case of the layout reuses. The calls a check makes with a sliced
+case are served in shared passes (``Sliced.passes``; the runner asks them in two
+rounds, properties/device/programs.py): each slice's or chunk's oracle is its own
+program, run once per pass and fed to every function's program of the pass, instead
+of recomputed inside each function's (seven times a case at the production tier; now
+twice: the round of the oracle's calls, then the round of those that read the exact
+gradients).
 """
 
 from __future__ import annotations
