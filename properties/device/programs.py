@@ -22,7 +22,9 @@ serves the calls a check makes with it in shared passes (``SharedPasses``): each
 oracle once, fed to every call of the pass, instead of once a call. The runner says
 how many calls each round asks (``asked_in_rounds``; the second round's calls read the
 first's exact gradients), so that one pass serves a round whatever order its threads
-ask in.
+ask in. A pass runs its programs one after another on one thread, so it compiles them
+first, together on threads (``LayoutProgram.ahead``: an input another program of the
+pass computes is given by its shape, ``jax.eval_shape``).
 
 On the host (numpy oracles) ``fn`` runs as it is. A function that reads its arrays'
 values on the host (ragged_dot's group sizes) runs eagerly, as before, and so does one
@@ -49,23 +51,38 @@ _OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
 _RUN_ALONE = threading.Lock()
 
 
-def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> Callable[..., Any]:
+class LayoutProgram:
     """``fn(case, *rest)``, on the oracle device one compiled program per layout
     (``layout_programs.compiled``). A case for which ``streams(case)`` holds (an oracle
     computed in spans: oracles/chunks.py) runs eagerly instead, span by span, still
     alone: one program of all its spans would be free to keep every span's
     intermediates at once, and the memory rule counts one span's."""
 
-    def run(case: Any, *rest: Any) -> Any:
+    def __init__(self, fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> None:
+        self.fn = fn
+        self.streams = streams
+
+    def __call__(self, case: Any, *rest: Any) -> Any:
         if numeric.active_device() is None:
-            return fn(case, *rest)
-        if streams is not None and streams(case):
+            return self.fn(case, *rest)
+        if self.streams is not None and self.streams(case):
             arrays, rest = layout_programs.placed((dict(case.arrays), rest))
             with _RUN_ALONE:
-                return jax.block_until_ready(fn(type(case)(arrays, case.params), *rest))
-        return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
+                return jax.block_until_ready(self.fn(type(case)(arrays, case.params), *rest))
+        return layout_programs.compiled(self.fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
 
-    return run
+    def ahead(self, case: Any, *rest: Any) -> None:
+        """Compile the program for these arguments (``jax.ShapeDtypeStruct`` for an
+        input yet to be computed) without running it; nothing on the host or for a
+        case that streams."""
+        if numeric.active_device() is None or (self.streams is not None and self.streams(case)):
+            return
+        layout_programs.compile_ahead(self.fn, case, *rest, compiler_options=_OPTIONS)
+
+
+def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> LayoutProgram:
+    """``fn(case, *rest)`` as a ``LayoutProgram``."""
+    return LayoutProgram(fn, streams)
 
 
 @dataclasses.dataclass

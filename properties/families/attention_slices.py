@@ -71,9 +71,11 @@ gradients).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -226,7 +228,11 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
 
 
 def _chunked(
-    chunk_oracle: Callable[..., Any], functions: list[Callable[..., Any]], case: Case, rows: int, rests: list[list[Any]]
+    chunk_oracle: Callable[..., Any],
+    functions: Sequence[Callable[..., Any]],
+    case: Case,
+    rows: int,
+    rests: list[list[Any]],
 ) -> list[Any]:
     """Each of ``functions`` ``fn(case, chunk, *rest)`` over the query rows of the slice
     ``case``, ``rows`` at a time, with each chunk's oracle ``chunk_oracle(case,
@@ -284,19 +290,69 @@ def sliced(
         )
 
     chunk_program = device_programs.per_layout(chunk_oracle)
+    compiled_ahead: set[Any] = set()  # the pass layouts whose programs ``compile_ahead`` compiled
 
-    def serve(plan: Sliced, requests: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+    def compile_ahead(
+        functions: list[device_programs.LayoutProgram], case: Case, rows: int | None, rests: list[list[Any]]
+    ) -> None:
+        """Compile every program a pass over slices like ``case`` runs (its oracle's and
+        each function's, for every chunk layout: up to eight key prefixes and a shorter
+        last chunk) at once, on threads, before it runs them one after another: a
+        pass's first case compiles as the runner's threads did when each function was
+        a call of its own. Once per pass layout."""
+        statics = tuple(tuple(r for r in rest if not layout_programs.holds_arrays(r)) for rest in rests)
+        arrays = tuple((name, a.shape, str(a.dtype)) for name, a in case.arrays.items())
+        signature = (arrays, tuple(sorted(case.params.items())), rows, tuple(map(id, functions)), statics)
+        if signature in compiled_ahead:
+            return
+        seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+        first = jax.ShapeDtypeStruct((), np.int32)
+        jobs: list[Callable[[], None]] = []
+        for size in {seq_q} if rows is None else {min(rows, seq_q - f) for f in range(0, seq_q, rows)}:
+            all_keys: list[int | None] = [None]
+            if rows is not None and case.params["causal"]:
+                all_keys = [
+                    _visible_keys(seq_q, seq_kv, f, size) for f in range(0, seq_q, rows) if min(rows, seq_q - f) == size
+                ]
+            for keys in set(all_keys):
+                if rows is None:
+                    ref = jax.eval_shape(lambda a: oracle(Case(a, case.params)), dict(case.arrays))
+                    jobs.append(functools.partial(whole_oracle.ahead, case))
+                else:
+                    ref = jax.eval_shape(
+                        lambda a, f, size=size, keys=keys: chunk_oracle(Case(a, case.params), f, size, keys),
+                        dict(case.arrays),
+                        first,
+                    )
+                    jobs.append(functools.partial(chunk_program.ahead, case, first, size, keys))
+                jobs += [
+                    functools.partial(fn.ahead, case, ref, *rest) for fn, rest in zip(functions, rests, strict=True)
+                ]
+        device = numeric.active_device()
+
+        def on_device(job: Callable[[], None]) -> None:
+            with numeric.on_device(device):
+                job()
+
+        with concurrent.futures.ThreadPoolExecutor(min(len(jobs), 16), thread_name_prefix="pallascheck-ahead") as pool:
+            for done in [pool.submit(on_device, job) for job in jobs]:
+                done.result()
+        compiled_ahead.add(signature)
+
+    def serve(plan: Sliced, requests: list[tuple[device_programs.LayoutProgram, tuple[Any, ...]]]) -> list[Any]:
         """One pass over ``plan``'s slices (and chunks) for every request
         (``fn(case, ref, *rest)``, compiled per layout)."""
         case = plan.case
         group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
-        functions = [fn for fn, _ in requests]
+        functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
         parts: list[list[Any]] = [[] for _ in requests]
-        for i, j in plan.slices:
+        for n, (i, j) in enumerate(plan.slices):
             sub = _sub_case(case, i, j)
             rests = [
                 [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest] for _, rest in requests
             ]
+            if n == 0:  # every slice has the first one's layout
+                compile_ahead(functions, sub, plan.rows, rests)
             if plan.rows is None:
                 ref = whole_oracle(sub)
                 outs = [fn(sub, ref, *rest) for fn, rest in zip(functions, rests, strict=True)]
