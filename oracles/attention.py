@@ -78,14 +78,36 @@ def _einsum(spec: str, *operands: Any) -> Any:
     return xp.einsum(spec, *operands, optimize=True)
 
 
-def causal_visible(seq_q: int, seq_kv: int, *, first_row: Any = 0, rows: int | None = None) -> np.ndarray:
-    """[rows, seq_kv] bool: which keys the query rows ``first_row`` .. ``first_row +
-    rows`` of a case of ``seq_q`` queries see under the causal mask, aligned
-    bottom-right (query i sees keys j <= i + seq_kv - seq_q). ``first_row`` may be a
-    traced scalar: a chunk of rows sees exactly the visibility of its rows in the whole
-    case (properties/families/attention_slices.py)."""
+def causal_visible(
+    seq_q: int, seq_kv: int, *, first_row: Any = 0, rows: int | None = None, keys: int | None = None
+) -> np.ndarray:
+    """[rows, keys] bool: which of the first ``keys`` keys (None: all seq_kv) the query
+    rows ``first_row`` .. ``first_row + rows`` of a case of ``seq_q`` queries see under
+    the causal mask, aligned bottom-right (query i sees keys j <= i + seq_kv - seq_q).
+    ``first_row`` may be a traced scalar: a chunk of rows sees exactly the visibility
+    of its rows in the whole case (properties/families/attention_slices.py)."""
     rows = seq_q if rows is None else rows
-    return xp.arange(seq_kv)[None, :] <= xp.arange(rows)[:, None] + first_row + (seq_kv - seq_q)
+    keys = seq_kv if keys is None else keys
+    return xp.arange(keys)[None, :] <= xp.arange(rows)[:, None] + first_row + (seq_kv - seq_q)
+
+
+def key_prefix(x: Any, axis: int, keys: int, *, stand_in: str) -> Any:
+    """The first ``keys`` entries of ``x`` along its key ``axis`` and one more, the
+    stand-in for the rest, for a chunk of query rows that sees none of the rest (its
+    causal mask; ``chunk``): the rest contribute nothing to its values and bounds but
+    the terms every unseen key gets (a rounding's underflow floor), which the stand-in
+    gets as they do, and dq's bound, which sums such a term times |k_j| over all keys:
+    it is linear in |k_j|, so the stand-in of k (``stand_in="magnitude"``) is the sum of
+    |k_j| over the rest; of v, a bias and a mask "zero" (0, False)."""
+    head = jax.lax.slice_in_dim(x, 0, keys, axis=axis)
+    rest = jax.lax.slice_in_dim(x, keys, x.shape[axis], axis=axis)
+    if stand_in == "magnitude":  # in float64, as the oracle reads it (exactly)
+        head, tail = f64(head), xp.sum(xp.abs(f64(rest)), axis=axis, keepdims=True)
+    elif stand_in == "zero":
+        tail = xp.zeros_like(jax.lax.slice_in_dim(x, 0, 1, axis=axis))
+    else:
+        raise ValueError(f"stand_in must be 'magnitude' or 'zero', got {stand_in!r}")
+    return xp.concatenate([head, tail], axis=axis)
 
 
 def visibility(batch: int, heads: int, seq_q: int, seq_kv: int, *, causal: bool, mask: Any) -> np.ndarray:
@@ -125,7 +147,7 @@ def reference64(q, k, v, bias, visible, sm_scale: float):
     return xp.transpose(xp.einsum("bhqk,bhkd->bhqd", p, vh, optimize=True), (0, 2, 1, 3))
 
 
-@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape", "whole_seq_q", "whole_bias_shape")
+@numeric.pytree("sm_scale", "group", "has_bias", "bias_shape", "whole_seq_q", "whole_bias_shape", "whole_seq_kv")
 @dataclasses.dataclass(frozen=True)
 class AttentionOracle:
     out: np.ndarray  # [b, sq, h, d] float64
@@ -152,15 +174,56 @@ class AttentionOracle:
     first_row: Any = None
     whole_seq_q: int | None = None
     whole_bias_shape: tuple[int, ...] | None = None
+    # A chunk that sees a prefix of the keys (``key_prefix``: its arrays hold the
+    # prefix and the stand-in for the rest): the whole case's seq_kv; None: every key.
+    whole_seq_kv: int | None = None
 
 
-def chunk(ref: AttentionOracle, first_row: Any, seq_q: int, bias_shape: tuple[int, ...] | None) -> AttentionOracle:
+def chunk(
+    ref: AttentionOracle,
+    first_row: Any,
+    seq_q: int,
+    bias_shape: tuple[int, ...] | None,
+    seq_kv: int | None = None,
+) -> AttentionOracle:
     """``ref``, the oracle of query rows ``first_row`` .. of a case of ``seq_q`` query
     rows and a bias of ``bias_shape``, marked as such: ``oracle_vjp`` and
     ``gradient_bound`` then take those rows of the whole case's q, cotangent and bias,
     and return the results that sum over query rows as ``RowSums`` (the chunks' parts
-    add; ``finish`` applies what depends on the whole sum)."""
-    return dataclasses.replace(ref, first_row=first_row, whole_seq_q=seq_q, whole_bias_shape=bias_shape)
+    add; ``finish`` applies what depends on the whole sum). ``seq_kv``: ``ref`` was
+    computed over a prefix of the case's ``seq_kv`` keys and the stand-in for the rest
+    (``key_prefix``); the bounds count the whole case's keys, ``oracle_vjp`` cuts the
+    whole case's k, v and bias so, and the results with a key axis come back whole,
+    the stand-in's result for every key of the rest."""
+    return dataclasses.replace(
+        ref, first_row=first_row, whole_seq_q=seq_q, whole_bias_shape=bias_shape, whole_seq_kv=seq_kv
+    )
+
+
+def _seq_kv(ref: AttentionOracle) -> int:
+    """The whole case's number of keys (a chunk's arrays may hold a prefix of them)."""
+    return ref.k.shape[2] if ref.whole_seq_kv is None else ref.whole_seq_kv
+
+
+def _prefix_keys(ref: AttentionOracle, x: Any, axis: int, stand_in: str) -> Any:
+    """The whole case's ``x`` cut to ``ref``'s keys along its key ``axis`` (x itself
+    where ``ref`` sees every key, or where x broadcasts along that axis)."""
+    if ref.whole_seq_kv is None or x is None or x.shape[axis] == 1:
+        return x
+    return key_prefix(x, axis, ref.k.shape[2] - 1, stand_in=stand_in)
+
+
+def _whole_keys(ref: AttentionOracle, x: Any, axis: int) -> Any:
+    """A result of ``ref``'s keys along ``axis`` (the prefix, then the stand-in) with
+    every key of the whole case: the stand-in's entry for each key of the rest."""
+    if ref.whole_seq_kv is None or x.shape[axis] == 1:
+        return x
+    axis = axis % x.ndim
+    keys = x.shape[axis] - 1
+    head = jax.lax.slice_in_dim(x, 0, keys, axis=axis)
+    tail = jax.lax.slice_in_dim(x, keys, keys + 1, axis=axis)
+    shape = x.shape[:axis] + (ref.whole_seq_kv - keys,) + x.shape[axis + 1 :]
+    return xp.concatenate([head, xp.broadcast_to(tail, shape)], axis=axis)
 
 
 def _query_rows(ref: AttentionOracle, x: Any, axis: int) -> Any:
@@ -359,7 +422,7 @@ def bound(
     module docstring), or xla_reference in ``dtype`` when ``block_k`` is None;
     ``qk_highest``, ``log2e``: see ``logits``."""
     dtype = xp.dtype(dtype)
-    skv = ref.v.shape[2]
+    skv = _seq_kv(ref)
     u32, u_in, t = unit_roundoff(F32), unit_roundoff(dtype), arith.transcendental_rel(F32)
     kernel = block_k is not None
     compute = F32 if kernel else dtype
@@ -412,13 +475,19 @@ def oracle_vjp(ref: AttentionOracle, q, k, v, bias, cotangent) -> dict[str, Any]
     # whether the bias has query rows is a fact of the whole case's (a chunk may have one row)
     summed = bias is not None and _sums_over_query_rows(tuple(bias.shape))
     q, cotangent, bias = _query_rows(ref, q, 1), _query_rows(ref, cotangent, 1), _bias_rows(ref, bias)
+    k, v = _prefix_keys(ref, k, 1, "magnitude"), _prefix_keys(ref, v, 1, "zero")
+    bias = None if bias is None else _prefix_keys(ref, bias, bias.ndim - 1, "zero")
     if bias is None:
         dq, dk, dv = vjp64(_without_bias, (q, k, v), cotangent, constants=(vis,), static=(scale,))
-        grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv)}
+        dbias = None
     else:
         raw = xp.where(xp.isfinite(f64(bias)), f64(bias), 0.0)  # -inf entries are masked: no gradient
         dq, dk, dv, dbias = vjp64(_with_bias, (q, k, v, raw), cotangent, constants=(vis,), static=(scale,))
-        grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv), "dbias": _Summed(dbias) if summed else dbias}
+    dk, dv = _whole_keys(ref, dk, 1), _whole_keys(ref, dv, 1)
+    grads = {"dq": dq, "dk": _Summed(dk), "dv": _Summed(dv)}
+    if dbias is not None:
+        dbias = _whole_keys(ref, dbias, -1)
+        grads["dbias"] = _Summed(dbias) if summed else dbias
     return {key: _finished(ref, g) for key, g in grads.items()}
 
 
@@ -481,7 +550,7 @@ def gradient_bound(
     vis = ref.visible
     # a chunk of rows (``chunk``): its own rows, in sums over q the whole case's sq
     sq = ref.q.shape[2] if ref.whole_seq_q is None else ref.whole_seq_q
-    skv, d = ref.k.shape[2], ref.q.shape[3]
+    skv, d = _seq_kv(ref), ref.q.shape[3]
     do = f64(_query_rows(ref, cotangent, 1)).transpose(0, 2, 1, 3)  # [b, h, rows, d]
     absdo = xp.abs(do)
     rounds = dtype != xp.float32
@@ -557,10 +626,15 @@ def gradient_bound(
     p_r = rounded(p_hat)
     common = dict(arith=arith, dtype=dtype)
     over_q = dict(common, depth=q_depth, terms=ref.group * sq)  # a dot's terms may each underflow twice
+
+    def over_keys(parts: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:  # [b, kv heads, keys, d]
+        value, propagated, magnitude = parts
+        return _whole_keys(ref, value, 2), _whole_keys(ref, propagated, 2), _whole_keys(ref, magnitude, 2)
+
     bounds: dict[str, Any] = {
         "dq": _DotSums(*sums(ds_r, ref.k, False), **common, depth=kv_depth, terms=skv, sm_scale=ref.sm_scale).finish(),
-        "dk": _DotSums(*sums(ds_r, ref.q, True), **over_q, sm_scale=ref.sm_scale),
-        "dv": _DotSums(*sums(p_r, do, True), **over_q, sm_scale=None),
+        "dk": _DotSums(*over_keys(sums(ds_r, ref.q, True)), **over_q, sm_scale=ref.sm_scale),
+        "dv": _DotSums(*over_keys(sums(p_r, do, True)), **over_q, sm_scale=None),
     }
     if ref.has_bias:
         if ref.bias_shape is None:
@@ -568,21 +642,24 @@ def gradient_bound(
         # the axes it broadcasts along are the whole case's (a chunk may have one row)
         whole_bias = ref.bias_shape if ref.whole_bias_shape is None else ref.whole_bias_shape
         shape = (1,) * (4 - len(whole_bias)) + tuple(whole_bias)
-        whole = ds.value.shape[:2] + (sq,) + ds.value.shape[3:]
+        whole = ds.value.shape[:2] + (sq, skv)
         axes = tuple(a for a in range(4) if shape[a] == 1 and whole[a] != 1)
+        ds_parts = (ds.value, ds.err, ds.magnitude)
         if axes:
+            value, err, magnitude = (_whole_keys(ref, x.sum(axes, keepdims=True), -1) for x in ds_parts)
             total = _BiasSums(
-                ds.value.sum(axes, keepdims=True),
-                ds.err.sum(axes, keepdims=True),
-                ds.magnitude.sum(axes, keepdims=True),
+                value,
+                err,
+                magnitude,
                 **common,
                 terms=math.prod(whole[a] for a in axes),
-                shape=tuple(ref.bias_shape),
+                shape=tuple(ref.bias_shape[:-1]) + (whole_bias[-1],),
             )
             # a bias with query rows has each chunk's rows: only a sum over rows waits
             bounds["dbias"] = total if 2 in axes else total.finish()
         else:
-            bounds["dbias"] = _unbounded_not_nan(algebra.round_to(ds, dtype, arith).err.reshape(ref.bias_shape))
+            err = algebra.round_to(ds, dtype, arith).err.reshape(ref.bias_shape)
+            bounds["dbias"] = _whole_keys(ref, _unbounded_not_nan(err), -1)
     return {key: _finished(ref, value) for key, value in bounds.items()}
 
 

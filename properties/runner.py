@@ -38,6 +38,7 @@ from pallascheck.properties import check_kinds, checks, pairs, production, strat
 from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
+from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import AnyOrderContract, Case, CodePath, KernelSpec, Parameter
 
 
@@ -291,6 +292,7 @@ def _check_case(
         return started[-1].result
 
     started: list[concurrent.futures.Future] = []
+    held: list[Any] = []  # the case's oracle (_checks)
     try:
         return _checks(
             spec,
@@ -305,8 +307,11 @@ def _check_case(
             kernel_side=kernel_side,
             kernel_side_started=kernel_side_started,
             oracle_side_started=oracle_side_started,
+            held=held,
         )
     finally:  # nothing of this case runs on beside the next one (its memory, its GPU time)
+        for oracle in held:  # calls held for a round a failed check no longer asks
+            device_programs.release(oracle)
         for future in started:
             future.cancel()  # those not begun: a failed check needs them no more
         concurrent.futures.wait(started)
@@ -324,6 +329,60 @@ _KERNEL_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=2, thre
 _ORACLE_SIDE_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=10, thread_name_prefix="pallascheck-oracle")
 
 
+def _oracle_side(
+    spec: KernelSpec,
+    case: Case,
+    ref: Any,
+    config: Any,
+    default: Any,
+    arith: Any,
+    need: frozenset[str],
+    has_gradients: bool,
+    reference_vjp: bool,
+    started: Callable[[Callable[[], Any]], Callable[[], Any]],
+) -> dict[str, Callable[[], Any]]:
+    """Every oracle-side call the checks ``need``, started at once (``started``), by
+    name: first those of the oracle alone, then those that read the exact gradients
+    (submitted after what they need, so they never wait for a thread they hold). An
+    oracle computed in parts serves each of the two rounds in one pass
+    (``device_programs.asked_in_rounds``). A contract that is xla_reference's bound
+    (spec.AnyOrderContract) is computed and held once."""
+    g = spec.gradients
+    got: dict[str, Callable[[], Any]] = {}
+    first: dict[str, Callable[[], Any]] = {"expected": lambda: spec.expected(ref)}
+    second: dict[str, Callable[[], Any]] = {}
+    if "exact_gradients" in need and (has_gradients or reference_vjp) and g is not None:
+        first["exact_gradients"] = lambda: g.oracle_vjp(case, ref)
+    if "bound" in need:
+        first["bound"] = lambda: spec.bound(case, ref, config, arith)
+    if "probabilistic_bound" in need:
+        first["probabilistic_bound"] = lambda: spec.bound(case, ref, config, arith.with_probabilistic())
+    if "reference_bound" in need:
+        first["reference_bound"] = lambda: spec.bound(case, ref, None, arith)
+    contract = spec.contract
+    same = "reference_bound" in need and _is_reference_bound(contract, spec.bound)
+    if contract is not None and "contract_bound" in need and not same:
+        first["contract_bound"] = lambda: contract(case, ref, arith)
+    if "default_bound" in need and config != default:
+        first["default_bound"] = lambda: spec.bound(case, ref, default, arith)
+    if reference_vjp and g is not None:
+        second["reference_gradient_bound"] = lambda: g.bound(case, ref, got["exact_gradients"](), None, arith)
+    if has_gradients and g is not None:
+        second["gradient_bound"] = lambda: g.bound(case, ref, got["exact_gradients"](), config, arith)
+    g_contract = None if g is None else g.contract
+    same_gradients = reference_vjp and g is not None and _is_reference_bound(g_contract, g.bound)
+    if "gradient_contract_bound" in need and has_gradients and g_contract is not None and not same_gradients:
+        second["gradient_contract_bound"] = lambda: g_contract(case, ref, got["exact_gradients"](), arith)
+    device_programs.asked_in_rounds(ref, [len(first), len(second)])
+    for name, call in (first | second).items():  # ``got`` holds a call's getter before the next starts
+        got[name] = started(call)
+    if same:
+        got["contract_bound"] = got["reference_bound"]
+    if same_gradients:
+        got["gradient_contract_bound"] = got["reference_gradient_bound"]
+    return got
+
+
 def _checks(
     spec: KernelSpec,
     case: Case,
@@ -338,6 +397,7 @@ def _checks(
     kernel_side: Callable[..., Any],
     kernel_side_started: Callable[..., Callable[[], Any]],
     oracle_side_started: Callable[[Callable[[], Any]], Callable[[], Any]],
+    held: list[Any],
 ) -> Tally:
     def timed(name: str, fn: Callable[[], checks.Outcome]) -> None:
         t0 = time.perf_counter()
@@ -356,40 +416,24 @@ def _checks(
         if spec.gradients is not None and spec.gradients.reference_vjp is not None:
             reference_vjp_result = kernel_side_started(spec.gradients.reference_vjp)
     ref = spec.oracle(case)
-    # Every oracle-side call this case makes, started at once (oracle_side_started):
-    # what the exact gradients' bounds need is started before them.
+    held.append(ref)  # released when the case ends (_check_case)
     g = spec.gradients
-    soon = oracle_side_started
-    expected_result = soon(lambda: spec.expected(ref))
     reference_vjp = "reference" in selected and g is not None and g.reference_vjp is not None
     need = check_kinds.needs(selected)
-    if "exact_gradients" in need and (has_gradients or reference_vjp) and g is not None:
-        exact_gradients = soon(lambda: g.oracle_vjp(case, ref))
-    if "bound" in need:
-        bound_result = soon(lambda: spec.bound(case, ref, config, arith))
-    if "probabilistic_bound" in need:
-        prob_bound = soon(lambda: spec.bound(case, ref, config, arith.with_probabilistic()))
-    if "reference_bound" in need:
-        reference_bound = soon(lambda: spec.bound(case, ref, None, arith))
-    if reference_vjp and g is not None:
-        reference_gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), None, arith))
-    spec_contract = spec.contract
-    # a contract that is xla_reference's bound (spec.AnyOrderContract) is computed and held once
-    same = "reference_bound" in need and _is_reference_bound(spec_contract, spec.bound)
-    if spec_contract is not None and "contract_bound" in need:
-        contract_bound = reference_bound if same else soon(lambda: spec_contract(case, ref, arith))
     default = spec.default_config_for(backend)
-    if "default_bound" in need and config != default:
-        default_bound = soon(lambda: spec.bound(case, ref, default, arith))
-    if has_gradients and g is not None:
-        gradient_bound = soon(lambda: g.bound(case, ref, exact_gradients(), config, arith))
     g_contract = None if g is None else g.contract
     gradient_contract = has_gradients and g_contract is not None
-    if "gradient_contract_bound" in need and gradient_contract and g_contract is not None and g is not None:
-        if reference_vjp and _is_reference_bound(g_contract, g.bound):
-            gradient_contract_bound = reference_gradient_bound
-        else:
-            gradient_contract_bound = soon(lambda: g_contract(case, ref, exact_gradients(), arith))
+    got = _oracle_side(spec, case, ref, config, default, arith, need, has_gradients, reference_vjp, oracle_side_started)
+
+    def asked(name: str) -> Callable[[], Any]:
+        """The result of an oracle-side call, when asked (only a check that needs it asks)."""
+        return lambda: got[name]()
+
+    expected_result, exact_gradients = asked("expected"), asked("exact_gradients")
+    bound_result, prob_bound = asked("bound"), asked("probabilistic_bound")
+    reference_bound, reference_gradient_bound = asked("reference_bound"), asked("reference_gradient_bound")
+    contract_bound, default_bound = asked("contract_bound"), asked("default_bound")
+    gradient_bound, gradient_contract_bound = asked("gradient_bound"), asked("gradient_contract_bound")
     expected = expected_result()
     kernel_out = functools.cache(lambda: _np(kernel_side(spec.kernel, config, backend)))
     kernel_gradients = functools.cache(lambda: {k: _np(v) for k, v in vjp_result().items()})

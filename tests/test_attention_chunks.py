@@ -1,6 +1,7 @@
 """A large attention case's device oracle is computed in chunks of query rows
-(properties/families/attention_slices.py): the chunks' oracle output, bound, contract,
-float64 gradients and gradient bounds are the whole case's, elementwise. Device
+(properties/families/attention_slices.py), a causal chunk over the keys its rows see
+and a stand-in for the rest: the chunks' oracle output, bound, contract, float64
+gradients and gradient bounds are the whole case's, elementwise. Device
 oracles run on the CPU here (``numeric.on_device``, as tests/test_device_oracles.py);
 a small ``SLICE_ELEMENTS`` makes small cases chunk."""
 
@@ -85,6 +86,13 @@ CASES = {
         2 * 24 * 16,
         16,
     ),
+    # causal sq == skv, MQA, a full bias (rows and keys): 40 queries in chunks of 16,
+    # the last of 8; the first two chunks see a prefix of the keys
+    "causal, sq == skv, full bias, MQA, float32": (
+        _case(1, 40, 40, 2, 1, causal=True, bias=(1, 2, 40, 40), dtype=np.float32),
+        2 * 40 * 16,
+        16,
+    ),
     # a 2-D bias and mask (shared by batch and heads: not sliced) in chunks of one row,
     # where a chunk's bias rows look like a bias broadcast over rows
     "causal, 2-D bias and mask, one-row chunks": (
@@ -143,3 +151,20 @@ def test_chunk_rule_at_production_lengths() -> None:
     long = plan(32768)  # llama-3 8B at 32k: by kv head, 256 rows at a time
     assert long.slices == tuple((None, j) for j in range(8)) and long.rows == 256
     assert plan(2048).rows is None and len(plan(2048).slices) == 8  # a slice of [4, 2048, 2048] fits
+
+
+def test_causal_chunks_compute_over_the_keys_they_see() -> None:
+    """A causal chunk's keys: those its last row sees (bottom-right), rounded up to a
+    multiple of an eighth of seq_kv; None (all of them) where that reaches seq_kv."""
+    keys = attention_slices._visible_keys
+    assert [keys(32768, 32768, f, 256) for f in (0, 3840, 4096, 28672, 32512)] == [
+        4096,
+        4096,
+        8192,
+        None,
+        None,
+    ]
+    assert len({keys(32768, 32768, f, 256) for f in range(0, 32768, 256)}) == 8  # 7 prefixes and all
+    assert keys(48, 20, 0, 16) == 4  # sq > skv: no key visible, one step at least
+    assert keys(36, 52, 0, 8) == 24  # sq < skv: the first row sees 17 keys, the last 24
+    assert keys(32767, 32767, 0, 256) == 4096  # unaligned: steps of 4096 still

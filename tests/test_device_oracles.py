@@ -176,6 +176,44 @@ def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
     assert len(seen) == 2
 
 
+def test_a_sliced_case_serves_each_round_of_its_checks_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner asks a sliced attention case's oracle-side calls in two rounds (those
+    of the oracle, those that read the exact gradients); each round is one pass over
+    the slices and chunks, whatever order its threads ask in
+    (properties/device/programs.py, ``SharedPasses``)."""
+    import dataclasses
+
+    from pallascheck.properties import checks, runner
+    from pallascheck.properties.families import attention_slices
+
+    monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", 2 * 16 * 40)  # chunks of 16 rows
+    monkeypatch.setenv(runner.ORACLES_ENV_VAR, "device")
+    spec, backend = get_spec("attention"), Backend("interpret")
+    plans = []
+
+    def oracle(case):
+        plans.append(spec.oracle(case))
+        return plans[-1]
+
+    checked = dataclasses.replace(spec, oracle=oracle)
+    case = _attention_case(None)
+    selected = ("values", "gradients", "contract")
+    tally = runner.check_case(
+        checked,
+        case,
+        spec.default_config,
+        backend,
+        context=checks.Context("attention", "bfloat16", "interpret"),
+        selected=selected,
+    )
+    assert set(tally.outcomes) == set(selected)
+    (plan,) = plans
+    assert isinstance(plan, attention_slices.Sliced) and plan.rows == 16
+    # expected, the exact gradients, the bound, its probabilistic variant, the contract;
+    # then the gradient bound and gradient contract
+    assert plan.passes.served == [5, 2]
+
+
 def test_error_products_stay_unbounded_where_an_unbounded_error_meets_a_zero() -> None:
     """``algebra.matmul`` of error terms: 0 * inf = inf (the kernel's 0 times an
     overflowed inf is NaN), inf * nonzero = inf, a NaN kept, else the plain product;

@@ -44,9 +44,10 @@ _eager: set[Callable[..., Any]] = set()  # spec functions that read values on th
 _ARGUMENT = object()  # in a program's statics: the place of an argument holding arrays
 
 
-def _holds_arrays(arg: Any) -> bool:
+def holds_arrays(arg: Any) -> bool:
+    # a ShapeDtypeStruct stands for an array in a program compiled ahead (``compile_ahead``)
     return isinstance(arg, Mapping) or any(
-        isinstance(a, (np.ndarray, jax.Array)) for a in jax.tree_util.tree_leaves(arg)
+        isinstance(a, (np.ndarray, jax.Array, jax.ShapeDtypeStruct)) for a in jax.tree_util.tree_leaves(arg)
     )
 
 
@@ -141,8 +142,8 @@ def compiled(
     if fn in _eager:
         with alone:
             return fn(case, *rest)
-    dynamic = tuple(r for r in rest if _holds_arrays(r))
-    statics = tuple(_ARGUMENT if _holds_arrays(r) else r for r in rest)
+    dynamic = tuple(r for r in rest if holds_arrays(r))
+    statics = tuple(_ARGUMENT if holds_arrays(r) else r for r in rest)
     options = tuple(sorted((compiler_options or {}).items()))
     try:
         program = _program(fn, tuple(sorted(case.params.items())), statics, options)
@@ -159,6 +160,28 @@ def compiled(
         _eager.add(fn)
         with alone:
             return fn(case, *rest)
+
+
+def compile_ahead(
+    fn: Callable[..., Any], case: Case, *rest: Any, compiler_options: Mapping[str, str] | None = None
+) -> None:
+    """Compile ``fn(case, *rest)``'s program as ``compiled`` would, without running it:
+    its arrays may be ``jax.ShapeDtypeStruct`` (an input another program will compute),
+    so that programs a caller will run one after another compile at once, on threads.
+    Nothing for a function that runs eagerly."""
+    if fn in _eager:
+        return
+    dynamic = tuple(r for r in rest if holds_arrays(r))
+    statics = tuple(_ARGUMENT if holds_arrays(r) else r for r in rest)
+    options = tuple(sorted((compiler_options or {}).items()))
+    try:
+        program = _program(fn, tuple(sorted(case.params.items())), statics, options)
+    except TypeError:  # unhashable parameters: compiled when called, if ever
+        return
+    try:
+        _compile(program, case.arrays, dynamic)
+    except _TRACER_ERRORS:
+        _eager.add(fn)
 
 
 def call(fn: Callable[..., Any], backend: Backend, case: Case, *statics: Any, place_inputs: bool = True) -> Any:

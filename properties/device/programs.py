@@ -17,6 +17,15 @@ The runner asks for a case's oracle and bounds from several threads at once
 (``_RUN_ALONE``): the production tier's memory rule (properties/production.py) counts
 one oracle program's float64 intermediates, not ten.
 
+An oracle computed in parts (attention's chunks: properties/families/attention_slices.py)
+serves the calls a check makes with it in shared passes (``SharedPasses``): each part's
+oracle once, fed to every call of the pass, instead of once a call. The runner says
+how many calls each round asks (``asked_in_rounds``; the second round's calls read the
+first's exact gradients), so that one pass serves a round whatever order its threads
+ask in. A pass runs its programs one after another on one thread, so it compiles them
+first, together on threads (``LayoutProgram.ahead``: an input another program of the
+pass computes is given by its shape, ``jax.eval_shape``).
+
 On the host (numpy oracles) ``fn`` runs as it is. A function that reads its arrays'
 values on the host (ragged_dot's group sizes) runs eagerly, as before, and so does one
 whose arguments cannot be hashed.
@@ -24,8 +33,10 @@ whose arguments cannot be hashed.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -40,20 +51,121 @@ _OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
 _RUN_ALONE = threading.Lock()
 
 
-def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> Callable[..., Any]:
+class LayoutProgram:
     """``fn(case, *rest)``, on the oracle device one compiled program per layout
     (``layout_programs.compiled``). A case for which ``streams(case)`` holds (an oracle
     computed in spans: oracles/chunks.py) runs eagerly instead, span by span, still
     alone: one program of all its spans would be free to keep every span's
     intermediates at once, and the memory rule counts one span's."""
 
-    def run(case: Any, *rest: Any) -> Any:
+    def __init__(self, fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> None:
+        self.fn = fn
+        self.streams = streams
+
+    def __call__(self, case: Any, *rest: Any) -> Any:
         if numeric.active_device() is None:
-            return fn(case, *rest)
-        if streams is not None and streams(case):
+            return self.fn(case, *rest)
+        if self.streams is not None and self.streams(case):
             arrays, rest = layout_programs.placed((dict(case.arrays), rest))
             with _RUN_ALONE:
-                return jax.block_until_ready(fn(type(case)(arrays, case.params), *rest))
-        return layout_programs.compiled(fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
+                return jax.block_until_ready(self.fn(type(case)(arrays, case.params), *rest))
+        return layout_programs.compiled(self.fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)
 
-    return run
+    def ahead(self, case: Any, *rest: Any) -> None:
+        """Compile the program for these arguments (``jax.ShapeDtypeStruct`` for an
+        input yet to be computed) without running it; nothing on the host or for a
+        case that streams."""
+        if numeric.active_device() is None or (self.streams is not None and self.streams(case)):
+            return
+        layout_programs.compile_ahead(self.fn, case, *rest, compiler_options=_OPTIONS)
+
+
+def per_layout(fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> LayoutProgram:
+    """``fn(case, *rest)`` as a ``LayoutProgram``."""
+    return LayoutProgram(fn, streams)
+
+
+@dataclasses.dataclass
+class _Ask:
+    request: Any
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    taken: bool = False  # a thread serves it
+    result: Any = None
+    error: BaseException | None = None
+
+
+class SharedPasses:
+    """Calls that one pass over an oracle's parts serves together. ``ask(request)``
+    queues a call and returns its result; once the round it belongs to has all its
+    calls (``asked_in_rounds``), or when nothing holds them (no rounds said, or
+    ``release()``), the asking thread serves every queued call with ``serve`` (a list
+    of requests -> their results, in order) and the others wait for theirs. The results
+    are the calls' own: a pass feeds each the same parts, whichever calls share it."""
+
+    def __init__(self, serve: Callable[[list[Any]], list[Any]]) -> None:
+        self._serve = serve
+        self._changed = threading.Condition()
+        self._queue: list[_Ask] = []
+        self._rounds: collections.deque[int] = collections.deque()
+        self.served: list[int] = []  # the calls of each pass, in the order served
+
+    def expect(self, rounds: Sequence[int]) -> None:
+        """The calls still to come arrive in rounds of these many (a round's calls can
+        ask only once the round before it is served)."""
+        with self._changed:
+            self._rounds = collections.deque(n for n in rounds if n > 0)
+
+    def release(self) -> None:
+        """Serve what is queued, and every later call at once (a check that stops
+        early: the calls it counted on may never come)."""
+        with self._changed:
+            self._rounds.clear()
+            self._changed.notify_all()
+
+    def ask(self, request: Any) -> Any:
+        mine = _Ask(request)
+        with self._changed:
+            self._queue.append(mine)
+            if self._rounds:
+                self._rounds[0] -= 1
+                if self._rounds[0] == 0:
+                    self._rounds.popleft()
+                    self._changed.notify_all()
+                else:  # wait for the round's last call, which serves the round
+                    self._changed.wait_for(lambda: mine.taken or not self._rounds)
+            batch = [] if mine.taken else self._queue
+            if batch:
+                self._queue = []
+                for ask in batch:
+                    ask.taken = True
+        if batch:
+            self._run(batch)
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def _run(self, batch: list[_Ask]) -> None:
+        self.served.append(len(batch))
+        try:
+            for ask, result in zip(batch, self._serve([a.request for a in batch]), strict=True):
+                ask.result = result
+        except BaseException as error:  # every call of the pass gets it
+            for ask in batch:
+                ask.error = error
+        finally:
+            for ask in batch:
+                ask.done.set()
+
+
+def asked_in_rounds(oracle: Any, rounds: Sequence[int]) -> None:
+    """Tell an oracle served in shared passes (its ``passes``) how many calls each
+    round will ask of it; nothing for another oracle."""
+    if isinstance(passes := getattr(oracle, "passes", None), SharedPasses):
+        passes.expect(rounds)
+
+
+def release(oracle: Any) -> None:
+    """No more calls are held for ``oracle``'s rounds (``SharedPasses.release``)."""
+    if isinstance(passes := getattr(oracle, "passes", None), SharedPasses):
+        passes.release()

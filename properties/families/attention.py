@@ -71,9 +71,11 @@ def production_layouts() -> tuple[Layout, ...]:
         # The check's device memory (xla_reference's is apart: ``reference_bytes``): the
         # whole case's q-like and kv-like arrays (inputs, the kernel's outputs and
         # gradients, their float64 oracle values, bounds and contracts: 64 bytes an
-        # element allowed), and one chunk of the oracle (attention_slices.py: at most
-        # 16 float64 [G, rows, skv] intermediates of SLICE_ELEMENTS, and 6 of the
-        # slice's [G, skv, d] k/v copies). A bias of b x h x s x s elements adds its
+        # element allowed), and one chunk of the oracle (attention_slices.py: its
+        # oracle held while one function's program runs on it, at most 16 float64
+        # [G, rows, skv] intermediates of SLICE_ELEMENTS, and 6 of the slice's
+        # [G, skv, d] k/v copies; a causal chunk over a prefix of the keys holds
+        # fewer). A bias of b x h x s x s elements adds its
         # gradient's arrays (a check with a full bias at b2 s2000 h16 peaked at 4.5 GiB
         # on an H100: 48 bytes an element allowed)
         group = h // hkv

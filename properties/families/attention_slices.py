@@ -28,33 +28,54 @@ add (float64 reassociation only, some 2^29 below any bound) before the factors o
 whole sum (gamma of its depth over all sq rows, its underflow floors, sm_scale, the
 output rounding) are applied once (``RowSums.finish``). Nothing is left unchunked.
 
-Device memory of one chunk's program. With G the q heads of a slice (its kv head's
-group, or all h where not sliced by head, times b where not sliced by batch), r its
-rows and d the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv
-bytes, at most 8 ``SLICE_ELEMENTS`` = 268 MB) and [G, skv, d] ones (V = 8 G skv d
-bytes: k and v repeated for the group's heads, their magnitudes; no chunking shrinks
-them). XLA:CPU's buffer assignment (temp bytes; G 4, causal, no bias) put the gradient
-bound, the largest program, at 15.7 U (d/r = 1/8), 30.1 U (d/r = 4) and 51.1 U (d/r =
-8); the forward bound at 11.4, 25.0 and 49.0 U; the VJP at 4.3, 10.0 and 18.0 U; the
-oracle alone at 2.1, 9.0 and 17.0 U: all within 16 U + 6 V (a GPU's fusion differs;
-not measured). Add the outputs (dk, dv sums: 6 x 8 skv d bytes per kv head) and the
-slice's inputs, placed on the device once for all its chunks, in their dtypes: q and
-the cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
-(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d 128:
-s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
+A causal chunk sees a prefix of the keys: its last row sees keys j <= i + skv - sq
+only. Its oracle is computed over the keys its last row sees, rounded up to a multiple
+of an eighth of skv (``_visible_keys``: at most eight programs per function serve
+every chunk; a causal s32768 case does 56% of the work of every chunk over every key),
+and one stand-in key for the rest (``oracles.attention.key_prefix``): the rest
+contribute to the chunk's results only the terms a key no row sees gets (underflow
+floors of roundings), which the stand-in gets as they do; the results with a key axis
+(dk, dv, a dbias with keys, and their bounds) come back with every key, the stand-in's
+entry for each of the rest, and the bounds count the whole case's keys.
+
+Device memory of one chunk. With G the q heads of a slice (its kv head's group, or
+all h where not sliced by head, times b where not sliced by batch), r its rows and d
+the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv bytes, at most 8
+``SLICE_ELEMENTS`` = 268 MB; a causal chunk's prefix holds fewer) and [G, skv, d] ones
+(V = 8 G skv d bytes: k and v repeated for the group's heads, their magnitudes; no
+chunking shrinks them). A pass holds the chunk's oracle (its program's output) while
+each function's program runs on it, one at a time. XLA:CPU's buffer assignment (G 4,
+causal, no bias, every key) put the oracle's output at 6.4 U (d/r = 1/8), 7.1 U (d/r
+= 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1, 4.5 and 8.0 U, and the
+largest fed program, the gradient bound, at 9.3, 8.0 and 13.0 U (the forward bound
+4.1, 4.5, 6.0 U; the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the
+gradient bound's temp bytes and outputs, is 15.9 U, 15.9 U and 26 U, within 16 U + 6 V
+(V = U / 8, U / 2, 2 U there; a GPU's fusion differs: not measured). Add the slice's
+inputs, placed on the device once for all its chunks, in their dtypes: q and the
+cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
+(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d
+128: s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
 programs (properties/device/programs.py): for cases below ``SLICE_ELEMENTS`` one per
 function and layout, else one per function and slice (or chunk) layout, which every
-slice, chunk and case of the layout reuses.
+slice, chunk and case of the layout reuses. The calls a check makes with a sliced
+case are served in shared passes (``Sliced.passes``; the runner asks them in two
+rounds, properties/device/programs.py): each slice's or chunk's oracle is its own
+program, run once per pass and fed to every function's program of the pass, instead
+of recomputed inside each function's (seven times a case at the production tier; now
+twice: the round of the oracle's calls, then the round of those that read the exact
+gradients).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -82,6 +103,9 @@ class Sliced:
     case: Case
     slices: tuple[tuple[int | None, int | None], ...]
     rows: int | None = None
+    # serves the spec functions' calls with this case (``sliced``): one pass over the
+    # slices and chunks for each round of calls the runner asks
+    passes: device_programs.SharedPasses | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _chunk_rows(seq_q: int, row_elements: int) -> int | None:
@@ -139,22 +163,43 @@ def _sub_case(case: Case, batch: int | None, kv_head: int | None) -> Case:
     return Case(out, case.params)
 
 
-def _chunk_case(case: Case, first_row: Any, rows: int) -> Case:
+def _visible_keys(seq_q: int, seq_kv: int, first_row: int, rows: int) -> int | None:
+    """How many of the first keys a causal chunk of query rows ``first_row`` ..
+    ``first_row + rows`` computes over: those its last row sees (bottom-right), rounded
+    up to a multiple of an eighth of seq_kv (a power of two), so that at most eight
+    lengths, each its own compiled program, serve every chunk; None: all of them."""
+    step = 1 << max((seq_kv - 1) // 8, 1).bit_length()
+    seen = first_row + rows + seq_kv - seq_q
+    keys = max(-(-seen // step), 1) * step
+    return None if keys >= seq_kv else keys
+
+
+def _chunk_case(case: Case, first_row: Any, rows: int, keys: int | None) -> Case:
     """The case of query rows ``first_row`` .. ``first_row + rows`` of ``case``: their
-    q, cotangent, bias and mask rows, every key, and the causal mask as the mask of
-    those rows' absolute positions in ``case`` (never as if the first were row 0)."""
+    q, cotangent, bias and mask rows, every key (or the first ``keys`` and the stand-in
+    for the rest, which no row of the chunk sees: ``oracles.attention.key_prefix``),
+    and the causal mask as the mask of those rows' absolute positions in ``case``
+    (never as if the first were row 0)."""
     sq, skv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     out: dict[str, Any] = {}  # the case's arrays, sliced on the device (traced)
-    for name, a in case.arrays.items():
+    for name, whole in case.arrays.items():
+        x: Any = whole
         if name in ("q", "cotangent"):  # [b, sq, h, d]
-            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, 1)
-        elif name not in ("k", "v") and a.ndim >= 2 and a.shape[-2] > 1:  # bias, mask with rows
-            out[name] = jax.lax.dynamic_slice_in_dim(a, first_row, rows, a.ndim - 2)
-        else:  # k, v; a bias or mask broadcast over rows
-            out[name] = a
+            out[name] = jax.lax.dynamic_slice_in_dim(x, first_row, rows, 1)
+            continue
+        if name not in ("k", "v") and x.ndim >= 2 and x.shape[-2] > 1:  # bias, mask with rows
+            x = jax.lax.dynamic_slice_in_dim(x, first_row, rows, x.ndim - 2)
+        if keys is not None and name in ("k", "v"):  # [b, skv, hkv, d]
+            x = attention_oracle.key_prefix(x, 1, keys, stand_in="magnitude" if name == "k" else "zero")
+        elif keys is not None and x.shape[-1] > 1:  # a bias or mask with keys
+            x = attention_oracle.key_prefix(x, x.ndim - 1, keys, stand_in="zero")
+        out[name] = x
     params = dict(case.params)
     if params["causal"]:
-        visible = attention_oracle.causal_visible(sq, skv, first_row=first_row, rows=rows)
+        # the stand-in is key ``keys``: past the last row's last visible key
+        visible = attention_oracle.causal_visible(
+            sq, skv, first_row=first_row, rows=rows, keys=None if keys is None else keys + 1
+        )
         out["mask"] = visible & out["mask"] if "mask" in out else visible
         params["causal"] = False
     return Case(out, params)
@@ -182,27 +227,45 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
-def _chunked(program: Callable[..., Any], case: Case, rows: int, rest: list[Any]) -> Any:
-    """``program(case, first_row, rows, *rest)`` over the query rows of the slice
-    ``case``, ``rows`` at a time: the chunks' rows concatenated, their ``RowSums``
-    added and finished."""
+def _chunked(
+    chunk_oracle: Callable[..., Any],
+    functions: Sequence[Callable[..., Any]],
+    case: Case,
+    rows: int,
+    rests: list[list[Any]],
+) -> list[Any]:
+    """Each of ``functions`` ``fn(case, chunk, *rest)`` over the query rows of the slice
+    ``case``, ``rows`` at a time, with each chunk's oracle ``chunk_oracle(case,
+    first_row, rows, keys)`` computed once for all of them: per function, the chunks'
+    rows concatenated, their ``RowSums`` added and finished."""
     # placed once: every chunk's program reads the same device copies
     case = Case(layout_programs.placed(dict(case.arrays)), case.params)
-    seq_q = case.arrays["q"].shape[1]
-    pieces: dict[str, list[Any]] = {}
-    sums: dict[str, attention_oracle.RowSums] = {}
+    seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+    pieces: list[dict[str, list[Any]]] = [{} for _ in functions]
+    sums: list[dict[str, attention_oracle.RowSums]] = [{} for _ in functions]
+    parts: list[Any] = [None for _ in functions]
     for first in range(0, seq_q, rows):
-        part = program(case, np.asarray(first, np.int32), min(rows, seq_q - first), *rest)
-        results = part if isinstance(part, Mapping) else {"out": part}
-        for key, x in results.items():
-            if isinstance(x, attention_oracle.RowSums):
-                sums[key] = jax.tree_util.tree_map(operator.add, sums[key], x) if key in sums else x
-            else:
-                pieces.setdefault(key, []).append(x)
-    combined = {
-        key: sums[key].finish() if key in sums else xp.concatenate(pieces[key], axis=_ROW_AXIS[key]) for key in results
-    }
-    return combined if isinstance(part, Mapping) else combined["out"]
+        size = min(rows, seq_q - first)
+        keys = _visible_keys(seq_q, seq_kv, first, size) if case.params["causal"] else None
+        ref = chunk_oracle(case, np.asarray(first, np.int32), size, keys)
+        for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
+            parts[n] = fn(case, ref, *rest)
+            results = parts[n] if isinstance(parts[n], Mapping) else {"out": parts[n]}
+            for key, x in results.items():
+                if isinstance(x, attention_oracle.RowSums):
+                    total = sums[n].get(key)
+                    sums[n][key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
+                else:
+                    pieces[n].setdefault(key, []).append(x)
+    combined = []
+    for n, part in enumerate(parts):
+        keys_of = part.keys() if isinstance(part, Mapping) else ("out",)
+        whole = {
+            key: sums[n][key].finish() if key in sums[n] else xp.concatenate(pieces[n][key], axis=_ROW_AXIS[key])
+            for key in keys_of
+        }
+        combined.append(whole if isinstance(part, Mapping) else whole["out"])
+    return combined
 
 
 def sliced(
@@ -210,47 +273,119 @@ def sliced(
 ) -> tuple[Callable[[Case], Any], Callable[[Any], Any], Callable[[Callable[..., Any]], Callable[..., Any]]]:
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
-    ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too)."""
+    ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too). The calls
+    made with one sliced case are served in shared passes (``Sliced.passes``): each
+    slice's or chunk's oracle is computed once per pass, as its own program, and fed to
+    every function of the pass, each its own program (so a function's results do not
+    depend on which others share its pass)."""
 
     whole_oracle = device_programs.per_layout(oracle)
 
+    def chunk_oracle(case: Case, first_row: Any, rows: int, keys: int | None) -> Any:
+        ref = oracle(_chunk_case(case, first_row, rows, keys))
+        bias = case.arrays.get("bias")
+        seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+        return attention_oracle.chunk(
+            ref, first_row, seq_q, None if bias is None else tuple(bias.shape), None if keys is None else seq_kv
+        )
+
+    chunk_program = device_programs.per_layout(chunk_oracle)
+    compiled_ahead: set[Any] = set()  # the pass layouts whose programs ``compile_ahead`` compiled
+
+    def compile_ahead(
+        functions: list[device_programs.LayoutProgram], case: Case, rows: int | None, rests: list[list[Any]]
+    ) -> None:
+        """Compile every program a pass over slices like ``case`` runs (its oracle's and
+        each function's, for every chunk layout: up to eight key prefixes and a shorter
+        last chunk) at once, on threads, before it runs them one after another: a
+        pass's first case compiles as the runner's threads did when each function was
+        a call of its own. Once per pass layout."""
+        statics = tuple(tuple(r for r in rest if not layout_programs.holds_arrays(r)) for rest in rests)
+        arrays = tuple((name, a.shape, str(a.dtype)) for name, a in case.arrays.items())
+        signature = (arrays, tuple(sorted(case.params.items())), rows, tuple(map(id, functions)), statics)
+        if signature in compiled_ahead:
+            return
+        seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
+        first = jax.ShapeDtypeStruct((), np.int32)
+        jobs: list[Callable[[], None]] = []
+        for size in {seq_q} if rows is None else {min(rows, seq_q - f) for f in range(0, seq_q, rows)}:
+            all_keys: list[int | None] = [None]
+            if rows is not None and case.params["causal"]:
+                all_keys = [
+                    _visible_keys(seq_q, seq_kv, f, size) for f in range(0, seq_q, rows) if min(rows, seq_q - f) == size
+                ]
+            for keys in set(all_keys):
+                if rows is None:
+                    ref = jax.eval_shape(lambda a: oracle(Case(a, case.params)), dict(case.arrays))
+                    jobs.append(functools.partial(whole_oracle.ahead, case))
+                else:
+                    ref = jax.eval_shape(
+                        lambda a, f, size=size, keys=keys: chunk_oracle(Case(a, case.params), f, size, keys),
+                        dict(case.arrays),
+                        first,
+                    )
+                    jobs.append(functools.partial(chunk_program.ahead, case, first, size, keys))
+                jobs += [
+                    functools.partial(fn.ahead, case, ref, *rest) for fn, rest in zip(functions, rests, strict=True)
+                ]
+        device = numeric.active_device()
+
+        def on_device(job: Callable[[], None]) -> None:
+            with numeric.on_device(device):
+                job()
+
+        with concurrent.futures.ThreadPoolExecutor(min(len(jobs), 16), thread_name_prefix="pallascheck-ahead") as pool:
+            for done in [pool.submit(on_device, job) for job in jobs]:
+                done.result()
+        compiled_ahead.add(signature)
+
+    def serve(plan: Sliced, requests: list[tuple[device_programs.LayoutProgram, tuple[Any, ...]]]) -> list[Any]:
+        """One pass over ``plan``'s slices (and chunks) for every request
+        (``fn(case, ref, *rest)``, compiled per layout)."""
+        case = plan.case
+        group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
+        functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
+        parts: list[list[Any]] = [[] for _ in requests]
+        for n, (i, j) in enumerate(plan.slices):
+            sub = _sub_case(case, i, j)
+            rests = [
+                [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest] for _, rest in requests
+            ]
+            if n == 0:  # every slice has the first one's layout
+                compile_ahead(functions, sub, plan.rows, rests)
+            if plan.rows is None:
+                ref = whole_oracle(sub)
+                outs = [fn(sub, ref, *rest) for fn, rest in zip(functions, rests, strict=True)]
+            else:
+                outs = _chunked(chunk_program, functions, sub, plan.rows, rests)
+            for n, out in enumerate(outs):
+                parts[n].append(out)
+        return [
+            {k: _assemble(plan, [p[k] for p in part], k) for k in part[0]}
+            if isinstance(part[0], Mapping)
+            else _assemble(plan, part, "out")
+            for part in parts
+        ]
+
     def sliced_oracle(case: Case) -> Any:
         plan = _plan(case)
-        return whole_oracle(case) if plan is None else plan
+        if plan is None:
+            return whole_oracle(case)
+        # the plan serves its own passes (a pass reads only the plan's case and layout)
+        return dataclasses.replace(plan, passes=device_programs.SharedPasses(lambda requests: serve(plan, requests)))
 
     def expected_of(case: Case, ref: Any) -> Any:
         return expected(ref)
 
-    def chunk_oracle(case: Case, first_row: Any, rows: int) -> Any:
-        ref = oracle(_chunk_case(case, first_row, rows))
-        bias = case.arrays.get("bias")
-        return attention_oracle.chunk(
-            ref, first_row, case.arrays["q"].shape[1], None if bias is None else tuple(bias.shape)
-        )
-
     def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
         whole = device_programs.per_layout(fn)
-        # a slice's oracle is computed inside the slice's program, a chunk's inside the
-        # chunk's, where ``fn`` sees the slice's case
-        of_slice = device_programs.per_layout(lambda case, *rest: fn(case, oracle(case), *rest))
-        of_chunk = device_programs.per_layout(
-            lambda case, first_row, rows, *rest: fn(case, chunk_oracle(case, first_row, rows), *rest)
-        )
 
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
                 return whole(case, ref, *rest)
-            group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
-            parts = []
-            for i, j in ref.slices:
-                sub = _sub_case(case, i, j)
-                sub_rest = [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest]
-                parts.append(
-                    of_slice(sub, *sub_rest) if ref.rows is None else _chunked(of_chunk, sub, ref.rows, sub_rest)
-                )
-            if isinstance(parts[0], Mapping):
-                return {k: _assemble(ref, [p[k] for p in parts], k) for k in parts[0]}
-            return _assemble(ref, parts, "out")
+            if ref.passes is None:  # a plan made outside ``sliced_oracle``: a pass of its own
+                return serve(ref, [(whole, rest)])[0]
+            return ref.passes.ask((whole, rest))
 
         return run
 
