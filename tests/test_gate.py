@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallascheck.bench.gate import integrity, units
-from pallascheck.bench.gate.candidate import Candidate
+from pallascheck.bench.gate import integrity, probes, units
+from pallascheck.bench.gate.candidate import Candidate, load_candidate
 from pallascheck.bench.gate.task import Arg, Task, load_task, shipped_tasks
 from pallascheck.bench.gate.verdict import Reason, Verdict
 from pallascheck.cli import main
@@ -67,6 +67,30 @@ def test_a_verdict_in_some_of_the_tasks_dtypes(capsys) -> None:
         main(["gate", "softmax", "m:f", "--dtype", "f16"])
     assert stop.value.code == 2
     assert "--dtype 'float16' is not among task softmax's dtypes" in capsys.readouterr().err
+
+
+def test_an_input_wrong_in_either_order_is_a_wrong_value_not_state(tmp_path) -> None:
+    """Hidden state needs a contrast: B wrong after A, and right as a first call. A
+    candidate wrong on B in both orders (as an H100 verdict once called a Triton kernel
+    wrong at B's values) is left to the values checks."""
+    task, backend = load_task("softmax"), get_backend("interpret")
+    shown = units.plan(task, 0, 0)[0]
+    a, b = units.case(task, shown, 0), units.case(task, shown, 7919)
+    xa, xb = float(a.arrays["x"][0, 0]), float(b.arrays["x"][0, 0])
+    assert xa != xb
+    (tmp_path / "wrong_on_b.py").write_text(
+        "import jax.numpy as jnp\n"
+        "from tests.gate_corpus.honest import pallas_softmax\n\n\n"
+        "def candidate(x, interpret=False):\n"
+        "    out = pallas_softmax(x, interpret)\n"
+        f"    return jnp.where(x[0, 0] {'>' if xb > xa else '<'} {(xa + xb) / 2!r}, out * 0.5, out).astype(out.dtype)\n"
+    )
+    candidate = load_candidate(f"{tmp_path}/wrong_on_b.py:candidate")
+    spec = units.unit_spec(task, candidate, shown, 0)
+    assert probes.judged(spec, a, backend)(probes.run(spec, a, backend)).passed
+    assert not probes.judged(spec, b, backend)(probes.run(spec, b, backend)).passed
+    finding, both_orders = probes.hidden_state(task, candidate, shown, backend, 0)
+    assert both_orders and finding is None
 
 
 def test_verdict_status_follows_its_reasons() -> None:

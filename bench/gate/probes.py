@@ -63,8 +63,12 @@ class StateFinding:
 def hidden_state(
     task: Task, candidate: Candidate, unit: units.Unit, backend: Backend, seed: int
 ) -> tuple[StateFinding | None, bool]:
-    """The first order in which a later call went wrong after a right first call (None:
-    none did), and whether both orders were run (False: no fresh copy to run B then A)."""
+    """The first order in which a later call went wrong after a right first call while
+    the same input was right as a first call (None: none did), and whether both orders
+    were run (False: no fresh copy to run B then A). An input wrong in both orders is a
+    wrong value, not state: it is left to the values checks. Without a fresh copy there
+    is nothing to contrast with, and a later call wrong after a right first one is taken
+    as state."""
     spec = units.unit_spec(task, candidate, unit, 0)
     a, b = units.case(task, unit, seed), units.case(task, unit, seed + 7919)
     judge = {"A": judged(spec, a, backend), "B": judged(spec, b, backend)}
@@ -73,13 +77,25 @@ def hidden_state(
     orders = [("A", "B", spec)]
     if fresh is not None:
         orders.append(("B", "A", units.unit_spec(task, fresh, unit, 0)))
+    first_right: dict[str, bool] = {}
+    wrong_later: list[StateFinding] = []
     for first, later, on in orders:
         first_outcome = judge[first](run(on, cases[first], backend))
         later_outcome = judge[later](run(on, cases[later], backend))
+        first_right[first] = first_outcome.passed
         if first_outcome.passed and not later_outcome.passed:
-            return StateFinding(
-                f"{first} then {later}", first_outcome.budget_used, later_outcome.budget_used, later_outcome.detail
-            ), fresh is not None
+            wrong_later.append(
+                StateFinding(
+                    f"{first} then {later}",
+                    first_outcome.budget_used,
+                    later_outcome.budget_used,
+                    later_outcome.detail,
+                )
+            )
+    for finding in wrong_later:
+        later = finding.order[-1]
+        if first_right.get(later, True):  # right as a first call, or no fresh copy to tell
+            return finding, fresh is not None
     return None, fresh is not None
 
 
