@@ -185,8 +185,6 @@ def _judge(
     poisoned = _probe(verdict, replay, shown, lambda: probes.poisoned_run(task, candidate, shown, backend, seed))
     if poisoned is None:
         verdict.not_checked.append(memory.ON_CPU)
-    if backend.is_interpreted:
-        verdict.not_checked.append(probes.RACES_ON_INTERPRETERS)
     else:
         outcome, poisoned_bytes, nan_where_finite = poisoned
         verdict.checked.append(
@@ -203,6 +201,8 @@ def _judge(
                     replay,
                 )
             )
+    if backend.is_interpreted:
+        verdict.not_checked.append(probes.RACES_ON_INTERPRETERS)
     stage_done("poisoned memory")
     if backend.platform == "cpu" and compilation.excess_precision_allowed():
         verdict.not_checked.append(EXCESS_PRECISION)

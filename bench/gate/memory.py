@@ -49,7 +49,7 @@ def poison_free_memory(device: Any) -> int | None:
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if not stats or "largest_free_block_bytes" not in stats:
         return None
-    chunks = []
+    chunks: list[jax.Array] = []
     poisoned = 0
     while len(chunks) < MOST_CHUNKS:
         largest = int(device.memory_stats()["largest_free_block_bytes"])
