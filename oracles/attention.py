@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -500,6 +501,18 @@ def _with_bias(q, k, v, bias, visible, scale: float):
     return reference64(q, k, v, full, visible, scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class Backward:
+    """What a bound of the kernel's backward pass knows of its tiling (``gradient_bound``'s
+    keywords): the backward's q and kv blocks, the forward's kv block, the logit facts."""
+
+    block_q: int
+    block_k: int
+    block_k_forward: int
+    qk_highest: bool = True
+    log2e: bool = False
+
+
 def gradient_bound(
     ref: AttentionOracle,
     cotangent: Any,
@@ -545,30 +558,131 @@ def gradient_bound(
     output rounding): chunks of rows add the sums, and ``RowSums.finish`` applies the
     factors once, so a chunked bound is the whole one up to float64 reassociation.
     """
+    backward = Backward(block_q, block_k, block_k_forward, qk_highest, log2e)
+    shared = _exact_backward(ref, cotangent, dtype=dtype, arith=arith)
+    return _gradient_bound(ref, shared, forward_bound, backward, dtype=dtype, arith=arith)
+
+
+def gradient_bounds(
+    ref: AttentionOracle, cotangent: Any, backwards: Sequence[Backward], *, dtype: Any, arith: Arithmetic
+) -> list[dict[str, Any]]:
+    """``gradient_bound`` of each of ``backwards`` (a kernel's tiling and the contract's,
+    each with the forward bound of its forward kv block and logit facts), the same
+    values, with the work that no tiling changes done once: dP = dO . v^T and its
+    magnitude, and the sums over q rows and over keys of the exact dS and P and of their
+    absolute values (``_exact_backward``: 8 of the 11 [G, rows, keys] contractions of
+    one bound; each tiling adds 3 of the errors and 1 of its forward bound). On the
+    device each tiling's [G, rows, keys] arrays are computed after the one before has
+    finished (an optimization barrier, which also keeps XLA from holding one tiling's
+    arrays for the next), so a program of several holds those of one and dP's two."""
+    shared = _exact_backward(ref, cotangent, dtype=dtype, arith=arith)
+    results: list[dict[str, Any]] = []
+    for backward in backwards:
+        this = ref
+        if numeric.active_device() is not None:
+            this, shared, _ = jax.lax.optimization_barrier((ref, shared, results[-1:]))
+        forward = bound(
+            this,
+            dtype=dtype,
+            arith=arith,
+            block_k=backward.block_k_forward,
+            qk_highest=backward.qk_highest,
+            log2e=backward.log2e,
+        )
+        results.append(_gradient_bound(this, shared, forward, backward, dtype=dtype, arith=arith))
+    return results
+
+
+def _grouped(ref: AttentionOracle, x: Any) -> Any:
+    """[b, h, ...] as [b, kv heads, group, ...]."""
+    return x.reshape((x.shape[0], x.shape[1] // ref.group, ref.group) + x.shape[2:])
+
+
+def _sum_products(ref: AttentionOracle, weights: Any, other: Any, over_q: bool) -> Any:
+    """The sum over q rows and the group's q heads (over_q: [b, kv heads, keys, d]) or
+    over keys ([b, h, rows, d]) of weights * other."""
+    if over_q:
+        return _einsum("bngqk,bngqd->bnkd", _grouped(ref, weights), _grouped(ref, other))
+    return _einsum("bhqk,bhkd->bhqd", weights, other)
+
+
+def _exact_backward(ref: AttentionOracle, cotangent: Any, *, dtype: Any, arith: Arithmetic) -> dict[str, Any]:
+    """What no tiling changes in ``gradient_bound``: the chunk's rows of dO ([b, h,
+    rows, d]), dP (exact, and its dot's error bound), delta's exact value, and for each
+    gradient the sums of the exact weights (dS for dq and dk, P for dv) times the other
+    operand ("value") and of their absolute values times its absolute value ("size")."""
+    do = f64(_query_rows(ref, cotangent, 1)).transpose(0, 2, 1, 3)  # [b, h, rows, d]
+    absdo = xp.abs(do)
+    vh = ref.v
+    dp_exact = _einsum("bhqd,bhkd->bhqk", do, vh)
+    dp = algebra.dot(
+        dp_exact,
+        _einsum("bhqd,bhkd->bhqk", absdo, xp.abs(vh)),
+        ref.q.shape[3],
+        arith=arith,
+        operand_dtype=dtype,
+        order=SEQUENTIAL,
+    )
+    delta_exact = xp.sum(do * ref.o, axis=-1, keepdims=True)
+    # dS's exact value, as ``_gradient_bound``'s algebra forms it (add, then multiply)
+    ds = _masked(ref, ref.p * (dp.value + -delta_exact))
+    absds = xp.abs(ds)
+    return {
+        "do": do,
+        "dp": dp.value,
+        "dp_err": dp.err,
+        "delta": delta_exact,
+        "dq": _sum_products(ref, ds, ref.k, False),
+        "dq_size": _sum_products(ref, absds, xp.abs(ref.k), False),
+        "dk": _sum_products(ref, ds, ref.q, True),
+        "dk_size": _sum_products(ref, absds, xp.abs(ref.q), True),
+        "dv": _sum_products(ref, ref.p, do, True),
+        "dv_size": _sum_products(ref, ref.p, absdo, True),  # P >= 0
+    }
+
+
+def _gradient_bound(
+    ref: AttentionOracle,
+    shared: dict[str, Any],
+    forward_bound: np.ndarray,
+    backward: Backward,
+    *,
+    dtype: Any,
+    arith: Arithmetic,
+) -> dict[str, Any]:
+    """``gradient_bound`` of one tiling, from ``_exact_backward``'s ``shared`` part."""
     dtype = xp.dtype(dtype)
     u32, t = unit_roundoff(F32), arith.transcendental_rel(F32)
     vis = ref.visible
     # a chunk of rows (``chunk``): its own rows, in sums over q the whole case's sq
     sq = ref.q.shape[2] if ref.whole_seq_q is None else ref.whole_seq_q
     skv, d = _seq_kv(ref), ref.q.shape[3]
-    do = f64(_query_rows(ref, cotangent, 1)).transpose(0, 2, 1, 3)  # [b, h, rows, d]
+    do = shared["do"]
     absdo = xp.abs(do)
     rounds = dtype != xp.float32
     floor32 = algebra.underflow_floor(F32, arith)
 
     # lse and P
-    s = logits(ref, dtype=dtype, arith=arith, compute_dtype=F32, kernel=True, qk_highest=qk_highest, log2e=log2e)
+    s = logits(
+        ref,
+        dtype=dtype,
+        arith=arith,
+        compute_dtype=F32,
+        kernel=True,
+        qk_highest=backward.qk_highest,
+        log2e=backward.log2e,
+    )
     e = s.err
     e_max = _row_max(e, vis)
     gap = _masked(ref, ref.row_max - ref.s + e + e_max)
-    rescales = max(-(-skv // block_k_forward) - 1, 0)
+    rescales = max(-(-skv // backward.block_k_forward) - 1, 0)
     d_den = _masked(
         ref,
         _compose(
             xp.expm1(2.0 * u32 * gap),
             t,
             ((1.0 + t) * (1.0 + u32)) ** rescales - 1.0,
-            arith.gamma(blocked(block_k_forward).depth(skv), u32),
+            arith.gamma(blocked(backward.block_k_forward).depth(skv), u32),
         ),
     )
     weighted = xp.sum(ref.p * d_den, axis=-1, keepdims=True)
@@ -579,62 +693,47 @@ def gradient_bound(
     lse_err = lse_err + u32 * (xp.abs(lse) + lse_err) + floor32
     # exp2 of the log2(e)-scaled shift: the constant's representation and the product's
     # rounding add 2 u32 |s - lse| more (in natural units) to the subtraction's one
-    shift_roundings = 3.0 if log2e else 1.0
+    shift_roundings = 3.0 if backward.log2e else 1.0
     arg = _masked(ref, e + lse_err + shift_roundings * u32 * xp.abs(ref.s - lse))
     with xp.errstate(invalid="ignore"):  # p = 0 (underflow) with an unbounded factor: 0
         p_err = _masked(ref, xp.where(ref.p == 0, 0.0, ref.p * _compose(xp.expm1(arg), t)) + floor32)
     p_hat = Bounded(ref.p, p_err)
 
     # dP, delta, dS
-    vh = ref.v
-    dp_exact = _einsum("bhqd,bhkd->bhqk", do, vh)
-    dp = algebra.dot(
-        dp_exact, _einsum("bhqd,bhkd->bhqk", absdo, xp.abs(vh)), d, arith=arith, operand_dtype=dtype, order=SEQUENTIAL
-    )
+    dp = Bounded(shared["dp"], shared["dp_err"])
     out_err = xp.transpose(forward_bound, (0, 2, 1, 3))
-    delta_exact = xp.sum(do * ref.o, axis=-1, keepdims=True)
     delta_err = xp.sum(absdo * out_err, -1, keepdims=True) + gamma(d, u32) * xp.sum(
         absdo * (xp.abs(ref.o) + out_err), -1, keepdims=True
     )
-    centered = algebra.add(dp, Bounded(-delta_exact, delta_err), arith=arith, dtype=F32)
+    centered = algebra.add(dp, Bounded(-shared["delta"], delta_err), arith=arith, dtype=F32)
     ds = algebra.multiply(p_hat, centered, arith=arith, dtype=F32)
     ds = Bounded(_masked(ref, ds.value), _masked(ref, ds.err))
 
     def rounded(x: Bounded) -> Bounded:
         return algebra.round_to(x, dtype, arith) if rounds else x
 
-    def grouped(x: Any) -> Any:
-        """[b, h, ...] as [b, kv heads, group, ...]."""
-        return x.reshape((x.shape[0], x.shape[1] // ref.group, ref.group) + x.shape[2:])
+    def sums(name: str, err: Any, other: Any, over_q: bool) -> tuple[Any, Any, Any]:
+        """The sums over the dot's reduction of the exact weights times ``other``
+        (``shared``), of the weights' errors times |other| and of their magnitudes
+        (|exact| + error) times |other| (``_DotSums`` bounds the kernel's dot from them)."""
+        propagated = _sum_products(ref, err, xp.abs(other), over_q)
+        value, size = shared[name], shared[f"{name}_size"]
+        if over_q:  # [b, kv heads, keys, d]: every key of the whole case
+            value, size, propagated = (_whole_keys(ref, x, 2) for x in (value, size, propagated))
+        return value, propagated, size + propagated
 
-    def sums(weights: Bounded, other: np.ndarray, over_q: bool) -> tuple[Any, Any, Any]:
-        """The sums over q rows and the group's q heads (over_q: [b, kv heads, skv, d])
-        or over kv of weights * other: of the exact values, and of the weights' errors
-        and magnitudes times |other| (``_DotSums`` bounds the kernel's dot from them)."""
-        spec = "bngqk,bngqd->bnkd" if over_q else "bhqk,bhkd->bhqd"
-        if over_q:
-            weights, other = Bounded(grouped(weights.value), grouped(weights.err)), grouped(other)
-        return (
-            _einsum(spec, weights.value, other),
-            _einsum(spec, weights.err, xp.abs(other)),
-            _einsum(spec, weights.magnitude, xp.abs(other)),
-        )
-
-    q_depth = int(arith.dot_order(block_q).depth(sq)) + ref.group - 1
-    kv_depth = int(arith.dot_order(block_k).depth(skv))
-    ds_r = rounded(ds)
-    p_r = rounded(p_hat)
+    q_depth = int(arith.dot_order(backward.block_q).depth(sq)) + ref.group - 1
+    kv_depth = int(arith.dot_order(backward.block_k).depth(skv))
+    ds_err = rounded(ds).err
     common = dict(arith=arith, dtype=dtype)
     over_q = dict(common, depth=q_depth, terms=ref.group * sq)  # a dot's terms may each underflow twice
 
-    def over_keys(parts: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:  # [b, kv heads, keys, d]
-        value, propagated, magnitude = parts
-        return _whole_keys(ref, value, 2), _whole_keys(ref, propagated, 2), _whole_keys(ref, magnitude, 2)
-
     bounds: dict[str, Any] = {
-        "dq": _DotSums(*sums(ds_r, ref.k, False), **common, depth=kv_depth, terms=skv, sm_scale=ref.sm_scale).finish(),
-        "dk": _DotSums(*over_keys(sums(ds_r, ref.q, True)), **over_q, sm_scale=ref.sm_scale),
-        "dv": _DotSums(*over_keys(sums(p_r, do, True)), **over_q, sm_scale=None),
+        "dq": _DotSums(
+            *sums("dq", ds_err, ref.k, False), **common, depth=kv_depth, terms=skv, sm_scale=ref.sm_scale
+        ).finish(),
+        "dk": _DotSums(*sums("dk", ds_err, ref.q, True), **over_q, sm_scale=ref.sm_scale),
+        "dv": _DotSums(*sums("dv", rounded(p_hat).err, do, True), **over_q, sm_scale=None),
     }
     if ref.has_bias:
         if ref.bias_shape is None:

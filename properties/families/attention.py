@@ -301,23 +301,23 @@ def _oracle_vjp(case: Case, ref: oracle.AttentionOracle) -> dict[str, np.ndarray
     return oracle.oracle_vjp(ref, a["q"], a["k"], a["v"], a.get("bias"), a["cotangent"])
 
 
-def _gradient_bound(case: Case, ref, grads, config: Any, arith: Arithmetic) -> dict[str, np.ndarray]:
-    dtype = case.arrays["q"].dtype
+def _backward(case: Case, config: Any) -> oracle.Backward:
+    """The backward pass's tiling ``config`` states (a block of None: the whole sequence)."""
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    block_k = config.block_k or seq_kv
-    facts = _logit_facts(config)
-    fwd = oracle.bound(ref, dtype=dtype, arith=arith, block_k=block_k, **facts)
-    return oracle.gradient_bound(
-        ref,
-        case.arrays["cotangent"],
-        fwd,
-        dtype=dtype,
-        arith=arith,
+    return oracle.Backward(
         block_q=config.block_q_bwd or seq_q,
         block_k=config.block_k_bwd or seq_kv,
-        block_k_forward=block_k,
-        **facts,
+        block_k_forward=config.block_k or seq_kv,
+        **_logit_facts(config),
     )
+
+
+def _gradient_bounds(case: Case, ref, grads, configs: tuple[Any, ...], arith: Arithmetic) -> tuple[dict[str, Any], ...]:
+    """The gradient bound of each of ``configs`` (a kernel's, or ``Blocks()``: the
+    contract), their shared work done once (``oracle.gradient_bounds``)."""
+    backwards = [_backward(case, config) for config in configs]
+    dtype = case.arrays["q"].dtype
+    return tuple(oracle.gradient_bounds(ref, case.arrays["cotangent"], backwards, dtype=dtype, arith=arith))
 
 
 def _contract(case: Case, ref: oracle.AttentionOracle, arith: Arithmetic) -> np.ndarray:
@@ -327,11 +327,6 @@ def _contract(case: Case, ref: oracle.AttentionOracle, arith: Arithmetic) -> np.
     kernel is inside it, as for cross-entropy (oracles/cross_entropy.py): its rescales
     add R (t + u) to a weight's error and save R (block_k - 1) u of summation depth."""
     return _bound(case, ref, Blocks(), arith)
-
-
-def _gradient_contract(case: Case, ref, grads, arith: Arithmetic) -> dict[str, np.ndarray]:
-    """The same for the backward pass: one q block and one kv block, sums in any order."""
-    return _gradient_bound(case, ref, grads, Blocks(), arith)
 
 
 # ------------------------------------------------------------------------ relations
@@ -672,6 +667,17 @@ def make_spec(
 
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     sliced_oracle, expected, per_slice = attention_slices.sliced(_oracle, lambda ref: ref.out)
+    # the gradient bound and its contract: calls a pass serves together join (one program)
+    gradient_bounds = per_slice(_gradient_bounds, joins=1)
+
+    def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Arithmetic) -> dict[str, Any]:
+        return gradient_bounds(case, ref, grads, (config,), arith)[0]
+
+    def gradient_contract(case: Case, ref: Any, grads: Any, arith: Arithmetic) -> dict[str, Any]:
+        """The backward's two-pass form, as ``_contract``: one q block and one kv block,
+        sums in any order."""
+        return gradient_bounds(case, ref, grads, (Blocks(),), arith)[0]
+
     return KernelSpec(
         name=name,
         dtypes=dtypes,
@@ -686,8 +692,8 @@ def make_spec(
         gradients=GradientSpec(
             functools.partial(_kernel_vjp, kernel),
             per_slice(_oracle_vjp),
-            per_slice(_gradient_bound),
-            contract=per_slice(_gradient_contract),
+            gradient_bound,
+            contract=gradient_contract,
         )
         if differentiable
         else None,

@@ -241,31 +241,72 @@ def _chunked(
     # placed once: every chunk's program reads the same device copies
     case = Case(layout_programs.placed(dict(case.arrays)), case.params)
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    pieces: list[dict[str, list[Any]]] = [{} for _ in functions]
-    sums: list[dict[str, attention_oracle.RowSums]] = [{} for _ in functions]
-    parts: list[Any] = [None for _ in functions]
+    # per function and result (a function that joins calls returns a tuple of results)
+    pieces: dict[tuple[int, int], dict[str, list[Any]]] = {}
+    sums: dict[tuple[int, int], dict[str, attention_oracle.RowSums]] = {}
+    last: list[Any] = [None for _ in functions]
     for first in range(0, seq_q, rows):
         size = min(rows, seq_q - first)
         keys = _visible_keys(seq_q, seq_kv, first, size) if case.params["causal"] else None
         ref = chunk_oracle(case, np.asarray(first, np.int32), size, keys)
         for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
-            parts[n] = fn(case, ref, *rest)
-            results = parts[n] if isinstance(parts[n], Mapping) else {"out": parts[n]}
-            for key, x in results.items():
-                if isinstance(x, attention_oracle.RowSums):
-                    total = sums[n].get(key)
-                    sums[n][key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
-                else:
-                    pieces[n].setdefault(key, []).append(x)
-    combined = []
-    for n, part in enumerate(parts):
+            last[n] = fn(case, ref, *rest)
+            for j, part in enumerate(last[n] if isinstance(last[n], tuple) else (last[n],)):
+                summed, rowed = sums.setdefault((n, j), {}), pieces.setdefault((n, j), {})
+                for key, x in (part if isinstance(part, Mapping) else {"out": part}).items():
+                    if isinstance(x, attention_oracle.RowSums):
+                        total = summed.get(key)
+                        summed[key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
+                    else:
+                        rowed.setdefault(key, []).append(x)
+
+    def whole(n: int, j: int, part: Any) -> Any:
+        summed, rowed = sums[n, j], pieces[n, j]
         keys_of = part.keys() if isinstance(part, Mapping) else ("out",)
-        whole = {
-            key: sums[n][key].finish() if key in sums[n] else xp.concatenate(pieces[n][key], axis=_ROW_AXIS[key])
+        out = {
+            key: summed[key].finish() if key in summed else xp.concatenate(rowed[key], axis=_ROW_AXIS[key])
             for key in keys_of
         }
-        combined.append(whole if isinstance(part, Mapping) else whole["out"])
-    return combined
+        return out if isinstance(part, Mapping) else out["out"]
+
+    return [
+        tuple(whole(n, j, p) for j, p in enumerate(part)) if isinstance(part, tuple) else whole(n, 0, part)
+        for n, part in enumerate(last)
+    ]
+
+
+_Request = tuple[device_programs.LayoutProgram, tuple[Any, ...]]
+
+
+def _joined(
+    requests: list[_Request], joins: Mapping[Any, int]
+) -> tuple[list[_Request], Callable[[list[Any]], list[Any]]]:
+    """The calls of a function that joins (``per_slice(fn, joins=i)``: its ``rest[i]`` is
+    a tuple of options, its result a tuple of one result per option) that agree on every
+    other argument (the same arrays, equal statics) made one call, with their options
+    in turn; returns the calls, and the function that splits their results back into
+    the results of ``requests``."""
+    calls: list[_Request] = []
+    where: list[tuple[int, int | None, int]] = []  # per request: its call, and its options' span there
+    joint: dict[Any, int] = {}
+    for fn, rest in requests:
+        at = joins.get(fn)
+        if at is None:
+            where.append((len(calls), None, 0))
+            calls.append((fn, rest))
+            continue
+        others = tuple(id(r) if layout_programs.holds_arrays(r) else r for i, r in enumerate(rest) if i != at)
+        n = joint.setdefault((fn, others), len(calls))
+        if n == len(calls):
+            calls.append((fn, rest[:at] + ((),) + rest[at + 1 :]))
+        options = calls[n][1][at]
+        where.append((n, len(options), len(rest[at])))
+        calls[n] = (fn, calls[n][1][:at] + (options + tuple(rest[at]),) + calls[n][1][at + 1 :])
+
+    def split(results: list[Any]) -> list[Any]:
+        return [results[n] if start is None else results[n][start : start + count] for n, start, count in where]
+
+    return calls, split
 
 
 def sliced(
@@ -339,9 +380,13 @@ def sliced(
                 done.result()
         compiled_ahead.add(signature)
 
-    def serve(plan: Sliced, requests: list[tuple[device_programs.LayoutProgram, tuple[Any, ...]]]) -> list[Any]:
+    joining: dict[device_programs.LayoutProgram, int] = {}  # ``per_slice(fn, joins=i)``: fn's program, i
+
+    def serve(plan: Sliced, asked: list[_Request]) -> list[Any]:
         """One pass over ``plan``'s slices (and chunks) for every request
-        (``fn(case, ref, *rest)``, compiled per layout)."""
+        (``fn(case, ref, *rest)``, compiled per layout; the requests of a function that
+        joins, one call: ``_joined``)."""
+        requests, split = _joined(asked, joining)
         case = plan.case
         group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
         functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
@@ -360,12 +405,15 @@ def sliced(
                 outs = _chunked(chunk_program, functions, sub, plan.rows, rests)
             for n, out in enumerate(outs):
                 parts[n].append(out)
-        return [
-            {k: _assemble(plan, [p[k] for p in part], k) for k in part[0]}
-            if isinstance(part[0], Mapping)
-            else _assemble(plan, part, "out")
-            for part in parts
-        ]
+
+        def assembled(part: list[Any]) -> Any:  # one function's results, per slice
+            if isinstance(part[0], tuple):
+                return tuple(assembled([p[j] for p in part]) for j in range(len(part[0])))
+            if isinstance(part[0], Mapping):
+                return {k: _assemble(plan, [p[k] for p in part], k) for k in part[0]}
+            return _assemble(plan, part, "out")
+
+        return split([assembled(part) for part in parts])
 
     def sliced_oracle(case: Case) -> Any:
         plan = _plan(case)
@@ -377,8 +425,10 @@ def sliced(
     def expected_of(case: Case, ref: Any) -> Any:
         return expected(ref)
 
-    def per_slice(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def per_slice(fn: Callable[..., Any], joins: int | None = None) -> Callable[..., Any]:
         whole = device_programs.per_layout(fn)
+        if joins is not None:
+            joining[whole] = joins
 
         def run(case: Case, ref: Any, *rest: Any) -> Any:
             if not isinstance(ref, Sliced):
