@@ -7,6 +7,8 @@ a small ``SLICE_ELEMENTS`` makes small cases chunk."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.families import attention_slices
 from pallascheck.properties.registry import get_spec
 from pallascheck.properties.spec import Case
@@ -168,3 +171,64 @@ def test_causal_chunks_compute_over_the_keys_they_see() -> None:
     assert keys(48, 20, 0, 16) == 4  # sq > skv: no key visible, one step at least
     assert keys(36, 52, 0, 8) == 24  # sq < skv: the first row sees 17 keys, the last 24
     assert keys(32767, 32767, 0, 256) == 4096  # unaligned: steps of 4096 still
+
+
+def test_a_pass_joins_the_gradient_bound_and_its_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked in one round (as the runner asks them), the gradient bound and its contract
+    of a chunked case are one call of the pass (``per_slice(fn, joins=1)``), and each
+    is the whole case's, asked alone."""
+    case, threshold, _ = CASES["causal, sq < skv, per-key bias"]
+    _, _, whole_bound = _evaluate(case)
+    monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
+    calls: list[tuple[int, int]] = []
+    joined = attention_slices._joined
+
+    def counted(asked, joins):  # type: ignore[no-untyped-def]
+        requests, split = joined(asked, joins)
+        calls.append((len(asked), len(requests)))
+        return requests, split
+
+    monkeypatch.setattr(attention_slices, "_joined", counted)
+    spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
+    device = jax.devices("cpu")[0]
+
+    def on_device(fn, *args):  # type: ignore[no-untyped-def]
+        with numeric.on_device(device):
+            return fn(*args)
+
+    with numeric.on_device(device):
+        ref = spec.oracle(case)
+        grads = spec.gradients.oracle_vjp(case, ref)
+        device_programs.asked_in_rounds(ref, [2])
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            bound = pool.submit(on_device, spec.gradients.bound, case, ref, grads, spec.default_config, arith)
+            contract = pool.submit(on_device, spec.gradients.contract, case, ref, grads, arith)
+            results = {**bound.result(), **{f"contract {k}": v for k, v in contract.result().items()}}
+    assert calls[-1] == (2, 1)  # the two asked, one call served them
+    assert set(results) == set(whole_bound) - {"out", "contract out"}
+    for key, value in results.items():
+        np.testing.assert_allclose(np.asarray(value), whole_bound[key], rtol=BOUND_RTOL, atol=0, err_msg=key)
+
+
+def test_joined_calls_split_back() -> None:
+    """``_joined``: calls of a joining function that agree on every other argument (the
+    same arrays, equal statics) are one, their options in turn, and each gets its own
+    results back; other calls stay as they are."""
+    joins, other = object(), object()
+    grads, grads_too = {"dq": np.zeros(1)}, {"dq": np.zeros(1)}
+    asked = [
+        (joins, (grads, ("a",), "arith")),
+        (other, (grads, ("x",), "arith")),
+        (joins, (grads, ("b", "c"), "arith")),
+        (joins, (grads_too, ("d",), "arith")),  # other arrays: its own call
+        (joins, (grads, ("e",), "other arith")),  # another static: its own call
+    ]
+    calls, split = attention_slices._joined(asked, {joins: 1})
+    assert calls == [
+        (joins, (grads, ("a", "b", "c"), "arith")),
+        (other, (grads, ("x",), "arith")),
+        (joins, (grads_too, ("d",), "arith")),
+        (joins, (grads, ("e",), "other arith")),
+    ]
+    results = [("A", "B", "C"), "X", ("D",), ("E",)]
+    assert split(results) == [("A",), "X", ("B", "C"), ("D",), ("E",)]

@@ -45,12 +45,15 @@ the head_dim, its float64 arrays are [G, r, skv] ones (U = 8 G r skv bytes, at m
 (V = 8 G skv d bytes: k and v repeated for the group's heads, their magnitudes; no
 chunking shrinks them). A pass holds the chunk's oracle (its program's output) while
 each function's program runs on it, one at a time. XLA:CPU's buffer assignment (G 4,
-causal, no bias, every key) put the oracle's output at 6.4 U (d/r = 1/8), 7.1 U (d/r
-= 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1, 4.5 and 8.0 U, and the
-largest fed program, the gradient bound, at 9.3, 8.0 and 13.0 U (the forward bound
-4.1, 4.5, 6.0 U; the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the
-gradient bound's temp bytes and outputs, is 15.9 U, 15.9 U and 26 U, within 16 U + 6 V
-(V = U / 8, U / 2, 2 U there; a GPU's fusion differs: not measured). Add the slice's
+causal, no bias, every key; measured again 2026-11-28) put the oracle's output at 6.4 U
+(d/r = 1/8), 7.1 U (d/r = 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1,
+4.5 and 8.0 U, and the largest fed program, the gradient bound and its contract joined
+(``oracles.attention.gradient_bounds``: each tiling after the work they share, one at
+a time), at 7.3, 8.0 and 11.0 U of temp bytes and 0.4, 1.5 and 6.0 U of outputs (one
+of them alone: 7.3, 8.0, 11.0 U and 0.2, 0.75, 3.0 U; the forward bound 4.1, 4.5, 6.0 U;
+the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the joined program's
+temp bytes and outputs, is 14.1 U, 16.7 U and 27.1 U, within 16 U + 6 V (V = U / 8,
+U / 2, 2 U there: 16.75, 19 and 28 U; a GPU's fusion differs: not measured). Add the slice's
 inputs, placed on the device once for all its chunks, in their dtypes: q and the
 cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
 (G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d
@@ -66,7 +69,9 @@ rounds, properties/device/programs.py): each slice's or chunk's oracle is its ow
 program, run once per pass and fed to every function's program of the pass, instead
 of recomputed inside each function's (seven times a case at the production tier; now
 twice: the round of the oracle's calls, then the round of those that read the exact
-gradients).
+gradients). A function may join the calls of a pass (``per_slice(fn, joins=i)``, its
+``rest[i]`` a tuple of options): the gradient bound and its contract are one program
+per chunk, which does the work that no tiling changes once (``_joined``).
 """
 
 from __future__ import annotations
@@ -318,7 +323,10 @@ def sliced(
     made with one sliced case are served in shared passes (``Sliced.passes``): each
     slice's or chunk's oracle is computed once per pass, as its own program, and fed to
     every function of the pass, each its own program (so a function's results do not
-    depend on which others share its pass)."""
+    depend on which others share its pass). ``per_slice(fn, joins=i)``: ``fn``'s
+    ``rest[i]`` is a tuple of options and its result a tuple of one result per option;
+    the calls a pass serves that differ only there are one call, one program (a result
+    the same as alone, up to float64 reassociation where ``fn`` shares work)."""
 
     whole_oracle = device_programs.per_layout(oracle)
 
