@@ -570,11 +570,12 @@ def gradient_bounds(
     each with the forward bound of its forward kv block and logit facts), the same
     values, with the work that no tiling changes done once: dP = dO . v^T and its
     magnitude, and the sums over q rows and over keys of the exact dS and P and of their
-    absolute values (``_exact_backward``: 8 of the 11 [G, rows, keys] contractions of
-    one bound; each tiling adds 3 of the errors and 1 of its forward bound). On the
-    device each tiling's [G, rows, keys] arrays are computed after the one before has
-    finished (an optimization barrier, which also keeps XLA from holding one tiling's
-    arrays for the next), so a program of several holds those of one and dP's two."""
+    absolute values (``_exact_backward``: 8 of the 12 [G, rows, keys] contractions of
+    one bound; each tiling adds the 3 of the errors and its forward bound's 1). On the
+    device each tiling's [G, rows, keys] arrays are computed after the shared ones and
+    the tiling before have finished (an optimization barrier, which also keeps XLA from
+    holding one tiling's arrays for the next), so a program of several holds those of
+    one and dP's two (attention_slices' docstring has the measured bytes)."""
     shared = _exact_backward(ref, cotangent, dtype=dtype, arith=arith)
     results: list[dict[str, Any]] = []
     for backward in backwards:

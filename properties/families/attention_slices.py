@@ -49,10 +49,10 @@ causal, no bias, every key; measured again 2026-11-28) put the oracle's output a
 (d/r = 1/8), 7.1 U (d/r = 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1,
 4.5 and 8.0 U, and the largest fed program, the gradient bound and its contract joined
 (``oracles.attention.gradient_bounds``: each tiling after the work they share, one at
-a time), at 7.3, 8.0 and 11.0 U of temp bytes and 0.4, 1.5 and 6.0 U of outputs (one
-of them alone: 7.3, 8.0, 11.0 U and 0.2, 0.75, 3.0 U; the forward bound 4.1, 4.5, 6.0 U;
+a time), at 7.4, 8.1 and 11.5 U of temp bytes and 0.4, 1.5 and 6.0 U of outputs (one
+of them alone: 7.3, 8.1, 11.5 U and 0.2, 0.75, 3.0 U; the forward bound 4.1, 4.5, 6.0 U;
 the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the joined program's
-temp bytes and outputs, is 14.1 U, 16.7 U and 27.1 U, within 16 U + 6 V (V = U / 8,
+temp bytes and outputs, is 14.2 U, 16.8 U and 27.6 U, within 16 U + 6 V (V = U / 8,
 U / 2, 2 U there: 16.75, 19 and 28 U; a GPU's fusion differs: not measured). Add the slice's
 inputs, placed on the device once for all its chunks, in their dtypes: q and the
 cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
