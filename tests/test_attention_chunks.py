@@ -212,8 +212,8 @@ def test_a_pass_joins_the_gradient_bound_and_its_contract(monkeypatch: pytest.Mo
 
 def test_joined_calls_split_back() -> None:
     """``_joined``: calls of a joining function that agree on every other argument (the
-    same arrays, equal statics) are one, their options in turn, and each gets its own
-    results back; other calls stay as they are."""
+    same arrays, equal statics) are one, their options in one order whatever the order
+    asked, and each gets its own results back; other calls stay as they are."""
     joins, other = object(), object()
     grads, grads_too = {"dq": np.zeros(1)}, {"dq": np.zeros(1)}
     asked = [
@@ -232,3 +232,7 @@ def test_joined_calls_split_back() -> None:
     ]
     results = [("A", "B", "C"), "X", ("D",), ("E",)]
     assert split(results) == [("A",), "X", ("B", "C"), ("D",), ("E",)]
+    # asked in another order (the threads'): the same joint call, its results split back
+    backwards, split = attention_slices._joined([asked[2], asked[0]], {joins: 1})
+    assert backwards == [(joins, (grads, ("a", "b", "c"), "arith"))]
+    assert split([("A", "B", "C")]) == [("B", "C"), ("A",)]

@@ -288,13 +288,15 @@ def _joined(
 ) -> tuple[list[_Request], Callable[[list[Any]], list[Any]]]:
     """The calls of a function that joins (``per_slice(fn, joins=i)``: its ``rest[i]`` is
     a tuple of options, its result a tuple of one result per option) that agree on every
-    other argument (the same arrays, equal statics) made one call, with their options
-    in turn; returns the calls, and the function that splits their results back into
-    the results of ``requests``."""
+    other argument (the same arrays, equal statics) made one call, their options in the
+    order of their ``repr`` (not of the threads' asking: one program serves every case
+    of the layout); returns the calls, and the function that splits their results back
+    into the results of ``requests``."""
     calls: list[_Request] = []
-    where: list[tuple[int, int | None, int]] = []  # per request: its call, and its options' span there
+    members: dict[int, list[int]] = {}  # a joint call: the requests it serves
     joint: dict[Any, int] = {}
-    for fn, rest in requests:
+    where: list[tuple[int, int | None, int]] = []  # per request: its call, and its options' span there
+    for k, (fn, rest) in enumerate(requests):
         at = joins.get(fn)
         if at is None:
             where.append((len(calls), None, 0))
@@ -303,10 +305,17 @@ def _joined(
         others = tuple(id(r) if layout_programs.holds_arrays(r) else r for i, r in enumerate(rest) if i != at)
         n = joint.setdefault((fn, others), len(calls))
         if n == len(calls):
-            calls.append((fn, rest[:at] + ((),) + rest[at + 1 :]))
-        options = calls[n][1][at]
-        where.append((n, len(options), len(rest[at])))
-        calls[n] = (fn, calls[n][1][:at] + (options + tuple(rest[at]),) + calls[n][1][at + 1 :])
+            calls.append((fn, rest))
+        members.setdefault(n, []).append(k)
+        where.append((n, 0, len(rest[at])))
+    for n, served in members.items():
+        fn, rest = calls[n]
+        at = joins[fn]
+        options: tuple[Any, ...] = ()
+        for k in sorted(served, key=lambda k: repr(requests[k][1][at])):
+            where[k] = (n, len(options), where[k][2])
+            options += tuple(requests[k][1][at])
+        calls[n] = (fn, rest[:at] + (options,) + rest[at + 1 :])
 
     def split(results: list[Any]) -> list[Any]:
         return [results[n] if start is None else results[n][start : start + count] for n, start, count in where]
