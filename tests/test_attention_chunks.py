@@ -8,6 +8,8 @@ a small ``SLICE_ELEMENTS`` makes small cases chunk."""
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -183,7 +185,7 @@ def test_a_pass_joins_the_gradient_bound_and_its_contract(monkeypatch: pytest.Mo
     calls: list[tuple[int, int]] = []
     joined = attention_slices._joined
 
-    def counted(asked, joins):  # type: ignore[no-untyped-def]
+    def counted(asked: list[Any], joins: dict[Any, int]) -> tuple[list[Any], Callable[[list[Any]], list[Any]]]:
         requests, split = joined(asked, joins)
         calls.append((len(asked), len(requests)))
         return requests, split
@@ -192,7 +194,7 @@ def test_a_pass_joins_the_gradient_bound_and_its_contract(monkeypatch: pytest.Mo
     spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
     device = jax.devices("cpu")[0]
 
-    def on_device(fn, *args):  # type: ignore[no-untyped-def]
+    def on_device(fn: Callable[..., Any], *args: Any) -> Any:
         with numeric.on_device(device):
             return fn(*args)
 

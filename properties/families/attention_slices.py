@@ -325,7 +325,7 @@ def _joined(
 
 def sliced(
     oracle: Callable[[Case], Any], expected: Callable[[Any], Any]
-) -> tuple[Callable[[Case], Any], Callable[[Any], Any], Callable[[Callable[..., Any]], Callable[..., Any]]]:
+) -> tuple[Callable[[Case], Any], Callable[[Any], Any], Callable[..., Callable[..., Any]]]:
     """Wrappers of the spec functions that slice a large case on the device: returns
     (oracle, expected, per_slice) where ``per_slice(fn)`` wraps a bound function
     ``fn(case, ref, *rest)`` (a ``grads`` mapping in ``rest`` is sliced too). The calls
