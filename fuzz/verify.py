@@ -506,12 +506,16 @@ def _run_cluster(
     queue = list(units)
     workers: dict[int, RemoteWorker] = {}
     running: dict[int, Unit] = {}
+    # Slots whose node left: the node took its share of the cluster with it, so a new
+    # worker there would wait for a place while the others stand idle (and the unit given
+    # to it with them); the last slot is never retired: its new worker waits for a node.
+    retired: set[int] = set()
     started = 0
     with tempfile.TemporaryDirectory(prefix="pallascheck-verify-") as directory:
         try:
             while queue or running:
                 for slot in range(jobs):
-                    if slot in running or not queue:
+                    if slot in running or slot in retired or not queue:
                         continue
                     if slot not in workers:
                         started += 1
@@ -543,6 +547,8 @@ def _run_cluster(
                                 flush=True,
                             )
                             queue.insert(0, unit)
+                            if len(retired) + 1 < jobs:
+                                retired.add(slot)
                         else:
                             lost = _worker_lost(unit, death.kind, death.message, worker, options)
                             done(unit, lost, f" on node {worker.node_label}")
