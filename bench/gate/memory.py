@@ -43,11 +43,17 @@ def _filled(size: int, device: Any) -> jax.Array:
     return jax.device_put(np.full((size,), 0xFF, np.uint8), device)
 
 
+def has_pool(device: Any) -> bool:
+    """Whether ``device`` reports an allocator pool whose free blocks can be poisoned
+    (not the CPU)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    return stats is not None and "largest_free_block_bytes" in stats
+
+
 def poison_free_memory(device: Any) -> int | None:
     """Fill every free block of ``device``'s allocator with 0xFF bytes and free them
     again; the bytes poisoned, or None where the device reports no allocator (the CPU)."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if not stats or "largest_free_block_bytes" not in stats:
+    if not has_pool(device):
         return None
     chunks: list[jax.Array] = []
     poisoned = 0

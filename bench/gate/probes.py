@@ -136,7 +136,7 @@ def poisoner(backend: Backend) -> Callable[[], int] | None:
     bytes poisoned; None where the device has no allocator to poison (the CPU:
     ``memory.ON_CPU``)."""
     device = jax.devices(backend.platform)[0]
-    if memory.poison_free_memory(device) is None:
+    if not memory.has_pool(device):
         return None
     return lambda: memory.poison_free_memory(device) or 0
 
