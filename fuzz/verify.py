@@ -23,6 +23,7 @@ import math
 import multiprocessing
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.scope import NotChecked
 from pallascheck.fuzz.workers import failed_dir, saved_files
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import check_kinds, checks, runner, watchdog
+from pallascheck.properties import check_kinds, checks, production, runner, watchdog
 from pallascheck.properties.device import compilation, multidevice
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.registry import get_spec, selected
@@ -88,18 +89,22 @@ class Row:
 class Unit:
     """One piece of verify work: ``kind`` is "property", "errors" or "distributed".
     A property on hardware is split into ``parts`` (``property_parts``); this unit
-    is part ``part`` of them."""
+    is part ``part`` of them. At the production tier a property is one unit per
+    production layout (``layout``, its name): every named layout is checked in every
+    dtype, each unit needs its own layout's memory, and a replay names the layout."""
 
     kind: str
     kernel: str
     dtype: str = "-"
     part: int = 0
     parts: int = 1
+    layout: str = ""
 
     @property
     def key(self) -> str:
         key = f"{self.kind}:{self.kernel}:{self.dtype}"
-        return key if self.parts == 1 else f"{key}:{self.part + 1}/{self.parts}"
+        key = key if self.parts == 1 else f"{key}:{self.part + 1}/{self.parts}"
+        return f"{key}:{self.layout}" if self.layout else key
 
     @property
     def hang_report(self) -> str:
@@ -175,26 +180,33 @@ def plan(
     dtypes: Sequence[str] | None,
     shapes: str = "small",
     examples: int = 1,
+    layout: str | None = None,
 ) -> list[Unit]:
     """The units for the selected kernels and dtypes that run on ``backend`` (a
     property of ``examples`` examples in ``property_parts`` parts), longest first.
     The production tier has no bad-input or distributed units: those do not depend on
-    sizes, and the small tier runs them."""
+    sizes, and the small tier runs them. There a property is one unit per production
+    layout that fits this process's memory (``layout``: only those whose name contains
+    it), ``examples`` examples each; among units of unknown duration the largest
+    layouts start first."""
     specs = selected(kernels)
     missing = set(not_on(backend, kernels))
     if shapes == "production":
         missing |= set(without_production(kernels))
     units: list[Unit] = []
+    needs: dict[str, int] = {}  # a production unit's layout: the memory its check needs
     for name in [n for n in (kernels or specs) if n in specs and n not in missing]:
-        if shapes == "small":
-            units.append(Unit("errors", name))
+        spec_dtypes = [d for d in specs[name].dtypes_for(backend) if not dtypes or d in dtypes]
+        if shapes == "production":
+            fitting = production.plan(specs[name].production_layouts, backend).fitting
+            for l in fitting:
+                if layout is None or layout in l.name:
+                    needs[l.name] = l.needs
+                    units += [Unit("property", name, d, layout=l.name) for d in spec_dtypes]
+            continue
+        units.append(Unit("errors", name))
         parts = property_parts(backend, examples)
-        units += [
-            Unit("property", name, d, part, parts)
-            for d in specs[name].dtypes_for(backend)
-            if not dtypes or d in dtypes
-            for part in range(parts)
-        ]
+        units += [Unit("property", name, d, part, parts) for d in spec_dtypes for part in range(parts)]
     # The ring collectives run in a child over several devices (planning.distributed_devices).
     where = planning.distributed_devices(backend)
     distributed = _selected_distributed(kernels) if shapes == "small" and where else []
@@ -205,7 +217,15 @@ def plan(
     # Among unknown ones (a first run): the distributed unit, one long child process,
     # then the properties, then the bad-input checks of a second or two each.
     first = {"distributed": 0, "property": 1, "errors": 2}
-    return sorted(units, key=lambda u: (-previous.get(f"{backend}:{u.key}", float("inf")), first[u.kind]))
+    return sorted(
+        units,
+        key=lambda u: (-previous.get(f"{backend}:{u.key}", float("inf")), first[u.kind], -needs.get(u.layout, 0)),
+    )
+
+
+def layout_path(layout: str) -> str:
+    """The declared path a production unit reaches by checking a case of ``layout``."""
+    return f"production layout {layout}"
 
 
 def run_unit(unit: Unit, options: Options, hang_report: str | None = None) -> tuple[list[Row], list[str], float]:
@@ -237,6 +257,7 @@ def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row]
         f"pallascheck verify --backend {backend} --kernel {name} --dtype {dtype} "
         f"--examples {options.examples} --seed {options.seed}"
         + (f" --shapes {options.shapes}" if options.shapes != "small" else "")
+        + (f" --layout {shlex.quote(unit.layout)}" if unit.layout else "")
         + path_arguments(options.paths)
         + (" --cover-pairs" if options.cover_pairs else "")
     )
@@ -261,7 +282,14 @@ def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row]
             search=dog.search(),
             shapes=options.shapes,
             cover_pairs=options.cover_pairs,
+            layout=unit.layout or None,
+            cases_per_layout=_layout_cases(name, unit.layout),
         )
+    if unit.layout:  # the layout is this unit's path: reached once a case of it was checked
+        path = layout_path(unit.layout)
+        tally.paths_declared = (path, *tally.paths_declared)
+        if checked := max((o.examples for o in tally.outcomes.values()), default=0):
+            tally.paths[path] = checked
     rows = []
     for check in check_kinds.REPORTED:
         if check in tally.outcomes:
@@ -574,8 +602,17 @@ def _worker_lost(
 
 
 def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Row], list[str], float]:
-    """The result of a unit whose worker process was lost."""
-    return [Row(unit.kernel, unit.dtype, check, False, 0, float("inf"), None, seconds)], [message], seconds
+    """The result of a unit whose worker process was lost (a production unit's layout
+    declared and not reached)."""
+    row = Row(unit.kernel, unit.dtype, check, False, 0, float("inf"), None, seconds)
+    row.paths_declared = (layout_path(unit.layout),) if unit.layout else ()
+    return [row], [message], seconds
+
+
+def _layout_cases(kernel: str, layout: str) -> int | None:
+    """The cases per example the production layout named ``layout`` declares (None:
+    the tier's, and for a unit of no layout)."""
+    return next((l.cases for l in get_spec(kernel).production_layouts if l.name == layout), None)
 
 
 def _larger(a: float | None, b: float | None) -> float | None:

@@ -39,7 +39,7 @@ from pallascheck.properties.check_kinds import CHECKS
 from pallascheck.properties.device import identity as device_identity
 from pallascheck.properties.device import layout_programs
 from pallascheck.properties.device import programs as device_programs
-from pallascheck.properties.spec import AnyOrderContract, Case, CodePath, KernelSpec, Parameter
+from pallascheck.properties.spec import AnyOrderContract, Case, CodePath, KernelSpec, Parameter, ProductionCases
 
 
 def _np(a: Any) -> np.ndarray:
@@ -652,6 +652,18 @@ number so that both check a kernel alike. Four, not three: the suite's draws in 
 callback interpreters take input kinds and configs in turn, one per example, and reach
 every kind a property offers within four (tests/test_default_draws.py)."""
 
+PRODUCTION_EXAMPLES = 1
+"""Hypothesis examples per production layout by default (``pallascheck verify
+--shapes production``): every named layout is checked in every dtype, one compiled
+layout of ``HARDWARE_CASES_PER_LAYOUT`` cases (or the layout's own ``cases``) each."""
+
+
+def default_examples(shapes: str) -> int:
+    """verify's examples per kernel x dtype at the ``shapes`` tier when none are asked
+    for (at the production tier: per layout)."""
+    return PRODUCTION_EXAMPLES if shapes == "production" else EXAMPLES
+
+
 CASES_PER_LAYOUT = 2
 """Cases checked per Hypothesis example in Pallas' generic interpreter. They share a
 layout (shapes, static parameters, config: see ``strategies.layout``) and so one
@@ -744,6 +756,7 @@ def run_property(
     search: Search = Search(),
     shapes: str = "small",
     cover_pairs: bool = False,
+    layout: str | None = None,
 ) -> Tally:
     """Draw ``examples`` Hypothesis examples, each a config and ``cases_per_layout``
     distinct cases of one layout, and run the checks on every case.
@@ -760,13 +773,20 @@ def run_property(
     parameters that the draws missed (``verify --cover-pairs``; not by default, nor in
     the suite's spec tests: at about 16 extra examples per kernel x dtype, each mostly
     a new compile, a CPU verify took 3.3x as long); the pairs met are counted either way.
+    ``layout``: at the production tier, only the layouts whose name contains it.
     """
+    if layout is not None and shapes != "production":
+        raise ValueError(f"layout names production layouts: it needs shapes='production', got shapes={shapes!r}")
     selected = tier_checks(selected, shapes)
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
     per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
     case_lists = st.lists(
-        strategies.with_drawn_kinds(tier_cases(spec, shapes)(dtype, backend)),
+        strategies.with_drawn_kinds(
+            tier_cases(spec, shapes)(dtype, backend)
+            if layout is None
+            else cast(ProductionCases, spec.production)(dtype, backend, layout)
+        ),
         min_size=per_layout,
         max_size=per_layout,
         unique_by=fingerprint,

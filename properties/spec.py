@@ -73,11 +73,13 @@ class Case:
 class Layout:
     """One production layout: its name (model and shape), the fields of the family's
     Domain it sets (the spec's own domain keeps the rest: a narrowed domain of a
-    user's kernel stays narrowed), and the device bytes its check needs."""
+    user's kernel stays narrowed), the device bytes its check needs, and the cases a
+    Hypothesis example checks at it (None: the tier's, ``runner.layout_cases``)."""
 
     name: str
     fields: dict[str, Any]
     needs: int
+    cases: int | None = None
 
 
 class ProductionCases(Protocol):

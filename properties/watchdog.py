@@ -27,6 +27,18 @@ from pallascheck.properties.runner import Search, config_to_json
 from pallascheck.properties.spec import Case
 
 CASE_TIMEOUT_S = 300.0
+# A production case at the largest layouts is minutes of float64 oracle work (a 64k
+# attention case took 193 s on an H100, its compiles included; 128k does about four
+# times that work): the same limit would call it a hang. verify and fuzz use this one
+# at --shapes production.
+PRODUCTION_CASE_TIMEOUT_S = 1800.0
+
+
+def case_timeout(shapes: str) -> float:
+    """The default time limit of one case at the ``shapes`` tier."""
+    return PRODUCTION_CASE_TIMEOUT_S if shapes == "production" else CASE_TIMEOUT_S
+
+
 HANG_EXIT_CODE = 124  # what timeout(1) exits with
 
 

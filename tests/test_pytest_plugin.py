@@ -279,5 +279,6 @@ def test_pytest_and_verify_draw_the_same_examples_by_default() -> None:
 
     parser = argparse.ArgumentParser()
     verify.add_parser(parser.add_subparsers())
-    assert parser.parse_args(["verify"]).examples == runner.EXAMPLES
+    assert parser.parse_args(["verify"]).examples is None  # the tier's default
+    assert runner.default_examples("small") == runner.EXAMPLES
     assert pytest_plugin.profiles()["ci"].max_examples == runner.EXAMPLES

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             paths=args.path or (),
             first_seed=args.seed,
             resume=args.resume,
-            limits=campaign.Limits(args.case_timeout, memory),
+            limits=campaign.Limits(args.case_timeout or watchdog.case_timeout(shapes), memory),
             progress=progress,
             shapes=shapes,
             layout_cases=args.cases,
@@ -196,8 +196,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fuzz.add_argument(
         "--case-timeout",
         type=positive,
-        default=watchdog.CASE_TIMEOUT_S,
-        help="seconds a worker may go without progress (a case, or a task's first compile) before it counts as hung",
+        default=None,
+        help="seconds a worker may go without progress (a case, or a task's first compile) before it counts as hung "
+        f"(default {watchdog.CASE_TIMEOUT_S:g}, at --shapes production {watchdog.PRODUCTION_CASE_TIMEOUT_S:g})",
     )
     fuzz.add_argument(
         "--memory-gb",

@@ -64,19 +64,30 @@ def run(args: argparse.Namespace) -> int:
         set_up(backend)
     ray_cluster = join_cluster(args.cluster, backend)
     layouts = [l for spec in specs.values() for l in spec.production_layouts] if args.shapes == "production" else []
+    if args.layout is not None:
+        if args.shapes != "production":
+            raise UsageError("--layout names production layouts: add --shapes production")
+        if not any(args.layout in l.name for l in layouts):
+            raise UsageError(
+                f"--layout: no production layout of the selected kernels is named {args.layout!r}; "
+                f"they are: {'; '.join(l.name for l in layouts)}"
+            )
+        layouts = [l for l in layouts if args.layout in l.name]
+    # at the production tier --examples counts per layout (every layout is checked)
+    examples = args.examples or runner.default_examples(args.shapes)
     jobs = args.jobs or (
         ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes, layouts)
     )
     start = time.perf_counter()
     options = verify.Options(
         backend,
-        args.examples,
+        examples,
         args.seed,
         args.failures,
         tuple(args.dtype or ()),
         args.shapes,
         tuple(args.path or ()),
-        args.case_timeout,
+        args.case_timeout or watchdog.case_timeout(args.shapes),
         args.cover_pairs,
     )
     missing = verify.not_on(backend, args.kernel)
@@ -113,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         kernels = args.kernel
-    units = verify.plan(backend, kernels, args.dtype, args.shapes, args.examples)
+    units = verify.plan(backend, kernels, args.dtype, args.shapes, examples, args.layout)
     try:
         rows, failures = verify.run(units, options, jobs, ray_cluster)
     finally:
@@ -157,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         report = {
             "backend": str(backend),
             "jax": jax.__version__,
-            "examples": args.examples,
+            "examples": examples,
             "jobs": jobs,
             "cluster": args.cluster,
             "seed": args.seed,
@@ -192,8 +203,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verify.add_argument(
         "--examples",
         type=at_least(1),
-        default=runner.EXAMPLES,
-        help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT),
+        default=None,
+        help=examples_help("property", runner.HARDWARE_CASES_PER_LAYOUT)
+        + f"; default {runner.EXAMPLES}, and at --shapes production {runner.PRODUCTION_EXAMPLES} per layout",
+    )
+    verify.add_argument(
+        "--layout",
+        default=None,
+        help="with --shapes production: only the production layouts whose name contains this (default: every one)",
     )
     verify.add_argument("--seed", type=int, default=0, help="Hypothesis seed of every property")
     add_target_options(
@@ -216,8 +233,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     verify.add_argument(
         "--case-timeout",
         type=positive,
-        default=watchdog.CASE_TIMEOUT_S,
-        help="seconds one case may take (its compiles included) before it is reported as a hang",
+        default=None,
+        help="seconds one case may take (its compiles included) before it is reported as a hang (default "
+        f"{watchdog.CASE_TIMEOUT_S:g}, at --shapes production {watchdog.PRODUCTION_CASE_TIMEOUT_S:g})",
     )
     verify.add_argument(
         "--cover-pairs",

@@ -1,0 +1,100 @@
+"""verify at the production tier: one unit per named layout and dtype, so that every
+layout that fits is checked in every dtype, and the summary says which were not."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import pytest
+
+from pallascheck.cli import main
+from pallascheck.fuzz import verify
+from pallascheck.kernels.backends import Backend
+from pallascheck.properties import production, runner, watchdog
+from pallascheck.properties.families import matmul as matmul_family
+from pallascheck.properties.registry import get_spec
+from pallascheck.properties.spec import Layout
+
+
+def test_a_production_run_is_one_unit_per_layout_and_dtype_largest_first(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no durations recorded: every unit's time is unknown
+    spec = get_spec("ragged_dot")
+    fits = [l for l in spec.production_layouts if l.needs <= 24 * 2**30]
+    assert 0 < len(fits) < len(spec.production_layouts)  # the rule leaves some out
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 24 * 2**30)
+    backend = Backend("mosaic_gpu")
+    units = verify.plan(backend, ["ragged_dot"], None, "production", examples=1)
+    dtypes = spec.dtypes_for(backend)
+    assert sorted((u.layout, u.dtype) for u in units) == sorted((l.name, d) for l in fits for d in dtypes)
+    assert {u.kind for u in units} == {"property"}  # no bad-input unit at this tier
+    assert len({u.key for u in units}) == len(units) and len({u.hang_report for u in units}) == len(units)
+    needs = {l.name: l.needs for l in fits}
+    assert [needs[u.layout] for u in units] == sorted((needs[u.layout] for u in units), reverse=True)
+    (only,) = {u.layout for u in verify.plan(backend, ["ragged_dot"], ["bfloat16"], "production", 1, "1024 rows")}
+    assert only.startswith("1024 rows per group:")
+
+
+def test_a_lost_production_unit_leaves_its_layout_not_reached() -> None:
+    unit = verify.Unit("property", "matmul", "bfloat16", layout="square 8192: 8192x8192 @ 8192x8192")
+    rows, _, _ = verify._lost(unit, "hang", "a case passed its time limit", 1.0)
+    assert verify.unreached(rows) == [("matmul", "bfloat16", verify.layout_path(unit.layout))]
+
+
+TINY = (
+    Layout("tiny square: 64x64 @ 64x64", dict(m=(64,), n=(64,), k=(64,)), 1),
+    Layout("tiny unaligned: 40x24 @ 24x48", dict(m=(40,), n=(48,), k=(24,)), 1, cases=1),
+)
+
+
+def test_each_production_unit_checks_its_own_layout_and_its_replay_names_it(tmp_path, monkeypatch) -> None:
+    """A real property per layout (the generic interpreter, tiny stand-in layouts):
+    each unit checks cases of its layout only, as many as the layout declares, and
+    reaches its layout's path; its replay command names the layout; the merged row
+    declares every layout."""
+    domain = matmul_family.Domain()
+    spec = dataclasses.replace(
+        get_spec("matmul"),
+        production=production.production_cases("matmul", TINY, matmul_family.cases, domain),
+        production_layouts=TINY,
+    )
+    monkeypatch.setattr(verify, "get_spec", lambda name: spec)
+    monkeypatch.setattr(verify, "selected", lambda kernels: {"matmul": spec})
+    monkeypatch.chdir(tmp_path)
+    replays, run_property = [], runner.run_property
+
+    def recording(*args, **kwargs):
+        replays.append(kwargs["replay_hint"])
+        return run_property(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_property", recording)
+    backend = Backend("interpret")
+    units = verify.plan(backend, ["matmul"], ["float32"], "production", examples=1)
+    options = verify.Options(backend, 1, 0, str(tmp_path / "failures"), ("float32",), "production")
+    rows = []
+    for unit in units:
+        unit_rows, failures = verify._property(unit, options, str(tmp_path / "hang.txt"))
+        assert not failures, failures
+        (values,) = [r for r in unit_rows if r.check == "values"]
+        declared = next(l for l in TINY if l.name == unit.layout)
+        assert values.examples == (declared.cases or 2)  # the interpreter's 2 a layout, or the layout's own
+        assert unit_rows[0].paths == {verify.layout_path(unit.layout): values.examples}
+        assert replays[-1].endswith(f"--shapes production --layout {shlex.quote(unit.layout)}"), replays
+        rows += unit_rows
+    merged = verify.merge_parts(rows)
+    assert not verify.unreached(merged)
+    assert set(merged[0].paths_declared) >= {verify.layout_path(l.name) for l in TINY}
+
+
+def test_layout_is_refused_outside_the_production_tier_and_when_it_names_nothing(capsys) -> None:
+    with pytest.raises(SystemExit) as small:
+        main(["verify", "--kernel", "matmul", "--layout", "square"])
+    assert small.value.code == 2 and "add --shapes production" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as unknown:
+        main(["verify", "--kernel", "matmul", "--shapes", "production", "--layout", "squar 9000"])
+    err = capsys.readouterr().err
+    assert unknown.value.code == 2 and "no production layout" in err and "square 8192" in err, err
+
+
+def test_a_production_case_has_a_longer_time_limit() -> None:
+    assert watchdog.case_timeout("production") > watchdog.case_timeout("small") == watchdog.CASE_TIMEOUT_S
