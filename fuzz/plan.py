@@ -15,7 +15,6 @@ from typing import Literal
 from pallascheck.fuzz.scope import NotChecked
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry
-from pallascheck.properties.spec import Layout
 
 Command = Literal["verify", "fuzz", "mutate"]
 
@@ -57,7 +56,7 @@ def distributed_devices(backend: Backend) -> tuple[str, int] | None:
     return ("gpu", gpus) if gpus >= 2 else None
 
 
-def default_jobs(command: Command, backend: Backend, shapes: str = "small", layouts: Sequence[Layout] = ()) -> int:
+def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> int:
     """Worker processes when ``--jobs`` is not given.
 
     - verify and mutate: every core on the CPU; on a GPU three quarters of the cores,
@@ -67,15 +66,16 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small", layo
       jobs and 88.8 s at 12, cold (docs/results.md).
     - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
-    - verify at the production tier on a GPU: also no more than share the device with
-      the tier's largest layout that fits it alone (``layouts``: the selected kernels'),
-      so that no layout is skipped for want of a share; ``--jobs`` above that skips,
-      saying so.
+    - verify at the production tier on a GPU: one worker (verify's workers all use the
+      first device: ``share_devices``). Processes that share a device each grow their own allocator pool and keep what they freed:
+      on one H100 two verify workers, each planned with half the device and each unit
+      within its memory rule, ran out of memory in ragged_dot's layouts and took
+      fp8_matmul's units down with them (docs/results.md, 2026-11-28). ``--jobs`` above
+      1 shares the device, each process planning with its share (skipping, saying so,
+      what does not fit it).
     """
-    if command == "verify" and shapes == "production" and backend.platform != "cpu" and layouts:
-        device = production.device_memory(backend)
-        largest = max((l.needs for l in layouts if l.needs <= device), default=device)
-        return max(1, min(cores() * 3 // 4, device // largest))
+    if command == "verify" and shapes == "production" and backend.platform != "cpu":
+        return 1
     if command == "fuzz":
         gpus = gpu_devices(backend)
         if gpus and shapes == "production":

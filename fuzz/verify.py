@@ -394,6 +394,7 @@ def run(
     def done(unit: Unit, result: tuple[list[Row], list[str], float], where: str = "") -> None:
         results[unit] = result
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
+        part += f" at {unit.layout}" if unit.layout else ""
         left = durations.seconds_left(
             [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
         )

@@ -113,7 +113,7 @@ def join_cluster(address: str | None, backend: Backend) -> cluster.Cluster | Non
 def workers_phrase(jobs: int, joined: cluster.Cluster | None) -> str:
     """Where the work runs, for a command's opening line."""
     if joined is None:
-        return f"{jobs} jobs"
+        return f"{jobs} job{'s' * (jobs != 1)}"
     return f"{jobs} workers on the Ray cluster at {joined.address} ({joined.nodes} node{'s' * (joined.nodes != 1)})"
 
 

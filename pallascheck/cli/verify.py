@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
         layouts = [l for l in layouts if args.layout in l.name]
     # at the production tier --examples counts per layout (every layout is checked)
     examples = args.examples or runner.default_examples(args.shapes)
-    jobs = args.jobs or (
-        ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes, layouts)
-    )
+    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes))
     start = time.perf_counter()
     options = verify.Options(
         backend,
