@@ -345,12 +345,19 @@ def _oracle_side(
     name: first those of the oracle alone, then those that read the exact gradients
     (submitted after what they need, so they never wait for a thread they hold). An
     oracle computed in parts serves each of the two rounds in one pass
-    (``device_programs.asked_in_rounds``). A contract that is xla_reference's bound
-    (spec.AnyOrderContract) is computed and held once."""
+    (``device_programs.asked_in_rounds``); a gradient bound that reads no exact
+    gradient (``GradientSpec.bound_reads_gradients``) is asked in the first. A contract
+    that is xla_reference's bound (spec.AnyOrderContract) is computed and held once."""
     g = spec.gradients
     got: dict[str, Callable[[], Any]] = {}
     first: dict[str, Callable[[], Any]] = {"expected": lambda: spec.expected(ref)}
     second: dict[str, Callable[[], Any]] = {}
+    reads = g is None or g.bound_reads_gradients
+    by_gradients = second if reads else first
+
+    def exact() -> Any:
+        return got["exact_gradients"]() if reads else None
+
     if "exact_gradients" in need and (has_gradients or reference_vjp) and g is not None:
         first["exact_gradients"] = lambda: g.oracle_vjp(case, ref)
     if "bound" in need:
@@ -366,13 +373,13 @@ def _oracle_side(
     if "default_bound" in need and config != default:
         first["default_bound"] = lambda: spec.bound(case, ref, default, arith)
     if reference_vjp and g is not None:
-        second["reference_gradient_bound"] = lambda: g.bound(case, ref, got["exact_gradients"](), None, arith)
+        by_gradients["reference_gradient_bound"] = lambda: g.bound(case, ref, exact(), None, arith)
     if has_gradients and g is not None:
-        second["gradient_bound"] = lambda: g.bound(case, ref, got["exact_gradients"](), config, arith)
+        by_gradients["gradient_bound"] = lambda: g.bound(case, ref, exact(), config, arith)
     g_contract = None if g is None else g.contract
     same_gradients = reference_vjp and g is not None and _is_reference_bound(g_contract, g.bound)
     if "gradient_contract_bound" in need and has_gradients and g_contract is not None and not same_gradients:
-        second["gradient_contract_bound"] = lambda: g_contract(case, ref, got["exact_gradients"](), arith)
+        by_gradients["gradient_contract_bound"] = lambda: g_contract(case, ref, exact(), arith)
     device_programs.asked_in_rounds(ref, [len(first), len(second)])
     for name, call in (first | second).items():  # ``got`` holds a call's getter before the next starts
         got[name] = started(call)

@@ -140,6 +140,10 @@ class GradientSpec:
     reference_vjp: Callable[[Case], Mapping[str, Output]] | None = None
     # (case, oracle, exact grads, arithmetic) -> the accuracy contract of each gradient
     contract: Callable[[Case, Any, Mapping[str, np.ndarray], Arithmetic], Mapping[str, np.ndarray]] | None = None
+    # False where ``bound`` and ``contract`` never read the exact grads (they are given
+    # None): the runner then asks them with the oracle's own calls, so that an oracle
+    # computed in parts serves every call in one pass instead of two
+    bound_reads_gradients: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

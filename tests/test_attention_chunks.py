@@ -19,6 +19,7 @@ import pytest
 from pallascheck.kernels.backends import Backend
 from pallascheck.oracles import numeric
 from pallascheck.oracles.tolerance import arithmetic_for
+from pallascheck.properties import runner
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.families import attention_slices
 from pallascheck.properties.registry import get_spec
@@ -210,6 +211,46 @@ def test_a_pass_joins_the_gradient_bound_and_its_contract(monkeypatch: pytest.Mo
     assert set(results) == set(whole_bound) - {"out", "contract out"}
     for key, value in results.items():
         np.testing.assert_allclose(np.asarray(value), whole_bound[key], rtol=BOUND_RTOL, atol=0, err_msg=key)
+
+
+def test_the_runner_asks_every_oracle_side_call_of_a_chunked_case_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attention's gradient bounds read no exact gradient, so the runner asks them with
+    the oracle's own calls: one pass over the chunks serves all six (each chunk's oracle
+    computed once, not once a round), and they are the whole case's."""
+    case, threshold, _ = CASES["causal, sq < skv, per-key bias"]
+    _, whole_grads, whole_bound = _evaluate(case)
+    monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
+    spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
+    device = jax.devices("cpu")[0]
+    need = frozenset({"exact_gradients", "bound", "contract_bound", "gradient_contract_bound"})
+
+    def on_device(call: Callable[[], Any]) -> Any:
+        with numeric.on_device(device):
+            return call()
+
+    with numeric.on_device(device), concurrent.futures.ThreadPoolExecutor(8) as pool:
+        ref = spec.oracle(case)
+        got = runner._oracle_side(
+            spec,
+            case,
+            ref,
+            spec.default_config,
+            spec.default_config,
+            arith,
+            need,
+            has_gradients=True,
+            reference_vjp=False,
+            started=lambda call: pool.submit(on_device, call).result,
+        )
+        results = {name: get() for name, get in got.items()}
+    assert ref.passes.served == [6], ref.passes.served
+    assert set(results) == {"expected", "exact_gradients", "bound", "contract_bound", "gradient_bound"} | {
+        "gradient_contract_bound"
+    }
+    for key, value in results["gradient_bound"].items():
+        np.testing.assert_allclose(np.asarray(value), whole_bound[key], rtol=BOUND_RTOL, atol=0, err_msg=key)
+    for key, value in results["exact_gradients"].items():  # reassociated sums: as above
+        assert np.all(np.abs(np.asarray(value) - whole_grads[key]) <= VALUE_OF_BOUND * whole_bound[key]), key
 
 
 def test_joined_calls_split_back() -> None:

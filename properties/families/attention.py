@@ -698,6 +698,9 @@ def make_spec(
             per_slice(_oracle_vjp),
             gradient_bound,
             contract=gradient_contract,
+            # the bounds take the oracle's forward quantities and the cotangent: each
+            # chunk's oracle serves the exact VJP and both bounds in one pass
+            bound_reads_gradients=False,
         )
         if differentiable
         else None,
