@@ -63,6 +63,7 @@ BACKEND_ALIASES = {"gpu": "mosaic_gpu"}
 BACKEND_ENV_VAR = "PALLASCHECK_BACKEND"
 SHAPE_TIERS = ("small", "production")
 CASE_TIMEOUT_S = 300.0
+PRODUCTION_CASE_TIMEOUT_S = 1800.0
 PREFIX = "pallascheck-"
 # The options by their short name: each is --pallascheck-NAME here, and --NAME too where
 # a project enables properties/pytest_short_options.py; both write one dest (``dest``).
@@ -88,7 +89,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
         type=float,
         default=None,
         help=f"seconds one case of a spec_tests test may take before it is reported as a hang (default "
-        f"{CASE_TIMEOUT_S:g}; the process ends with the report: under pytest-xdist the test fails and the worker "
+        f"{CASE_TIMEOUT_S:g}, at --pallascheck-shapes production {PRODUCTION_CASE_TIMEOUT_S:g}; the process ends with the report: under pytest-xdist the test fails and the worker "
         "is replaced)",
     ),
 }
@@ -197,7 +198,9 @@ def backends_under_test(config: pytest.Config) -> list[Backend]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test that takes ``each_backend`` runs once per backend of the session; a
-    ``spec_tests`` test once per spec x dtype x backend the spec runs on."""
+    ``spec_tests`` test once per spec x dtype x backend the spec runs on, and at the
+    production tier once per production layout too (each named layout is checked, as
+    ``pallascheck verify --shapes production`` checks it)."""
     if "each_backend" in metafunc.fixturenames:
         chosen = backends_under_test(metafunc.config)
         metafunc.parametrize("each_backend", chosen, ids=[str(b) for b in chosen])
@@ -208,14 +211,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 f"{metafunc.definition.nodeid}: the pallascheck_spec_case fixture is for spec_tests' tests only"
             )
         specs = marker.args[0]
+        production = option(metafunc.config, "shapes") == "production"
         cases = [
-            (spec, dtype, b)
+            (spec, dtype, b, layout)
             for b in backends_under_test(metafunc.config)
             for spec in specs
             if spec.runs_on(b)
             for dtype in spec.dtypes_for(b)
+            for layout in ([l.name for l in spec.production_layouts] if production else []) or [None]
         ]
-        metafunc.parametrize("pallascheck_spec_case", cases, ids=[f"{s.name}-{d}-{b}" for s, d, b in cases])
+        metafunc.parametrize(
+            "pallascheck_spec_case",
+            cases,
+            ids=[f"{s.name}-{d}-{b}" + (f"-{layout.split(':')[0]}" if layout else "") for s, d, b, layout in cases],
+        )
 
 
 class NotCheckedWarning(UserWarning):
@@ -228,18 +237,28 @@ def spec_tests(*specs: KernelSpec):
     of the session: assign it to a ``test_...`` name in a test module."""
 
     @pytest.mark.pallascheck_specs(specs)
-    def test(pallascheck_spec_case: tuple[KernelSpec, str, Backend], examples: int, request: pytest.FixtureRequest):
+    def test(
+        pallascheck_spec_case: tuple[KernelSpec, str, Backend, str | None],
+        examples: int,
+        request: pytest.FixtureRequest,
+    ):
         # the harness loads with the first spec test, not with the plugin
-        from pallascheck.properties import runner, watchdog
+        from pallascheck.properties import production, runner, watchdog
 
-        spec, dtype, backend = pallascheck_spec_case
+        spec, dtype, backend, layout = pallascheck_spec_case
         shapes = option(request.config, "shapes") or "small"
         if shapes == "production" and spec.production is None:
             pytest.skip(f"{spec.name} has no production shape tier")
+        per_layout = runner.layout_cases(backend, shapes)
+        if layout is not None:
+            planned = production.plan([l for l in spec.production_layouts if l.name == layout], backend)
+            if planned.skipped:  # the memory rule's line: what it needs, what the device allows
+                pytest.skip(f"not checked: {planned.skipped[0]}")
+            per_layout = planned.fitting[0].cases or per_layout
         replay = replay_command(request.config, request.node.nodeid)
         capture = request.config.pluginmanager.getplugin("capturemanager")
         dog = watchdog.CaseWatchdog(
-            option(request.config, "case-timeout") or watchdog.CASE_TIMEOUT_S,
+            option(request.config, "case-timeout") or watchdog.case_timeout(shapes),
             kernel=spec.name,
             dtype=dtype,
             backend=str(backend),
@@ -248,7 +267,16 @@ def spec_tests(*specs: KernelSpec):
         )
         with watchdog.watching(dog):
             tally = runner.run_property(
-                spec, dtype, backend, examples=examples, seed=0, replay_hint=replay, search=dog.search(), shapes=shapes
+                spec,
+                dtype,
+                backend,
+                examples=examples,
+                seed=0,
+                replay_hint=replay,
+                search=dog.search(),
+                shapes=shapes,
+                layout=layout,
+                cases_per_layout=per_layout,
             )
         # pytest.fail without its traceback: the message says what failed, where and how
         # to replay it; this generated test's source above it would only bury that
@@ -259,7 +287,7 @@ def spec_tests(*specs: KernelSpec):
         # examples reaching the declared paths first, then random ones, at least
         # ``examples`` of them
         cases = tally.outcomes["values"].examples
-        assert cases >= examples * runner.layout_cases(backend, shapes), tally.outcomes["values"]
+        assert cases >= examples * per_layout, tally.outcomes["values"]
         per_case = {"metamorphic": len(spec.relations) if shapes == "small" else 0}
         short = {
             k: o.examples

@@ -165,6 +165,31 @@ def test_a_hung_case_is_reported_not_waited_for(tmp_path: Path) -> None:
     assert collected.stdout.splitlines()[0] == "test_user.py::test_hangs[relu_that_hangs-float32-interpret]"
 
 
+def test_at_the_production_tier_each_layout_is_a_test_of_its_own(tmp_path: Path) -> None:
+    """--pallascheck-shapes production: one test per spec x dtype x backend x named
+    layout, so that every layout is checked (a run of few examples drew few of them)."""
+    (tmp_path / "test_prod.py").write_text(
+        "from pallascheck.properties.registry import get_spec\n"
+        "from pallascheck.properties.pytest_plugin import spec_tests\n\n"
+        "test_matmul = spec_tests(get_spec('matmul'))\n"
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]
+    command += ["--pallascheck-backend", "interpret", "--pallascheck-shapes", "production", str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from pallascheck.kernels.backends import Backend
+    from pallascheck.properties.registry import get_spec
+
+    spec = get_spec("matmul")
+    expected = {  # the interpret session's backends: the generic and the Mosaic GPU interpreters
+        f"test_prod.py::test_matmul[matmul-{d}-{b}-{layout.name.split(':')[0]}]"
+        for b in ("interpret", "mosaic_gpu_interpret")
+        for d in spec.dtypes_for(Backend(b))
+        for layout in spec.production_layouts
+    }
+    assert {line for line in done.stdout.splitlines() if line.startswith("test_prod.py::")} == expected, done.stdout
+
+
 WRONG_TEST = textwrap.dedent("""
     from fuzz_targets import WRONG_FIRST_ELEMENT
     from pallascheck.properties.pytest_plugin import spec_tests
@@ -266,6 +291,7 @@ def test_the_plugins_own_copies_of_names_match_their_homes() -> None:
     assert pytest_plugin.BACKEND_ENV_VAR == backends.ENV_VAR
     assert pytest_plugin.SHAPE_TIERS == runner.SHAPE_TIERS
     assert pytest_plugin.CASE_TIMEOUT_S == watchdog.CASE_TIMEOUT_S
+    assert pytest_plugin.PRODUCTION_CASE_TIMEOUT_S == watchdog.PRODUCTION_CASE_TIMEOUT_S
     assert pytest_plugin.PROFILE_NAMES == tuple(pytest_plugin.profiles())
 
 
