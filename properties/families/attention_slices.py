@@ -68,8 +68,8 @@ case are served in shared passes (``Sliced.passes``; the runner asks them in two
 rounds, properties/device/programs.py): each slice's or chunk's oracle is its own
 program, run once per pass and fed to every function's program of the pass, instead
 of recomputed inside each function's (seven times a case at the production tier; now
-twice: the round of the oracle's calls, then the round of those that read the exact
-gradients). A function may join the calls of a pass (``per_slice(fn, joins=i)``, its
+once: attention's gradient bounds read no exact gradient, so the runner asks every
+call in the oracle's round, ``GradientSpec.bound_reads_gradients``). A function may join the calls of a pass (``per_slice(fn, joins=i)``, its
 ``rest[i]`` a tuple of options): the gradient bound and its contract are one program
 per chunk, which does the work that no tiling changes once (``_joined``).
 """
