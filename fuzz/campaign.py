@@ -315,7 +315,15 @@ class Campaign:
                     device_kind=device,
                 )
             )
-        self.log_task(task, result["cases"], result["budgets"], found, node=result.get("node"), device_kind=device)
+        self.log_task(
+            task,
+            result["cases"],
+            result["budgets"],
+            found,
+            node=result.get("node"),
+            device_kind=device,
+            stopped=result.get("stopped", ""),
+        )
         return found
 
     def retire(self, pair: tuple[str, str], check: str) -> None:
@@ -432,9 +440,11 @@ class Campaign:
         found: list[dict[str, Any]],
         node: str | None = None,
         device_kind: str | None = None,
+        stopped: str = "",
     ) -> None:
         """One line of events.jsonl; ``node``: the Ray node that ran the task (None on
-        one machine); ``device_kind``: the kind of device it ran on."""
+        one machine); ``device_kind``: the kind of device it ran on; ``stopped``: why a
+        task with no finding ended short (its outcome "stopped")."""
         self.corpus.append(
             EVENTS,
             {
@@ -446,7 +456,8 @@ class Campaign:
                 "seed": task.seed,
                 "cases": cases,
                 "best_budget": budgets,
-                "outcome": found[0]["kind"] if found else "pass",
+                "outcome": found[0]["kind"] if found else "stopped" if stopped else "pass",
+                "stopped": stopped,
                 "signature": found[0]["signature"] if found else None,
                 "signatures": [f["signature"] for f in found],
                 "targeted": task.targeted,

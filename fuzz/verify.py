@@ -314,7 +314,7 @@ def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row]
     if rows:
         rows[0].paths_declared, rows[0].paths = tally.paths_declared, dict(tally.paths)
         rows[0].pairs_declared, rows[0].pairs = tally.pairs_declared, dict(tally.pairs)
-    why = "the property stopped at its first failing case" if tally.failure else "no case reached it"
+    why = tally.stopped or ("the property stopped at its first failing case" if tally.failure else "no case reached it")
     for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
         if check not in tally.outcomes:
             rows.append(Row(name, dtype, check, True, 0, 0.0, None, 0.0, note=tally.left_out.get(check, why)))

@@ -375,6 +375,7 @@ def _run(task: Task, conn: Connection, inflight: str, setup: dict[str, Any]) -> 
         "failures": failures,
         "budgets": {name: _finite_or_none(o.budget_used) for name, o in tally.outcomes.items()},
         "cases": tally.outcomes["values"].examples if "values" in tally.outcomes else 0,
+        "stopped": tally.stopped,  # why the task ended short with no finding ("": it did not)
         "kinds": sorted(kinds),
         "configs": config_counts[0],
         "device_kind": setup["device_kind"],

@@ -87,6 +87,9 @@ class Tally:
     pairs: dict[str, int] = dataclasses.field(default_factory=dict)
     # checks left out of some cases, and why (xla_reference too large for the device)
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+    # why the property stopped before its budget with no finding ("" if it did not): the
+    # device ran out of memory, which says nothing of the kernel's values
+    stopped: str = ""
 
     @property
     def failure(self) -> str:
@@ -901,7 +904,7 @@ def run_property(
         lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
     )
     attempt = 0
-    while missing and not steered and not tally.findings:
+    while missing and not steered and not tally.findings and not tally.stopped:
         attempt += 1
         chosen = _draw_reaching(free, missing, spec, backend, dtype_seed(seed, dtype) + attempt)
         if chosen is None:
@@ -915,7 +918,7 @@ def run_property(
     # not met yet, the one of its draws that meets the most open pairs (a greedy
     # covering array); a pair no draw meets is given up on and reported not met.
     given_up: set[pairs.Pair] = set()
-    while cover_pairs and not steered and not tally.findings:
+    while cover_pairs and not steered and not tally.findings and not tally.stopped:
         open_pairs = [p for p in declared_pairs if pairs.label(p) not in tally.pairs and p not in given_up]
         if not open_pairs:
             break
@@ -1077,7 +1080,25 @@ def failed_check(failure: BaseException) -> str:
     return "reference" if failure.context.config == "xla_reference" else failure.outcome.check.split(":")[0]
 
 
+def out_of_device_memory(failure: BaseException) -> bool:
+    """Whether ``failure`` is XLA's refusal of a device allocation (RESOURCE_EXHAUSTED
+    and out of memory): on a GPU shared by several processes, each growing its own
+    allocator's pool, it comes of the sharing, not of the kernel under test."""
+    text = str(failure)
+    return (
+        not isinstance(failure, checks.CheckFailure)
+        and "RESOURCE_EXHAUSTED" in text
+        and "out of memory" in text.lower()
+    )
+
+
 def _book(tally: Tally, failure: BaseException, context: checks.Context) -> None:
+    if out_of_device_memory(failure):  # not a finding: the rest is not checked, saying why
+        first = next((line.strip() for line in str(failure).splitlines() if "RESOURCE_EXHAUSTED" in line), "")
+        tally.stopped = tally.stopped or (
+            f"the device ran out of memory ({first[:160]}); fewer processes sharing it (--jobs) leave each more"
+        )
+        return
     check = failed_check(failure)
     if isinstance(failure, checks.CheckFailure):
         tally.add(dataclasses.replace(failure.outcome, check=check, examples=0), 0.0)

@@ -49,7 +49,16 @@ def _spec(fn, name):
     )
 
 
+def _out_of_device_memory(x, interpret=None):
+    # what XLA raises when a device refuses an allocation (a GPU shared by processes
+    # whose allocator pools together outgrew it)
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 128.00MiB with allocator GPU_0_bfc on device 0."
+    )
+
+
 SOUND = _spec(_relu, "relu")
+OUT_OF_DEVICE_MEMORY = _spec(_out_of_device_memory, "relu_out_of_device_memory")
 HANGS = _spec(_hangs, "relu_that_hangs")
 ABORTS = _spec(_aborts, "relu_that_aborts")
 HOARDS = _spec(_hoards, "relu_that_hoards_memory")

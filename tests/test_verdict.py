@@ -102,3 +102,22 @@ def test_strict_fails_a_passing_run_that_left_something_asked_for_unchecked(tmp_
     listed = out[out.index("NOT CHECKED (") :].split("\n\n")[0].splitlines()[1:]
     assert f"- NOT CHECKED: {len(listed)} (above)" in out, out
     assert cli.main([*argv, "--strict"]) == verify_command.STRICT_EXIT
+
+
+def test_a_device_out_of_memory_is_not_checked_never_the_kernels_failure(monkeypatch) -> None:
+    """An allocation the device refuses says nothing of the kernel's values: no finding,
+    no FAIL; the checks it kept from running are not checked, saying so (a shared H100
+    booked two workers' out-of-memory errors as the kernels' crashes)."""
+    from fuzz_targets import CRASH_OR_WRONG, OUT_OF_DEVICE_MEMORY
+
+    backend = Backend("interpret")
+    tally = runner.run_property(OUT_OF_DEVICE_MEMORY, "float32", backend, examples=2)
+    assert not tally.findings and "the device ran out of memory (RESOURCE_EXHAUSTED" in tally.stopped, tally
+    monkeypatch.setattr(verify, "get_spec", lambda name: OUT_OF_DEVICE_MEMORY)
+    options = verify.Options(backend, 2, 0, None, ("float32",))
+    rows, failures = verify._property(verify.Unit("property", OUT_OF_DEVICE_MEMORY.name, "float32"), options, "")
+    assert not failures and all(r.passed and not r.checked for r in rows), rows
+    assert {r.note for r in rows} == {tally.stopped}
+    # any other error a kernel raises is still its crash
+    crashed = runner.run_property(CRASH_OR_WRONG, "float32", backend, examples=4)
+    assert not crashed.stopped and {f.check for f in crashed.findings} & {"crash", "values"}, crashed.findings
