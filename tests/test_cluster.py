@@ -79,9 +79,20 @@ def redis_url() -> Iterator[str]:
     process.wait(30)
 
 
+# How soon the head counts a node that stopped answering as dead: Ray's default, five
+# failed health checks 3 s apart, left every test that removes a node waiting 15 s for
+# the actors there to be reported dead. Three failures 1 s apart still need a node
+# silent through three checks of up to 10 s each (Ray's health_check_timeout_ms) before
+# a loaded but live one is counted dead.
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 @pytest.fixture(scope="module")
 def three_nodes() -> Iterator[Cluster]:
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECKS},
+    )
     for _ in range(2):
         nodes.add_node(num_cpus=1)
     nodes.wait_for_nodes()
