@@ -74,16 +74,22 @@ def _crash_or_wrong(x, interpret=None):
 CRASH_OR_WRONG = _spec(_crash_or_wrong, "relu_that_crashes_or_is_wrong")
 
 
-_calls = [0]
+_first_input: list[bytes] = []
 
 
 def _wrong_then_slow(x, interpret=None):
-    """Wrong at the first element; every call after the first takes 6 s (under the
-    10 s case limit), so shrinking the first failure outlasts a campaign's time."""
-    _calls[0] += 1
-    if _calls[0] > 1:
+    """-1 at the first element, where a relu is never negative: wrong on every input.
+    Every call on an input other than the first it was given takes 6 s (under the 10 s
+    case limit), so shrinking the first failure outlasts a campaign's time; the calls
+    on the first input (its case's and the reruns of its failure, which tell a steady
+    failure from an intermittent one) are not slowed, so the failure is found and
+    saved at once."""
+    seen = str(x.shape).encode() + np.asarray(x).tobytes()
+    if not _first_input:
+        _first_input.append(seen)
+    if seen != _first_input[0]:
         time.sleep(6)
-    return _wrong_first_element(x)
+    return _relu(x).at[(0,) * x.ndim].set(-1)
 
 
 WRONG_THEN_SLOW = _spec(_wrong_then_slow, "relu_wrong_then_slow")

@@ -79,9 +79,20 @@ def redis_url() -> Iterator[str]:
     process.wait(30)
 
 
+# How soon the head counts a node that stopped answering as dead: Ray's default, five
+# failed health checks 3 s apart, left every test that removes a node waiting 15 s for
+# the actors there to be reported dead. Three failures 1 s apart still need a node
+# silent through three checks of up to 10 s each (Ray's health_check_timeout_ms) before
+# a loaded but live one is counted dead.
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 @pytest.fixture(scope="module")
 def three_nodes() -> Iterator[Cluster]:
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECKS},
+    )
     for _ in range(2):
         nodes.add_node(num_cpus=1)
     nodes.wait_for_nodes()
@@ -304,7 +315,10 @@ def test_a_node_removed_and_a_driver_killed_lose_no_finding_and_duplicate_none(t
         assert time.monotonic() < deadline, "the killed driver's workers kept their slots"
         time.sleep(0.5)
     before = corpus.Corpus(str(corpus_dir)).failures()
-    resumed = campaign.run([], BACKEND, str(corpus_dir), seconds=CEILING_S, resume=True, tasks=1, cluster=joined)
+    # examples as the killed driver's (the default, 8, is four times the cases of its sleeping relu)
+    resumed = campaign.run(
+        [], BACKEND, str(corpus_dir), seconds=CEILING_S, examples=2, resume=True, tasks=1, cluster=joined
+    )
     assert resumed.tasks == 1 and resumed.repeats == 0
     after = _lines(corpus_dir / "events.jsonl")
     assert after[: len(booked)] == booked

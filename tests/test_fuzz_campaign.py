@@ -147,8 +147,22 @@ def test_a_task_shrinking_past_the_time_is_stopped_and_its_failure_kept(tmp_path
     minutes past its --minutes). The check that found it is retired in the saved state,
     as a finished task's is, so that a resumed campaign does not hunt it again."""
     backend = _generic(backend)
-    monkeypatch.setattr(campaign, "OVERRUN_S", 30.0)
-    result = _run(["fuzz_targets:WRONG_THEN_SLOW"], backend, tmp_path, seconds=1)
+    # The overrun ends once the task is shrinking: its first failing case is saved whole
+    # (each call on another input sleeps 6 s: the shrink never ends). A fixed overrun had to
+    # cover a worker's start and first case on a loaded machine; 600 s is only a ceiling.
+    monkeypatch.setattr(campaign, "OVERRUN_S", 600.0)
+
+    def end_the_overrun_once_shrinking(line: str) -> None:
+        for saved in (tmp_path / corpus.WORKERS).glob("*/failed/*.npz"):
+            try:
+                Case.load(str(saved))
+            except Exception:  # noqa: BLE001 - being written: the next progress line looks again
+                continue
+            monkeypatch.setattr(campaign, "OVERRUN_S", 0.0)
+
+    result = _run(
+        ["fuzz_targets:WRONG_THEN_SLOW"], backend, tmp_path, seconds=1, progress=end_the_overrun_once_shrinking
+    )
     assert result.stopped_in_flight == 1, result  # stopped in its shrink, never left to finish it
     (found,) = result.new_failures
     assert found["check"] == "values" and not found["minimised"], found
