@@ -98,3 +98,25 @@ def test_layout_is_refused_outside_the_production_tier_and_when_it_names_nothing
 
 def test_a_production_case_has_a_longer_time_limit() -> None:
     assert watchdog.case_timeout("production") > watchdog.case_timeout("small") == watchdog.CASE_TIMEOUT_S
+
+
+def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch, capsys) -> None:
+    """`--layout square` with matmul and attention: matmul's square layout is planned,
+    and attention, which has no such layout, is listed as not checked (never silent)."""
+    from pallascheck.cli import verify as verify_command
+
+    monkeypatch.setattr(verify_command, "chosen_backend", lambda name: Backend("mosaic_gpu"))
+    monkeypatch.setattr(verify_command, "set_up", lambda backend: None)
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 80 * 2**30)
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
+    planned = []
+
+    def run(units, options, jobs, ray_cluster):
+        planned.extend(units)
+        return [], []
+
+    monkeypatch.setattr(verify, "run", run)
+    main(["verify", "--kernel", "matmul", "--kernel", "attention", "--shapes", "production", "--layout", "square"])
+    assert {(u.kernel, u.layout.split(":")[0]) for u in planned} == {("matmul", "square 8192")}
+    out = capsys.readouterr().out
+    assert "  attention: --layout 'square' names none of its production layouts" in out, out

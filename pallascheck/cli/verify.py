@@ -123,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         kernels = args.kernel
     units = verify.plan(backend, kernels, args.dtype, args.shapes, examples, args.layout)
+    if args.layout is not None:  # a kernel none of whose layouts --layout names: said, never silent
+        not_checked += [
+            scope.NotChecked(k, "-", f"--layout {args.layout!r} names none of its production layouts")
+            for k in kernels or ()
+            if k in specs and not any(args.layout in l.name for l in specs[k].production_layouts)
+        ]
     try:
         rows, failures = verify.run(units, options, jobs, ray_cluster)
     finally:
