@@ -311,13 +311,13 @@ def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row]
     # A check the spec has that no case ran is reported as not checked: the property
     # stopped at its first failing case (Hypothesis then shrinks that case), or no case
     # reached the check. Its row keeps the kernel x dtype's count honest.
-    if rows:
-        rows[0].paths_declared, rows[0].paths = tally.paths_declared, dict(tally.paths)
-        rows[0].pairs_declared, rows[0].pairs = tally.pairs_declared, dict(tally.pairs)
     why = tally.stopped or ("the property stopped at its first failing case" if tally.failure else "no case reached it")
     for check in check_kinds.expected(get_spec(name), runner.tier_checks(check_kinds.CHECKS, options.shapes)):
         if check not in tally.outcomes:
             rows.append(Row(name, dtype, check, True, 0, 0.0, None, 0.0, note=tally.left_out.get(check, why)))
+    if rows:  # a row of no case too: a unit stopped before its first case still declares its layout
+        rows[0].paths_declared, rows[0].paths = tally.paths_declared, dict(tally.paths)
+        rows[0].pairs_declared, rows[0].pairs = tally.pairs_declared, dict(tally.pairs)
     return rows, [tally.failure] if tally.failure else []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
+import jax
 import pytest
 
 from pallascheck.cli import main
@@ -120,3 +121,25 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     assert {(u.kernel, u.layout.split(":")[0]) for u in planned} == {("matmul", "square 8192")}
     out = capsys.readouterr().out
     assert "  attention: --layout 'square' names none of its production layouts" in out, out
+
+
+def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_path, monkeypatch) -> None:
+    """A unit stopped by the device's memory before any case ran checks nothing: its
+    rows are not checked, and its layout is listed as not reached."""
+
+    def refused(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 128.00MiB")
+
+    spec = dataclasses.replace(
+        get_spec("matmul"),
+        kernel=refused,
+        production=production.production_cases("matmul", TINY[:1], matmul_family.cases, matmul_family.Domain()),
+        production_layouts=TINY[:1],
+    )
+    monkeypatch.setattr(verify, "get_spec", lambda name: spec)
+    monkeypatch.chdir(tmp_path)
+    unit = verify.Unit("property", "matmul", "float32", layout=TINY[0].name)
+    options = verify.Options(Backend("interpret"), 1, 0, None, ("float32",), "production")
+    rows, failures = verify._property(unit, options, str(tmp_path / "hang.txt"))
+    assert not failures and not any(r.checked for r in rows), rows
+    assert verify.unreached(verify.merge_parts(rows)) == [("matmul", "float32", verify.layout_path(TINY[0].name))]
