@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pallascheck.fuzz import durations
+from pallascheck.fuzz import durations, journal
 from pallascheck.fuzz import plan as planning
 from pallascheck.fuzz.cluster import Cluster, RemoteWorker
 from pallascheck.fuzz.scope import NotChecked
@@ -376,11 +376,18 @@ def _worker_init(backend: Backend) -> None:
 
 
 def run(
-    units: Sequence[Unit], options: Options, jobs: int, cluster: Cluster | None = None
+    units: Sequence[Unit], options: Options, jobs: int, cluster: Cluster | None = None, resume: bool = False
 ) -> tuple[list[Row], list[str]]:
     """Run ``units`` on ``jobs`` processes (1: in this process), or ``jobs`` workers of
-    the Ray ``cluster`` (``cluster.connect``); rows in plan order."""
+    the Ray ``cluster`` (``cluster.connect``); rows in plan order. Each finished unit is
+    journaled (fuzz/journal.py); ``resume``: the units an earlier run of the same
+    settings journaled are taken as done, not run again."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
+    settings = (options.backend, options.examples, options.seed, options.shapes, options.paths, options.cover_pairs)
+    log = journal.path([*settings, *sorted(u.key for u in units)])
+    if not resume:
+        journal.start(log)
+    earlier = journal.load(log, _row)
     previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
     start = time.perf_counter()
@@ -393,6 +400,8 @@ def run(
 
     def done(unit: Unit, result: tuple[list[Row], list[str], float], where: str = "") -> None:
         results[unit] = result
+        if unit.key not in earlier:
+            journal.append(log, unit.key, result)
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
         part += f" at {unit.layout}" if unit.layout else ""
         left = durations.seconds_left(
@@ -405,13 +414,16 @@ def run(
             flush=True,
         )
 
-    for unit in units:  # reports left by an earlier run
+    for unit in [u for u in units if u.key in earlier]:
+        done(unit, earlier[unit.key], " (an earlier run's, --resume)")
+    todo = [u for u in units if u not in results]
+    for unit in todo:  # reports left by an earlier run
         if os.path.exists(unit.hang_report):
             os.remove(unit.hang_report)
     # On a GPU the distributed unit's child drives every GPU of the host: it runs once
     # the workers, which share those GPUs, are gone.
-    after = [u for u in units if u.kind == "distributed" and options.backend.platform == "gpu"]
-    pooled = [u for u in units if u not in after]
+    after = [u for u in todo if u.kind == "distributed" and options.backend.platform == "gpu"]
+    pooled = [u for u in todo if u not in after]
     if cluster is not None:
         _run_cluster(pooled, options, cluster, jobs, done)
     elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
@@ -652,6 +664,17 @@ def merge_parts(rows: Sequence[Row]) -> list[Row]:
 def slowest(rows: Sequence[Row], count: int) -> list[Row]:
     """The ``count`` slowest kernel x dtype x check rows."""
     return sorted(rows, key=lambda r: -r.seconds)[:count]
+
+
+def _row(**fields: Any) -> Row:
+    """A row from its fields as a journal keeps them (JSON: lists for tuples)."""
+    return Row(
+        **{
+            **fields,
+            "paths_declared": tuple(fields["paths_declared"]),
+            "pairs_declared": tuple(fields["pairs_declared"]),
+        }
+    )
 
 
 def as_json(row: Row) -> dict[str, Any]:

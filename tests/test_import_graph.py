@@ -37,6 +37,7 @@ DEFERRED = {
     ("pallascheck.properties.pytest_plugin", "pallascheck.kernels.backends"): "JAX loads with a backend's first use",
     ("pallascheck.properties.pytest_plugin", "pallascheck.properties.runner"): "the harness loads with a spec test",
     ("pallascheck.properties.pytest_plugin", "pallascheck.properties.watchdog"): "the harness loads with a spec test",
+    ("pallascheck.properties.pytest_plugin", "pallascheck.properties.production"): "the harness loads with a spec test",
     (
         "pallascheck.properties.pytest_plugin",
         "pallascheck.properties.device.compilation",

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             if k in specs and not any(args.layout in l.name for l in specs[k].production_layouts)
         ]
     try:
-        rows, failures = verify.run(units, options, jobs, ray_cluster)
+        rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume)
     finally:
         if ray_cluster is not None:
             cluster.disconnect()
@@ -247,6 +247,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="after the budgeted draws, draw for every pair of each spec's declared parameters they missed "
         "(config x causal, config x input kind, ...): every pair checked, at about 3x the cases and time on "
         "the CPU; without it the pairs missed are counted under NOT CHECKED",
+    )
+    verify.add_argument(
+        "--resume",
+        action="store_true",
+        help="take the units that an interrupted run of the same command finished as done (each finished unit is "
+        "kept under .pallascheck/verify-runs/), and run only the rest",
     )
     verify.add_argument(
         "--strict",
