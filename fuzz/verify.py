@@ -387,7 +387,7 @@ def run(
     log = journal.path([*settings, *sorted(u.key for u in units)])
     if not resume:
         journal.start(log)
-    earlier = journal.load(log, _row)
+    earlier = journal.load(log, _row) if resume else {}
     previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
     start = time.perf_counter()
