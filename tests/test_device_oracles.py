@@ -177,10 +177,11 @@ def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
 
 
 def test_a_sliced_case_serves_each_round_of_its_checks_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner asks a sliced attention case's oracle-side calls in two rounds (those
-    of the oracle, those that read the exact gradients); each round is one pass over
-    the slices and chunks, whatever order its threads ask in
-    (properties/device/programs.py, ``SharedPasses``)."""
+    """The runner asks a sliced attention case's oracle-side calls in rounds (those of
+    the oracle, then those that read the exact gradients: none for attention, whose
+    gradient bounds read no exact gradient); each round is one pass over the slices and
+    chunks, whatever order its threads ask in (properties/device/programs.py,
+    ``SharedPasses``)."""
     import dataclasses
 
     from pallascheck.properties import checks, runner
@@ -209,9 +210,9 @@ def test_a_sliced_case_serves_each_round_of_its_checks_in_one_pass(monkeypatch: 
     assert set(tally.outcomes) == set(selected)
     (plan,) = plans
     assert isinstance(plan, attention_slices.Sliced) and plan.rows == 16
-    # expected, the exact gradients, the bound, its probabilistic variant, the contract;
-    # then the gradient bound and gradient contract
-    assert plan.passes.served == [5, 2]
+    # expected, the exact gradients, the bound, its probabilistic variant, the contract,
+    # the gradient bound and gradient contract: one pass
+    assert plan.passes.served == [7]
 
 
 def test_error_products_stay_unbounded_where_an_unbounded_error_meets_a_zero() -> None:

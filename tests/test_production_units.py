@@ -112,7 +112,7 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
     planned = []
 
-    def run(units, options, jobs, ray_cluster):
+    def run(units, options, jobs, ray_cluster, resume=False):
         planned.extend(units)
         return [], []
 
