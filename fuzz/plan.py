@@ -67,12 +67,12 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
     - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
     - verify at the production tier on a GPU: one worker (verify's workers all use the
-      first device: ``share_devices``). Processes that share a device each grow their own allocator pool and keep what they freed:
-      on one H100 two verify workers, each planned with half the device and each unit
-      within its memory rule, ran out of memory in ragged_dot's layouts and took
-      fp8_matmul's units down with them (docs/results.md, 2026-11-28). ``--jobs`` above
-      1 shares the device, each process planning with its share (skipping, saying so,
-      what does not fit it).
+      first device: ``share_devices``). Processes that share a device each grow their
+      own allocator pool and keep what they freed: on one H100 two verify workers, each
+      planned with half the device and each unit within its memory rule, ran out of
+      memory in ragged_dot's layouts and took fp8_matmul's units down with them
+      (docs/results.md, 2026-11-28). ``--jobs`` above 1 shares the device, each process
+      planning with its share (skipping, saying so, what does not fit it).
     """
     if command == "verify" and shapes == "production" and backend.platform != "cpu":
         return 1

@@ -283,7 +283,6 @@ def _property(unit: Unit, options: Options, hang_report: str) -> tuple[list[Row]
             shapes=options.shapes,
             cover_pairs=options.cover_pairs,
             layout=unit.layout or None,
-            cases_per_layout=_layout_cases(name, unit.layout),
         )
     if unit.layout:  # the layout is this unit's path: reached once a case of it was checked
         path = layout_path(unit.layout)
@@ -620,12 +619,6 @@ def _lost(unit: Unit, check: str, message: str, seconds: float) -> tuple[list[Ro
     row = Row(unit.kernel, unit.dtype, check, False, 0, float("inf"), None, seconds)
     row.paths_declared = (layout_path(unit.layout),) if unit.layout else ()
     return [row], [message], seconds
-
-
-def _layout_cases(kernel: str, layout: str) -> int | None:
-    """The cases per example the production layout named ``layout`` declares (None:
-    the tier's, and for a unit of no layout)."""
-    return next((l.cases for l in get_spec(kernel).production_layouts if l.name == layout), None)
 
 
 def _larger(a: float | None, b: float | None) -> float | None:

@@ -249,12 +249,11 @@ def spec_tests(*specs: KernelSpec):
         shapes = option(request.config, "shapes") or "small"
         if shapes == "production" and spec.production is None:
             pytest.skip(f"{spec.name} has no production shape tier")
-        per_layout = runner.layout_cases(backend, shapes)
         if layout is not None:
             planned = production.plan([l for l in spec.production_layouts if l.name == layout], backend)
             if planned.skipped:  # the memory rule's line: what it needs, what the device allows
                 pytest.skip(f"not checked: {planned.skipped[0]}")
-            per_layout = planned.fitting[0].cases or per_layout
+        per_layout = runner.example_cases(spec, backend, shapes, layout)
         replay = replay_command(request.config, request.node.nodeid)
         capture = request.config.pluginmanager.getplugin("capturemanager")
         dog = watchdog.CaseWatchdog(
@@ -276,7 +275,6 @@ def spec_tests(*specs: KernelSpec):
                 search=dog.search(),
                 shapes=shapes,
                 layout=layout,
-                cases_per_layout=per_layout,
             )
         # pytest.fail without its traceback: the message says what failed, where and how
         # to replay it; this generated test's source above it would only bury that

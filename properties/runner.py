@@ -708,6 +708,13 @@ def layout_cases(backend: Backend, shapes: str = "small", *, campaign: bool = Fa
     return (CAMPAIGN_HARDWARE_CASES_PER_LAYOUT if campaign else HARDWARE_CASES_PER_LAYOUT)[shapes]
 
 
+def example_cases(spec: KernelSpec, backend: Backend, shapes: str = "small", layout: str | None = None) -> int:
+    """Cases per Hypothesis example of ``spec`` on ``backend``: those the production
+    layout named ``layout`` declares (``Layout.cases``), else ``layout_cases``."""
+    declared = next((l.cases for l in spec.production_layouts if l.name == layout), None)
+    return declared or layout_cases(backend, shapes)
+
+
 def tier_checks(selected: Sequence[str], shapes: str) -> list[str]:
     """The checks a shape tier runs: at the production tier not the metamorphic
     relations (see ``run_property``)."""
@@ -776,7 +783,7 @@ def run_property(
     each case. On failure the tally records the message; with ``failure_dir`` the
     failing case is saved as .npz for ``pallascheck replay``. ``search`` steers the
     draws for a fuzz campaign. ``shapes``: the shape tier (``SHAPE_TIERS``);
-    ``cases_per_layout``: default ``layout_cases(backend, shapes)``. The production
+    ``cases_per_layout``: default ``example_cases(spec, backend, shapes, layout)``. The production
     tier leaves out the metamorphic relations: they run kernels and oracles on
     transformed copies of the case on the host, minutes at these sizes; the small
     tier checks them. ``cover_pairs``: draw for the pairs of the spec's declared
@@ -790,7 +797,7 @@ def run_property(
     selected = tier_checks(selected, shapes)
     tally = Tally()
     context = checks.Context(kernel=spec.name, dtype=dtype, backend=str(backend), replay=replay_hint)
-    per_layout = layout_cases(backend, shapes) if cases_per_layout is None else cases_per_layout
+    per_layout = example_cases(spec, backend, shapes, layout) if cases_per_layout is None else cases_per_layout
     case_lists = st.lists(
         strategies.with_drawn_kinds(
             tier_cases(spec, shapes)(dtype, backend)

@@ -64,15 +64,16 @@ def run(args: argparse.Namespace) -> int:
         set_up(backend)
     ray_cluster = join_cluster(args.cluster, backend)
     layouts = [l for spec in specs.values() for l in spec.production_layouts] if args.shapes == "production" else []
+    unnamed: list[str] = []  # the selected kernels none of whose production layouts --layout names
     if args.layout is not None:
         if args.shapes != "production":
             raise UsageError("--layout names production layouts: add --shapes production")
-        if not any(args.layout in l.name for l in layouts):
+        unnamed = [k for k, spec in specs.items() if not any(args.layout in l.name for l in spec.production_layouts)]
+        if len(unnamed) == len(specs):
             raise UsageError(
                 f"--layout: no production layout of the selected kernels is named {args.layout!r}; "
                 f"they are: {'; '.join(l.name for l in layouts)}"
             )
-        layouts = [l for l in layouts if args.layout in l.name]
     # at the production tier --examples counts per layout (every layout is checked)
     examples = args.examples or runner.default_examples(args.shapes)
     jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes))
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         not_checked += [
             scope.NotChecked(k, "-", f"--layout {args.layout!r} names none of its production layouts")
             for k in kernels or ()
-            if k in specs and not any(args.layout in l.name for l in specs[k].production_layouts)
+            if k in unnamed
         ]
     try:
         rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume)
