@@ -77,7 +77,12 @@ def _evaluate(case: Case) -> tuple[object, dict[str, np.ndarray], dict[str, np.n
         bounds.update(spec.gradients.bound(case, ref, grads, spec.default_config, arith))
         contract = spec.gradients.contract(case, ref, grads, arith)
         bounds.update({f"contract {k}": v for k, v in contract.items()})
+    held = all(isinstance(x, np.ndarray) for x in [*values.values(), *bounds.values()])
+    HELD_ON_HOST[id(case)] = held
     return ref, {k: np.asarray(v) for k, v in values.items()}, {k: np.asarray(v) for k, v in bounds.items()}
+
+
+HELD_ON_HOST: dict[int, bool] = {}  # per case evaluated: whether all its results came back as numpy arrays
 
 
 CASES = {
@@ -109,12 +114,17 @@ CASES = {
 }
 
 
+# 1: every chunk's rows copied to the host alone; the default: a slice's chunks joined first
+@pytest.mark.parametrize("gather", [1, attention_slices.GATHER_ELEMENTS])
 @pytest.mark.parametrize("name", CASES)
-def test_chunked_oracle_and_bounds_are_the_whole_ones(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_oracle_and_bounds_are_the_whole_ones(name: str, gather: int, monkeypatch: pytest.MonkeyPatch) -> None:
     case, threshold, rows = CASES[name]
+    monkeypatch.setattr(attention_slices, "GATHER_ELEMENTS", gather)
     whole_ref, whole, whole_bound = _evaluate(case)
+    assert not HELD_ON_HOST[id(case)]  # a whole case's results stay on the device
     monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
     ref, chunked, chunked_bound = _evaluate(case)
+    assert HELD_ON_HOST[id(case)]  # a chunked pass holds them on the host (attention_slices._Gathered)
     assert type(whole_ref).__name__ == "AttentionOracle"
     assert isinstance(ref, attention_slices.Sliced) and ref.rows == rows  # chunked as planned
     assert set(chunked) == set(whole) and set(chunked_bound) == set(whole_bound)

@@ -132,6 +132,35 @@ def test_compare_on_the_device_is_compare_on_the_host() -> None:
     assert not host.passed and host.worst.index == (3, 4)
 
 
+@pytest.mark.parametrize("planted", [[(3, 4)], [(4, 5), (2, 1)], [(0, 2)]])
+def test_compare_of_results_held_on_the_host_is_compare_on_the_host(planted, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Results the device oracles hold on the host (a chunked attention case) are
+    compared on the device a block at a time: the same budget, worst element and
+    message as the whole comparison, the first of equal worst elements where they fall
+    in different blocks, a NaN and an infinite oracle included."""
+    from pallascheck.properties import checks
+
+    monkeypatch.setattr(checks, "HELD_BLOCK", 5)  # 42 elements: 9 blocks
+    rng = np.random.default_rng(2)
+    expected = rng.standard_normal((6, 7))
+    expected[0, 0], expected[1, 1] = np.nan, np.inf
+    actual = (expected + 1e-3).astype(np.float32)
+    actual[1, 1] = np.inf
+    bound = np.full((6, 7), 2e-3)
+    for where in planted:  # budgets of exactly 8, equal where two are planted
+        expected[where], actual[where], bound[where] = 0.5, 1.5, 0.125
+    host = checks.compare(actual, expected, bound)
+    with numeric.on_device(jax.devices("cpu")[0]):
+        held = checks.compare(actual, expected, bound)
+    assert (held.passed, held.budget_used, held.detail, held.worst) == (
+        host.passed,
+        host.budget_used,
+        host.detail,
+        host.worst,
+    )
+    assert not host.passed and host.worst.index == min(planted)
+
+
 def _budgets(spec, case, config, backend: Backend, oracles: str, monkeypatch: pytest.MonkeyPatch):
     from pallascheck.properties import checks, runner
 

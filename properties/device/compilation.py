@@ -58,7 +58,9 @@ WORKER_BLAS_THREADS = 1
 # most (every budget of the runs below is the same to the last digit).
 # `verify --backend mosaic_gpu --examples 15` on an H100, empty cache, no durations
 # file, runs interleaved: 83.2 and 87.0 s with autotuning (849 and 900 s of unit
-# time), 66.6 and 68.4 s without (656 and 674 s).
+# time), 66.6 and 68.4 s without (656 and 674 s). The device oracles' programs, run
+# a thousand times a case at the production tier, autotune their own GEMMs
+# (properties/device/programs.py).
 GPU_WORKER_FLAGS = ("--xla_gpu_autotune_level=0",)
 
 

@@ -47,7 +47,14 @@ from pallascheck.properties.device import layout_programs
 # Without constant folding: a causal attention case's visibility is a function of
 # iotas alone, and XLA's folding of its [group, sq, skv] reductions at compile time
 # took 4.5 s of an H100 case's first compile (s 4096) for no gain at run time.
-_OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
+# With XLA's GEMM autotuning (its default level, 4), which a worker process turns off
+# for every other program (compilation.GPU_WORKER_FLAGS): a device oracle runs only
+# for a large case, and a chunked one runs each of its programs a thousand times a
+# case, their float64 dots the most of it. Attention at 32k on an H100 (b1 s32768
+# h32/8 d128 bf16 causal, the same machine, jax 0.11.2): a case after the first took
+# 47.5 s with no program autotuned, 34.6 s with every program autotuned; the first
+# case 61.4 and 91.6 s, the kernel's own programs' autotuning 43 s of it.
+_OPTIONS = {"xla_disable_hlo_passes": "constant_folding", "xla_gpu_autotune_level": "4"}
 _RUN_ALONE = threading.Lock()
 
 

@@ -24,7 +24,7 @@ from pallascheck.kernels import attention, mosaic_gpu_attention
 from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backend
 from pallascheck.oracles import attention as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
-from pallascheck.properties import builders, production, relations, strategies
+from pallascheck.properties import builders, checks, production, relations, strategies
 from pallascheck.properties.device import layout_programs
 from pallascheck.properties.families import attention_slices
 from pallascheck.properties.spec import (
@@ -69,20 +69,28 @@ def production_layouts() -> tuple[Layout, ...]:
         # a mask ([b, h, s, s] booleans) only beside a bias: at 32k a full one is 34 GB on the host
         domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False, mask=False))
         # The check's device memory (xla_reference's is apart: ``reference_bytes``): the
-        # whole case's q-like and kv-like arrays (inputs, the kernel's outputs and
-        # gradients, their float64 oracle values, bounds and contracts: 64 bytes an
-        # element allowed), and one chunk of the oracle (attention_slices.py: its
-        # oracle held while one function's program runs on it, at most 16 float64
-        # [G, rows, skv] intermediates of SLICE_ELEMENTS, and 6 of the slice's
-        # [G, skv, d] k/v copies; a causal chunk over a prefix of the keys holds
-        # fewer). A bias of b x h x s x s elements adds its
+        # whole case's q-like and kv-like arrays on the kernel's side (q, k, v, the
+        # cotangent, the output and three gradients, placed by the kernel's call and by
+        # its VJP's: 32 bytes an element allows them in float32), one chunk of the
+        # oracle (attention_slices.py: its oracle held while one function's program
+        # runs on it, at most 16 float64 [G, rows, skv] intermediates of
+        # SLICE_ELEMENTS, and 6 of the slice's [G, skv, d] k/v copies; a causal chunk
+        # over a prefix of the keys holds fewer), and a comparison's three float64
+        # blocks (a chunked case's results are held on the host and compared a block
+        # at a time: checks.HELD_BLOCK; a case sliced but not chunked keeps its float64
+        # values, bounds and contracts on the device: 64 bytes a q-like element).
+        # Measured on an H100 in bfloat16: 6.1 GiB at 32k, 9.1 GiB at 64k, where this
+        # charges 10.5 and 16.2 GiB. A bias of b x h x s x s elements adds its
         # gradient's arrays (a check with a full bias at b2 s2000 h16 peaked at 4.5 GiB
         # on an H100: 48 bytes an element allowed)
         group = h // hkv
+        chunked = group * s * s > attention_slices.SLICE_ELEMENTS  # a (batch row, kv head) slice chunks
         needs = (
-            64 * b * s * (h + hkv) * d
+            32 * b * s * (h + hkv) * d
+            + (0 if chunked else 64 * b * s * h * d)
             + 16 * 8 * attention_slices.SLICE_ELEMENTS
             + 6 * 8 * group * s * d
+            + 3 * 8 * checks.HELD_BLOCK
             + (48 * b * h * s * s if biases else 0)
         )
         # One case an example from 32k keys on: its float64 oracle is half a minute

@@ -210,6 +210,7 @@ def _chunk_case(case: Case, first_row: Any, rows: int, keys: int | None) -> Case
     return Case(out, params)
 
 
+_Where = tuple[int, int, str]  # a result of a pass: its function, part (of a joined call) and key
 # where each result's batch and head axes are (q-like [b, sq, h, d], bias-like [b, h, sq, skv])
 _AXES = {"out": (0, 2), "dq": (0, 2), "dk": (0, 2), "dv": (0, 2), "dbias": (0, 1)}
 # where a chunk's rows are in the results that have rows (a bias in its own shape)
@@ -232,52 +233,147 @@ def _slice_grads(grads: Mapping[str, Any], batch: int | None, kv_head: int | Non
     return {k: _take(_take(g, 0, batch), _AXES[k][1], kv_head, widths[k]) for k, g in grads.items()}
 
 
+# float64 elements a copy of a chunked pass's results to the host carries at least
+# (16 MiB): a chunk's rows of one result are 2^17 elements at 32k keys, and host
+# buffers of that size, each allocated fresh and put in place, took 1.4 s a GiB on
+# the 2-core CPU where 16 MiB ones took 0.3 s.
+GATHER_ELEMENTS = 2**21
+
+
+class _Gathered:
+    """A pass's results over a chunked case, each put together on the host in its
+    whole-case array as its pieces come: a slice's chunks' rows (the consecutive
+    chunks of one result joined on the device into copies of ``GATHER_ELEMENTS`` or
+    more), a slice's finished row sums. Nothing of the case's size stays on the
+    device: the copies run while the next chunk computes, and the checks compare the
+    results held here on the device a block at a time (properties/checks.py). At 32k
+    keys and 32 heads the float64 results of a pass (the oracle's output and
+    gradients, their bounds and contracts) are some 8 GiB, which the device held
+    beside the chunk's own arrays and, while they were concatenated, twice."""
+
+    def __init__(self, plan: Sliced) -> None:
+        self.rows = plan.case.arrays["q"].shape[1]
+        self.batches = len({i for i, _ in plan.slices})
+        self.heads = len({j for _, j in plan.slices})
+        self.arrays: dict[_Where, np.ndarray] = {}
+        self._slice: tuple[int | None, int | None] = (None, None)
+        self._groups: dict[_Where, list[tuple[int, Any]]] = {}  # per result: (first row, rows) to join
+        self._copying: list[tuple[_Where, Any, tuple[int | None, int | None, int | None]]] = []
+
+    def begin(self, batch: int | None, kv_head: int | None) -> None:
+        """The pieces that follow are the slice (``batch``, ``kv_head``)'s."""
+        self._slice = (batch, kv_head)
+
+    def rows_of(self, where: _Where, first_row: int, piece: Any) -> None:
+        """A chunk's rows (from ``first_row``) of result ``where`` (function, part, key)."""
+        group = self._groups.setdefault(where, [])
+        group.append((first_row, piece))
+        if sum(p.size for _, p in group) >= GATHER_ELEMENTS:
+            self._send(where)
+
+    def whole_of(self, where: _Where, piece: Any) -> None:
+        """The slice's whole result ``where`` (finished row sums)."""
+        self._copy(where, piece, None)
+
+    def settle(self) -> None:
+        """Put every piece whose copy started in its place."""
+        copying, self._copying = self._copying, []
+        for where, piece, (batch, kv_head, first_row) in copying:
+            piece = np.asarray(piece)
+            batch_axis, head_axis = _AXES[where[2]]
+            index, shape = [slice(None)] * piece.ndim, list(piece.shape)
+            if batch is not None:
+                index[batch_axis], shape[batch_axis] = slice(batch, batch + 1), self.batches
+            if kv_head is not None:
+                width = piece.shape[head_axis]
+                index[head_axis], shape[head_axis] = slice(kv_head * width, (kv_head + 1) * width), width * self.heads
+            if first_row is not None:
+                axis = _ROW_AXIS[where[2]] % piece.ndim
+                index[axis], shape[axis] = slice(first_row, first_row + piece.shape[axis]), self.rows
+            whole = self.arrays.get(where)
+            if whole is None:
+                whole = self.arrays[where] = np.empty(shape, piece.dtype)
+            whole[tuple(index)] = piece
+
+    def end(self) -> None:
+        """The slice's last pieces sent and put in place."""
+        for where in list(self._groups):
+            self._send(where)
+        self.settle()
+
+    def _send(self, where: _Where) -> None:
+        group = self._groups.pop(where)
+        pieces = [p for _, p in group]
+        axis = _ROW_AXIS[where[2]] % pieces[0].ndim
+        self._copy(where, pieces[0] if len(pieces) == 1 else xp.concatenate(pieces, axis=axis), group[0][0])
+
+    def _copy(self, where: _Where, piece: Any, first_row: int | None) -> None:
+        if isinstance(piece, jax.Array):
+            piece.copy_to_host_async()
+        self._copying.append((where, piece, (*self._slice, first_row)))
+
+
+def _parts(result: Any) -> list[tuple[int, str, Any]]:
+    """(part, key, array) of a function's result: a tuple of results (a function that
+    joins calls), each a mapping of arrays or one array (key "out")."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return [
+        (j, key, x)
+        for j, part in enumerate(parts)
+        for key, x in (part.items() if isinstance(part, Mapping) else [("out", part)])
+    ]
+
+
+def _rebuilt(result: Any, n: int, arrays: Mapping[tuple[int, int, str], np.ndarray]) -> Any:
+    """``result``'s structure (a chunk's) with the gathered whole-case arrays of function ``n``."""
+
+    def one(j: int, part: Any) -> Any:
+        if isinstance(part, Mapping):
+            return {key: arrays[n, j, key] for key in part}
+        return arrays[n, j, "out"]
+
+    return tuple(one(j, p) for j, p in enumerate(result)) if isinstance(result, tuple) else one(0, result)
+
+
 def _chunked(
     chunk_oracle: Callable[..., Any],
     functions: Sequence[Callable[..., Any]],
     case: Case,
     rows: int,
     rests: list[list[Any]],
+    gathered: _Gathered,
+    where: tuple[int | None, int | None],
 ) -> list[Any]:
     """Each of ``functions`` ``fn(case, chunk, *rest)`` over the query rows of the slice
-    ``case``, ``rows`` at a time, with each chunk's oracle ``chunk_oracle(case,
-    first_row, rows, keys)`` computed once for all of them: per function, the chunks'
-    rows concatenated, their ``RowSums`` added and finished."""
+    ``case`` (``where``: its batch row and kv head), ``rows`` at a time, with each
+    chunk's oracle ``chunk_oracle(case, first_row, rows, keys)`` computed once for all
+    of them: per function, the chunks' rows put in ``gathered``, their ``RowSums``
+    added and, once finished, put there too. Returns each function's last result (its
+    structure)."""
     # placed once: every chunk's program reads the same device copies
     case = Case(layout_programs.placed(dict(case.arrays)), case.params)
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
-    # per function and result (a function that joins calls returns a tuple of results)
-    pieces: dict[tuple[int, int], dict[str, list[Any]]] = {}
-    sums: dict[tuple[int, int], dict[str, attention_oracle.RowSums]] = {}
+    sums: dict[_Where, attention_oracle.RowSums] = {}
     last: list[Any] = [None for _ in functions]
+    gathered.begin(*where)
     for first in range(0, seq_q, rows):
         size = min(rows, seq_q - first)
         keys = _visible_keys(seq_q, seq_kv, first, size) if case.params["causal"] else None
         ref = chunk_oracle(case, np.asarray(first, np.int32), size, keys)
-        for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
-            last[n] = fn(case, ref, *rest)
-            for j, part in enumerate(last[n] if isinstance(last[n], tuple) else (last[n],)):
-                summed, rowed = sums.setdefault((n, j), {}), pieces.setdefault((n, j), {})
-                for key, x in (part if isinstance(part, Mapping) else {"out": part}).items():
-                    if isinstance(x, attention_oracle.RowSums):
-                        total = summed.get(key)
-                        summed[key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
-                    else:
-                        rowed.setdefault(key, []).append(x)
-
-    def whole(n: int, j: int, part: Any) -> Any:
-        summed, rowed = sums[n, j], pieces[n, j]
-        keys_of = part.keys() if isinstance(part, Mapping) else ("out",)
-        out = {
-            key: summed[key].finish() if key in summed else xp.concatenate(rowed[key], axis=_ROW_AXIS[key])
-            for key in keys_of
-        }
-        return out if isinstance(part, Mapping) else out["out"]
-
-    return [
-        tuple(whole(n, j, p) for j, p in enumerate(part)) if isinstance(part, tuple) else whole(n, 0, part)
-        for n, part in enumerate(last)
-    ]
+        outs = [fn(case, ref, *rest) for fn, rest in zip(functions, rests, strict=True)]
+        gathered.settle()  # the copies started before this chunk, done while it computed
+        for n, out in enumerate(outs):
+            last[n] = out
+            for j, key, x in _parts(out):
+                if isinstance(x, attention_oracle.RowSums):
+                    total = sums.get((n, j, key))
+                    sums[n, j, key] = x if total is None else jax.tree_util.tree_map(operator.add, total, x)
+                else:
+                    gathered.rows_of((n, j, key), first, x)
+    for at, total in sums.items():
+        gathered.whole_of(at, total.finish())
+    gathered.end()
+    return last
 
 
 _Request = tuple[device_programs.LayoutProgram, tuple[Any, ...]]
@@ -407,21 +503,24 @@ def sliced(
         case = plan.case
         group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
         functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
-        parts: list[list[Any]] = [[] for _ in requests]
-        for n, (i, j) in enumerate(plan.slices):
+        gathered = _Gathered(plan) if plan.rows is not None else None
+        parts: list[list[Any]] = [[] for _ in requests]  # unchunked: per function, its slices' results
+        last: list[Any] = []
+        for s, (i, j) in enumerate(plan.slices):
             sub = _sub_case(case, i, j)
             rests = [
                 [_slice_grads(r, i, j, group) if isinstance(r, Mapping) else r for r in rest] for _, rest in requests
             ]
-            if n == 0:  # every slice has the first one's layout
+            if s == 0:  # every slice has the first one's layout
                 compile_ahead(functions, sub, plan.rows, rests)
-            if plan.rows is None:
-                ref = whole_oracle(sub)
-                outs = [fn(sub, ref, *rest) for fn, rest in zip(functions, rests, strict=True)]
-            else:
-                outs = _chunked(chunk_program, functions, sub, plan.rows, rests)
-            for n, out in enumerate(outs):
-                parts[n].append(out)
+            if gathered is not None:
+                last = _chunked(chunk_program, functions, sub, plan.rows, rests, gathered, (i, j))
+                continue
+            ref = whole_oracle(sub)
+            for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
+                parts[n].append(fn(sub, ref, *rest))
+        if gathered is not None:
+            return split([_rebuilt(result, n, gathered.arrays) for n, result in enumerate(last)])
 
         def assembled(part: list[Any]) -> Any:  # one function's results, per slice
             if isinstance(part[0], tuple):

@@ -72,12 +72,6 @@ def production_layouts() -> tuple[Layout, ...]:
     )
 
 
-# How many worker processes share each device (verify's and fuzz's --jobs on fewer
-# GPUs): each plans with its share of the device's memory. Two verify workers that
-# each planned with the whole H100 ran out of memory on a ragged_dot layout.
-SHARING_ENV_VAR = "PALLASCHECK_PROCESSES_PER_DEVICE"
-
-
 LAYOUTS_PRODUCTION = production_layouts()
 
 
