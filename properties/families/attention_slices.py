@@ -503,7 +503,7 @@ def sliced(
         case = plan.case
         group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
         functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
-        gathered = _Gathered(plan) if plan.rows is not None else None
+        gathered = _Gathered(plan)  # a chunked case's results
         parts: list[list[Any]] = [[] for _ in requests]  # unchunked: per function, its slices' results
         last: list[Any] = []
         for s, (i, j) in enumerate(plan.slices):
@@ -513,13 +513,13 @@ def sliced(
             ]
             if s == 0:  # every slice has the first one's layout
                 compile_ahead(functions, sub, plan.rows, rests)
-            if gathered is not None:
+            if plan.rows is not None:
                 last = _chunked(chunk_program, functions, sub, plan.rows, rests, gathered, (i, j))
                 continue
             ref = whole_oracle(sub)
             for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
                 parts[n].append(fn(sub, ref, *rest))
-        if gathered is not None:
+        if plan.rows is not None:
             return split([_rebuilt(result, n, gathered.arrays) for n, result in enumerate(last)])
 
         def assembled(part: list[Any]) -> Any:  # one function's results, per slice
