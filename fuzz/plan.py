@@ -72,7 +72,9 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
       planned with half the device and each unit within its memory rule, ran out of
       memory in ragged_dot's layouts and took fp8_matmul's units down with them
       (docs/results.md, 2026-11-28). ``--jobs`` above 1 shares the device, each process
-      planning with its share (skipping, saying so, what does not fit it).
+      planning with its share (skipping, saying so, what does not fit it) and its
+      allocator held to it (``compilation.configure``); several jobs by default wait for
+      that cap to be measured on a GPU.
     """
     if command == "verify" and shapes == "production" and backend.platform != "cpu":
         return 1

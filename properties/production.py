@@ -25,25 +25,20 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import strategies
+from pallascheck.properties.device import compilation
 from pallascheck.properties.spec import Case, KernelSpec, Layout, ProductionCases
 
-# How many worker processes share each device (verify's and fuzz's --jobs on fewer
-# GPUs): each plans with its share of the device's memory. Two verify workers that
-# each planned with the whole H100 ran out of memory on a ragged_dot layout.
-SHARING_ENV_VAR = "PALLASCHECK_PROCESSES_PER_DEVICE"
+# How many worker processes share each device: each plans with its share of the
+# device's memory. Two verify workers that each planned with the whole H100 ran out of
+# memory on a ragged_dot layout.
+SHARING_ENV_VAR = compilation.SHARING_ENV_VAR
+_sharing = compilation.processes_per_device
 
 
 def share_devices(processes_per_device: int) -> None:
     """Declare that this process's workers share each device ``processes_per_device``
     ways (the workers inherit it through the environment)."""
     os.environ[SHARING_ENV_VAR] = str(max(1, processes_per_device))
-
-
-def _sharing() -> int:
-    value = os.environ.get(SHARING_ENV_VAR, "1")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"${SHARING_ENV_VAR} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def device_memory(backend: Backend) -> int:
@@ -58,9 +53,11 @@ def device_memory(backend: Backend) -> int:
 
 def memory_limit(backend: Backend) -> int:
     """This process's share of ``device_memory``: on a GPU, divided among the processes
-    that share the device."""
+    that share the device (a worker whose allocator is held to its share: JAX's limit)."""
     total = device_memory(backend)
-    return total // _sharing() if backend.platform != "cpu" else total
+    if backend.platform == "cpu" or compilation.allocator_capped():
+        return total
+    return total // _sharing()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,3 +150,17 @@ def test_attention_bias_layouts_draw_only_biases_the_device_oracle_slices(kernel
     assert shapes == ({(1, 4, 8, 8)} if kernel_takes_a_bias else {None}), shapes
     plain = [l for l in get_spec("attention").production_layouts if "bias" not in l.name]
     assert plain and all(l.fields["bias"] is False for l in plain)
+
+
+def test_a_worker_held_to_its_share_plans_with_jax_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose allocator is held to its share (compilation.configure) plans with
+    JAX's limit, which is that share already; another divides the device's."""
+    from pallascheck.properties.device import compilation
+
+    monkeypatch.setattr(production, "device_memory", lambda backend: 40 * 2**30)
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "2")
+    monkeypatch.delenv(compilation.CAPPED_ENV_VAR, raising=False)
+    assert production.memory_limit(Backend("mosaic_gpu")) == 20 * 2**30
+    monkeypatch.setenv(compilation.CAPPED_ENV_VAR, "2")
+    assert production.memory_limit(Backend("mosaic_gpu")) == 40 * 2**30
+    assert production.memory_limit(Backend("interpret")) == 40 * 2**30  # the host's memory is not shared out

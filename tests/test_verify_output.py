@@ -166,6 +166,29 @@ def test_only_a_workers_host_blas_and_xla_autotuning_are_limited_on_a_gpu_backen
     assert flags.split() == expected, out  # the user's flags kept, ours added to a worker's only
 
 
+@pytest.mark.parametrize("user_fraction", [None, "0.5"])
+def test_workers_sharing_a_gpu_each_allocate_at_most_their_share(tmp_path, user_fraction: str | None) -> None:
+    """Two workers on one GPU: each JAX allocator held to half of our 95% (each grows
+    its own pool and keeps what it frees: together they ran an H100 out of memory); a
+    fraction the user set is kept, and the process then plans with its share."""
+    code = (
+        "from pallascheck.properties.device import compilation; import os\n"
+        "from pallascheck.kernels.backends import Backend\n"
+        "compilation.configure(Backend('mosaic_gpu'), worker=True)\n"
+        "print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'], compilation.allocator_capped())"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_PYTHON_CLIENT_MEM_FRACTION", compilation.CAPPED_ENV_VAR)
+    }
+    env |= {"PALLASCHECK_CACHE_DIR": "", compilation.SHARING_ENV_VAR: "2"}
+    if user_fraction is not None:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = user_fraction
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == (["0.4750", "True"] if user_fraction is None else ["0.5", "False"]), out
+
+
 def test_a_workers_xla_flags_leave_a_flag_the_user_set(monkeypatch) -> None:
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")
     compilation.add_xla_flags(compilation.GPU_WORKER_FLAGS)

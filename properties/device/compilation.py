@@ -114,6 +114,26 @@ def add_xla_flags(flags: tuple[str, ...]) -> None:
 # The share of a GPU's memory JAX may allocate in our processes: the rest is the CUDA
 # context, cuBLAS/cuDNN workspaces and the compiler's scratch (about 3 GiB on an H100).
 GPU_MEMORY_FRACTION = "0.95"
+# How many worker processes share each device (verify's and fuzz's --jobs on fewer
+# GPUs), set by the parent for its workers: each plans with its share of the device's
+# memory (properties/production.py) and allocates no more than it (``configure``).
+SHARING_ENV_VAR = "PALLASCHECK_PROCESSES_PER_DEVICE"
+# Set in a worker whose allocator ``configure`` held to its share: the share's count.
+CAPPED_ENV_VAR = "PALLASCHECK_ALLOCATOR_SHARE"
+
+
+def processes_per_device() -> int:
+    """How many processes share each device ($PALLASCHECK_PROCESSES_PER_DEVICE; 1 when unset)."""
+    value = os.environ.get(SHARING_ENV_VAR, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"${SHARING_ENV_VAR} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def allocator_capped() -> bool:
+    """Whether this process's allocator is held to its share of the device
+    (``configure``), so that JAX's limit is that share already."""
+    return os.environ.get(CAPPED_ENV_VAR) == str(processes_per_device())
 
 
 def configure(backend: Backend, *, worker: bool = False) -> None:
@@ -135,3 +155,12 @@ def configure(backend: Backend, *, worker: bool = False) -> None:
     if worker:
         threadpoolctl.threadpool_limits(WORKER_BLAS_THREADS, user_api="blas")
         add_xla_flags(GPU_WORKER_FLAGS)
+        # Workers sharing a GPU each allocate at most their share. Each grows its own
+        # pool and keeps what it frees: on an H100 two verify workers, each unit
+        # within its share by the memory rule, ran out of memory together
+        # (docs/results.md, 2026-11-28); held to its share, a worker that needs more
+        # is refused alone, and the other is not. A fraction the user set is kept.
+        share = processes_per_device()
+        if share > 1 and os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == GPU_MEMORY_FRACTION:
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{float(GPU_MEMORY_FRACTION) / share:.4f}"
+            os.environ[CAPPED_ENV_VAR] = str(share)
