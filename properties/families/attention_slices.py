@@ -20,8 +20,10 @@ oracle of its rows with the causal mask of their absolute positions
 (``oracles.attention.causal_visible``, bottom-right alignment as the whole case's).
 The spec's functions still see the slice's case (its q length sets the backward's
 default q block and the sums' depth) with the chunk's oracle (``attention.chunk``):
-the rows' results are concatenated (out, its bounds, dq and its bound, and dbias of
-a bias with query rows); the results that sum over query rows (dk, dv, a dbias that
+the rows' results (out, its bounds, dq and its bound, and dbias of a bias with query
+rows) are put together on the host, each in its whole-case array (``_Gathered``: no
+result of the case's size stays on the device; the checks compare them there a block
+at a time, properties/checks.py); the results that sum over query rows (dk, dv, a dbias that
 broadcasts over rows, and their bounds) come back as ``attention.RowSums``: sums over
 the chunk's rows of exact values and non-negative error magnitudes, which the chunks
 add (float64 reassociation only, some 2^29 below any bound) before the factors of the
@@ -56,22 +58,26 @@ temp bytes and outputs, is 14.2 U, 16.8 U and 27.6 U, within 16 U + 6 V (V = U /
 U / 2, 2 U there: 16.75, 19 and 28 U; a GPU's fusion differs: not measured). Add the slice's
 inputs, placed on the device once for all its chunks, in their dtypes: q and the
 cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query rows
-(G sq skv elements: what keeps such inputs out of long-context layouts). At G 4, d
-128: s 32768 (r 256) within 5.1 GB, s 131072 (r 64) within 7.5 GB.
+(G sq skv elements: what keeps such inputs out of long-context layouts), the copies
+of the chunk's results on their way to the host (``GATHER_ELEMENTS`` a result) and
+the slice's row sums. At G 4, d 128: s 32768 (r 256) within 5.1 GB, s 131072 (r 64)
+within 7.5 GB. A whole check on an H100 (the kernel's side and the comparison's blocks
+with it) peaked at 6.4 GiB at 32k and 9.3 GiB at 64k (docs/results.md).
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
 programs (properties/device/programs.py): for cases below ``SLICE_ELEMENTS`` one per
 function and layout, else one per function and slice (or chunk) layout, which every
 slice, chunk and case of the layout reuses. The calls a check makes with a sliced
-case are served in shared passes (``Sliced.passes``; the runner asks them in two
-rounds, properties/device/programs.py): each slice's or chunk's oracle is its own
-program, run once per pass and fed to every function's program of the pass, instead
-of recomputed inside each function's (seven times a case at the production tier; now
-once: attention's gradient bounds read no exact gradient, so the runner asks every
-call in the oracle's round, ``GradientSpec.bound_reads_gradients``). A function may join the calls of a pass (``per_slice(fn, joins=i)``, its
-``rest[i]`` a tuple of options): the gradient bound and its contract are one program
-per chunk, which does the work that no tiling changes once (``_joined``).
+case are served in shared passes (``Sliced.passes``; the runner asks them in rounds,
+properties/device/programs.py): each slice's or chunk's oracle is its own program,
+run once per pass and fed to every function's program of the pass, instead of
+recomputed inside each function's. Attention's gradient bounds read no exact
+gradient, so the runner asks every call in the oracle's round
+(``GradientSpec.bound_reads_gradients``): one pass a case. A function may join the
+calls of a pass (``per_slice(fn, joins=i)``, its ``rest[i]`` a tuple of options): the
+gradient bound and its contract are one program per chunk, which does the work that no
+tiling changes once (``_joined``).
 """
 
 from __future__ import annotations
