@@ -502,6 +502,16 @@ def _with_bias(q, k, v, bias, visible, scale: float):
 
 
 @dataclasses.dataclass(frozen=True)
+class Forward:
+    """What a bound of the forward pass knows of its tiling (``bound``'s keywords): the
+    kernel's kv block (None: xla_reference's model), the logit facts."""
+
+    block_k: int | None
+    qk_highest: bool = True
+    log2e: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Backward:
     """What a bound of the kernel's backward pass knows of its tiling (``gradient_bound``'s
     keywords): the backward's q and kv blocks, the forward's kv block, the logit facts."""
@@ -563,34 +573,50 @@ def gradient_bound(
     return _gradient_bound(ref, shared, forward_bound, backward, dtype=dtype, arith=arith)
 
 
-def gradient_bounds(
-    ref: AttentionOracle, cotangent: Any, backwards: Sequence[Backward], *, dtype: Any, arith: Arithmetic
-) -> list[dict[str, Any]]:
-    """``gradient_bound`` of each of ``backwards`` (a kernel's tiling and the contract's,
-    each with the forward bound of its forward kv block and logit facts), the same
-    values, with the work that no tiling changes done once: dP = dO . v^T and its
-    magnitude, and the sums over q rows and over keys of the exact dS and P and of their
-    absolute values (``_exact_backward``: 8 of the 12 [G, rows, keys] contractions of
-    one bound; each tiling adds the 3 of the errors and its forward bound's 1). On the
-    device each tiling's [G, rows, keys] arrays are computed after the shared ones and
-    the tiling before have finished (an optimization barrier, which also keeps XLA from
-    holding one tiling's arrays for the next), so a program of several holds those of
-    one and dP's two (attention_slices' docstring has the measured bytes)."""
-    shared = _exact_backward(ref, cotangent, dtype=dtype, arith=arith)
-    results: list[dict[str, Any]] = []
-    for backward in backwards:
+def bounds(
+    ref: AttentionOracle, cotangent: Any, asks: Sequence[Forward | Backward], *, dtype: Any, arith: Arithmetic
+) -> list[Any]:
+    """The bound of each of ``asks``, in order: ``bound`` of a ``Forward`` (a kernel's
+    tiling, xla_reference's model, the contract's one block), ``gradient_bound`` of a
+    ``Backward`` (with the forward bound of its forward kv block and logit facts); the
+    same values, with the work they share done once. A forward bound is computed once
+    for every ask that reads it: the values' bound and contract are the forward bounds
+    the gradient bound and its contract read, five forward bounds a chunk where three
+    differ. The backward's work that no tiling changes is done once too: dP = dO . v^T
+    and its magnitude, and the sums over q rows and over keys of the exact dS and P and
+    of their absolute values (``_exact_backward``: 8 of the 12 [G, rows, keys]
+    contractions of one gradient bound; each tiling adds the 3 of the errors). On the
+    device each ask's [G, rows, keys] arrays are computed after the ask before it has
+    finished (an optimization barrier, which also keeps XLA from holding one ask's
+    arrays for the next), so a program of several holds those of one, the shared ones
+    and the forward bounds ([G, rows, d]: attention_slices' docstring has the bytes)."""
+    forwards: dict[Forward, Any] = {}
+    shared: dict[str, Any] | None = None
+    results: list[Any] = []
+    for ask in asks:
         this = ref
         if numeric.active_device() is not None:
             this, shared, _ = jax.lax.optimization_barrier((ref, shared, results[-1:]))
-        forward = bound(
-            this,
-            dtype=dtype,
-            arith=arith,
-            block_k=backward.block_k_forward,
-            qk_highest=backward.qk_highest,
-            log2e=backward.log2e,
-        )
-        results.append(_gradient_bound(this, shared, forward, backward, dtype=dtype, arith=arith))
+        backward: Backward | None = None
+        if isinstance(ask, Backward):
+            backward, forward = ask, Forward(ask.block_k_forward, ask.qk_highest, ask.log2e)
+        else:
+            forward = ask
+        if forward not in forwards:
+            forwards[forward] = bound(
+                this,
+                dtype=dtype,
+                arith=arith,
+                block_k=forward.block_k,
+                qk_highest=forward.qk_highest,
+                log2e=forward.log2e,
+            )
+        if backward is None:
+            results.append(forwards[forward])
+            continue
+        if shared is None:
+            shared = _exact_backward(this, cotangent, dtype=dtype, arith=arith)
+        results.append(_gradient_bound(this, shared, forwards[forward], backward, dtype=dtype, arith=arith))
     return results
 
 

@@ -324,12 +324,21 @@ def _backward(case: Case, config: Any) -> oracle.Backward:
     )
 
 
-def _gradient_bounds(case: Case, ref, grads, configs: tuple[Any, ...], arith: Arithmetic) -> tuple[dict[str, Any], ...]:
-    """The gradient bound of each of ``configs`` (a kernel's, or ``Blocks()``: the
-    contract), their shared work done once (``oracle.gradient_bounds``)."""
-    backwards = [_backward(case, config) for config in configs]
+def _forward(case: Case, config: Any) -> oracle.Forward:
+    """The forward pass's tiling ``config`` states (None: xla_reference's model; a block
+    of None: the whole sequence)."""
+    if config is None:
+        return oracle.Forward(None)
+    return oracle.Forward(config.block_k or case.arrays["k"].shape[1], **_logit_facts(config))
+
+
+def _bounds(case: Case, ref, asks: tuple[tuple[str, Any], ...], arith: Arithmetic) -> tuple[Any, ...]:
+    """The bound of each of ``asks``: ("forward", config) the forward pass's (config
+    None: xla_reference's; ``Blocks()``: the contract), ("gradient", config) the
+    backward's, their shared work done once (``oracle.bounds``)."""
+    resolved = [_forward(case, config) if kind == "forward" else _backward(case, config) for kind, config in asks]
     dtype = case.arrays["q"].dtype
-    return tuple(oracle.gradient_bounds(ref, case.arrays["cotangent"], backwards, dtype=dtype, arith=arith))
+    return tuple(oracle.bounds(ref, case.arrays.get("cotangent"), resolved, dtype=dtype, arith=arith))
 
 
 def _contract(case: Case, ref: oracle.AttentionOracle, arith: Arithmetic) -> np.ndarray:
@@ -679,16 +688,23 @@ def make_spec(
 
     shift = (relations.invariance_within_contract("bias_shift", run, _bias_shifted, _oracle, _contract),)
     sliced_oracle, expected, per_slice = attention_slices.sliced(_oracle, lambda ref: ref.out)
-    # the gradient bound and its contract: calls a pass serves together join (one program)
-    gradient_bounds = per_slice(_gradient_bounds, joins=1)
+    # every bound of one arithmetic: the calls a pass serves together join (one program)
+    bounds = per_slice(_bounds, joins=0)
+
+    def bound(case: Case, ref: Any, config: Any, arith: Arithmetic) -> np.ndarray:
+        return bounds(case, ref, (("forward", config),), arith)[0]
+
+    def contract(case: Case, ref: Any, arith: Arithmetic) -> np.ndarray:
+        """As ``_contract``."""
+        return bounds(case, ref, (("forward", Blocks()),), arith)[0]
 
     def gradient_bound(case: Case, ref: Any, grads: Any, config: Any, arith: Arithmetic) -> dict[str, Any]:
-        return gradient_bounds(case, ref, grads, (config,), arith)[0]
+        return bounds(case, ref, (("gradient", config),), arith)[0]
 
     def gradient_contract(case: Case, ref: Any, grads: Any, arith: Arithmetic) -> dict[str, Any]:
         """The backward's two-pass form, as ``_contract``: one q block and one kv block,
         sums in any order."""
-        return gradient_bounds(case, ref, grads, (Blocks(),), arith)[0]
+        return bounds(case, ref, (("gradient", Blocks()),), arith)[0]
 
     return KernelSpec(
         name=name,
@@ -700,7 +716,7 @@ def make_spec(
         reference=lambda case: attention.xla_reference(*_qkv(case), **_inputs(case)),
         oracle=sliced_oracle,
         expected=expected,
-        bound=per_slice(_bound),
+        bound=bound,
         gradients=GradientSpec(
             functools.partial(_kernel_vjp, kernel),
             per_slice(_oracle_vjp),
@@ -712,7 +728,7 @@ def make_spec(
         )
         if differentiable
         else None,
-        contract=per_slice(_contract),
+        contract=contract,
         relations=(permutations(run, run_bound),) + (shift if domain.bias else ()),
         adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),

@@ -50,8 +50,11 @@ each function's program runs on it, one at a time. XLA:CPU's buffer assignment (
 causal, no bias, every key; measured again 2026-11-28) put the oracle's output at 6.4 U
 (d/r = 1/8), 7.1 U (d/r = 1/2) and 10.1 U (d/r = 2), its program's temp bytes at 4.1,
 4.5 and 8.0 U, and the largest fed program, the gradient bound and its contract joined
-(``oracles.attention.gradient_bounds``: each tiling after the work they share, one at
-a time), at 7.4, 8.1 and 11.5 U of temp bytes and 0.4, 1.5 and 6.0 U of outputs (one
+(now ``oracles.attention.bounds``, each bound after the work they share, one at a
+time), at 7.4, 8.1 and 11.5 U of temp bytes and 0.4, 1.5 and 6.0 U of outputs (with
+the forward bound and contract joined in as well, measured beside them without the
+causal mask: 9.6, 10.3 and 13.3 U of temp bytes where the two alone took 9.7, 10.6 and
+14.9 U; outputs 0.1 U more) (one
 of them alone: 7.3, 8.1, 11.5 U and 0.2, 0.75, 3.0 U; the forward bound 4.1, 4.5, 6.0 U;
 the VJP 4.1, 5.0, 8.0 U): a chunk's peak, the oracle's output and the joined program's
 temp bytes and outputs, is 14.2 U, 16.8 U and 27.6 U, within 16 U + 6 V (V = U / 8,
