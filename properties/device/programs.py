@@ -53,7 +53,10 @@ from pallascheck.properties.device import layout_programs
 # case, their float64 dots the most of it. Attention at 32k on an H100 (b1 s32768
 # h32/8 d128 bf16 causal, the same machine, jax 0.11.2): a case after the first took
 # 47.5 s with no program autotuned, 34.6 s with every program autotuned; the first
-# case 61.4 and 91.6 s, the kernel's own programs' autotuning 43 s of it.
+# case 61.4 and 91.6 s, the kernel's own programs' autotuning 43 s of it. With these
+# programs alone autotuned (another machine of the kind): 38.1 s a case; the first
+# case 101.5 s with an empty compilation cache and 42.4 s with the one it left (an
+# autotuned program is kept there), docs/results.md.
 _OPTIONS = {"xla_disable_hlo_passes": "constant_folding", "xla_gpu_autotune_level": "4"}
 _RUN_ALONE = threading.Lock()
 
