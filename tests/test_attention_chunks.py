@@ -114,9 +114,15 @@ CASES = {
 }
 
 
-# 1: every chunk's rows copied to the host alone; the default: a slice's chunks joined first
-@pytest.mark.parametrize("gather", [1, attention_slices.GATHER_ELEMENTS])
-@pytest.mark.parametrize("name", CASES)
+# the default gathering (a slice's chunks joined before their copy to the host) for
+# every case; each chunk's rows copied alone (1) for a case sliced by batch and head and
+# one whose bias has rows (a dbias gathered by rows)
+GATHERED = [(name, attention_slices.GATHER_ELEMENTS) for name in CASES] + [
+    (name, 1) for name in ("causal, sq > skv, GQA, 4-D mask", "non-causal, full bias, MQA, float32")
+]
+
+
+@pytest.mark.parametrize(("name", "gather"), GATHERED)
 def test_chunked_oracle_and_bounds_are_the_whole_ones(name: str, gather: int, monkeypatch: pytest.MonkeyPatch) -> None:
     case, threshold, rows = CASES[name]
     monkeypatch.setattr(attention_slices, "GATHER_ELEMENTS", gather)
