@@ -32,7 +32,6 @@ from pallascheck.properties.spec import Case, KernelSpec, Layout, ProductionCase
 # device's memory. Two verify workers that each planned with the whole H100 ran out of
 # memory on a ragged_dot layout.
 SHARING_ENV_VAR = compilation.SHARING_ENV_VAR
-_sharing = compilation.processes_per_device
 
 
 def share_devices(processes_per_device: int) -> None:
@@ -57,7 +56,7 @@ def memory_limit(backend: Backend) -> int:
     total = device_memory(backend)
     if backend.platform == "cpu" or compilation.allocator_capped():
         return total
-    return total // _sharing()
+    return total // compilation.processes_per_device()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +68,8 @@ class Plan:
 def plan(layouts: Sequence[Layout], backend: Backend) -> Plan:
     """The production layouts that fit ``backend``'s memory, and the rest."""
     limit = memory_limit(backend)
-    shared = f" to each of the {_sharing()} processes sharing it" if _sharing() > 1 else ""
+    sharing = compilation.processes_per_device()
+    shared = f" to each of the {sharing} processes sharing it" if sharing > 1 else ""
     fitting, skipped = [], []
     for layout in layouts:
         if layout.needs <= limit:
@@ -114,7 +114,7 @@ def planned(specs: Mapping[str, KernelSpec], backend: Backend) -> tuple[list[str
     left in would fail every task of a run, a crash booked against a kernel that is not
     at fault."""
     lines, unfit, skipped = [], [], []
-    fewer = " (fewer --jobs give each process a larger share)" if _sharing() > 1 else ""
+    fewer = " (fewer --jobs give each process a larger share)" if compilation.processes_per_device() > 1 else ""
     for family in [n for n, s in specs.items() if s.production_layouts]:
         p = plan(specs[family].production_layouts, backend)
         lines.append(f"{family}: {len(p.fitting)} production layouts: " + ", ".join(l.name for l in p.fitting))

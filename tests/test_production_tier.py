@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, runner
+from pallascheck.properties.device import compilation
 from pallascheck.properties.registry import get_spec
 from pallascheck.properties.spec import Case
 
@@ -129,7 +130,7 @@ def test_production_glu_weights_keep_float16_outputs_in_range(fan_in: bool) -> N
 def test_processes_sharing_a_device_must_be_counted_in_whole_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(production.SHARING_ENV_VAR, "half")
     with pytest.raises(ValueError, match="PALLASCHECK_PROCESSES_PER_DEVICE must be a positive integer"):
-        production._sharing()
+        compilation.processes_per_device()
 
 
 @pytest.mark.parametrize("kernel_takes_a_bias", [True, False])
@@ -155,8 +156,6 @@ def test_attention_bias_layouts_draw_only_biases_the_device_oracle_slices(kernel
 def test_a_worker_held_to_its_share_plans_with_jax_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker whose allocator is held to its share (compilation.configure) plans with
     JAX's limit, which is that share already; another divides the device's."""
-    from pallascheck.properties.device import compilation
-
     monkeypatch.setattr(production, "device_memory", lambda backend: 40 * 2**30)
     monkeypatch.setenv(production.SHARING_ENV_VAR, "2")
     monkeypatch.delenv(compilation.CAPPED_ENV_VAR, raising=False)

@@ -284,15 +284,8 @@ def _logit_facts(config: Any) -> dict[str, bool]:
 
 
 def _bound(case: Case, ref: oracle.AttentionOracle, config: Any, arith: Arithmetic) -> np.ndarray:
-    # config None: xla_reference's model; a block of None: one block, the whole sequence
-    block_k = None if config is None else config.block_k or case.arrays["k"].shape[1]
-    return oracle.bound(
-        ref,
-        dtype=case.arrays["q"].dtype,
-        arith=arith,
-        block_k=block_k,
-        **({} if config is None else _logit_facts(config)),
-    )
+    """The forward bound of ``config`` alone (``_bounds``; None: xla_reference's model)."""
+    return _bounds(case, ref, (("forward", config),), arith)[0]
 
 
 def _kernel_vjp(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Backend) -> dict[str, jax.Array]:

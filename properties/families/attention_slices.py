@@ -333,7 +333,7 @@ def _parts(result: Any) -> list[tuple[int, str, Any]]:
     ]
 
 
-def _rebuilt(result: Any, n: int, arrays: Mapping[tuple[int, int, str], np.ndarray]) -> Any:
+def _rebuilt(result: Any, n: int, arrays: Mapping[_Where, np.ndarray]) -> Any:
     """``result``'s structure (a chunk's) with the gathered whole-case arrays of function ``n``."""
 
     def one(j: int, part: Any) -> Any:
