@@ -11,7 +11,7 @@ program on the device, and counts the calls whose bits differ, tracing the first
 wrong ones (``_trace``). A deterministic kernel on a sound runtime and device gives 0.
 
 ``inputs`` says how a call gets its inputs: ``placed`` as the checks do (each call's
-numpy inputs copied to the device and waited for, properties/device/layout_programs.py);
+numpy inputs copied to the device and waited for, ``numeric.placed``);
 ``host`` handed to the compiled program as numpy arrays, as ``jax.jit(f)(x)`` does;
 ``device`` placed on the device once, before the stress. ``reference`` stresses the
 spec's XLA reference instead of the kernel. Together they tell a fault of the kernel
@@ -125,7 +125,7 @@ def run(
     drawn = layout_cases(spec, backend, dtype=dtype, layout=layout, cases=cases, shapes=shapes)
     with backend.placement():
         if inputs == "device":
-            drawn = [dataclasses.replace(c, arrays=layout_programs.placed(dict(c.arrays))) for c in drawn]
+            drawn = [dataclasses.replace(c, arrays=numeric.placed(dict(c.arrays))) for c in drawn]
         programs = _programs(spec, backend, reference, inputs)
         wanted = {(name, i): fn(case) for name, fn in programs.items() for i, case in enumerate(drawn)}
         oracle_device = None if backend.is_interpreted else jax.devices(backend.platform)[0]

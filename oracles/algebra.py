@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pallascheck.oracles.numeric import namespace
@@ -66,10 +67,19 @@ def operand(value: Any, *, arith: Arithmetic, dtype: Any = np.float32) -> Bounde
 # subnormal_part, rounding and times return an array of their operands' kind: numpy on
 # the host, a JAX array on the device
 def subnormal_part[A: (np.ndarray, jax.Array)](value: A, dtype: Any = np.float32) -> A:
-    """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0."""
-    xp = namespace(value)
-    value = xp.abs(xp.asarray(value, dtype=np.float64))
-    return xp.where(value < smallest_normal(dtype), value, 0.0)
+    """|x| where x is subnormal in ``dtype`` (what denormals-are-zero may drop), else 0.
+    A JAX array's in one compiled program (a whole input's, in a streamed oracle run
+    operation by operation, would hold its |x| beside the result: oracles/chunks.py)."""
+    if isinstance(value, jax.Array):
+        return _subnormal_part_of_array(value, smallest_normal(dtype))
+    magnitude = np.abs(np.asarray(value, dtype=np.float64))
+    return np.where(magnitude < smallest_normal(dtype), magnitude, 0.0)
+
+
+@jax.jit
+def _subnormal_part_of_array(value: jax.Array, tiny: float) -> jax.Array:
+    value = jnp.abs(jnp.asarray(value, dtype=np.float64))
+    return jnp.where(value < tiny, value, 0.0)
 
 
 def underflow_floor(dtype: Any, arith: Arithmetic) -> float:

@@ -11,16 +11,29 @@ BLAS and XLA choose how to order a dot's sums by its operands' shapes, so a span
 values can differ from the whole computation's in their last float64 bits (within
 the float64 oracle's own error, far below any bound: tests/test_dot_chunks.py). A
 span's temporaries are at most ``CHUNK_ELEMENTS`` float64 elements each.
+
+On the oracle device (oracles/numeric.py) a streamed case's results stay there,
+unless the process's share of the device would not hold them (the runner says so:
+``numeric.on_device(hold_results=True)``): then they are held on the host. Each
+span's results are copied there while the next span computes, and joined there
+(``over``, ``stacked``), so that the device holds the inputs and one or two spans'
+results, never a result of the case's size; the checks compare held results on the
+device a block at a time (properties/checks.py). A span of held results is copied
+back to the device when a later function reads it (``part``). Holding costs time:
+a GLU of 8192 tokens, d 4096, f 14336 took 22.8 s a case held and peaked at 8.8 GiB
+(an H200, docs/results.md), where on the device it took 5.1 s and 20.2 GiB (an H100).
+A single span, or a span inside a compiled program (its arrays traced), stays on the
+device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 
-from pallascheck.oracles.numeric import xp
+from pallascheck.oracles import numeric
 
 # float64 elements of one chunk's largest temporary: 2^24, 128 MiB (an 8192-row
 # output of 14336 columns spans 1024 rows at a time)
@@ -39,28 +52,65 @@ def spans(total: int, width: int) -> list[tuple[int, int]]:
 
 
 def part(tree: Any, start: int, stop: int, axis: int) -> Any:
-    """Every array of ``tree`` (an oracle, a mapping of gradients) sliced to
-    [start, stop) along ``axis``."""
+    """Every array of ``tree`` (an oracle, a mapping of gradients, an array) sliced to
+    [start, stop) along ``axis``; on the oracle device, a slice of a result held on the
+    host is copied there (and waited for: ``numeric.placed``)."""
 
     def cut(a: Any) -> Any:
         where = [slice(None)] * a.ndim
         where[axis] = slice(start, stop)
         return a[tuple(where)]
 
-    return jax.tree_util.tree_map(cut, tree)
+    sliced = jax.tree_util.tree_map(cut, tree)
+    return sliced if numeric.active_device() is None else numeric.placed(sliced)
 
 
 def joined(parts: list[Any], axis: int) -> Any:
-    """The spans' results (arrays, oracles, mappings) concatenated along ``axis``."""
+    """The spans' results (arrays, oracles, mappings) concatenated along ``axis``,
+    where they are (on the host if they were held there)."""
     if len(parts) == 1:
         return parts[0]
-    return jax.tree_util.tree_map(lambda *xs: xp.concatenate(xs, axis=axis), *parts)
+    return jax.tree_util.tree_map(lambda *xs: numeric.namespace(*xs).concatenate(xs, axis=axis), *parts)
+
+
+def _held(results: Iterator[Any]) -> list[Any]:
+    """Each result (a span's: arrays, oracles, mappings) copied to the host while the
+    next one computes: at most two spans' results are on the device at once. Results
+    traced inside a compiled program stay as they are (the program joins them)."""
+    held: list[Any] = []
+    pending = None
+    for result in results:
+        leaves = jax.tree_util.tree_leaves(result)
+        if any(isinstance(a, jax.core.Tracer) for a in leaves):
+            return [*held, *([] if pending is None else [pending]), result, *results]
+        for a in leaves:
+            a.copy_to_host_async()
+        if pending is not None:
+            held.append(jax.device_get(pending))
+        pending = result
+    return held if pending is None else [*held, jax.device_get(pending)]
 
 
 def over(fn: Callable[[int, int], Any], total: int, width: int, axis: int) -> Any:
     """``fn(start, stop)`` over the ``spans`` of ``total`` items of ``width``
-    elements, joined along ``axis``."""
-    return joined([fn(s, e) for s, e in spans(total, width)], axis)
+    elements, joined along ``axis`` (held on the host, where the oracles hold results,
+    when they are more than one span)."""
+    results = (fn(s, e) for s, e in spans(total, width))
+    if not numeric.holds_results() or not streams(total, width):
+        return joined(list(results), axis)
+    return joined(_held(results), axis)
+
+
+def stacked(fn: Callable[[int], Any], count: int, width: int) -> Any:
+    """``fn(i)`` for i in range(count), each an array of ``width`` elements, stacked
+    along a new first axis (held on the host, where the oracles hold results, when
+    the stack takes more than ``CHUNK_ELEMENTS``)."""
+    results = (fn(i) for i in range(count))
+    if numeric.holds_results() and count * width > CHUNK_ELEMENTS:
+        parts = _held(results)
+    else:
+        parts = list(results)
+    return numeric.namespace(*parts).stack(parts)
 
 
 def streams(total: int, width: int) -> bool:
@@ -73,3 +123,6 @@ def streams(total: int, width: int) -> bool:
 # value, error, magnitude and subnormal part, three products of them and the dot's
 # error terms; attention_slices.py charges its chunks the same 16)
 SPAN_BYTES = 16 * 8 * CHUNK_ELEMENTS
+# and, where results are held on the host, two spans' results on their way there
+# (``_held``), at most 4 arrays of CHUNK_ELEMENTS a span (the matmul oracle's)
+HELD_SPANS_BYTES = 2 * 4 * 8 * CHUNK_ELEMENTS

@@ -227,10 +227,11 @@ def gradient_bound(
     abs_w, sub_w = xp.abs(f64(weights)).reshape(d, 2 * f).T, sub(f64(weights)).reshape(d, 2 * f).T
 
     def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of W
-        dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 0), grads["dgate"][start:stop], g[start:stop])
+        ref_span, dgate, dx = chunks.part((flat, grads["dgate"], grads["dx"].reshape(t_rows, d)), start, stop, 0)
+        dz_value, dz_err = dz_of(ref_span, dgate, g[start:stop])
         dz_mag = xp.abs(dz_value) + dz_err
         return product(
-            grads["dx"].reshape(t_rows, d)[start:stop],
+            dx,
             mm(dz_err, abs_w),
             mm(dz_mag, abs_w),
             sub(dz_value) @ abs_w + mm(dz_mag, sub_w),
@@ -241,10 +242,11 @@ def gradient_bound(
     abs_x, sub_x = xp.abs(f64(x)).reshape(t_rows, d).T, sub(f64(x)).reshape(t_rows, d).T
 
     def columns(start: int, stop: int) -> Any:  # dW[:, :, j] from dz[:, j] and all of x
-        dz_value, dz_err = dz_of(chunks.part(flat, start, stop, 1), grads["dgate"][:, start:stop], g[:, start:stop])
+        ref_span, dgate = chunks.part((flat, grads["dgate"]), start, stop, 1)
+        dz_value, dz_err = dz_of(ref_span, dgate, g[:, start:stop])
         dz_mag = xp.abs(dz_value) + dz_err
         dw = product(
-            grads["dweights"][:, :, start:stop].reshape(d, 2 * (stop - start)),
+            chunks.part(grads["dweights"], start, stop, 2).reshape(d, 2 * (stop - start)),
             mm(abs_x, dz_err),
             mm(abs_x, dz_mag),
             mm(sub_x, dz_mag) + abs_x @ sub(dz_value),

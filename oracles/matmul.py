@@ -186,14 +186,14 @@ def gradient_bound(
     yt = _abs_and_subnormal(y)  # once for all spans; then x's
 
     def rows(start: int, stop: int) -> Any:  # dx[i] from dz[i] and all of y
-        dz = dz_of(chunks.part(ref, start, stop, 0), grads["dz"][start:stop], g64[start:stop])
-        return product(dz, *yt, grads["dx"][start:stop], n, a_on_left=True)
+        span = chunks.part((ref, grads["dz"], grads["dx"]), start, stop, 0)
+        return product(dz_of(span[0], span[1], g64[start:stop]), *yt, span[2], n, a_on_left=True)
 
     dx = chunks.over(rows, m, max(k, n), axis=0)
     xt = _abs_and_subnormal(x)
 
     def columns(start: int, stop: int) -> Any:  # dy[:, j] from dz[:, j] and all of x
-        dz = dz_of(chunks.part(ref, start, stop, 1), grads["dz"][:, start:stop], g64[:, start:stop])
-        return product(dz, *xt, grads["dy"][:, start:stop], m, a_on_left=False)
+        span = chunks.part((ref, grads["dz"], grads["dy"]), start, stop, 1)
+        return product(dz_of(span[0], span[1], g64[:, start:stop]), *xt, span[2], m, a_on_left=False)
 
     return {"dx": dx, "dy": chunks.over(columns, n, max(m, k), axis=1)}

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T", bound="DataclassInstance")
 
 _DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("pallascheck_oracle_device", default=None)
+_HOLD: contextvars.ContextVar[bool] = contextvars.ContextVar("pallascheck_hold_results", default=False)
 
 # numpy names that are types, constants or dtype helpers: the same object in both
 # modes (jax.numpy's float32 is a scalar constructor, not a numpy dtype).
@@ -111,11 +112,15 @@ def f64(a: Any) -> Any:
     return xp.asarray(a, dtype=np.float64)
 
 
+@jax.jit
 def _upcast_exactly(a: jax.Array) -> jax.Array:
     """``a`` in float64 with its subnormals kept: XLA:CPU converts with
     denormals-are-zero, a float32 or bfloat16 subnormal becomes 0 (numpy's conversion,
     on the host, keeps it). A subnormal is its mantissa bits times the dtype's
-    smallest subnormal, which float64 holds exactly."""
+    smallest subnormal, which float64 holds exactly. One compiled program: run
+    operation by operation, its bits, exponent, mantissa and two float64 candidates
+    were each an array of the input's size at once (a whole production input, upcast
+    eagerly by a streamed oracle: oracles/chunks.py)."""
     info = ml_dtypes.finfo(a.dtype)
     bits = lax.bitcast_convert_type(a, np.dtype(f"uint{info.bits}"))
     exponent = (bits >> info.nmant) & ((1 << info.nexp) - 1)
@@ -124,15 +129,46 @@ def _upcast_exactly(a: jax.Array) -> jax.Array:
     return jnp.where(exponent == 0, jnp.where(negative, -magnitude, magnitude), a.astype(np.float64))
 
 
+def placed(tree: Any) -> Any:
+    """``tree`` with its numpy arrays copied to the default device, the copies waited
+    for (its other leaves as they are). Handed numpy arrays itself, a program on a GPU
+    copies them in while other threads dispatch, and under jax 0.11.2 on H100s about
+    one call in 10^4 then computed from a corrupted input (XLA's own programs too:
+    every output element wrong, and neither another call's output nor one input
+    swapped with another call's); with inputs already on the device, none in
+    1.1 * 10^5 calls (docs/results.md, "A JAX runtime fault"; ``pallascheck bench
+    --dispatch-stress --inputs host`` reproduces it)."""
+    copies: list[jax.Array] = []
+
+    def put(a: Any) -> Any:
+        if not isinstance(a, np.ndarray):
+            return a
+        copies.append(jax.device_put(a))
+        return copies[-1]
+
+    tree = jax.tree_util.tree_map(put, tree)
+    jax.block_until_ready(copies)
+    return tree
+
+
 @contextlib.contextmanager
-def on_device(device: Any) -> Iterator[None]:
-    """Oracles and bounds inside the block compute in JAX float64 on ``device``."""
-    token = _DEVICE.set(device)
+def on_device(device: Any, *, hold_results: bool = False) -> Iterator[None]:
+    """Oracles and bounds inside the block compute in JAX float64 on ``device``.
+    ``hold_results``: a streamed case's results are held on the host
+    (oracles/chunks.py), where the device's share would not hold them."""
+    token, hold = _DEVICE.set(device), _HOLD.set(hold_results)
     try:
         with float64_enabled(), jax.default_device(device):
             yield
     finally:
+        _HOLD.reset(hold)
         _DEVICE.reset(token)
+
+
+def holds_results() -> bool:
+    """Whether the oracles compute on a device and hold a streamed case's results on
+    the host (``on_device``)."""
+    return _DEVICE.get() is not None and _HOLD.get()
 
 
 @contextlib.contextmanager

@@ -112,16 +112,21 @@ def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_
     groups of its row tile (masked rows), which cost nothing. Rows in no group are
     exactly 0 (their bound is the underflow floor only).
     """
-    z = algebra.dot(
-        ref.out,
-        ref.magnitude,
-        ref.k,
-        arith=arith,
-        operand_dtype=operand_dtype,
-        order=_order(arith, block_k),
-        flushed_magnitude=ref.flushed_magnitude,
-    )
-    return algebra.round_to(z, operand_dtype, arith).err
+
+    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of rows
+        span = chunks.part(ref, start, stop, 0)
+        z = algebra.dot(
+            span.out,
+            span.magnitude,
+            span.k,
+            arith=arith,
+            operand_dtype=operand_dtype,
+            order=_order(arith, block_k),
+            flushed_magnitude=span.flushed_magnitude,
+        )
+        return algebra.round_to(z, operand_dtype, arith).err
+
+    return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
 
 
 def dequantised_rhs_bound(
@@ -135,17 +140,22 @@ def dequantised_rhs_bound(
     output by at most u M (M = |lhs| @ |q s|), and the dot then runs on a magnitude of
     at most (1 + u) M; the result is rounded once to ``operand_dtype``."""
     u = unit_roundoff(operand_dtype)
-    z = algebra.dot(
-        ref.out,
-        (1.0 + u) * ref.magnitude,
-        ref.k,
-        arith=arith,
-        operand_dtype=operand_dtype,
-        order=_order(arith, block_k),
-        flushed_magnitude=ref.flushed_magnitude,
-    )
-    z = algebra.Bounded(z.value, z.err + algebra.times(u, ref.magnitude))
-    return algebra.round_to(z, operand_dtype, arith).err
+
+    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of rows
+        span = chunks.part(ref, start, stop, 0)
+        z = algebra.dot(
+            span.out,
+            (1.0 + u) * span.magnitude,
+            span.k,
+            arith=arith,
+            operand_dtype=operand_dtype,
+            order=_order(arith, block_k),
+            flushed_magnitude=span.flushed_magnitude,
+        )
+        z = algebra.Bounded(z.value, z.err + algebra.times(u, span.magnitude))
+        return algebra.round_to(z, operand_dtype, arith).err
+
+    return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
 
 
 def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str, np.ndarray]:
@@ -159,7 +169,8 @@ def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str
 
     dlhs = chunks.over(rows, x.shape[0], max(x.shape[1], w.shape[2]), axis=0)
     # a group's rows of g, the narrower operand, others zero: the same products, exact zeros elsewhere
-    return {"dlhs": dlhs, "drhs": xp.stack([x.T @ _group_rows(ranges, i, g) for i in range(len(ranges))])}
+    drhs = chunks.stacked(lambda i: x.T @ _group_rows(ranges, i, g), len(ranges), x.shape[1] * g.shape[1])
+    return {"dlhs": dlhs, "drhs": drhs}
 
 
 def gradient_bound(
@@ -194,7 +205,7 @@ def gradient_bound(
     def dlhs_rows(start: int, stop: int) -> Any:
         span, gs = _clipped(ref.ranges, start, stop), g[start:stop]
         dlhs = algebra.dot(
-            grads["dlhs"][start:stop],
+            chunks.part(grads["dlhs"], start, stop, 0),
             _by_group(span, gs, lambda i, rows: xp.abs(rows) @ w_abs[i].T),
             w.shape[2],
             arith=arith,
@@ -212,7 +223,7 @@ def gradient_bound(
         gi = _group_rows(ref.ranges, i, g)  # the narrower operand zeroed outside the group, as oracle_vjp
         gi_abs = xp.abs(gi)
         d = algebra.dot(
-            grads["drhs"][i],
+            chunks.part(grads["drhs"], i, i + 1, 0)[0],
             x_abs_t @ gi_abs,
             terms,
             arith=arith,
@@ -222,4 +233,6 @@ def gradient_bound(
         )
         return algebra.round_to(d, operand_dtype, arith).err
 
-    return {"dlhs": dlhs, "drhs": xp.stack([drhs_err(i, s, e) for i, (s, e) in enumerate(ref.ranges)])}
+    width = lhs.shape[1] * g.shape[1]
+    drhs = chunks.stacked(lambda i: drhs_err(i, *ref.ranges[i]), len(ref.ranges), width)
+    return {"dlhs": dlhs, "drhs": drhs}

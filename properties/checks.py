@@ -211,15 +211,17 @@ def _worst(xp: Any, actual: Any, expected: Any, bound: Any) -> tuple[Any, ...]:
 # elements, out of the GPU's memory).
 _device_worst = jax.jit(functools.partial(_worst, jnp))
 # Elements of one block of a comparison with results held on the host: three float64
-# blocks of 2^25 elements (268 MB each) on the device at a time.
+# blocks of 2^25 elements (268 MB each) on the device at a time (HELD_BYTES, for the
+# production tier's memory rule).
 HELD_BLOCK = 2**25
+HELD_BYTES = 3 * 8 * HELD_BLOCK
 
 
 def _held_worst(actual: np.ndarray, expected: np.ndarray, bound: Any) -> tuple[Any, ...]:
     """``_worst`` of arrays on the host, computed on the oracle device a block of
     ``HELD_BLOCK`` elements at a time: the worst element of the block where the budget
     used is largest, the first such block (argmax's first worst element). Each block is
-    copied in and waited for before the comparison runs (layout_programs.placed says
+    copied in and waited for before the comparison runs (numeric.placed says
     why)."""
     flats = (actual.reshape(-1), expected.reshape(-1), np.broadcast_to(bound, expected.shape).reshape(-1))
     best: tuple[Any, ...] | None = None

@@ -131,7 +131,13 @@ def check_case(
                 f"xla_reference needs ~{needs / 2**30:.0f} GiB at this layout, the process may use {limit / 2**30:.0f} GiB"
             )
     device = oracle_device(backend, case)
-    with backend.placement(), numeric.on_device(device) if device is not None else contextlib.nullcontext():
+    # a streamed case's results held on the host where the process's share would not hold them
+    sized = spec.results_on_device_bytes
+    hold = device is not None and sized is not None and sized(case) > production.memory_limit(backend)
+    with (
+        backend.placement(),
+        numeric.on_device(device, hold_results=hold) if device is not None else contextlib.nullcontext(),
+    ):
         try:
             return _check_case(
                 spec,
@@ -283,12 +289,12 @@ def _check_case(
         depend on each other: a bound that needs the exact gradients waits for them on
         its own thread, and they were submitted before it, so they never wait for a
         thread it holds. Host oracles are computed when asked, as before."""
-        device = numeric.active_device()
+        device, hold = numeric.active_device(), numeric.holds_results()
         if device is None:
             return functools.cache(fn)
 
         def run() -> Any:
-            with numeric.on_device(device):
+            with numeric.on_device(device, hold_results=hold):
                 return fn()
 
         started.append(_ORACLE_SIDE_THREADS.submit(run))

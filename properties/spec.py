@@ -210,6 +210,11 @@ class KernelSpec:
     # reference does not fit the memory the process may use leaves the reference check
     # out, saying so. None: it always fits where the kernel does
     reference_bytes: Callable[[Case], int] | None = None
+    # (case) -> the check's device bytes when a streamed case's float64 results
+    # (oracles/chunks.py) stay on the device: where that is more than the process may
+    # use, they are held on the host (slower; the family's production rule counts
+    # that). None: they stay on the device
+    results_on_device_bytes: Callable[[Case], int] | None = None
     # (case, seed) -> cases with case's shapes and params, values redrawn by each of the
     # spec's adversarial kinds (the autotuner's numerics gate); None: the generic
     # kinds of strategies.elements suit every float array of the spec

@@ -6,6 +6,8 @@ compared with: here below 1e-6 of it, elementwise."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -173,21 +175,57 @@ def _budgets(spec, case, config, backend: Backend, oracles: str, monkeypatch: py
     )
 
 
-@pytest.mark.parametrize("name", ["attention", "matmul"])
+@pytest.mark.parametrize(
+    "name, streamed",
+    [
+        ("attention", None),
+        ("matmul", None),
+        ("matmul", "fits"),
+        ("matmul", "held"),
+        ("gated_linear_unit", "held"),
+        ("ragged_dot", "held"),
+    ],
+)
 def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, streamed: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With device oracles the runner asks for a case's oracle and bounds from several
     threads at once, compiled together and run one at a time (runner.py,
     properties/device/programs.py): every check sees the budgets the host's numpy
-    oracles give. Attention is sliced, every slice's programs shared by the threads."""
+    oracles give. Attention is sliced, every slice's programs shared by the threads.
+    A streamed dot-like case (many spans: oracles/chunks.py) keeps its results on the
+    device where the process's share holds them, and else holds them on the host and
+    is compared there a block at a time."""
+    from pallascheck.oracles import chunks
+    from pallascheck.properties import checks
     from pallascheck.properties.families import attention_slices
 
     spec, backend = get_spec(name), Backend("interpret")
     monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", 1)
+    held = []
+    if streamed:
+        monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 64)
+        monkeypatch.setattr(checks, "HELD_BLOCK", 100)
+        real = checks.compare
+
+        def spied(actual, expected, bound, **kw):
+            held_there = numeric.active_device() is not None and isinstance(expected, np.ndarray)
+            if held_there and isinstance(bound, np.ndarray):  # the device oracle's results, held on the host
+                held.append(kw.get("check", "values"))
+            return real(actual, expected, bound, **kw)
+
+        monkeypatch.setattr(checks, "compare", spied)
+        # more than any share of the device, or less
+        spec = dataclasses.replace(spec, results_on_device_bytes=lambda case: 2**62 if streamed == "held" else 1)
     seen = []
 
-    @settings(max_examples=2, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=1 if streamed else 2,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(spec.cases("bfloat16", backend))
     def compare(drawn):
         case = _attention_case(None) if name == "attention" else drawn
@@ -202,7 +240,9 @@ def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
         seen.append(case)
 
     compare()
-    assert len(seen) == 2
+    assert len(seen) == (1 if streamed else 2)
+    # the oracle's values (values, reference, contract, probabilistic) or gradients compared held, or none
+    assert bool({"values", "gradients"} & set(held)) == (streamed == "held"), held
 
 
 def test_a_sliced_case_serves_each_round_of_its_checks_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:

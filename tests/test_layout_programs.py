@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import numeric
 from pallascheck.properties.device import layout_programs
 from pallascheck.properties.spec import Case
 
@@ -48,7 +49,7 @@ def test_a_function_that_reads_values_on_the_host_runs_eagerly() -> None:
 
 def test_a_function_run_eagerly_on_hardware_gets_its_inputs_placed_too() -> None:
     # each of its operations would otherwise copy the numpy inputs itself, the copies
-    # that the runtime fault of layout_programs.placed corrupted
+    # that the runtime fault of numeric.placed corrupted
     given = []
 
     def host_max(case: Case, oracle: dict):
@@ -125,12 +126,12 @@ def test_on_hardware_the_vjp_runs_on_a_thread_beside_the_forward_and_a_wrong_one
 
 def test_a_programs_numpy_inputs_are_copied_to_the_device_before_it_is_called(monkeypatch) -> None:
     # handed numpy inputs itself, a program on an H100 sometimes read a corrupted copy
-    # (layout_programs.placed); the copies are made, and waited for, first
-    placed = layout_programs.placed(({"x": np.ones(3, np.float32)}, (2.5,)))
+    # (numeric.placed); the copies are made, and waited for, first
+    placed = numeric.placed(({"x": np.ones(3, np.float32)}, (2.5,)))
     assert isinstance(placed[0]["x"], jax.Array) and placed[0]["x"].is_ready() and placed[1] == (2.5,)
     seen = []
-    real = layout_programs.placed
-    monkeypatch.setattr(layout_programs, "placed", lambda tree: seen.append(tree) or real(tree))
+    real = numeric.placed
+    monkeypatch.setattr(numeric, "placed", lambda tree: seen.append(tree) or real(tree))
 
     def doubled(case: Case):
         return case.arrays["x"] * 2

@@ -21,9 +21,9 @@ from pallascheck.properties.spec import Layout
 def test_a_production_run_is_one_unit_per_layout_and_dtype_largest_first(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # no durations recorded: every unit's time is unknown
     spec = get_spec("ragged_dot")
-    fits = [l for l in spec.production_layouts if l.needs <= 24 * 2**30]
+    fits = [l for l in spec.production_layouts if l.needs <= 8 * 2**30]
     assert 0 < len(fits) < len(spec.production_layouts)  # the rule leaves some out
-    monkeypatch.setattr(production, "memory_limit", lambda backend: 24 * 2**30)
+    monkeypatch.setattr(production, "memory_limit", lambda backend: 8 * 2**30)
     backend = Backend("mosaic_gpu")
     units = verify.plan(backend, ["ragged_dot"], None, "production", examples=1)
     dtypes = spec.dtypes_for(backend)

@@ -15,7 +15,7 @@ The interpreters keep the eager calls: there compilation is the cost, not dispat
 and the interpret suite's compiled programs stay what they were. A spec function that
 reads its arrays' values on the host (a tracer error under ``jit``) runs eagerly, as
 before, and so does one whose case parameters cannot be hashed; on hardware its numpy
-inputs are placed on the device first, as a program's are (``placed``).
+inputs are placed on the device first, as a program's are (``numeric.placed``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from pallascheck.kernels.backends import Backend
+from pallascheck.oracles import numeric
 from pallascheck.properties.spec import Case
 
 _TRACER_ERRORS = (
@@ -97,19 +98,6 @@ def _compile(program: _Program, *args: Any) -> None:
         program.compiled_for.add(signature)
 
 
-def placed(tree: Any) -> Any:
-    """``tree`` with its numpy arrays copied to the default device, the copies waited
-    for. Handed numpy arrays itself, a program on a GPU copies them in while other
-    threads dispatch, and under jax 0.11.2 on H100s about one call in 10^4 then
-    computed from a corrupted input (XLA's own programs too: every output element
-    wrong, and neither another call's output nor one input swapped with another
-    call's); with inputs already on the device, none in 1.1 * 10^5 calls
-    (docs/results.md, "A JAX runtime fault"; ``pallascheck bench --dispatch-stress
-    --inputs host`` reproduces it)."""
-    placed = jax.tree_util.tree_map(lambda a: jax.device_put(a) if isinstance(a, np.ndarray) else a, tree)
-    return jax.block_until_ready(placed)
-
-
 def _traced(*args: Any) -> bool:
     return any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args))
 
@@ -130,14 +118,14 @@ def compiled(
     arguments cannot be hashed. ``run_alone``: a lock held while the program runs (to
     its end) but not while it compiles, so that programs called from several threads
     compile at once and run one at a time. ``place_inputs``: the numpy inputs go to
-    the device, and are waited for, before the program is called (``placed``), and so
+    the device, and are waited for, before the program is called (``numeric.placed``), and so
     before an eager call's operations, each of which would copy them itself while
     other threads dispatch (ragged_dot's device oracle reads its group sizes on the
     host, and runs so); False hands them over as they are."""
     alone = run_alone if run_alone is not None else contextlib.nullcontext()
     traced = _traced(case.arrays, rest)  # inside another program: it runs as part of that
     if place_inputs and not traced:
-        arrays, rest = placed((dict(case.arrays), rest))
+        arrays, rest = numeric.placed((dict(case.arrays), rest))
         case = Case(arrays, case.params)
     if fn in _eager:
         with alone:

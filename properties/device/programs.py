@@ -66,7 +66,9 @@ class LayoutProgram:
     (``layout_programs.compiled``). A case for which ``streams(case)`` holds (an oracle
     computed in spans: oracles/chunks.py) runs eagerly instead, span by span, still
     alone: one program of all its spans would be free to keep every span's
-    intermediates at once, and the memory rule counts one span's."""
+    intermediates at once, and the memory rule counts one span's. Such a case's
+    results are held on the host, and the arrays in ``rest`` stay where they are:
+    ``chunks.part`` copies each span of them to the device when it is read."""
 
     def __init__(self, fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> None:
         self.fn = fn
@@ -76,7 +78,7 @@ class LayoutProgram:
         if numeric.active_device() is None:
             return self.fn(case, *rest)
         if self.streams is not None and self.streams(case):
-            arrays, rest = layout_programs.placed((dict(case.arrays), rest))
+            arrays = numeric.placed(dict(case.arrays))
             with _RUN_ALONE:
                 return jax.block_until_ready(self.fn(type(case)(arrays, case.params), *rest))
         return layout_programs.compiled(self.fn, case, *rest, compiler_options=_OPTIONS, run_alone=_RUN_ALONE)

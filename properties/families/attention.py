@@ -90,7 +90,7 @@ def production_layouts() -> tuple[Layout, ...]:
             + (0 if chunked else 64 * b * s * h * d)
             + 16 * 8 * attention_slices.SLICE_ELEMENTS
             + 6 * 8 * group * s * d
-            + 3 * 8 * checks.HELD_BLOCK
+            + checks.HELD_BYTES
             + (48 * b * h * s * s if biases else 0)
         )
         # One case an example from 32k keys on: its float64 oracle is half a minute

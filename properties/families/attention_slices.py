@@ -360,7 +360,7 @@ def _chunked(
     added and, once finished, put there too. Returns each function's last result (its
     structure)."""
     # placed once: every chunk's program reads the same device copies
-    case = Case(layout_programs.placed(dict(case.arrays)), case.params)
+    case = Case(numeric.placed(dict(case.arrays)), case.params)
     seq_q, seq_kv = case.arrays["q"].shape[1], case.arrays["k"].shape[1]
     sums: dict[_Where, attention_oracle.RowSums] = {}
     last: list[Any] = [None for _ in functions]

@@ -20,7 +20,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend
 from pallascheck.oracles import chunks
 from pallascheck.oracles import gated_linear_unit as oracle
 from pallascheck.oracles.tolerance import Arithmetic
-from pallascheck.properties import builders, production, strategies
+from pallascheck.properties import builders, checks, production, strategies
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
@@ -44,22 +44,41 @@ MOSAIC_GPU_F_DIMS = (33, 100)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _check_bytes(t: int, d: int, f: int, *, held: bool) -> int:
+    """The check's device bytes at t tokens of d inputs and f outputs (the production
+    tier's memory rule, properties/production.py), whole-size arrays in bytes an
+    element. The check streams (oracles/chunks.py); xla_reference is two dense dots no
+    larger than the kernel's. With its float64 results held on the host (``held``), per
+    element of out (t f): the kernel's and xla_reference's outputs (8), the cotangent
+    (4) and its float64 copy (8), the f32 gate and up the kernel saves for its
+    backward (8) and xla_reference's (8); per element of x (t d), and of the weights
+    (d 2f) alike: the input (4), the kernel's and xla_reference's gradients (8), the
+    float64 copies one oracle function holds at a time (the weights, their magnitudes
+    and subnormal parts: 24); plus one span's temporaries, two spans' results on their
+    way to the host and the comparison's blocks. With them on the device, per element
+    of the [t, 2f] projections: the oracle's 7 float64 [t, f] arrays (28), four forward
+    bounds the runner keeps ([t, f]; xla_reference's is the contract: 16), exact dgate
+    and dup (8), the float64 cotangent (4), the cotangent in the inputs' dtype (1): 60
+    allowed; per element of x and of the weights: the input (4), |x| and its subnormal
+    part in float64 in the gradient bound (16), exact dx (8), two gradient bounds
+    (kernel, contract: 16), the spans' parts beside their concatenation (8); plus one
+    span's temporaries."""
+    if held:
+        return 36 * t * f + 36 * (t * d + d * 2 * f) + chunks.SPAN_BYTES + chunks.HELD_SPANS_BYTES + checks.HELD_BYTES
+    return 60 * t * 2 * f + 52 * (t * d + d * 2 * f) + chunks.SPAN_BYTES
+
+
+def _results_on_device_bytes(case: Case) -> int:
+    x, w = case.arrays["x"], case.arrays["weights"]
+    return _check_bytes(math.prod(x.shape[:-1]), x.shape[-1], w.shape[2], held=False)
+
+
 def production_layouts() -> tuple[Layout, ...]:
-    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+    """The production tier's layouts of real models (properties/production.py: the
+    memory rule, with the results held on the host where the device's share needs it)."""
 
     def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
-        t = math.prod(tokens)
-        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
-        # per element of the [t, 2f] projections: the oracle's 7 float64 [t, f] arrays
-        # (28), four forward bounds the runner keeps ([t, f]; xla_reference's is the
-        # contract: 16), exact dgate and dup (8), the float64 cotangent (4), the
-        # cotangent in the inputs' dtype (1): 60 allowed; per element of x (t d), and of the weights (d 2f) alike: the input
-        # (4), |x| and its subnormal part in float64 in the gradient bound (16), exact
-        # dx (8), two gradient bounds (kernel, contract: 16), the spans' parts beside
-        # their concatenation (8); plus one span's temporaries. (The oracle's three
-        # float64 copies of the weights come before any result is held.)
-        # xla_reference is two dense dots no larger than the kernel's.
-        needs = 60 * t * 2 * f + 52 * (t * d + d * 2 * f) + chunks.SPAN_BYTES
+        needs = _check_bytes(math.prod(tokens), d, f, held=True)
         return Layout(
             f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True), needs
         )
@@ -311,6 +330,7 @@ def make_spec(
         cases=cases,
         production=production.production_cases("gated_linear_unit", LAYOUTS_PRODUCTION, cases, DOMAIN),
         production_layouts=LAYOUTS_PRODUCTION,
+        results_on_device_bytes=_results_on_device_bytes,
         kernel=functools.partial(_run, kernel),
         reference=lambda case: glu.xla_reference(
             jnp.asarray(case.arrays["x"]), jnp.asarray(case.arrays["weights"]), activation=case.params["activation"]

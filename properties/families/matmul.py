@@ -17,7 +17,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import chunks
 from pallascheck.oracles import matmul as oracle
 from pallascheck.oracles.tolerance import Arithmetic, arithmetic_for
-from pallascheck.properties import builders, production, relations, strategies
+from pallascheck.properties import builders, checks, production, relations, strategies
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
@@ -37,20 +37,40 @@ N_DIMS = (16, 33)
 K_DIMS = (7, 64, 100)  # 7 and 100 leave a ragged last K tile for block_k 16 and 32
 
 
+def _check_bytes(m: int, k: int, n: int, *, held: bool) -> int:
+    """The check's device bytes at x [m, k] @ y [k, n] (the production tier's memory
+    rule, properties/production.py), whole-size arrays in bytes an element. The check
+    streams (oracles/chunks.py); xla_reference is a dense dot no larger than the kernel.
+    With its float64 results held on the host (``held``), per element of out (m n):
+    the kernel's and xla_reference's outputs (8), the cotangent (4) and its float64
+    copy (8), the kernel's saved f32 preactivation (4); per element of x (m k), and
+    of y alike: the input (4), the kernel's and xla_reference's gradients (8), the
+    float64 copies one oracle function holds at a time and their transposes (|x| and
+    its subnormal part, one being made: 24); plus one span's temporaries, two spans'
+    results on their way to the host and the comparison's blocks. With them on the
+    device, per element of out: the oracle's 4 float64 arrays (32), the four forward
+    bounds the runner keeps (kernel, probabilistic, xla_reference's which is the
+    contract, default config: 32), exact dz (8), the float64 cotangent (8), out and
+    cotangent in the inputs' dtype (2); per element of x and of y: the input (4), |x|
+    and its subnormal part in float64 in the gradient bound (16), exact dx (8), two
+    gradient bounds (kernel, xla_reference's which is the contract: 16), the spans'
+    parts beside their concatenation (8); plus one span's temporaries."""
+    if held:
+        return 24 * m * n + 36 * (m * k + k * n) + chunks.SPAN_BYTES + chunks.HELD_SPANS_BYTES + checks.HELD_BYTES
+    return 82 * m * n + 52 * (m * k + k * n) + chunks.SPAN_BYTES
+
+
+def _results_on_device_bytes(case: Case) -> int:
+    (m, k), n = case.arrays["x"].shape, case.arrays["y"].shape[1]
+    return _check_bytes(m, k, n, held=False)
+
+
 def production_layouts() -> tuple[Layout, ...]:
-    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+    """The production tier's layouts of real models (properties/production.py: the
+    memory rule, with the results held on the host where the device's share needs it)."""
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        # The check streams (oracles/chunks.py): what it holds is whole-size, in bytes
-        # per element of out (m n): the oracle's 4 float64 arrays (32), the four
-        # forward bounds the runner keeps (kernel, probabilistic, xla_reference's which
-        # is the contract, default config: 32), exact dz (8), the float64 cotangent (8), out
-        # and cotangent in the inputs' dtype (2); per element of x (m k), and of y
-        # alike: the input (4), |x| and its subnormal part in float64 in the gradient
-        # bound (16), exact dx (8), two gradient bounds (kernel, xla_reference's which
-        # is the contract: 16), the spans' parts beside their concatenation (8); plus
-        # one span's temporaries. xla_reference is a dense dot no larger than the kernel.
-        needs = 82 * m * n + 52 * (m * k + k * n) + chunks.SPAN_BYTES
+        needs = _check_bytes(m, k, n, held=True)
         return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs)
 
     return (
@@ -400,6 +420,7 @@ def make_spec(
         cases=functools.partial(cases, domain=domain),
         production=production.production_cases("matmul", LAYOUTS_PRODUCTION, cases, domain),
         production_layouts=LAYOUTS_PRODUCTION,
+        results_on_device_bytes=_results_on_device_bytes,
         kernel=functools.partial(_run, kernel),
         reference=_reference,
         oracle=_oracle,

@@ -17,7 +17,7 @@ from pallascheck.kernels.backends import GENERIC, MOSAIC_GPU, Backend, get_backe
 from pallascheck.oracles import chunks
 from pallascheck.oracles import ragged_dot as oracle
 from pallascheck.oracles.tolerance import Arithmetic
-from pallascheck.properties import builders, production, strategies
+from pallascheck.properties import builders, checks, production, strategies
 from pallascheck.properties.device import programs as device_programs
 from pallascheck.properties.spec import (
     BadInput,
@@ -48,23 +48,49 @@ GROUP_LAYOUTS = (
 )
 
 
+def _check_bytes(m: int, k: int, n: int, groups: int, *, held: bool) -> int:
+    """The check's device bytes at lhs [m, k] and rhs [groups, k, n] (the production
+    tier's memory rule, properties/production.py), whole-size arrays in bytes an
+    element. The check streams (oracles/chunks.py; rhs in float64 one group at a
+    time); xla_reference is apart (``_reference_bytes``). With its float64 results
+    held on the host (``held``), per element of out (m n): the kernel's output (4),
+    the cotangent (4) and its float64 copy (8); per element of lhs (m k): the input
+    (4), the kernel's gradient (4), the float64 copies one oracle function holds at a
+    time and their transposes (|lhs| and its subnormal part, one being made: 24); per
+    element of rhs (g k n): the input and the kernel's gradient (8); plus one span's
+    temporaries, two spans' results on their way to the host and the comparison's
+    blocks. With them on the device, per element of out: the oracle's 3 float64
+    arrays (24), four forward bounds the runner keeps (kernel, probabilistic,
+    xla_reference's which is the contract, default config: 32), the float64
+    cotangent (8), out and cotangent in the inputs' dtype (4); per element of lhs: the
+    input (4), |lhs| and its subnormal part in float64 in the gradient bound (16),
+    exact dlhs (8), two gradient bounds (kernel, contract: 16), the spans' parts
+    beside their concatenation (8); per element of rhs: the input and the kernel's
+    drhs (4), exact drhs (8), two gradient bounds (16), the groups' parts beside their
+    stack (8); plus one span's temporaries."""
+    if held:
+        return (
+            16 * m * n
+            + 32 * m * k
+            + 8 * groups * k * n
+            + chunks.SPAN_BYTES
+            + chunks.HELD_SPANS_BYTES
+            + checks.HELD_BYTES
+        )
+    return 68 * m * n + 52 * m * k + 36 * groups * k * n + chunks.SPAN_BYTES
+
+
+def _results_on_device_bytes(case: Case) -> int:
+    (m, k), (groups, _, n) = case.arrays["lhs"].shape, case.arrays["rhs"].shape
+    return _check_bytes(m, k, n, groups, held=False)
+
+
 def production_layouts() -> tuple[Layout, ...]:
-    """The production tier's layouts of real models (properties/production.py: the memory rule)."""
+    """The production tier's layouts of real models (properties/production.py: the
+    memory rule, with the results held on the host where the device's share needs it)."""
 
     def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
-        # The check streams (oracles/chunks.py; rhs in float64 one group at a time):
-        # what it holds is whole-size, in bytes per element of out (m n): the oracle's
-        # 3 float64 arrays (24), four forward bounds the runner keeps (kernel,
-        # probabilistic, xla_reference's which is the contract, default config: 32),
-        # the float64 cotangent (8), out and cotangent in the inputs' dtype (4); per
-        # element of lhs (m k): the input (4), |lhs| and its subnormal part in float64
-        # in the gradient bound (16), exact dlhs (8), two gradient bounds (kernel,
-        # xla_reference's which is the contract: 16), the spans' parts beside their
-        # concatenation (8); per element of rhs (g k n): the input and the kernel's
-        # drhs (4), exact drhs (8), two gradient bounds (16), the groups' parts beside
-        # their stack (8); plus one span's temporaries. xla_reference is apart
-        # (``_reference_bytes``).
-        needs = 68 * m * n + 52 * m * k + 36 * groups * k * n + chunks.SPAN_BYTES
+        needs = _check_bytes(m, k, n, groups, held=True)
         return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)), needs)
 
     return (
@@ -178,7 +204,16 @@ def _run(kernel: Callable[..., jax.Array], case: Case, config: Any, backend: Bac
     return kernel(*_args(case), config=config, backend=backend)
 
 
-@device_programs.per_layout
+def _streams(case: Case) -> bool:
+    """Whether the case's oracle, bounds or drhs take more than one span (oracles/chunks.py)."""
+    (m, k), (groups, _, n) = case.arrays["lhs"].shape, case.arrays["rhs"].shape
+    return chunks.streams(m, max(k, n)) or groups * k * n > chunks.CHUNK_ELEMENTS
+
+
+_per_layout = functools.partial(device_programs.per_layout, streams=_streams)
+
+
+@_per_layout
 def _oracle(case: Case) -> oracle.RaggedDotOracle:
     a = case.arrays
     return oracle.oracle(a["lhs"], a["rhs"], a["group_sizes"])
@@ -189,7 +224,7 @@ def _block_k(config: Any, case: Case) -> int | None:
     return None if config is None else config.block_k or case.arrays["lhs"].shape[1]
 
 
-@device_programs.per_layout
+@_per_layout
 def _bound(case: Case, ref: oracle.RaggedDotOracle, config: Any, arith: Arithmetic) -> np.ndarray:
     return oracle.bound(ref, operand_dtype=case.arrays["lhs"].dtype, arith=arith, block_k=_block_k(config, case))
 
@@ -201,13 +236,13 @@ def _vjp(fn: Callable[..., jax.Array], case: Case) -> dict[str, jax.Array]:
     return {"dlhs": dlhs, "drhs": drhs}
 
 
-@device_programs.per_layout
+@_per_layout
 def _oracle_vjp(case: Case, ref: oracle.RaggedDotOracle) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.oracle_vjp(a["lhs"], a["rhs"], a["group_sizes"], a["cotangent"])
 
 
-@device_programs.per_layout
+@_per_layout
 def _gradient_bound(case, ref, grads, config, arith) -> dict[str, np.ndarray]:
     a = case.arrays
     return oracle.gradient_bound(
@@ -403,6 +438,7 @@ def make_spec(
         cases=functools.partial(cases, domain=domain),
         production=production.production_cases("ragged_dot", LAYOUTS_PRODUCTION, cases, domain),
         production_layouts=LAYOUTS_PRODUCTION,
+        results_on_device_bytes=_results_on_device_bytes,
         kernel=functools.partial(_run, kernel),
         reference=lambda case: ragged_dot.xla_reference(*_args(case)),
         oracle=_oracle,
