@@ -168,7 +168,7 @@ def test_the_streamed_rule_fits_every_layout_in_a_16_gib_share() -> None:
         for layout in get_spec(family).production_layouts:
             assert layout.needs <= 16 * 2**30, (layout.name, layout.needs / 2**30)
     deepseek = _layout("ragged_dot", "DeepSeek-V3")
-    assert deepseek.needs / 2**30 == pytest.approx(10.8, abs=0.1)
+    assert deepseek.needs / 2**30 == pytest.approx(10.9, abs=0.1)
     m, k, n, g = 16384, 7168, 256, 256
     case = Case(
         {"lhs": np.broadcast_to(np.zeros((), BF16), (m, k)), "rhs": np.broadcast_to(np.zeros((), BF16), (g, k, n))}, {}

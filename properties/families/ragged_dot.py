@@ -57,9 +57,13 @@ def _check_bytes(m: int, k: int, n: int, groups: int, *, held: bool) -> int:
     the cotangent (4) and its float64 copy (8); per element of lhs (m k): the input
     (4), the kernel's gradient (4), the float64 copies one oracle function holds at a
     time and their transposes (|lhs| and its subnormal part, one being made: 24); per
-    element of rhs (g k n): the input and the kernel's gradient (8); plus one span's
-    temporaries, two spans' results on their way to the host and the comparison's
-    blocks. With them on the device, per element of out: the oracle's 3 float64
+    element of rhs (g k n): the input and the kernel's gradient (8); per element of
+    one group's rhs (k n): six float64 arrays a span's products use at once (the
+    group's copy, magnitude and subnormal part and their transposes: 48; a Mixtral
+    expert's [4096, 14336] is 3.5 spans' elements, and held its results peaked at
+    10.2 GiB where the rule without it said 10.0, an H200, docs/results.md); plus one
+    span's temporaries, two spans' results on their way to the host and the
+    comparison's blocks. With them on the device, per element of out: the oracle's 3 float64
     arrays (24), four forward bounds the runner keeps (kernel, probabilistic,
     xla_reference's which is the contract, default config: 32), the float64
     cotangent (8), out and cotangent in the inputs' dtype (4); per element of lhs: the
@@ -67,17 +71,19 @@ def _check_bytes(m: int, k: int, n: int, groups: int, *, held: bool) -> int:
     exact dlhs (8), two gradient bounds (kernel, contract: 16), the spans' parts
     beside their concatenation (8); per element of rhs: the input and the kernel's
     drhs (4), exact drhs (8), two gradient bounds (16), the groups' parts beside their
-    stack (8); plus one span's temporaries."""
+    stack (8); per element of one group's rhs, as held (48); plus one span's
+    temporaries."""
     if held:
         return (
             16 * m * n
             + 32 * m * k
             + 8 * groups * k * n
+            + 48 * k * n
             + chunks.SPAN_BYTES
             + chunks.HELD_SPANS_BYTES
             + checks.HELD_BYTES
         )
-    return 68 * m * n + 52 * m * k + 36 * groups * k * n + chunks.SPAN_BYTES
+    return 68 * m * n + 52 * m * k + 36 * groups * k * n + 48 * k * n + chunks.SPAN_BYTES
 
 
 def _results_on_device_bytes(case: Case) -> int:
