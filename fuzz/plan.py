@@ -73,8 +73,10 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
       memory in ragged_dot's layouts and took fp8_matmul's units down with them
       (docs/results.md, 2026-11-28). ``--jobs`` above 1 shares the device, each process
       planning with its share (skipping, saying so, what does not fit it) and its
-      allocator held to it (``compilation.configure``); several jobs by default wait for
-      that cap to be measured on a GPU.
+      allocator held to it (``compilation.configure``). With the cap, two workers on an
+      H200 checked matmul's production units and ragged_dot's largest with no
+      out-of-memory; several jobs by default wait for a whole production run at several
+      jobs to be measured against one.
     """
     if command == "verify" and shapes == "production" and backend.platform != "cpu":
         return 1

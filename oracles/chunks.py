@@ -20,10 +20,10 @@ span's results are copied there while the next span computes, and joined there
 results, never a result of the case's size; the checks compare held results on the
 device a block at a time (properties/checks.py). A span of held results is copied
 back to the device when a later function reads it (``part``). Holding costs time:
-a GLU of 8192 tokens, d 4096, f 14336 took 22.8 s a case held and peaked at 8.8 GiB
-(an H200, docs/results.md), where on the device it took 5.1 s and 20.2 GiB (an H100).
-A single span, or a span inside a compiled program (its arrays traced), stays on the
-device.
+on one H200 a GLU check of 8192 tokens, d 4096, f 14336 took 19.8 s a case held and
+peaked at 7.0 GiB, where with its results on the device it took 4.1 s and 20.0 GiB
+(docs/results.md). A single span, or a span inside a compiled program (its arrays
+traced), stays on the device.
 """
 
 from __future__ import annotations
