@@ -84,7 +84,8 @@ def _held(results: Iterator[Any]) -> list[Any]:
         if any(isinstance(a, jax.core.Tracer) for a in leaves):
             return [*held, *([] if pending is None else [pending]), result, *results]
         for a in leaves:
-            a.copy_to_host_async()
+            if isinstance(a, jax.Array):
+                a.copy_to_host_async()
         if pending is not None:
             held.append(jax.device_get(pending))
         pending = result
