@@ -169,7 +169,8 @@ def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str
 
     dlhs = chunks.over(rows, x.shape[0], max(x.shape[1], w.shape[2]), axis=0)
     # a group's rows of g, the narrower operand, others zero: the same products, exact zeros elsewhere
-    drhs = chunks.stacked(lambda i: x.T @ _group_rows(ranges, i, g), len(ranges), x.shape[1] * g.shape[1])
+    xt = x.T  # once: on a device an eager transpose is a copy of lhs
+    drhs = chunks.stacked(lambda i: xt @ _group_rows(ranges, i, g), len(ranges), x.shape[1] * g.shape[1])
     return {"dlhs": dlhs, "drhs": drhs}
 
 
