@@ -112,18 +112,28 @@ def bound(ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_
     groups of its row tile (masked rows), which cost nothing. Rows in no group are
     exactly 0 (their bound is the underflow floor only).
     """
+    return _rows_bound(ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k)
 
-    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of rows
+
+def _rows_bound(
+    ref: RaggedDotOracle, *, operand_dtype: Any, arith: Arithmetic, block_k: int | None, rhs_rounding: float = 0.0
+) -> Any:
+    """``bound``, in spans of rows (elementwise), for an rhs whose every element may have
+    moved by ``rhs_rounding`` of itself before the dot (``dequantised_rhs_bound``)."""
+
+    def rows(start: int, stop: int) -> Any:
         span = chunks.part(ref, start, stop, 0)
         z = algebra.dot(
             span.out,
-            span.magnitude,
+            (1.0 + rhs_rounding) * span.magnitude,
             span.k,
             arith=arith,
             operand_dtype=operand_dtype,
             order=_order(arith, block_k),
             flushed_magnitude=span.flushed_magnitude,
         )
+        if rhs_rounding:
+            z = algebra.Bounded(z.value, z.err + algebra.times(rhs_rounding, span.magnitude))
         return algebra.round_to(z, operand_dtype, arith).err
 
     return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
@@ -139,23 +149,9 @@ def dequantised_rhs_bound(
     so ``q * scale`` rounds once: every rhs element moves by at most u |q s|, every
     output by at most u M (M = |lhs| @ |q s|), and the dot then runs on a magnitude of
     at most (1 + u) M; the result is rounded once to ``operand_dtype``."""
-    u = unit_roundoff(operand_dtype)
-
-    def rows(start: int, stop: int) -> Any:  # elementwise: in spans of rows
-        span = chunks.part(ref, start, stop, 0)
-        z = algebra.dot(
-            span.out,
-            (1.0 + u) * span.magnitude,
-            span.k,
-            arith=arith,
-            operand_dtype=operand_dtype,
-            order=_order(arith, block_k),
-            flushed_magnitude=span.flushed_magnitude,
-        )
-        z = algebra.Bounded(z.value, z.err + algebra.times(u, span.magnitude))
-        return algebra.round_to(z, operand_dtype, arith).err
-
-    return chunks.over(rows, ref.out.shape[0], ref.out.shape[1], axis=0)
+    return _rows_bound(
+        ref, operand_dtype=operand_dtype, arith=arith, block_k=block_k, rhs_rounding=unit_roundoff(operand_dtype)
+    )
 
 
 def oracle_vjp(lhs: Any, rhs: Any, group_sizes: Any, cotangent: Any) -> dict[str, np.ndarray]:
