@@ -110,3 +110,16 @@ def run(kernel: str, backend: Backend, *, dtype: str, layout: str | None, cases:
         "peak_device_bytes": stats.get("peak_bytes_in_use"),
         "rows": rows,
     }
+
+
+def summary(result: dict[str, Any]) -> str:
+    """``run``'s result in one line: what was not measured (no case, no case after the
+    first, a device that reports no peak memory) is said, never printed as 0."""
+    first, later, peak = result["first_seconds"], result["median_seconds_after_first"], result["peak_device_bytes"]
+    timing = "no case checked" if first is None else f"first case {first:.2f} s"
+    if first is not None:
+        timing += f", then median {later:.2f} s" if later is not None else ", no case after the first"
+    memory = (
+        f"peak device memory {peak / 2**30:.1f} GiB" if peak is not None else "peak memory not reported by the device"
+    )
+    return f"{result['kernel']} {result['dtype']} on {result['device']} (jax {result['jax']}): {timing}; {memory}"

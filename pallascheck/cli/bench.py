@@ -26,11 +26,7 @@ def run(args: argparse.Namespace) -> int:
     backend = available_backend(args.backend or "mosaic_gpu")
     if args.check_time:
         result = check_time.run(args.check_time, backend, dtype=args.dtype, layout=args.layout, cases=args.cases)
-        print(
-            f"{args.check_time} {args.dtype} on {result['device']} (jax {result['jax']}): first case "
-            f"{result['first_seconds']:.2f} s, then median {result['median_seconds_after_first'] or 0:.2f} s; "
-            f"peak device memory {(result['peak_device_bytes'] or 0) / 2**30:.1f} GiB"
-        )
+        print(check_time.summary(result))
         _write_json(args.json, result)
         return 0
     if args.dispatch_stress:
