@@ -205,7 +205,9 @@ def test_verify_on_the_nodes_gives_the_rows_of_a_verify_here(tmp_path, three_nod
         runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()), err)
     (here, _), (there, err) = runs["here"], runs["cluster"]
     keys = ("kernel", "dtype", "check", "verdict", "examples", "passed", "note")
-    assert [[r[k] for k in keys] for r in there["rows"]] == [[r[k] for k in keys] for r in here["rows"]]
+    # the same rows; their order is each run's plan order, which the durations the first
+    # run recorded can change for the second (fuzz/verify.py: longest units first)
+    assert sorted([r[k] for k in keys] for r in there["rows"]) == sorted([r[k] for k in keys] for r in here["rows"])
     assert any(r["verdict"] == "FAIL" for r in there["rows"])
     assert len(there["failures"]) == len(here["failures"]) == 1
     assert there["not_checked"] == here["not_checked"]
@@ -251,7 +253,8 @@ def test_mutate_on_the_nodes_gives_the_outcomes_of_a_mutate_here(tmp_path, three
         printed[name] = capsys.readouterr().out
         outcomes[name] = [r for r in _lines(tmp_path / f"{name}.jsonl") if r["kind"] == "mutant"]
     keys = ("id", "status", "check", "kernel", "dtype", "cases")
-    assert [[r[k] for k in keys] for r in outcomes["cluster"]] == [[r[k] for k in keys] for r in outcomes["here"]]
+    # the same outcomes, each appended as it arrives: on the nodes in the order they finish
+    assert sorted([r[k] for k in keys] for r in outcomes["cluster"]) == [[r[k] for k in keys] for r in outcomes["here"]]
     assert [(r["id"], r["status"]) for r in outcomes["here"]] == [(0, "equivalent"), (2, "killed")]
     assert all("mutation score 100.0% (1/1)" in text for text in printed.values()), printed
     assert all(r["node"] is None for r in outcomes["here"])
