@@ -66,9 +66,10 @@ class LayoutProgram:
     (``layout_programs.compiled``). A case for which ``streams(case)`` holds (an oracle
     computed in spans: oracles/chunks.py) runs eagerly instead, span by span, still
     alone: one program of all its spans would be free to keep every span's
-    intermediates at once, and the memory rule counts one span's. Such a case's
-    results are held on the host, and the arrays in ``rest`` stay where they are:
-    ``chunks.part`` copies each span of them to the device when it is read."""
+    intermediates at once, and the memory rule counts one span's. The arrays in
+    ``rest`` stay where they are: where the runner has the case's results held on
+    the host (``numeric.on_device(hold_results=True)``), ``chunks.part`` copies each
+    span of them to the device when it is read."""
 
     def __init__(self, fn: Callable[..., Any], streams: Callable[[Any], bool] | None = None) -> None:
         self.fn = fn
