@@ -61,11 +61,12 @@ def _case(
     return Case(arrays, {"causal": causal, "sm_scale": None})
 
 
-def _evaluate(case: Case) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _evaluate(case: Case, held: bool = False) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The oracle (a ``Sliced`` plan when chunked), then every value and bound the
-    spec computes from it, as numpy arrays."""
+    spec computes from it, as numpy arrays; ``held``: a chunked case's results held
+    on the host (``numeric.on_device``)."""
     spec, arith = get_spec("attention"), arithmetic_for(Backend("interpret"))
-    with numeric.on_device(jax.devices("cpu")[0]):
+    with numeric.on_device(jax.devices("cpu")[0], hold_results=held):
         ref = spec.oracle(case)
         values = {"out": spec.expected(ref)}
         bounds = {
@@ -114,23 +115,29 @@ CASES = {
 }
 
 
-# the default gathering (a slice's chunks joined before their copy to the host) for
-# every case; each chunk's rows copied alone (1) for a case sliced by batch and head and
-# one whose bias has rows (a dbias gathered by rows)
-GATHERED = [(name, attention_slices.GATHER_ELEMENTS) for name in CASES] + [
-    (name, 1) for name in ("causal, sq > skv, GQA, 4-D mask", "non-causal, full bias, MQA, float32")
-]
+# every case with its results on the device, and held on the host with the default
+# gathering (a slice's chunks joined before their copy to the host); held with each
+# chunk's rows copied alone (1) for a case sliced by batch and head and one whose bias
+# has rows (a dbias gathered by rows)
+GATHERED = (
+    [(name, attention_slices.GATHER_ELEMENTS, False) for name in CASES]
+    + [(name, attention_slices.GATHER_ELEMENTS, True) for name in CASES]
+    + [(name, 1, True) for name in ("causal, sq > skv, GQA, 4-D mask", "non-causal, full bias, MQA, float32")]
+)
 
 
-@pytest.mark.parametrize(("name", "gather"), GATHERED)
-def test_chunked_oracle_and_bounds_are_the_whole_ones(name: str, gather: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("name", "gather", "held"), GATHERED)
+def test_chunked_oracle_and_bounds_are_the_whole_ones(
+    name: str, gather: int, held: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     case, threshold, rows = CASES[name]
     monkeypatch.setattr(attention_slices, "GATHER_ELEMENTS", gather)
-    whole_ref, whole, whole_bound = _evaluate(case)
+    whole_ref, whole, whole_bound = _evaluate(case, held)
     assert not HELD_ON_HOST[id(case)]  # a whole case's results stay on the device
     monkeypatch.setattr(attention_slices, "SLICE_ELEMENTS", threshold)
-    ref, chunked, chunked_bound = _evaluate(case)
-    assert HELD_ON_HOST[id(case)]  # a chunked pass holds them on the host (attention_slices._Gathered)
+    ref, chunked, chunked_bound = _evaluate(case, held)
+    # a chunked pass holds them on the host where asked, else keeps them on the device
+    assert HELD_ON_HOST[id(case)] == held
     assert type(whole_ref).__name__ == "AttentionOracle"
     assert isinstance(ref, attention_slices.Sliced) and ref.rows == rows  # chunked as planned
     assert set(chunked) == set(whole) and set(chunked_bound) == set(whole_bound)

@@ -179,6 +179,7 @@ def _budgets(spec, case, config, backend: Backend, oracles: str, monkeypatch: py
     "name, streamed",
     [
         ("attention", None),
+        ("attention", "held"),
         ("matmul", None),
         ("matmul", "fits"),
         ("matmul", "held"),
@@ -192,10 +193,11 @@ def test_a_case_checked_with_device_oracles_is_checked_as_on_the_host(
     """With device oracles the runner asks for a case's oracle and bounds from several
     threads at once, compiled together and run one at a time (runner.py,
     properties/device/programs.py): every check sees the budgets the host's numpy
-    oracles give. Attention is sliced, every slice's programs shared by the threads.
-    A streamed dot-like case (many spans: oracles/chunks.py) keeps its results on the
-    device where the process's share holds them, and else holds them on the host and
-    is compared there a block at a time."""
+    oracles give. Attention is sliced and chunked, every chunk's programs shared by
+    the threads. A chunked attention case, like a streamed dot-like case (many spans:
+    oracles/chunks.py), keeps its results on the device where the process's share
+    holds them, and else holds them on the host and is compared there a block at a
+    time."""
     from pallascheck.oracles import chunks
     from pallascheck.properties import checks
     from pallascheck.properties.families import attention_slices

@@ -51,6 +51,44 @@ LAYOUTS = ("full", "per_head", "2d", "per_key")
 SM_SCALES = (None, None, 0.3)
 
 
+def _check_bytes(b: int, sq: int, skv: int, h: int, hkv: int, d: int, *, bias: bool, held: bool) -> int:
+    """The check's device memory at q [b, sq, h, d], k and v [b, skv, hkv, d] (the
+    production tier's memory rule; xla_reference's is apart: ``_reference_bytes``).
+
+    The whole case's q-like and kv-like arrays on the kernel's side (q, k, v, the
+    cotangent, the output and three gradients, placed by the kernel's call and by its
+    VJP's: 32 bytes an element allows them in float32); one chunk of the oracle
+    (attention_slices.py: its oracle held while one function's program runs on it, at
+    most 16 float64 [G, rows, skv] intermediates of SLICE_ELEMENTS, and 6 of the
+    slice's [G, skv, d] k/v copies; a causal chunk over a prefix of the keys holds
+    fewer); and a comparison's three float64 blocks (checks.HELD_BLOCK). The results
+    (float64 values, bounds and contracts: out, its four bounds and dq, its bound and
+    contract, 8 q-like arrays; dk and dv, each with its bound and contract, 6 kv-like)
+    stay on the device unless a chunked case's are held on the host (``held``); a
+    chunked case on the device joins one result at a time, its slices beside the whole
+    (one q-like array more). Measured on an H100 in bfloat16, results held: 6.1 GiB at
+    32k, 9.1 GiB at 64k, where this charges 10.5 and 16.2 GiB. A bias of b x h x sq x
+    skv elements adds its gradient's arrays (a check with a full bias at b2 s2000 h16
+    peaked at 4.5 GiB on an H100: 48 bytes an element allowed)."""
+    group = h // hkv
+    chunked = group * sq * skv > attention_slices.SLICE_ELEMENTS  # a (batch row, kv head) slice chunks
+    q_like, kv_like = b * sq * h * d, b * skv * hkv * d
+    results = 0 if chunked and held else 64 * q_like + 48 * kv_like + (8 * q_like if chunked else 0)
+    return (
+        32 * (q_like + kv_like)
+        + results
+        + 16 * 8 * attention_slices.SLICE_ELEMENTS
+        + 6 * 8 * group * skv * d
+        + checks.HELD_BYTES
+        + (48 * b * h * sq * skv if bias else 0)
+    )
+
+
+def _results_on_device_bytes(case: Case) -> int:
+    (b, sq, h, d), (skv, hkv) = case.arrays["q"].shape, case.arrays["k"].shape[1:3]
+    return _check_bytes(b, sq, skv, h, hkv, d, bias="bias" in case.arrays, held=False)
+
+
 def production_layouts() -> tuple[Layout, ...]:
     """The production tier's layouts of real models (properties/production.py: the memory rule)."""
 
@@ -68,31 +106,7 @@ def production_layouts() -> tuple[Layout, ...]:
         # a bias layout leaves ``bias`` to the spec's domain: a kernel that takes none keeps none
         # a mask ([b, h, s, s] booleans) only beside a bias: at 32k a full one is 34 GB on the host
         domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False, mask=False))
-        # The check's device memory (xla_reference's is apart: ``reference_bytes``): the
-        # whole case's q-like and kv-like arrays on the kernel's side (q, k, v, the
-        # cotangent, the output and three gradients, placed by the kernel's call and by
-        # its VJP's: 32 bytes an element allows them in float32), one chunk of the
-        # oracle (attention_slices.py: its oracle held while one function's program
-        # runs on it, at most 16 float64 [G, rows, skv] intermediates of
-        # SLICE_ELEMENTS, and 6 of the slice's [G, skv, d] k/v copies; a causal chunk
-        # over a prefix of the keys holds fewer), and a comparison's three float64
-        # blocks (a chunked case's results are held on the host and compared a block
-        # at a time: checks.HELD_BLOCK; a case sliced but not chunked keeps its float64
-        # values, bounds and contracts on the device: 64 bytes a q-like element).
-        # Measured on an H100 in bfloat16: 6.1 GiB at 32k, 9.1 GiB at 64k, where this
-        # charges 10.5 and 16.2 GiB. A bias of b x h x s x s elements adds its
-        # gradient's arrays (a check with a full bias at b2 s2000 h16 peaked at 4.5 GiB
-        # on an H100: 48 bytes an element allowed)
-        group = h // hkv
-        chunked = group * s * s > attention_slices.SLICE_ELEMENTS  # a (batch row, kv head) slice chunks
-        needs = (
-            32 * b * s * (h + hkv) * d
-            + (0 if chunked else 64 * b * s * h * d)
-            + 16 * 8 * attention_slices.SLICE_ELEMENTS
-            + 6 * 8 * group * s * d
-            + checks.HELD_BYTES
-            + (48 * b * h * s * s if biases else 0)
-        )
+        needs = _check_bytes(b, s, s, h, hkv, d, bias=bool(biases), held=True)
         # One case an example from 32k keys on: its float64 oracle is half a minute
         # (32k) to minutes (64k: 193 s, first case, H100) of device work, where four
         # would hold the run up for the layout alone (more: verify --examples)
@@ -729,6 +743,7 @@ def make_spec(
         paths=_paths(blocks),
         parameters=_parameters(blocks),
         reference_bytes=_reference_bytes,
+        results_on_device_bytes=_results_on_device_bytes,
         **config_fields(blocks, configs, attention.Config(), mosaic_gpu_attention.Config()),
     )
 

@@ -21,9 +21,10 @@ oracle of its rows with the causal mask of their absolute positions
 The spec's functions still see the slice's case (its q length sets the backward's
 default q block and the sums' depth) with the chunk's oracle (``attention.chunk``):
 the rows' results (out, its bounds, dq and its bound, and dbias of a bias with query
-rows) are put together on the host, each in its whole-case array (``_Gathered``: no
-result of the case's size stays on the device; the checks compare them there a block
-at a time, properties/checks.py); the results that sum over query rows (dk, dv, a dbias that
+rows) are put together in its whole-case array (``_Gathered``: on the device, or
+held on the host where the process's share of the device would not hold them, the
+checks then comparing them a block at a time, properties/checks.py); the results
+that sum over query rows (dk, dv, a dbias that
 broadcasts over rows, and their bounds) come back as ``attention.RowSums``: sums over
 the chunk's rows of exact values and non-negative error magnitudes, which the chunks
 add (float64 reassociation only, some 2^29 below any bound) before the factors of the
@@ -65,7 +66,9 @@ cotangent (G sq d), k and v (skv d per kv head), and a bias or mask with query r
 of the chunk's results on their way to the host (``GATHER_ELEMENTS`` a result) and
 the slice's row sums. At G 4, d 128: s 32768 (r 256) within 5.1 GB, s 131072 (r 64)
 within 7.5 GB. A whole check on an H100 (the kernel's side and the comparison's blocks
-with it) peaked at 6.4 GiB at 32k and 9.3 GiB at 64k (docs/results.md).
+with it), its results held on the host, peaked at 6.4 GiB at 32k and 9.3 GiB at 64k
+(docs/results.md); with them on the device, add the results (the family's
+``_check_bytes``).
 
 ``sliced(spec_functions)`` wraps the spec's oracle, expected, bound, contract and
 gradient functions; on the host they run unchanged, on the device as compiled
@@ -250,24 +253,31 @@ GATHER_ELEMENTS = 2**21
 
 
 class _Gathered:
-    """A pass's results over a chunked case, each put together on the host in its
-    whole-case array as its pieces come: a slice's chunks' rows (the consecutive
-    chunks of one result joined on the device into copies of ``GATHER_ELEMENTS`` or
-    more), a slice's finished row sums. Nothing of the case's size stays on the
-    device: the copies run while the next chunk computes, and the checks compare the
-    results held here on the device a block at a time (properties/checks.py). At 32k
-    keys and 32 heads the float64 results of a pass (the oracle's output and
-    gradients, their bounds and contracts) are some 8 GiB, which the device held
-    beside the chunk's own arrays and, while they were concatenated, twice."""
+    """A pass's results over a chunked case, each put together in its whole-case array
+    as its pieces come: a slice's chunks' rows, a slice's finished row sums.
 
-    def __init__(self, plan: Sliced) -> None:
+    Held on the host (``held``: ``numeric.holds_results()``, where the process's share
+    of the device would not hold them), the consecutive chunks of one result are joined
+    on the device into copies of ``GATHER_ELEMENTS`` or more, which run while the next
+    chunk computes, and each is put in place in a numpy array; the checks compare them
+    on the device a block at a time (properties/checks.py). At 32k keys and 32 heads
+    the float64 results of a pass (the oracle's output and gradients, their bounds and
+    contracts) are some 8 GiB. Otherwise they stay on the device: a slice's chunks are
+    joined once the slice ends and the slices once the pass ends, one result at a
+    time (its parts and its whole at once, never every result twice), and the checks
+    compare them where they are."""
+
+    def __init__(self, plan: Sliced, held: bool) -> None:
+        self.plan = plan
+        self.held = held
         self.rows = plan.case.arrays["q"].shape[1]
         self.batches = len({i for i, _ in plan.slices})
         self.heads = len({j for _, j in plan.slices})
-        self.arrays: dict[_Where, np.ndarray] = {}
+        self.arrays: dict[_Where, Any] = {}
         self._slice: tuple[int | None, int | None] = (None, None)
         self._groups: dict[_Where, list[tuple[int, Any]]] = {}  # per result: (first row, rows) to join
         self._copying: list[tuple[_Where, Any, tuple[int | None, int | None, int | None]]] = []
+        self._slices: dict[_Where, list[Any]] = {}  # on the device: per result, its slices' in plan order
 
     def begin(self, batch: int | None, kv_head: int | None) -> None:
         """The pieces that follow are the slice (``batch``, ``kv_head``)'s."""
@@ -277,12 +287,15 @@ class _Gathered:
         """A chunk's rows (from ``first_row``) of result ``where`` (function, part, key)."""
         group = self._groups.setdefault(where, [])
         group.append((first_row, piece))
-        if sum(p.size for _, p in group) >= GATHER_ELEMENTS:
+        if self.held and sum(p.size for _, p in group) >= GATHER_ELEMENTS:
             self._send(where)
 
     def whole_of(self, where: _Where, piece: Any) -> None:
         """The slice's whole result ``where`` (finished row sums)."""
-        self._copy(where, piece, None)
+        if self.held:
+            self._copy(where, piece, None)
+        else:
+            self._slices.setdefault(where, []).append(piece)
 
     def settle(self) -> None:
         """Put every piece whose copy started in its place."""
@@ -305,16 +318,27 @@ class _Gathered:
             whole[tuple(index)] = piece
 
     def end(self) -> None:
-        """The slice's last pieces sent and put in place."""
+        """The slice's last pieces sent and put in place (held), or joined (on the device)."""
         for where in list(self._groups):
-            self._send(where)
+            if self.held:
+                self._send(where)
+            else:
+                self._slices.setdefault(where, []).append(self._joined_rows(where))
         self.settle()
 
-    def _send(self, where: _Where) -> None:
-        group = self._groups.pop(where)
-        pieces = [p for _, p in group]
+    def finish(self) -> None:
+        """On the device: each result's slices joined into its whole-case array."""
+        for where in list(self._slices):
+            self.arrays[where] = _assemble(self.plan, self._slices.pop(where), where[2])
+
+    def _joined_rows(self, where: _Where) -> Any:
+        pieces = [p for _, p in self._groups.pop(where)]
         axis = _ROW_AXIS[where[2]] % pieces[0].ndim
-        self._copy(where, pieces[0] if len(pieces) == 1 else xp.concatenate(pieces, axis=axis), group[0][0])
+        return pieces[0] if len(pieces) == 1 else xp.concatenate(pieces, axis=axis)
+
+    def _send(self, where: _Where) -> None:
+        first_row = self._groups[where][0][0]
+        self._copy(where, self._joined_rows(where), first_row)
 
     def _copy(self, where: _Where, piece: Any, first_row: int | None) -> None:
         if isinstance(piece, jax.Array):
@@ -333,7 +357,7 @@ def _parts(result: Any) -> list[tuple[int, str, Any]]:
     ]
 
 
-def _rebuilt(result: Any, n: int, arrays: Mapping[_Where, np.ndarray]) -> Any:
+def _rebuilt(result: Any, n: int, arrays: Mapping[_Where, Any]) -> Any:
     """``result``'s structure (a chunk's) with the gathered whole-case arrays of function ``n``."""
 
     def one(j: int, part: Any) -> Any:
@@ -512,7 +536,7 @@ def sliced(
         case = plan.case
         group = case.arrays["q"].shape[2] // case.arrays["k"].shape[2]
         functions: list[device_programs.LayoutProgram] = [fn for fn, _ in requests]
-        gathered = _Gathered(plan)  # a chunked case's results
+        gathered = _Gathered(plan, numeric.holds_results())  # a chunked case's results
         parts: list[list[Any]] = [[] for _ in requests]  # unchunked: per function, its slices' results
         last: list[Any] = []
         for s, (i, j) in enumerate(plan.slices):
@@ -529,6 +553,7 @@ def sliced(
             for n, (fn, rest) in enumerate(zip(functions, rests, strict=True)):
                 parts[n].append(fn(sub, ref, *rest))
         if plan.rows is not None:
+            gathered.finish()
             return split([_rebuilt(result, n, gathered.arrays) for n, result in enumerate(last)])
 
         def assembled(part: list[Any]) -> Any:  # one function's results, per slice
