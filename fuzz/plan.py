@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 from pallascheck.fuzz.scope import NotChecked
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry
+from pallascheck.properties.spec import Layout
 
 Command = Literal["verify", "fuzz", "mutate"]
 
@@ -56,7 +57,7 @@ def distributed_devices(backend: Backend) -> tuple[str, int] | None:
     return ("gpu", gpus) if gpus >= 2 else None
 
 
-def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> int:
+def default_jobs(command: Command, backend: Backend, shapes: str = "small", layouts: Sequence[Layout] = ()) -> int:
     """Worker processes when ``--jobs`` is not given.
 
     - verify and mutate: every core on the CPU; on a GPU three quarters of the cores,
@@ -66,26 +67,65 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
       jobs and 88.8 s at 12, cold (docs/results.md).
     - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
-    - verify at the production tier on a GPU: one worker (verify's workers all use the
-      first device: ``share_devices``). Processes that share a device each grow their
-      own allocator pool and keep what they freed: on one H100 two verify workers, each
-      planned with half the device and each unit within its memory rule, ran out of
-      memory in ragged_dot's layouts and took fp8_matmul's units down with them
-      (docs/results.md, 2026-11-28). ``--jobs`` above 1 shares the device, each process
-      planning with its share (skipping, saying so, what does not fit it) and its
-      allocator held to it (``compilation.configure``). With the cap, two workers on an
-      H200 checked matmul's production units and ragged_dot's largest with no
-      out-of-memory; several jobs by default wait for a whole production run at several
-      jobs to be measured against one.
+    - verify at the production tier on a GPU: by memory, the most workers that the
+      device and the host hold at every one of ``layouts`` (the production layouts
+      the run checks; ``jobs_by_memory``), at most three quarters of the cores; 1
+      where none is given. verify's workers all use the first device
+      (``share_devices``), each allocator held to its share
+      (``compilation.configure``): uncapped, two workers that each planned with half
+      an H100 ran out of memory together in ragged_dot's layouts (docs/results.md,
+      2026-11-28); capped, four checked matmul's and fp8_matmul's layouts on an H200
+      in 125 s where one took 338 s.
     """
     if command == "verify" and shapes == "production" and backend.platform != "cpu":
-        return 1
+        if not layouts:
+            return 1
+        most = max(1, cores() * 3 // 4)
+        return jobs_by_memory(production.device_memory(backend), host_budget(), layouts, most)
     if command == "fuzz":
         gpus = gpu_devices(backend)
         if gpus and shapes == "production":
             return gpus
         return max(cores(), gpus)
     return cores() if backend.platform == "cpu" else max(1, cores() * 3 // 4)
+
+
+# Host bytes a production worker takes beside the results it holds there: Python, JAX
+# and the CUDA libraries mapped, the compiler's memory and the case's numpy inputs
+# (ten workers on an H200 host took 24 GiB together, 2.4 GiB each, while they compiled
+# their first cases; 2026-11-28, docs/results.md).
+WORKER_HOST_BYTES = 4 * 2**30
+
+
+def host_bytes(layout: Layout, share: int) -> int:
+    """Host bytes a worker whose share of the device is ``share`` takes at ``layout``:
+    where its results do not fit the share they are held on the host, and joined
+    there (``chunks.joined``: the spans beside their whole, twice the results)."""
+    held = layout.on_device is not None and layout.on_device > share
+    return WORKER_HOST_BYTES + (2 * (cast(int, layout.on_device) - layout.needs) if held else 0)
+
+
+def host_budget() -> int:
+    """Host bytes the workers may take together: three quarters of the machine's."""
+    return int(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def jobs_by_memory(device_bytes: int, host_bytes_total: int, layouts: Sequence[Layout], most: int) -> int:
+    """The most workers, up to ``most`` and at least 1, whose equal shares of
+    ``device_bytes`` each hold every one of ``layouts`` (its ``needs``), and whose
+    host bytes at the layout that takes the most there (``host_bytes``: results a
+    share too small holds on the host), all of them at once, fit ``host_bytes_total``.
+    Ten workers on one H200 were each given 13 GiB: GLU's and ragged_dot's largest
+    layouts held their results on the host and took 121 GiB of its 128 before the
+    kernel's out-of-memory killer stopped one, and the run with it (docs/results.md)."""
+    if not layouts or most < 1:
+        raise ValueError(f"layouts must not be empty and most must be positive, got {len(layouts)} and {most}")
+    for jobs in range(most, 1, -1):
+        share = device_bytes // jobs
+        fits_device = all(l.needs <= share for l in layouts)
+        if fits_device and jobs * max(host_bytes(l, share) for l in layouts) <= host_bytes_total:
+            return jobs
+    return 1
 
 
 def cluster_slots(backend: Backend, total: Mapping[str, float]) -> tuple[int, dict[str, float]]:
@@ -109,8 +149,7 @@ def cluster_slots(backend: Backend, total: Mapping[str, float]) -> tuple[int, di
 def default_memory_bytes(jobs: int) -> int:
     """Resident memory per worker before it counts as out of memory: three quarters
     of the machine's, shared among the workers."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(0.75 * total / jobs)
+    return host_budget() // jobs
 
 
 def share_devices(command: Command, backend: Backend, jobs: int, on_cluster: bool = False) -> None:

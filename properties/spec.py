@@ -74,12 +74,17 @@ class Layout:
     """One production layout: its name (model and shape), the fields of the family's
     Domain it sets (the spec's own domain keeps the rest: a narrowed domain of a
     user's kernel stays narrowed), the device bytes its check needs, and the cases a
-    Hypothesis example checks at it (None: the tier's, ``runner.layout_cases``)."""
+    Hypothesis example checks at it (None: the tier's, ``runner.layout_cases``).
+    ``on_device``: the device bytes its check needs with its float64 results on the
+    device, where ``needs`` counts them held on the host (a process whose share is
+    below it holds them there: ``KernelSpec.results_on_device_bytes``); None where
+    they are never held."""
 
     name: str
     fields: dict[str, Any]
     needs: int
     cases: int | None = None
+    on_device: int | None = None
 
 
 class ProductionCases(Protocol):

@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from pallascheck.cli import main
-from pallascheck.fuzz import verify
+from pallascheck.fuzz import plan, verify
 from pallascheck.kernels.backends import Backend
-from pallascheck.properties import production, runner, watchdog
+from pallascheck.properties import production, registry, runner, watchdog
 from pallascheck.properties.families import matmul as matmul_family
 from pallascheck.properties.registry import get_spec
 from pallascheck.properties.spec import Layout
@@ -109,11 +109,15 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     monkeypatch.setattr(verify_command, "chosen_backend", lambda name: Backend("mosaic_gpu"))
     monkeypatch.setattr(verify_command, "set_up", lambda backend: None)
     monkeypatch.setattr(production, "memory_limit", lambda backend: 80 * 2**30)
+    monkeypatch.setattr(production, "device_memory", lambda backend: 80 * 2**30)
+    monkeypatch.setattr(plan, "cores", lambda: 16)
+    monkeypatch.setattr(plan, "host_budget", lambda: 96 * 2**30)
     monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
-    planned = []
+    planned, started = [], []
 
     def run(units, options, jobs, ray_cluster, resume=False):
         planned.extend(units)
+        started.append(jobs)
         return [], []
 
     monkeypatch.setattr(verify, "run", run)
@@ -121,6 +125,9 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     assert {(u.kernel, u.layout.split(":")[0]) for u in planned} == {("matmul", "square 8192")}
     out = capsys.readouterr().out
     assert "  attention: --layout 'square' names none of its production layouts" in out, out
+    # jobs by memory: the layout --layout names, 9.75 GiB: 8 shares of 80 GiB
+    assert started == [8]
+    assert "jobs: 8, by memory: the most workers whose shares (~10 GiB of the device's 80" in out, out
 
 
 def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_path, monkeypatch) -> None:
@@ -143,3 +150,41 @@ def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_pa
     rows, failures = verify._property(unit, options, str(tmp_path / "hang.txt"))
     assert not failures and not any(r.checked for r in rows), rows
     assert verify.unreached(verify.merge_parts(rows)) == [("matmul", "float32", verify.layout_path(TINY[0].name))]
+
+
+def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(monkeypatch) -> None:
+    """verify --shapes production on a GPU: as many workers as the device holds shares
+    of every layout of the run and the host holds what they keep there (the results a
+    share too small for them holds on the host), never more than three quarters of
+    the cores, never none."""
+    gib = 2**30
+    small, held_big = Layout("small", {}, 10 * gib, on_device=20 * gib), Layout("big", {}, 30 * gib, on_device=70 * gib)
+    assert plan.host_bytes(small, 20 * gib) == plan.WORKER_HOST_BYTES  # its results fit the share
+    assert plan.host_bytes(small, 19 * gib) == plan.WORKER_HOST_BYTES + 2 * 10 * gib  # held, joined on the host
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 12) == 10  # the device's shares
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 4) == 4  # the cores' cap
+    # 5 shares of 20 GiB hold small's results on the device: 5 x 4 GiB of the host
+    assert plan.jobs_by_memory(100 * gib, 20 * gib, [small], 12) == 5
+    # 6 to 10 shares hold them on the host (24 GiB a worker); 5 do not fit a 16 GiB host
+    assert plan.jobs_by_memory(100 * gib, 16 * gib, [small], 12) == 4
+    assert plan.jobs_by_memory(100 * gib, 96 * gib, [small, held_big], 12) == 1  # big holds 80 GiB a worker
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small, held_big], 12) == 3
+    assert plan.jobs_by_memory(10 * gib, 96 * gib, [held_big], 12) == 1  # nothing fits: one, skipped by the rule
+    with pytest.raises(ValueError, match="layouts must not be empty"):
+        plan.jobs_by_memory(100 * gib, 96 * gib, [], 12)
+
+    # the shipped layouts on a host of 16 cores and 128 GiB, with an H200's 133 GiB
+    gpu = Backend("mosaic_gpu")
+    monkeypatch.setattr(plan, "cores", lambda: 16)
+    monkeypatch.setattr(plan, "host_budget", lambda: 96 * gib)
+    monkeypatch.setattr(production, "device_memory", lambda backend: 133 * gib)
+    every = [l for spec in registry.selected(None).values() for l in spec.production_layouts]
+    # attention's 128k holds its 42 GiB of results on the host at any share below 70 GiB
+    assert plan.default_jobs("verify", gpu, "production", every) == 1
+    dot_like = [*get_spec("matmul").production_layouts, *get_spec("fp8_matmul").production_layouts]
+    assert plan.default_jobs("verify", gpu, "production", dot_like) == 4  # fp8_matmul's 32.8 GiB
+    moe = [*get_spec("gated_linear_unit").production_layouts, *get_spec("ragged_dot").production_layouts]
+    assert plan.default_jobs("verify", gpu, "production", moe) == 4  # 5 would hold Mixtral's results on the host
+    assert plan.default_jobs("verify", gpu, "production") == 1  # no layout named: one
+    assert plan.default_jobs("verify", gpu, "small") == 12
+    assert plan.default_jobs("verify", Backend("interpret"), "production", every) == 16

@@ -23,7 +23,7 @@ from pallascheck.cli._common import (
     workers_phrase,
 )
 from pallascheck.fuzz import cluster, import_path, plan, scope, targets, verify
-from pallascheck.properties import runner, watchdog
+from pallascheck.properties import production, runner, watchdog
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.outside import tokamax as tokamax_client
 from pallascheck.properties.registry import (
@@ -76,7 +76,16 @@ def run(args: argparse.Namespace) -> int:
             )
     # at the production tier --examples counts per layout (every layout is checked)
     examples = args.examples or runner.default_examples(args.shapes)
-    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes))
+    named = [l for l in layouts if args.layout is None or args.layout in l.name]
+    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes, named))
+    if named and not args.jobs and not ray_cluster and backend.platform != "cpu":
+        largest, device = max(named, key=lambda l: l.needs), production.device_memory(backend)
+        print(
+            f"jobs: {jobs}, by memory: the most workers whose shares (~{device / jobs / 2**30:.0f} GiB of the "
+            f"device's {device / 2**30:.0f}, ~{plan.host_budget() / jobs / 2**30:.0f} GiB of the host's "
+            f"{plan.host_budget() / 2**30:.0f}) each hold the run's layouts (the largest, {largest.name}, "
+            f"needs ~{largest.needs / 2**30:.1f} GiB of the device)"
+        )
     start = time.perf_counter()
     options = verify.Options(
         backend,

@@ -111,7 +111,8 @@ def production_layouts() -> tuple[Layout, ...]:
         # (32k) to minutes (64k: 193 s, first case, H100) of device work, where four
         # would hold the run up for the layout alone (more: verify --examples)
         cases = 1 if s >= 32768 else None
-        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs, cases)
+        on_device = _check_bytes(b, s, s, h, hkv, d, bias=bool(biases), held=False)
+        return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs, cases, on_device)
 
     both = (False, True)
     return (

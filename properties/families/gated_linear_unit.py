@@ -80,7 +80,10 @@ def production_layouts() -> tuple[Layout, ...]:
     def layout(name: str, tokens: tuple[int, ...], d: int, f: int) -> Layout:
         needs = _check_bytes(math.prod(tokens), d, f, held=True)
         return Layout(
-            f"{name}: tokens {tokens} d{d} f{f}", dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True), needs
+            f"{name}: tokens {tokens} d{d} f{f}",
+            dict(leading=(tokens,), d=(d,), f=(f,), fan_in_weights=True),
+            needs,
+            on_device=_check_bytes(math.prod(tokens), d, f, held=False),
         )
 
     return (

@@ -70,8 +70,8 @@ def production_layouts() -> tuple[Layout, ...]:
     memory rule, with the results held on the host where the device's share needs it)."""
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        needs = _check_bytes(m, k, n, held=True)
-        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs)
+        needs, on_device = _check_bytes(m, k, n, held=True), _check_bytes(m, k, n, held=False)
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), needs, on_device=on_device)
 
     return (
         layout("square 8192", 8192, 8192, 8192),

@@ -96,8 +96,9 @@ def production_layouts() -> tuple[Layout, ...]:
     memory rule, with the results held on the host where the device's share needs it)."""
 
     def layout(name: str, m: int, k: int, n: int, groups: int) -> Layout:
-        needs = _check_bytes(m, k, n, groups, held=True)
-        return Layout(f"{name}: m{m} k{k} n{n} g{groups}", dict(m=(m,), n=(n,), k=(k,), groups=(groups,)), needs)
+        needs, on_device = _check_bytes(m, k, n, groups, held=True), _check_bytes(m, k, n, groups, held=False)
+        fields = dict(m=(m,), n=(n,), k=(k,), groups=(groups,))
+        return Layout(f"{name}: m{m} k{k} n{n} g{groups}", fields, needs, on_device=on_device)
 
     return (
         layout("Mixtral 8x7B", 8192, 4096, 14336, 8),
