@@ -91,10 +91,11 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small", layo
 
 
 # Host bytes a production worker takes beside the results it holds there: Python, JAX
-# and the CUDA libraries mapped, the compiler's memory and the case's numpy inputs
-# (ten workers on an H200 host took 24 GiB together, 2.4 GiB each, while they compiled
-# their first cases; 2026-11-28, docs/results.md).
-WORKER_HOST_BYTES = 4 * 2**30
+# and the CUDA libraries mapped, the compiler's memory, the cases' numpy inputs and
+# their draws' float64 temporaries. Four workers at GLU's and ragged_dot's largest
+# layouts, holding nothing there, took 50 GiB of an H200 host together (12.5 each;
+# 2026-11-28, docs/results.md): 16 allows about a quarter more.
+WORKER_HOST_BYTES = 16 * 2**30
 
 
 def host_bytes(layout: Layout, share: int) -> int:

@@ -125,9 +125,11 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     assert {(u.kernel, u.layout.split(":")[0]) for u in planned} == {("matmul", "square 8192")}
     out = capsys.readouterr().out
     assert "  attention: --layout 'square' names none of its production layouts" in out, out
-    # jobs by memory: the layout --layout names, 9.75 GiB: 8 shares of 80 GiB
-    assert started == [8]
-    assert "jobs: 8, by memory: the most workers whose shares (~10 GiB of the device's 80" in out, out
+    # jobs by memory: the layout --layout names needs 9.75 GiB (13.6 with its results on
+    # the device): 8 shares of 80 GiB fit it; 6 to 8 hold its results on the host, and
+    # the host's 96 GiB do not hold that many workers; 5 hold them on the device
+    assert started == [5]
+    assert "jobs: 5, by memory: the most workers whose shares (~16 GiB of the device's 80" in out, out
 
 
 def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_path, monkeypatch) -> None:
@@ -163,10 +165,10 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     assert plan.host_bytes(small, 19 * gib) == plan.WORKER_HOST_BYTES + 2 * 10 * gib  # held, joined on the host
     assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 12) == 10  # the device's shares
     assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 4) == 4  # the cores' cap
-    # 5 shares of 20 GiB hold small's results on the device: 5 x 4 GiB of the host
-    assert plan.jobs_by_memory(100 * gib, 20 * gib, [small], 12) == 5
-    # 6 to 10 shares hold them on the host (24 GiB a worker); 5 do not fit a 16 GiB host
-    assert plan.jobs_by_memory(100 * gib, 16 * gib, [small], 12) == 4
+    # 5 shares of 20 GiB hold small's results on the device; 6 to 10 hold them on the host
+    base = plan.WORKER_HOST_BYTES
+    assert plan.jobs_by_memory(100 * gib, 5 * base, [small], 12) == 5
+    assert plan.jobs_by_memory(100 * gib, 4 * base, [small], 12) == 4  # the host holds 4 workers
     assert plan.jobs_by_memory(100 * gib, 96 * gib, [small, held_big], 12) == 1  # big holds 80 GiB a worker
     assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small, held_big], 12) == 3
     assert plan.jobs_by_memory(10 * gib, 96 * gib, [held_big], 12) == 1  # nothing fits: one, skipped by the rule
