@@ -429,9 +429,9 @@ def run(
         for unit in pooled:
             done(unit, run_unit(unit, options))
     else:
-        remaining = list(pooled)
+        remaining, pool_jobs = list(pooled), jobs
         while remaining:
-            remaining = _run_pool(remaining, options, jobs, done)
+            remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
     for unit in after:
         done(unit, run_unit(unit, options))
     durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
@@ -440,11 +440,14 @@ def run(
     return rows, failures
 
 
-def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[Unit]:
+def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple[list[Unit], int]:
     """Run ``units`` on a pool of ``jobs`` processes; returns the units to run again in
-    a new pool when a worker died. A unit whose watchdog reported a hung case (or,
-    when no report explains the death, every unit the dead pool still held) is done,
-    as a failed row."""
+    a new pool when a worker died, and that pool's jobs. A unit whose watchdog
+    reported a hung case is done, as a failed row. A death no report explains (a
+    crash, or the host's out-of-memory killer: ten production workers on an H200 took
+    121 GiB of its 128) blames no unit of several: they run again one worker at a
+    time, where a death is the unit's that was running (a worker runs its units in
+    the order given), a crash row, and the rest go on."""
     # spawn, not fork: a forked JAX runtime is not safe to use.
     context = multiprocessing.get_context("spawn")
     broken: list[Unit] = []
@@ -460,15 +463,28 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> list[
                 done(futures[future], future.result())
             except concurrent.futures.process.BrokenProcessPool:
                 broken.append(futures[future])
+    broken = [u for u in units if u in broken]  # in the order given
     hung = [u for u in broken if os.path.exists(u.hang_report)]
     for unit in hung:
         with open(unit.hang_report) as f:
             done(unit, _lost(unit, "hang", f.read(), options.case_timeout))
-    if broken and not hung:  # a worker died of something else (a crash): no unit to blame
-        for unit in broken:
-            done(unit, _lost(unit, "crash", "a verify worker process died while this unit was unfinished", 0.0))
-        return []
-    return [u for u in broken if u not in hung]
+    if hung or not broken:
+        return [u for u in broken if u not in hung], jobs
+    if jobs > 1:
+        print(
+            f"a verify worker died with {len(broken)} units unfinished and no report of why (a crash, or the "
+            "host's out-of-memory killer): they run again, one worker at a time",
+            file=sys.stderr,
+            flush=True,
+        )
+        return broken, 1
+    first, *rest = broken
+    why = (
+        "a verify worker process died while this unit ran alone in it: the kernel or XLA crashed it, or the "
+        "host's out-of-memory killer stopped it (the system log says which)"
+    )
+    done(first, _lost(first, "crash", why, 0.0))
+    return rest, 1
 
 
 # A cluster worker says it is alive this often while a unit runs (at most: a quarter of
