@@ -378,7 +378,9 @@ def run(
     units: Sequence[Unit], options: Options, jobs: int, cluster: Cluster | None = None, resume: bool = False
 ) -> tuple[list[Row], list[str]]:
     """Run ``units`` on ``jobs`` processes (1: in this process), or ``jobs`` workers of
-    the Ray ``cluster`` (``cluster.connect``); rows in plan order. Each finished unit is
+    the Ray ``cluster`` (``cluster.connect``); rows and failures in one order whatever
+    the plan's (which follows earlier runs' durations): by kernel, dtype, kind, layout
+    and part, so that two runs of the same settings list them alike. Each finished unit is
     journaled (fuzz/journal.py); ``resume``: the units an earlier run of the same
     settings journaled are taken as done, not run again."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
@@ -435,8 +437,9 @@ def run(
     for unit in after:
         done(unit, run_unit(unit, options))
     durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
-    rows = merge_parts([row for unit in units for row in results[unit][0]])
-    failures = [message for unit in units for message in results[unit][1]]
+    listed = sorted(units, key=lambda u: (u.kernel, u.dtype, u.kind, u.layout, u.part))
+    rows = merge_parts([row for unit in listed for row in results[unit][0]])
+    failures = [message for unit in listed for message in results[unit][1]]
     return rows, failures
 
 

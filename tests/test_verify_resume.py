@@ -9,6 +9,7 @@ import pytest
 
 from pallascheck import cli
 from pallascheck.fuzz import verify
+from pallascheck.kernels.backends import Backend
 from pallascheck.properties import registry
 
 
@@ -66,3 +67,27 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, monkeypatch, caps
         )
 
     assert table(resumed_rows) == table((tmp_path / "rows.json").read_text())
+
+
+def test_rows_and_failures_come_in_one_order_whatever_the_plan(tmp_path, monkeypatch) -> None:
+    """A run's plan follows earlier runs' durations; its rows and failures do not."""
+    monkeypatch.chdir(tmp_path)
+    units = [verify.Unit("property", k, d) for k in ("b", "a") for d in ("float32", "bfloat16")]
+    units.append(verify.Unit("errors", "a"))
+
+    def fake(unit, options, hang_report=None):
+        row = verify.Row(unit.kernel, unit.dtype, unit.kind, False, 1, 2.0, None, 0.1)
+        return [row], [f"{unit.kernel} {unit.dtype} {unit.kind} failed"], 0.1
+
+    monkeypatch.setattr(verify, "run_unit", fake)
+    options = verify.Options(Backend("interpret"), 1, 0, str(tmp_path / "failures"), ())
+    forward = verify.run(units, options, 1)
+    backward = verify.run(units[::-1], options, 1)
+    assert forward == backward
+    assert [(r.kernel, r.dtype, r.check) for r in forward[0]] == [
+        ("a", "-", "errors"),
+        ("a", "bfloat16", "property"),
+        ("a", "float32", "property"),
+        ("b", "bfloat16", "property"),
+        ("b", "float32", "property"),
+    ]
