@@ -66,8 +66,10 @@ def _check_bytes(b: int, sq: int, skv: int, h: int, hkv: int, d: int, *, bias: b
     contract, 8 q-like arrays; dk and dv, each with its bound and contract, 6 kv-like)
     stay on the device unless a chunked case's are held on the host (``held``); a
     chunked case on the device joins one result at a time, its slices beside the whole
-    (one q-like array more). Measured on an H100 in bfloat16, results held: 6.1 GiB at
-    32k, 9.1 GiB at 64k, where this charges 10.5 and 16.2 GiB. A bias of b x h x sq x
+    (one q-like array more). Measured in bfloat16, results held (an H100): 6.1 GiB at
+    32k, 9.1 GiB at 64k, where this charges 10.5 and 16.2 GiB; results on the device
+    (an H200): 15.9, 26.7 and 50.9 GiB at 32k, 64k and 128k, where this charges 21.0,
+    37.3 and 69.8 GiB. A bias of b x h x sq x
     skv elements adds its gradient's arrays (a check with a full bias at b2 s2000 h16
     peaked at 4.5 GiB on an H100: 48 bytes an element allowed)."""
     group = h // hkv
