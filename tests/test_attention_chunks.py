@@ -115,14 +115,15 @@ CASES = {
 }
 
 
-# every case with its results on the device, and held on the host with the default
-# gathering (a slice's chunks joined before their copy to the host); held with each
-# chunk's rows copied alone (1) for a case sliced by batch and head and one whose bias
-# has rows (a dbias gathered by rows)
+# every case with its results on the device; held on the host, with the default
+# gathering (a slice's chunks joined before their copy to the host) and with each
+# chunk's rows copied alone (1), a case sliced by batch and head and one whose bias has
+# rows (a dbias gathered by rows): the held path's placing by slice, row and key
+HELD = ("causal, sq > skv, GQA, 4-D mask", "non-causal, full bias, MQA, float32")
 GATHERED = (
     [(name, attention_slices.GATHER_ELEMENTS, False) for name in CASES]
-    + [(name, attention_slices.GATHER_ELEMENTS, True) for name in CASES]
-    + [(name, 1, True) for name in ("causal, sq > skv, GQA, 4-D mask", "non-causal, full bias, MQA, float32")]
+    + [(name, attention_slices.GATHER_ELEMENTS, True) for name in HELD]
+    + [(name, 1, True) for name in HELD]
 )
 
 
