@@ -57,7 +57,7 @@ def distributed_devices(backend: Backend) -> tuple[str, int] | None:
     return ("gpu", gpus) if gpus >= 2 else None
 
 
-def default_jobs(command: Command, backend: Backend, shapes: str = "small", layouts: Sequence[Layout] = ()) -> int:
+def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> int:
     """Worker processes when ``--jobs`` is not given.
 
     - verify and mutate: every core on the CPU; on a GPU three quarters of the cores,
@@ -67,21 +67,16 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small", layo
       jobs and 88.8 s at 12, cold (docs/results.md).
     - fuzz: every core, on the CPU and at a GPU's small tier; one worker per GPU at the
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
-    - verify at the production tier on a GPU: by memory, the most workers that the
-      device and the host hold at every one of ``layouts`` (the production layouts
-      the run checks; ``jobs_by_memory``), at most three quarters of the cores; 1
-      where none is given. verify's workers all use the first device
-      (``share_devices``), each allocator held to its share
-      (``compilation.configure``): uncapped, two workers that each planned with half
-      an H100 ran out of memory together in ragged_dot's layouts (docs/results.md,
-      2026-11-28); capped, four checked matmul's and fp8_matmul's layouts on an H200
-      in 125 s where one took 338 s.
+    - verify at the production tier on a GPU: one; verify sets them per layout by
+      memory instead (``jobs_by_layout``), where it knows the layouts it checks.
+      verify's workers all use the first device (``share_devices``), each allocator
+      held to its share (``compilation.configure``): uncapped, two workers that each
+      planned with half an H100 ran out of memory together in ragged_dot's layouts
+      (docs/results.md, 2026-11-28); capped, four checked matmul's and fp8_matmul's
+      layouts on an H200 in 125 s where one took 338 s.
     """
     if command == "verify" and shapes == "production" and backend.platform != "cpu":
-        if not layouts:
-            return 1
-        most = max(1, cores() * 3 // 4)
-        return jobs_by_memory(production.device_memory(backend), host_budget(), layouts, most)
+        return 1
     if command == "fuzz":
         gpus = gpu_devices(backend)
         if gpus and shapes == "production":
@@ -109,6 +104,33 @@ def host_bytes(layout: Layout, share: int) -> int:
 def host_budget() -> int:
     """Host bytes the workers may take together: three quarters of the machine's."""
     return int(0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def jobs_by_layout(backend: Backend, layouts: Sequence[Layout]) -> dict[str, int]:
+    """Per layout name, the workers by memory that may check it at once
+    (``jobs_by_memory`` of the layout alone): verify at the production tier runs the
+    units of one count together, each group in a pool of its own, so that the layouts
+    that need the device whole (attention's 128k) do not hold every other one to one
+    worker, nor a smaller share hold their results on the host."""
+    device, host, most = production.device_memory(backend), host_budget(), max(1, cores() * 3 // 4)
+    return {l.name: jobs_by_memory(device, host, [l], most) for l in layouts}
+
+
+def jobs_line(backend: Backend, jobs_of_layout: Mapping[str, int], unit_jobs: Sequence[int]) -> str:
+    """The line that says how many workers check which layouts (``jobs_by_layout``) and
+    why: per count, its units, and the layouts of the counts below the largest."""
+    counts = sorted(set(unit_jobs), reverse=True)
+    parts = []
+    for count in counts:
+        units = sum(1 for j in unit_jobs if j == count)
+        named = "" if count == counts[0] else f" ({'; '.join(l for l, j in jobs_of_layout.items() if j == count)})"
+        parts.append(f"{count} worker{'s' * (count != 1)} for {units} unit{'s' * (units != 1)}{named}")
+    device, host = production.device_memory(backend), host_budget()
+    return (
+        f"jobs by memory: {', then '.join(parts)}: the most whose shares of the device ({device / 2**30:.0f} GiB) "
+        f"and of the host ({host / 2**30:.0f} GiB for the workers) each hold the layout, its results on the "
+        "device where they fit the share"
+    )
 
 
 def jobs_by_memory(device_bytes: int, host_bytes_total: int, layouts: Sequence[Layout], most: int) -> int:

@@ -30,7 +30,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -375,14 +375,23 @@ def _worker_init(backend: Backend) -> None:
 
 
 def run(
-    units: Sequence[Unit], options: Options, jobs: int, cluster: Cluster | None = None, resume: bool = False
+    units: Sequence[Unit],
+    options: Options,
+    jobs: int,
+    cluster: Cluster | None = None,
+    resume: bool = False,
+    jobs_of: Mapping[Unit, int] | None = None,
 ) -> tuple[list[Row], list[str]]:
     """Run ``units`` on ``jobs`` processes (1: in this process), or ``jobs`` workers of
     the Ray ``cluster`` (``cluster.connect``); rows and failures in one order whatever
     the plan's (which follows earlier runs' durations): by kernel, dtype, kind, layout
     and part, so that two runs of the same settings list them alike. Each finished unit is
     journaled (fuzz/journal.py); ``resume``: the units an earlier run of the same
-    settings journaled are taken as done, not run again."""
+    settings journaled are taken as done, not run again. ``jobs_of``: per unit, the
+    workers that may run it at once (the production tier's jobs by memory,
+    ``plan.jobs_by_layout``): the units of one count run together in a pool of that
+    many workers, each with its share of the device (``production.share_devices``),
+    the largest count first; ``jobs`` is then the largest, for the time estimate."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
     settings = (options.backend, options.examples, options.seed, options.shapes, options.paths, options.cover_pairs)
     log = journal.path([*settings, *sorted(u.key for u in units)])
@@ -427,6 +436,12 @@ def run(
     pooled = [u for u in todo if u not in after]
     if cluster is not None:
         _run_cluster(pooled, options, cluster, jobs, done)
+    elif jobs_of is not None:
+        for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
+            production.share_devices(count)  # the pool's workers inherit it
+            remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count
+            while remaining:
+                remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
     elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
         for unit in pooled:
             done(unit, run_unit(unit, options))

@@ -4,6 +4,7 @@ layout that fits is checked in every dtype, and the summary says which were not.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 
 import jax
@@ -115,9 +116,9 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the CLI sets it
     planned, started = [], []
 
-    def run(units, options, jobs, ray_cluster, resume=False):
+    def run(units, options, jobs, ray_cluster, resume=False, jobs_of=None):
         planned.extend(units)
-        started.append(jobs)
+        started.append(sorted(set(jobs_of.values())))
         return [], []
 
     monkeypatch.setattr(verify, "run", run)
@@ -128,8 +129,8 @@ def test_a_kernel_none_of_whose_layouts_layout_names_is_not_checked(monkeypatch,
     # jobs by memory: the layout --layout names needs 9.75 GiB (13.6 with its results on
     # the device): 8 shares of 80 GiB fit it; 6 to 8 hold its results on the host, and
     # the host's 96 GiB do not hold that many workers; 5 hold them on the device
-    assert started == [5]
-    assert "jobs: 5, by memory: the most workers whose shares (~16 GiB of the device's 80" in out, out
+    assert started == [[5]]
+    assert "jobs by memory: 5 workers for 2 units: the most whose shares of the device (80 GiB)" in out, out
 
 
 def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_path, monkeypatch) -> None:
@@ -181,12 +182,41 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     monkeypatch.setattr(plan, "host_budget", lambda: 96 * gib)
     monkeypatch.setattr(production, "device_memory", lambda backend: 133 * gib)
     every = [l for spec in registry.selected(None).values() for l in spec.production_layouts]
+    jobs = plan.jobs_by_layout(gpu, every)
+    assert set(jobs) == {l.name for l in every}
     # attention's 128k holds its 42 GiB of results on the host at any share below 70 GiB
-    assert plan.default_jobs("verify", gpu, "production", every) == 1
-    dot_like = [*get_spec("matmul").production_layouts, *get_spec("fp8_matmul").production_layouts]
-    assert plan.default_jobs("verify", gpu, "production", dot_like) == 4  # fp8_matmul's 32.8 GiB
-    moe = [*get_spec("gated_linear_unit").production_layouts, *get_spec("ragged_dot").production_layouts]
-    assert plan.default_jobs("verify", gpu, "production", moe) == 4  # 5 would hold Mixtral's results on the host
-    assert plan.default_jobs("verify", gpu, "production") == 1  # no layout named: one
+    assert jobs["llama-3.1 8B 128k: b1 s131072 h32/8 d128"] == 1
+    assert jobs["llama-3.1 8B 64k: b1 s65536 h32/8 d128"] == 3  # 4 would hold its results on the host
+    assert jobs["DeepSeek-V3 attention out, 4k tokens: 4096x16384 @ 16384x7168"] == 4  # fp8_matmul's 32.8 GiB
+    assert jobs["Mixtral 8x7B: m8192 k4096 n14336 g8"] == 4  # 5 would hold its results on the host
+    assert max(jobs.values()) == 6  # the host's 96 GiB, 16 a worker
+    assert plan.jobs_by_memory(133 * gib, 96 * gib, every, 12) == 1  # every layout in one pool: one worker
+    line = plan.jobs_line(gpu, jobs, [jobs[l.name] for l in every])
+    assert line.startswith("jobs by memory: 6 workers for "), line
+    assert ", then 1 worker for 1 unit (llama-3.1 8B 128k: b1 s131072 h32/8 d128" in line, line
+    assert plan.default_jobs("verify", gpu, "production") == 1  # no layout known: one
     assert plan.default_jobs("verify", gpu, "small") == 12
-    assert plan.default_jobs("verify", Backend("interpret"), "production", every) == 16
+    assert plan.default_jobs("verify", Backend("interpret"), "production") == 16
+
+
+def test_a_production_run_by_memory_runs_each_count_of_workers_in_a_pool_of_its_own(monkeypatch, tmp_path) -> None:
+    """The units of one count of workers run together, each pool's workers told their
+    share of the device, the largest count first; rows as with one pool."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(production.SHARING_ENV_VAR, "1")  # restored after: the run sets it
+    units = [verify.Unit("property", "k", d, layout=l) for l in ("big", "small") for d in ("float32", "bfloat16")]
+    pools = []
+
+    def pool(units, options, jobs, done):
+        pools.append((jobs, os.environ[production.SHARING_ENV_VAR], sorted(u.key for u in units)))
+        for unit in units:
+            done(unit, ([verify.Row(unit.kernel, unit.dtype, "values", True, 1, 0.5, None, 0.1)], [], 0.1))
+        return [], jobs
+
+    monkeypatch.setattr(verify, "_run_pool", pool)
+    options = verify.Options(Backend("mosaic_gpu"), 1, 0, None, (), "production")
+    jobs_of = {u: 1 if u.layout == "big" else 3 for u in units}
+    rows, failures = verify.run(units, options, 3, jobs_of=jobs_of)
+    assert [(j, share) for j, share, _ in pools] == [(3, "3"), (1, "1")]
+    assert pools[0][2] == sorted(u.key for u in units if u.layout == "small")
+    assert len(rows) == 2 and all(r.passed for r in rows) and failures == []

@@ -23,7 +23,7 @@ from pallascheck.cli._common import (
     workers_phrase,
 )
 from pallascheck.fuzz import cluster, import_path, plan, scope, targets, verify
-from pallascheck.properties import production, runner, watchdog
+from pallascheck.properties import runner, watchdog
 from pallascheck.properties.families.collectives import PROPERTIES
 from pallascheck.properties.outside import tokamax as tokamax_client
 from pallascheck.properties.registry import (
@@ -77,15 +77,17 @@ def run(args: argparse.Namespace) -> int:
     # at the production tier --examples counts per layout (every layout is checked)
     examples = args.examples or runner.default_examples(args.shapes)
     named = [l for l in layouts if args.layout is None or args.layout in l.name]
-    jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes, named))
-    if named and not args.jobs and not ray_cluster and backend.platform != "cpu":
-        largest, device = max(named, key=lambda l: l.needs), production.device_memory(backend)
-        print(
-            f"jobs: {jobs}, by memory: the most workers whose shares (~{device / jobs / 2**30:.0f} GiB of the "
-            f"device's {device / 2**30:.0f}, ~{plan.host_budget() / jobs / 2**30:.0f} GiB of the host's "
-            f"{plan.host_budget() / 2**30:.0f}) each hold the run's layouts (the largest, {largest.name}, "
-            f"needs ~{largest.needs / 2**30:.1f} GiB of the device)"
-        )
+    # at the production tier on a GPU, without --jobs: workers by memory, per layout
+    by_layout = (
+        plan.jobs_by_layout(backend, named)
+        if named and not args.jobs and not ray_cluster and backend.platform != "cpu"
+        else None
+    )
+    jobs = (
+        max(by_layout.values())
+        if by_layout
+        else args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes))
+    )
     start = time.perf_counter()
     options = verify.Options(
         backend,
@@ -114,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         scope.NotChecked(k, "-", "distributed: needs --backend mosaic_gpu on 2+ GPUs, or a CPU run") for k in elsewhere
     ]
     if args.shapes == "production":  # on a cluster each worker has a device of its own
-        plan.share_devices("verify", backend, jobs, on_cluster=ray_cluster is not None)
+        # planned with the device whole where each group of units gets its own share
+        plan.share_devices("verify", backend, 1 if by_layout else jobs, on_cluster=ray_cluster is not None)
         if backend.is_interpreted:
             raise SystemExit(
                 f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "
@@ -139,8 +142,11 @@ def run(args: argparse.Namespace) -> int:
             for k in kernels or ()
             if k in unnamed
         ]
+    jobs_of = {u: by_layout[u.layout] for u in units} if by_layout else None
+    if jobs_of:
+        print(plan.jobs_line(backend, {u.layout: jobs_of[u] for u in units}, list(jobs_of.values())))
     try:
-        rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume)
+        rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume, jobs_of=jobs_of)
     finally:
         if ray_cluster is not None:
             cluster.disconnect()
