@@ -418,8 +418,8 @@ def run(
             [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
         )
         print(
-            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {result[2]:.1f}s{where} "
-            + durations.progress_suffix(time.perf_counter() - start, left),
+            f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {unit_verdict(result[0])}"
+            f" in {result[2]:.1f}s{where} " + durations.progress_suffix(time.perf_counter() - start, left),
             file=sys.stderr,
             flush=True,
         )
@@ -434,28 +434,64 @@ def run(
     # the workers, which share those GPUs, are gone.
     after = [u for u in todo if u.kind == "distributed" and options.backend.platform == "gpu"]
     pooled = [u for u in todo if u not in after]
-    if cluster is not None:
-        _run_cluster(pooled, options, cluster, jobs, done)
-    elif jobs_of is not None:
-        for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
-            production.share_devices(count)  # the pool's workers inherit it
-            remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count
+    try:
+        if cluster is not None:
+            _run_cluster(pooled, options, cluster, jobs, done)
+        elif jobs_of is not None:
+            for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
+                production.share_devices(count)  # the pool's workers inherit it
+                remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count
+                while remaining:
+                    remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
+        elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
+            for unit in pooled:
+                done(unit, run_unit(unit, options))
+        else:
+            remaining, pool_jobs = list(pooled), jobs
             while remaining:
                 remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
-    elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
-        for unit in pooled:
+        for unit in after:
             done(unit, run_unit(unit, options))
-    else:
-        remaining, pool_jobs = list(pooled), jobs
-        while remaining:
-            remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
-    for unit in after:
-        done(unit, run_unit(unit, options))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command's handler): what finished is kept
+        durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
+        rows, failures = _in_order(units, results)
+        raise Interrupted(rows, failures, [u for u in units if u not in results]) from None
     durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
-    listed = sorted(units, key=lambda u: (u.kernel, u.dtype, u.kind, u.layout, u.part))
+    return _in_order(units, results)
+
+
+class Interrupted(Exception):
+    """A verify run stopped before its end (Ctrl-C, SIGTERM): the rows and failures of
+    the units that finished (journaled, so ``--resume`` runs only the rest) and the
+    units that did not."""
+
+    def __init__(self, rows: list[Row], failures: list[str], unfinished: list[Unit]) -> None:
+        super().__init__(f"interrupted with {len(unfinished)} units unfinished")
+        self.rows, self.failures, self.unfinished = rows, failures, unfinished
+
+
+def _in_order(units: Sequence[Unit], results: Mapping[Unit, journal.Result]) -> tuple[list[Row], list[str]]:
+    """The finished units' rows (parts merged) and failures, by kernel, dtype, kind,
+    layout and part."""
+    listed = sorted((u for u in units if u in results), key=lambda u: (u.kernel, u.dtype, u.kind, u.layout, u.part))
     rows = merge_parts([row for unit in listed for row in results[unit][0]])
     failures = [message for unit in listed for message in results[unit][1]]
     return rows, failures
+
+
+def unit_verdict(rows: Sequence[Row]) -> str:
+    """A finished unit's verdict for its progress line, so that a long run (or the
+    output of one cut short) says which units failed as they end."""
+    failed = list(dict.fromkeys(r.check for r in rows if not r.passed))
+    return f"FAILED {', '.join(failed)}" if failed else "passed"
+
+
+def unfinished_not_checked(units: Sequence[Unit]) -> list[NotChecked]:
+    """What an interrupted run did not check: a line per unfinished unit."""
+    return [
+        NotChecked(u.kernel, u.dtype, f"{u.kind}{f' at {u.layout}' if u.layout else ''}: interrupted before it ended")
+        for u in units
+    ]
 
 
 def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple[list[Unit], int]:
@@ -476,11 +512,17 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple
         initargs=(options.backend,),
     ) as pool:
         futures = {pool.submit(run_unit, unit, options): unit for unit in units}
-        for future in concurrent.futures.as_completed(futures):
-            try:
-                done(futures[future], future.result())
-            except concurrent.futures.process.BrokenProcessPool:
-                broken.append(futures[future])
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                try:
+                    done(futures[future], future.result())
+                except concurrent.futures.process.BrokenProcessPool:
+                    broken.append(futures[future])
+        except KeyboardInterrupt:  # leaving the pool would wait for the units in flight
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            raise
     broken = [u for u in units if u in broken]  # in the order given
     hung = [u for u in broken if os.path.exists(u.hang_report)]
     for unit in hung:

@@ -5,9 +5,12 @@ the help formatter, progress lines, and the production tier's fitting."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from pallascheck.fuzz import cluster, plan, scope
@@ -144,6 +147,26 @@ def progress_printer() -> Callable[[str], None]:
             print(line, file=sys.stderr, flush=True)
 
     return to_log
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``timeout``, a batch system's stop) raises KeyboardInterrupt, as Ctrl-C
+    does, while the block runs: a long command then ends as an interrupted one, printing
+    and keeping what finished, instead of dying silent. The handler before is restored
+    after; off the main thread (where Python takes no handler) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> NoReturn:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def examples_help(unit: str, on_hardware: dict[str, int]) -> str:

@@ -20,6 +20,7 @@ from pallascheck.cli._common import (
     join_cluster,
     positive,
     set_up,
+    terminate_as_interrupt,
     workers_phrase,
 )
 from pallascheck.fuzz import cluster, import_path, plan, scope, targets, verify
@@ -35,6 +36,9 @@ from pallascheck.properties.registry import (
 
 # --strict, when everything checked passed and something asked for was not checked
 STRICT_EXIT = 3
+# a run interrupted (Ctrl-C, SIGTERM) with every check that finished passed: 128 + SIGINT,
+# the shell's code for a command Ctrl-C stopped
+INTERRUPTED_EXIT = 130
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,8 +149,13 @@ def run(args: argparse.Namespace) -> int:
     jobs_of = {u: by_layout[u.layout] for u in units} if by_layout else None
     if jobs_of:
         print(plan.jobs_line(backend, {u.layout: jobs_of[u] for u in units}, list(jobs_of.values())))
+    unfinished: list[verify.Unit] = []
     try:
-        rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume, jobs_of=jobs_of)
+        with terminate_as_interrupt():
+            rows, failures = verify.run(units, options, jobs, ray_cluster, resume=args.resume, jobs_of=jobs_of)
+    except verify.Interrupted as stop:  # what finished is printed and kept for --resume
+        rows, failures, unfinished = stop.rows, stop.failures, stop.unfinished
+        not_checked += verify.unfinished_not_checked(unfinished)
     finally:
         if ray_cluster is not None:
             cluster.disconnect()
@@ -176,6 +185,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {r.seconds:7.1f}s  {r.kernel} {r.dtype} {r.check}")
     scope.print_not_checked(not_checked, "check")
     verdict = ("PASS" if ok else "FAIL") if checked else "NOTHING CHECKED"
+    if unfinished:
+        print(
+            f"\nINTERRUPTED with {len(unfinished)} of {len(units)} units unfinished (under NOT CHECKED): the same "
+            "command with --resume runs only them"
+        )
     print(
         f"\n{verdict}: {sum(r.passed for r in checked)}/{len(checked)} checks passed"
         + (f" - NOT CHECKED: {len(not_checked)} (above)" if not_checked else "")
@@ -195,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             "seconds": elapsed,
             "passed": ok,
             "complete": not not_checked,
+            "interrupted": bool(unfinished),
             "not_checked": [dataclasses.asdict(item) for item in not_checked],
             "failures": failures,
             "rows": [verify.as_json(r) for r in rows],
@@ -203,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
     if not ok or not checked:
         return 1
+    if unfinished:
+        return INTERRUPTED_EXIT
     if args.strict and not_checked:
         print(f"--strict: {len(not_checked)} asked for and not checked (above)")
         return STRICT_EXIT

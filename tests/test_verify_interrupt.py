@@ -1,0 +1,100 @@
+"""A verify run stopped before its end (SIGTERM from ``timeout`` or a batch system, or
+Ctrl-C) prints the verdict of the units that finished, lists the unfinished ones under
+NOT CHECKED, stops its workers and exits 130; the same command with ``--resume`` then
+runs only the unfinished units (fuzz/verify.py, ``Interrupted``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+USER_MODULE = textwrap.dedent("""
+    import functools
+    import glob
+    import os
+    import signal
+    import time
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from pallascheck.specs import from_reference
+
+    def reference(x, y):
+        return x * y
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * y_ref[...]
+
+    @functools.partial(jax.jit, static_argnames="interpret")
+    def multiply(x, y, interpret=False):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x, y)
+
+    def stopping(x, y, interpret=False):
+        # Once FINE's property is journaled as finished, stop the verify run as
+        # `timeout` would, and stay in flight like a long unit.
+        if os.environ.get("STOP_THE_RUN"):
+            while not any('"values"' in open(p).read() for p in glob.glob(".pallascheck/verify-runs/*.jsonl")):
+                time.sleep(0.1)
+            with open("stopper.pid", "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(3600)
+        return multiply(x, y, interpret=interpret)
+
+    FINE = from_reference(multiply, reference, name="fine", inputs={"x": (8, 16), "y": (8, 16)}, dtypes=("float32",))
+    STOPS = from_reference(
+        stopping, reference, name="stops", inputs={"x": (8, 16), "y": (8, 16)}, dtypes=("float32",)
+    )
+""")
+
+
+def test_an_interrupted_run_prints_and_keeps_what_finished_and_resume_runs_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "specs_dir").mkdir()
+    (tmp_path / "specs_dir" / "my_specs.py").write_text(USER_MODULE)
+    pallascheck = Path(sys.executable).with_name("pallascheck")
+    args = [str(pallascheck), "verify", "--path", "specs_dir", "--kernel", "my_specs:STOPS", "--kernel"]
+    args += ["my_specs:FINE", "--examples", "1", "--json", "out.json"]
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
+
+    stopped = subprocess.run(
+        [*args, "--jobs", "2"],
+        cwd=tmp_path,
+        env=dict(env, STOP_THE_RUN="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    # STOPS' property unfinished; its bad-input unit may have ended before the stop or not
+    assert re.search(r"INTERRUPTED with [12] of 4 units unfinished \(under NOT CHECKED\)", stopped.stdout), (
+        stopped.stdout
+    )
+    assert "my_specs:FINE float32 property: passed in" in stopped.stderr, stopped.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["interrupted"] and not result["complete"]
+    fine = [r for r in result["rows"] if r["kernel"] == "my_specs:FINE" and r["verdict"] != "not checked"]
+    assert {r["check"] for r in fine} >= {"values", "deterministic"} and all(r["passed"] for r in fine), fine
+    assert {(n["kernel"], n["why"]) for n in result["not_checked"]} >= {
+        ("my_specs:STOPS", "property: interrupted before it ended")
+    }, result["not_checked"]
+
+    # the worker left in flight was stopped with the run
+    in_flight = int((tmp_path / "stopper.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(in_flight, 0)
+
+    resumed = subprocess.run([*args, "--jobs", "1", "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "my_specs:FINE float32 property: passed in" in resumed.stderr and "(an earlier run's, --resume)" in (
+        resumed.stderr
+    ), resumed.stderr
+    assert "my_specs:STOPS float32 property: passed in" in resumed.stderr, resumed.stderr
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert not result["interrupted"] and {r["kernel"] for r in result["rows"]} == {"my_specs:FINE", "my_specs:STOPS"}
