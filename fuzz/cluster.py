@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -92,6 +93,32 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
+WORKER_DIR_PREFIX = "pallascheck-worker-"
+
+
+def worker_directory() -> str:
+    """A new temporary directory for this process's worker slot, named by its pid, after
+    removing those of worker processes on this machine that are gone: an actor killed
+    with its node, its driver or by Ray's memory monitor never reaches ``stop``, which
+    removes its own."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        owner = re.fullmatch(rf"{WORKER_DIR_PREFIX}(\d+)-\w+", name)
+        if owner and not _alive(int(owner.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{WORKER_DIR_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class Supervisor:
     """The Ray actor of one worker slot: runs one ``Worker`` (its tasks run by ``run``,
     None: a campaign's) on its node and reports what the worker says, with the files
@@ -100,7 +127,7 @@ class Supervisor:
     def __init__(self, setup: dict[str, Any], run: TaskRunner | None = None):
         import ray
 
-        self.directory = tempfile.mkdtemp(prefix="pallascheck-worker-")
+        self.directory = worker_directory()
         # A campaign's example database: the corpus's where this node sees it (the
         # driver's machine, a shared filesystem), else one on the node; the shared
         # database (Redis) joins them all.

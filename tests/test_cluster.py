@@ -441,3 +441,17 @@ def test_rays_memory_monitor_killing_a_worker_is_an_oom_finding_with_its_case(tm
     assert (
         case.params["__failure__"]["kernel"] == "fuzz_targets:SWELLS" and case.params["__failure__"]["check"] == "oom"
     )
+
+
+def test_a_worker_directory_left_by_a_killed_worker_is_removed_by_the_next(tmp_path, monkeypatch) -> None:
+    # an actor killed with its node or driver never removes its temporary directory
+    monkeypatch.setattr(cluster.tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f"{cluster.WORKER_DIR_PREFIX}{gone.pid}-abc123"
+    (left / "failed").mkdir(parents=True)
+    running = tmp_path / f"{cluster.WORKER_DIR_PREFIX}{os.getppid()}-def456"  # a live process's: kept
+    running.mkdir()
+    made = cluster.worker_directory()
+    assert not left.exists() and running.exists()
+    assert os.path.basename(made).startswith(f"{cluster.WORKER_DIR_PREFIX}{os.getpid()}-") and os.path.isdir(made)
