@@ -505,24 +505,22 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple
     # spawn, not fork: a forked JAX runtime is not safe to use.
     context = multiprocessing.get_context("spawn")
     broken: list[Unit] = []
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=jobs,
-        mp_context=context,
-        initializer=_worker_init,
-        initargs=(options.backend,),
-    ) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,)
+    )
+    try:
         futures = {pool.submit(run_unit, unit, options): unit for unit in units}
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                try:
-                    done(futures[future], future.result())
-                except concurrent.futures.process.BrokenProcessPool:
-                    broken.append(futures[future])
-        except KeyboardInterrupt:  # leaving the pool would wait for the units in flight
-            pool.shutdown(wait=False, cancel_futures=True)
-            for worker in multiprocessing.active_children():
-                worker.terminate()
-            raise
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                done(futures[future], future.result())
+            except concurrent.futures.process.BrokenProcessPool:
+                broken.append(futures[future])
+    except BaseException:  # Ctrl-C, SIGTERM, an error here: a pool's usual end would wait for the units in flight
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in multiprocessing.active_children():
+            worker.terminate()
+        raise
+    pool.shutdown()
     broken = [u for u in units if u in broken]  # in the order given
     hung = [u for u in broken if os.path.exists(u.hang_report)]
     for unit in hung:
