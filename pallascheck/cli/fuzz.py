@@ -18,6 +18,7 @@ from pallascheck.cli._common import (
     join_cluster,
     positive,
     progress_printer,
+    terminate_as_interrupt,
     workers_phrase,
 )
 from pallascheck.fuzz import campaign, cluster, corpus, findings, import_path, plan, scope, targets, verify
@@ -70,28 +71,29 @@ def run(args: argparse.Namespace) -> int:
     )
     progress = progress_printer()
     try:
-        result = campaign.run(
-            named,
-            backend,
-            args.corpus,
-            seconds=60.0 * args.minutes,
-            tasks=args.tasks,
-            examples=args.examples,
-            jobs=jobs,
-            targeted=not args.random,
-            dtypes=args.dtype,
-            paths=args.path or (),
-            first_seed=args.seed,
-            resume=args.resume,
-            limits=campaign.Limits(args.case_timeout or watchdog.case_timeout(shapes), memory),
-            progress=progress,
-            shapes=shapes,
-            layout_cases=args.cases,
-            cluster=ray_cluster,
-            shared_database=args.redis,
-            probe=probe.device_report,
-            notify=lambda line: print(line, flush=True),
-        )
+        with terminate_as_interrupt():
+            result = campaign.run(
+                named,
+                backend,
+                args.corpus,
+                seconds=60.0 * args.minutes,
+                tasks=args.tasks,
+                examples=args.examples,
+                jobs=jobs,
+                targeted=not args.random,
+                dtypes=args.dtype,
+                paths=args.path or (),
+                first_seed=args.seed,
+                resume=args.resume,
+                limits=campaign.Limits(args.case_timeout or watchdog.case_timeout(shapes), memory),
+                progress=progress,
+                shapes=shapes,
+                layout_cases=args.cases,
+                cluster=ray_cluster,
+                shared_database=args.redis,
+                probe=probe.device_report,
+                notify=lambda line: print(line, flush=True),
+            )
     except ValueError as err:
         raise SystemExit(f"pallascheck: {err}") from None
     finally:
@@ -112,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if result.requeued:
         print(f"{result.requeued} tasks in flight on nodes that left the cluster were run again on others")
     if result.stopped_in_flight:
+        when = "at the interrupt" if result.interrupted else f"{campaign.OVERRUN_S:.0f} s after the time given"
         print(
-            f"{result.stopped_in_flight} tasks still running {campaign.OVERRUN_S:.0f} s after the time given were "
-            "stopped; the failures they had saved are booked unminimised"
+            f"{result.stopped_in_flight} tasks still running {when} were stopped; the failures they had saved are "
+            "booked unminimised"
         )
     for finding in grouped:
         print(f"\n{findings.title(finding)}: {corpus.headline(finding['members'][0]['message'])}")

@@ -21,6 +21,7 @@ from pallascheck.cli._common import (
     available_backend,
     chosen_backend,
     join_cluster,
+    terminate_as_interrupt,
     workers_phrase,
 )
 from pallascheck.fuzz import cluster, import_path, plan, targets
@@ -196,15 +197,16 @@ def run_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        result = run.run(
-            settings,
-            mutants,
-            original,
-            shown,
-            resume=args.resume,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-            cluster=ray_cluster,
-        )
+        with terminate_as_interrupt():
+            result = run.run(
+                settings,
+                mutants,
+                original,
+                shown,
+                resume=args.resume,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+                cluster=ray_cluster,
+            )
     except run.BaselineFailure as err:
         print(f"\nFAIL: {err}\nNo score: fix the false alarm (or the kernel) first.")
         return 1

@@ -1,16 +1,20 @@
-"""A verify run stopped before its end (SIGTERM from ``timeout`` or a batch system, or
-Ctrl-C) prints the verdict of the units that finished, lists the unfinished ones under
-NOT CHECKED, stops its workers and exits 130; the same command with ``--resume`` then
-runs only the unfinished units (fuzz/verify.py, ``Interrupted``)."""
+"""Commands stopped before their end by SIGTERM (``timeout``, a batch system) end as
+Ctrl-C ends them (``cli._common.terminate_as_interrupt``). A verify run prints the
+verdict of the units that finished, lists the unfinished ones under NOT CHECKED, stops
+its workers and exits 130; the same command with ``--resume`` then runs only the
+unfinished units (fuzz/verify.py, ``Interrupted``). A fuzz campaign ends as
+interrupted, keeping what it found."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +102,26 @@ def test_an_interrupted_run_prints_and_keeps_what_finished_and_resume_runs_the_r
     assert "my_specs:STOPS float32 property: passed in" in resumed.stderr, resumed.stderr
     result = json.loads((tmp_path / "out.json").read_text())
     assert not result["interrupted"] and {r["kernel"] for r in result["rows"]} == {"my_specs:FINE", "my_specs:STOPS"}
+
+
+def test_a_campaign_stopped_by_sigterm_ends_as_interrupted_keeping_what_it_found(tmp_path: Path) -> None:
+    from pallascheck.fuzz import corpus
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    pallascheck = Path(sys.executable).with_name("pallascheck")
+    args = [str(pallascheck), "fuzz", "--path", tests, "--kernel", "fuzz_targets:WRONG_FIRST_ELEMENT", "--dtype"]
+    args += ["float32", "--minutes", "10", "--jobs", "1", "--corpus", str(tmp_path / "corpus")]
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    driver = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not corpus.Corpus(str(tmp_path / "corpus")).failures():  # the campaign's end, not the clock's
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert re.search(r"\ninterrupted: 1 tasks, \d+ cases in \d+ s; [1-9]\d* new findings", out), out + err
+    # a task in flight (the worker may be between two) is said to be stopped by the interrupt
+    assert "after the time given" not in out, out
+    assert driver.returncode is not None and corpus.Corpus(str(tmp_path / "corpus")).failures()
