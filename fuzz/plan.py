@@ -108,12 +108,12 @@ def host_budget() -> int:
 
 def jobs_by_layout(backend: Backend, layouts: Sequence[Layout]) -> dict[str, int]:
     """Per layout name, the workers by memory that may check it at once
-    (``jobs_by_memory`` of the layout alone): verify at the production tier runs the
+    (``jobs_by_memory``): verify at the production tier runs the
     units of one count together, each group in a pool of its own, so that the layouts
     that need the device whole (attention's 128k) do not hold every other one to one
     worker, nor a smaller share hold their results on the host."""
     device, host, most = production.device_memory(backend), host_budget(), max(1, cores() * 3 // 4)
-    return {l.name: jobs_by_memory(device, host, [l], most) for l in layouts}
+    return {l.name: jobs_by_memory(device, host, l, most) for l in layouts}
 
 
 def jobs_line(backend: Backend, jobs_of_layout: Mapping[str, int], unit_jobs: Sequence[int]) -> str:
@@ -133,20 +133,19 @@ def jobs_line(backend: Backend, jobs_of_layout: Mapping[str, int], unit_jobs: Se
     )
 
 
-def jobs_by_memory(device_bytes: int, host_bytes_total: int, layouts: Sequence[Layout], most: int) -> int:
+def jobs_by_memory(device_bytes: int, host_bytes_total: int, layout: Layout, most: int) -> int:
     """The most workers, up to ``most`` and at least 1, whose equal shares of
-    ``device_bytes`` each hold every one of ``layouts`` (its ``needs``), and whose
-    host bytes at the layout that takes the most there (``host_bytes``: results a
-    share too small holds on the host), all of them at once, fit ``host_bytes_total``.
-    Ten workers on one H200 were each given 13 GiB: GLU's and ragged_dot's largest
-    layouts held their results on the host and took 121 GiB of its 128 before the
-    kernel's out-of-memory killer stopped one, and the run with it (docs/results.md)."""
-    if not layouts or most < 1:
-        raise ValueError(f"layouts must not be empty and most must be positive, got {len(layouts)} and {most}")
+    ``device_bytes`` each hold ``layout`` (its ``needs``), and whose host bytes there
+    (``host_bytes``: results a share too small holds on the host), all of them at once,
+    fit ``host_bytes_total``. Ten workers on one H200 were each given 13 GiB: GLU's and
+    ragged_dot's largest layouts held their results on the host and took 121 GiB of its
+    128 before the kernel's out-of-memory killer stopped one, and the run with it
+    (docs/results.md)."""
+    if most < 1:
+        raise ValueError(f"most must be positive, got {most}")
     for jobs in range(most, 1, -1):
         share = device_bytes // jobs
-        fits_device = all(l.needs <= share for l in layouts)
-        if fits_device and jobs * max(host_bytes(l, share) for l in layouts) <= host_bytes_total:
+        if layout.needs <= share and jobs * host_bytes(layout, share) <= host_bytes_total:
             return jobs
     return 1
 

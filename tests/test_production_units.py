@@ -156,25 +156,25 @@ def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_pa
 
 
 def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(monkeypatch) -> None:
-    """verify --shapes production on a GPU: as many workers as the device holds shares
-    of every layout of the run and the host holds what they keep there (the results a
-    share too small for them holds on the host), never more than three quarters of
-    the cores, never none."""
+    """verify --shapes production on a GPU: per layout, as many workers as the device
+    holds shares of it and the host holds what they keep there (the results a share
+    too small for them holds on the host), never more than three quarters of the
+    cores, never none."""
     gib = 2**30
     small, held_big = Layout("small", {}, 10 * gib, on_device=20 * gib), Layout("big", {}, 30 * gib, on_device=70 * gib)
     assert plan.host_bytes(small, 20 * gib) == plan.WORKER_HOST_BYTES  # its results fit the share
     assert plan.host_bytes(small, 19 * gib) == plan.WORKER_HOST_BYTES + 2 * 10 * gib  # held, joined on the host
-    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 12) == 10  # the device's shares
-    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small], 4) == 4  # the cores' cap
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, small, 12) == 10  # the device's shares
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, small, 4) == 4  # the cores' cap
     # 5 shares of 20 GiB hold small's results on the device; 6 to 10 hold them on the host
     base = plan.WORKER_HOST_BYTES
-    assert plan.jobs_by_memory(100 * gib, 5 * base, [small], 12) == 5
-    assert plan.jobs_by_memory(100 * gib, 4 * base, [small], 12) == 4  # the host holds 4 workers
-    assert plan.jobs_by_memory(100 * gib, 96 * gib, [small, held_big], 12) == 1  # big holds 80 GiB a worker
-    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, [small, held_big], 12) == 3
-    assert plan.jobs_by_memory(10 * gib, 96 * gib, [held_big], 12) == 1  # nothing fits: one, skipped by the rule
-    with pytest.raises(ValueError, match="layouts must not be empty"):
-        plan.jobs_by_memory(100 * gib, 96 * gib, [], 12)
+    assert plan.jobs_by_memory(100 * gib, 5 * base, small, 12) == 5
+    assert plan.jobs_by_memory(100 * gib, 4 * base, small, 12) == 4  # the host holds 4 workers
+    assert plan.jobs_by_memory(100 * gib, 96 * gib, held_big, 12) == 1  # 2 shares of 50 GiB: 96 GiB a worker's host
+    assert plan.jobs_by_memory(100 * gib, 10**6 * gib, held_big, 12) == 3  # the device's shares of 30 GiB
+    assert plan.jobs_by_memory(10 * gib, 96 * gib, held_big, 12) == 1  # nothing fits: one, skipped by the rule
+    with pytest.raises(ValueError, match="most must be positive"):
+        plan.jobs_by_memory(100 * gib, 96 * gib, small, 0)
 
     # the shipped layouts on a host of 16 cores and 128 GiB, with an H200's 133 GiB
     gpu = Backend("mosaic_gpu")
@@ -190,7 +190,8 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     assert jobs["DeepSeek-V3 attention out, 4k tokens: 4096x16384 @ 16384x7168"] == 4  # fp8_matmul's 32.8 GiB
     assert jobs["Mixtral 8x7B: m8192 k4096 n14336 g8"] == 4  # 5 would hold its results on the host
     assert max(jobs.values()) == 6  # the host's 96 GiB, 16 a worker
-    assert plan.jobs_by_memory(133 * gib, 96 * gib, every, 12) == 1  # every layout in one pool: one worker
+    # one count for the whole run would be the smallest: one worker, for every layout
+    assert min(jobs.values()) == 1
     line = plan.jobs_line(gpu, jobs, [jobs[l.name] for l in every])
     assert line.startswith("jobs by memory: 6 workers for "), line
     assert ", then 1 worker for 1 unit (llama-3.1 8B 128k: b1 s131072 h32/8 d128" in line, line
