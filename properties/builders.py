@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pallascheck.kernels import compat, matmul
@@ -134,6 +134,14 @@ def checking_backend(backends: Sequence[str]) -> Backend:
 def ragged_tiles(n: int, block: int | None) -> bool:
     """Several tiles along an axis of ``n`` and a partial last one (False for an unknown block)."""
     return bool(block and n > block and n % block != 0)
+
+
+def tiles_reachable(lengths: Iterable[int], block: int) -> bool:
+    """Whether one of ``lengths`` (the sizes a user's domain draws along an axis) makes
+    several tiles of ``block`` and a partial last one: a builder infers that path of a
+    user's kernel only where its declared sizes reach it (a kernel that takes multiples
+    of its block has no partial tile: declared, the path could never be reached)."""
+    return any(ragged_tiles(n, block) for n in lengths)
 
 
 def reduction_block(config: Any) -> int | None:

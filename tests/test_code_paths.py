@@ -71,3 +71,33 @@ def test_a_saved_failure_names_the_paths_its_case_reaches(tmp_path) -> None:
     runner.run_property(_spec(_wrong_on_3d, (THREE_D,)), "float32", INTERPRET, examples=1, failure_dir=str(tmp_path))
     (saved,) = tmp_path.iterdir()
     assert Case.load(str(saved)).params["__failure__"]["paths"] == [THREE_D.name]
+
+
+def test_a_builder_infers_only_the_paths_its_declared_sizes_reach() -> None:
+    # A kernel that takes multiples of its block has no partial tile: a ragged-tail path
+    # declared for it could never be reached, and would stand under NOT CHECKED forever.
+    from pallascheck.specs import AttentionBlocks, MatmulBlocks, attention_like, matmul_like
+
+    def names(spec) -> set[str]:
+        assert all(not p.required for p in spec.paths)  # inferred: never required
+        return {p.name for p in spec.paths}
+
+    def attention(q, k, v, causal=False):
+        return q
+
+    def matmul(x, y):
+        return x @ y
+
+    multiples = dict(seq_q=(128,), seq_kv=(128, 256), blocks=AttentionBlocks(128, 128, 128))
+    assert names(attention_like(attention, name="a", **multiples)) == {"several kv blocks: online softmax rescales"}
+    # causal and aligned top-left: square cases only, so 128 queries never meet two kv blocks
+    square = dict(multiples, causal=(False, True), causal_alignment="top_left")
+    assert "causal over several kv blocks" not in names(attention_like(attention, name="a", **square))
+    square["seq_q"] = (128, 256)
+    assert "causal over several kv blocks" in names(attention_like(attention, name="a", **square))
+    ragged = dict(multiples, seq_kv=(128, 200))
+    assert "a ragged last kv block" in names(attention_like(attention, name="a", **ragged))
+
+    k_tail = "several K tiles and a ragged last one"
+    assert names(matmul_like(matmul, name="m", k=(64, 192), blocks=MatmulBlocks(block_k=64))) == set()
+    assert names(matmul_like(matmul, name="m", k=(64, 100), blocks=MatmulBlocks(block_k=64))) == {k_tail}

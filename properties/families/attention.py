@@ -563,7 +563,7 @@ def _reference_bytes(case: Case) -> int:
     return 40 * q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
 
 
-def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+def _paths(blocks: Blocks | None, domain: Domain) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
 
     def causal(case: Case) -> bool:
@@ -582,15 +582,27 @@ def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
         ),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
-        if blocks.block_k is None:  # unknown: no tile to reach
+        block = blocks.block_k
+        if block is None:  # unknown: no tile to reach
             return ()
-        inferred = shared + (
-            CodePath(
-                "causal over several kv blocks",
-                lambda case, config: causal(case) and _blocks(_sq_skv(case)[1], _kv_block(config)) >= 2,
+        # only the paths its declared lengths reach (builders.tiles_reachable), as
+        # ``cases`` draws them: a causal case with top-left alignment is square
+        causal_kv = set(domain.seq_q if domain.seq_kv is None or domain.causal_square else domain.seq_kv)
+        kv = (set(domain.seq_kv or domain.seq_q) if False in domain.causal else set()) | (
+            causal_kv if True in domain.causal else set()
+        )
+        inferred = (
+            (shared[0], any(n > block for n in kv)),
+            (shared[1], builders.tiles_reachable(kv, block)),
+            (
+                CodePath(
+                    "causal over several kv blocks",
+                    lambda case, config: causal(case) and _blocks(_sq_skv(case)[1], _kv_block(config)) >= 2,
+                ),
+                True in domain.causal and any(n > block for n in causal_kv),
             ),
         )
-        return tuple(dataclasses.replace(p, required=False) for p in inferred)
+        return tuple(dataclasses.replace(p, required=False) for p, reachable in inferred if reachable)
     ws = ("mosaic_gpu", "mosaic_gpu_interpret")
     return shared + (
         CodePath(
@@ -743,7 +755,7 @@ def make_spec(
         adversarial=_adversarial,
         bad_inputs=bad_inputs or _bad_inputs(kernel),
         backends=backends,
-        paths=_paths(blocks),
+        paths=_paths(blocks, domain),
         parameters=_parameters(blocks),
         reference_bytes=_reference_bytes,
         results_on_device_bytes=_results_on_device_bytes,

@@ -327,14 +327,15 @@ class Blocks:
     block_k: int | None = None
 
 
-def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+def _paths(blocks: Blocks | None, domain: Domain) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
     k_tail = CodePath(
         "several K tiles and a ragged last one",
         lambda case, config: builders.ragged_tiles(case.arrays["x"].shape[1], builders.reduction_block(config)),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
-        return (dataclasses.replace(k_tail, required=False),) if blocks.block_k else ()
+        reachable = blocks.block_k and builders.tiles_reachable(domain.k, blocks.block_k)
+        return (dataclasses.replace(k_tail, required=False),) if reachable else ()
     ws = ("mosaic_gpu", "mosaic_gpu_interpret")
     return (
         k_tail,
@@ -428,7 +429,7 @@ def make_spec(
         bound=_bound,
         contract=any_order_contract(_bound),
         backends=backends,
-        paths=_paths(blocks),
+        paths=_paths(blocks, domain),
         parameters=_parameters(blocks),
         **config_fields(blocks, configs, matmul.Config(), mosaic_gpu_matmul.Config()),
         gradients=gradients if differentiable else None,

@@ -359,14 +359,15 @@ def _straddles(case: Case, rows: int | None) -> bool:
     return any(e > s and s // rows != (e - 1) // rows for s, e in zip(starts, ends))
 
 
-def _paths(blocks: Blocks | None) -> tuple[CodePath, ...]:
+def _paths(blocks: Blocks | None, domain: Domain) -> tuple[CodePath, ...]:
     """The code paths every small-tier run reaches (docs/shape_tiers.md, made a rule)."""
     k_tail = CodePath(
         "several K tiles and a ragged last one",
         lambda case, config: builders.ragged_tiles(case.arrays["lhs"].shape[1], builders.reduction_block(config)),
     )
     if blocks is not None:  # a user's kernel: what its declared tiling makes of the draws
-        return (dataclasses.replace(k_tail, required=False),) if blocks.block_k else ()
+        reachable = blocks.block_k and builders.tiles_reachable(domain.k, blocks.block_k)
+        return (dataclasses.replace(k_tail, required=False),) if reachable else ()
     return (
         k_tail,
         CodePath(
@@ -453,7 +454,7 @@ def make_spec(
         bound=_bound,
         contract=any_order_contract(_bound),
         backends=backends,
-        paths=_paths(blocks),
+        paths=_paths(blocks, domain),
         parameters=_parameters(blocks),
         **config_fields(blocks, configs, ragged_dot.Config(), mosaic_gpu_ragged_dot.Config()),
         gradients=gradients if differentiable else None,

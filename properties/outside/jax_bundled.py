@@ -254,7 +254,9 @@ def tpu_flash_attention() -> KernelSpec:
         causal=(False, True),
         causal_alignment="top_left",
         gqa=False,
-        seq_q=(128,),
+        # 256 queries: a causal case is square (top-left), and two kv blocks of it are
+        # the causal path over several kv blocks
+        seq_q=(128, 256),
         seq_kv=(128, 256),
         head_dims=(64, 128),
         blocks=attention_spec.Blocks(128, 128, 128),
