@@ -453,10 +453,10 @@ def run(
         for unit in after:
             done(unit, run_unit(unit, options))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command's handler): what finished is kept
-        durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
         rows, failures = _in_order(units, results)
         raise Interrupted(rows, failures, [u for u in units if u not in results]) from None
-    durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
+    finally:  # the finished units' times, for the next run's estimate
+        durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     return _in_order(units, results)
 
 

@@ -216,10 +216,12 @@ def run(args: argparse.Namespace) -> int:
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
-    if not ok or not checked:
+    if not ok:
         return 1
-    if unfinished:
+    if unfinished:  # before "nothing checked": stopped before any unit ended is still a stop
         return INTERRUPTED_EXIT
+    if not checked:
+        return 1
     if args.strict and not_checked:
         print(f"--strict: {len(not_checked)} asked for and not checked (above)")
         return STRICT_EXIT
