@@ -538,12 +538,12 @@ def run(
         "shared_database": shared_database,
         "probe": probe,
     }
-    devices = plan.gpu_devices(backend) if cluster is None else 0
+    gpus = plan.worker_gpus(backend) if cluster is None else []
 
     def new_worker(i: int) -> Worker | RemoteWorker:
         if cluster is not None:
             return RemoteWorker(i, campaign.corpus.worker_dir(i), setup, cluster)
-        return Worker(i, campaign.corpus.worker_dir(i), dict(setup, device=str(i % devices) if devices else None))
+        return Worker(i, campaign.corpus.worker_dir(i), dict(setup, device=gpus[i % len(gpus)] if gpus else None))
 
     workers = [new_worker(i) for i in range(jobs)]
     deadline = time.monotonic() + seconds

@@ -15,6 +15,7 @@ from typing import Literal, cast
 from pallascheck.fuzz.scope import NotChecked
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry
+from pallascheck.properties.device import multidevice
 from pallascheck.properties.spec import Layout
 
 Command = Literal["verify", "fuzz", "mutate"]
@@ -31,7 +32,18 @@ def gpu_devices(backend: Backend) -> int:
         return 0
     import jax
 
-    return jax.local_device_count()
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:  # no GPU visible: the backend's own check says so
+        return 0
+
+
+def worker_gpus(backend: Backend) -> list[str]:
+    """The GPUs a command's workers on this machine take in turn (worker i the i-th,
+    modulo their number), as each worker's CUDA_VISIBLE_DEVICES names it; none on a
+    CPU backend."""
+    gpus = gpu_devices(backend)
+    return multidevice.visible_gpus(gpus) if gpus else []
 
 
 # CPU devices of the child that checks the distributed kernels in the TPU interpreter
@@ -48,12 +60,7 @@ def distributed_devices(backend: Backend) -> tuple[str, int] | None:
         return "cpu", DISTRIBUTED_CPU_DEVICES
     if backend.name != "mosaic_gpu":
         return None
-    import jax
-
-    try:
-        gpus = len(jax.devices("gpu"))
-    except RuntimeError:  # no GPU visible: the backend's own check says so
-        return None
+    gpus = gpu_devices(backend)
     return ("gpu", gpus) if gpus >= 2 else None
 
 
@@ -69,7 +76,8 @@ def default_jobs(command: Command, backend: Backend, shapes: str = "small") -> i
       production tier (16 workers on one H100 checked 76 small cases/s, warm cache).
     - verify at the production tier on a GPU: one; verify sets them per layout by
       memory instead (``jobs_by_layout``), where it knows the layouts it checks.
-      verify's workers all use the first device (``share_devices``), each allocator
+      verify's and fuzz's workers take the host's GPUs in turn (``worker_gpus``), those
+      of one GPU sharing it (``share_devices``), each allocator
       held to its share (``compilation.configure``): uncapped, two workers that each
       planned with half an H100 ran out of memory together in ragged_dot's layouts
       (docs/results.md, 2026-11-28); capped, four checked matmul's and fp8_matmul's
@@ -107,18 +115,22 @@ def host_budget() -> int:
 
 
 def jobs_by_layout(backend: Backend, layouts: Sequence[Layout]) -> dict[str, int]:
-    """Per layout name, the workers by memory that may check it at once
-    (``jobs_by_memory``): verify at the production tier runs the
-    units of one count together, each group in a pool of its own, so that the layouts
-    that need the device whole (attention's 128k) do not hold every other one to one
-    worker, nor a smaller share hold their results on the host."""
-    device, host, most = production.device_memory(backend), host_budget(), max(1, cores() * 3 // 4)
-    return {l.name: jobs_by_memory(device, host, l, most) for l in layouts}
+    """Per layout name, the workers by memory that may check it at once on each GPU
+    (``jobs_by_memory``; as many on every GPU of the host, ``worker_gpus``): verify at
+    the production tier runs the units of one count together, each group in a pool of
+    its own, so that the layouts that need the device whole (attention's 128k) do not
+    hold every other one to one worker, nor a smaller share hold their results on the
+    host."""
+    gpus = max(1, len(worker_gpus(backend)))
+    device, host = production.device_memory(backend), host_budget()
+    most = max(1, cores() * 3 // 4 // gpus)
+    return {l.name: jobs_by_memory(device, host, l, most, gpus) for l in layouts}
 
 
 def jobs_line(backend: Backend, jobs_of_layout: Mapping[str, int], unit_jobs: Sequence[int]) -> str:
     """The line that says how many workers check which layouts (``jobs_by_layout``) and
     why: per count, its units, and the layouts of the counts below the largest."""
+    gpus = max(1, len(worker_gpus(backend)))
     counts = sorted(set(unit_jobs), reverse=True)
     parts = []
     for count in counts:
@@ -126,26 +138,27 @@ def jobs_line(backend: Backend, jobs_of_layout: Mapping[str, int], unit_jobs: Se
         named = "" if count == counts[0] else f" ({'; '.join(l for l, j in jobs_of_layout.items() if j == count)})"
         parts.append(f"{count} worker{'s' * (count != 1)} for {units} unit{'s' * (units != 1)}{named}")
     device, host = production.device_memory(backend), host_budget()
+    each = f" on each of {gpus} GPUs" if gpus > 1 else ""
     return (
-        f"jobs by memory: {', then '.join(parts)}: the most whose shares of the device ({device / 2**30:.0f} GiB) "
-        f"and of the host ({host / 2**30:.0f} GiB for the workers) each hold the layout, its results on the "
+        f"jobs by memory{each}: {', then '.join(parts)}: the most whose shares of the device ({device / 2**30:.0f} "
+        f"GiB) and of the host ({host / 2**30:.0f} GiB for the workers) each hold the layout, its results on the "
         "device where they fit the share"
     )
 
 
-def jobs_by_memory(device_bytes: int, host_bytes_total: int, layout: Layout, most: int) -> int:
-    """The most workers, up to ``most`` and at least 1, whose equal shares of
-    ``device_bytes`` each hold ``layout`` (its ``needs``), and whose host bytes there
-    (``host_bytes``: results a share too small holds on the host), all of them at once,
-    fit ``host_bytes_total``. Ten workers on one H200 were each given 13 GiB: GLU's and
-    ragged_dot's largest layouts held their results on the host and took 121 GiB of its
-    128 before the kernel's out-of-memory killer stopped one, and the run with it
-    (docs/results.md)."""
-    if most < 1:
-        raise ValueError(f"most must be positive, got {most}")
+def jobs_by_memory(device_bytes: int, host_bytes_total: int, layout: Layout, most: int, gpus: int = 1) -> int:
+    """The most workers a GPU, up to ``most`` and at least 1, whose equal shares of
+    its ``device_bytes`` each hold ``layout`` (its ``needs``), and whose host bytes there
+    (``host_bytes``: results a share too small holds on the host), all of them on all
+    ``gpus`` at once, fit ``host_bytes_total``. Ten workers on one H200 were each given
+    13 GiB: GLU's and ragged_dot's largest layouts held their results on the host and
+    took 121 GiB of its 128 before the kernel's out-of-memory killer stopped one, and
+    the run with it (docs/results.md)."""
+    if most < 1 or gpus < 1:
+        raise ValueError(f"most and gpus must be positive, got most={most}, gpus={gpus}")
     for jobs in range(most, 1, -1):
         share = device_bytes // jobs
-        if layout.needs <= share and jobs * host_bytes(layout, share) <= host_bytes_total:
+        if layout.needs <= share and gpus * jobs * host_bytes(layout, share) <= host_bytes_total:
             return jobs
     return 1
 
@@ -174,16 +187,11 @@ def default_memory_bytes(jobs: int) -> int:
     return host_budget() // jobs
 
 
-def share_devices(command: Command, backend: Backend, jobs: int, on_cluster: bool = False) -> None:
-    """Tell the workers how many of them share each device, so that each plans its
-    production layouts with its share of the memory: verify's workers all use the first
-    device; fuzz's take the GPUs in turn, or on a Ray cluster one each (``cluster_slots``)."""
-    if on_cluster:
-        production.share_devices(1)
-    elif command == "fuzz":
-        production.share_devices(-(-jobs // max(gpu_devices(backend), 1)))
-    else:
-        production.share_devices(jobs)
+def share_devices(backend: Backend, jobs: int, on_cluster: bool = False) -> None:
+    """Tell ``jobs`` workers how many of them share each device, so that each plans its
+    production layouts with its share of the memory: on this machine they take the
+    GPUs in turn (``worker_gpus``), on a Ray cluster one each (``cluster_slots``)."""
+    production.share_devices(1 if on_cluster else -(-jobs // max(gpu_devices(backend), 1)))
 
 
 def fitting(names: Sequence[str], backend: Backend) -> tuple[list[str], list[str], list[NotChecked]]:

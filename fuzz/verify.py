@@ -370,7 +370,22 @@ def path_arguments(paths: Sequence[str]) -> str:
     return "".join(f" --path {p}" for p in paths)
 
 
-def _worker_init(backend: Backend) -> None:
+def next_gpu(gpus: Sequence[str], started: Any) -> str | None:
+    """The GPU of a pool's next worker: ``gpus`` in turn, ``started`` (a shared
+    counter) counting the pool's workers, so that a pool of n x len(gpus) workers puts
+    n on each GPU, as their shares of it (``production.share_devices``) assume; None
+    without GPUs."""
+    if not gpus:
+        return None
+    with started.get_lock():
+        n, started.value = started.value, started.value + 1
+    return gpus[n % len(gpus)]
+
+
+def _worker_init(backend: Backend, gpus: Sequence[str], started: Any) -> None:
+    gpu = next_gpu(gpus, started)
+    if gpu is not None:  # before JAX creates its client
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     compilation.configure(backend, worker=True)
 
 
@@ -388,10 +403,11 @@ def run(
     and part, so that two runs of the same settings list them alike. Each finished unit is
     journaled (fuzz/journal.py); ``resume``: the units an earlier run of the same
     settings journaled are taken as done, not run again. ``jobs_of``: per unit, the
-    workers that may run it at once (the production tier's jobs by memory,
+    workers that may run it at once on each GPU (the production tier's jobs by memory,
     ``plan.jobs_by_layout``): the units of one count run together in a pool of that
-    many workers, each with its share of the device (``production.share_devices``),
-    the largest count first; ``jobs`` is then the largest, for the time estimate."""
+    many workers a GPU, each with its share of its GPU (``production.share_devices``),
+    the largest count first; ``jobs`` is then the largest pool, for the time estimate.
+    Pool workers take the host's GPUs in turn (``plan.worker_gpus``)."""
     results: dict[Unit, tuple[list[Row], list[str], float]] = {}
     settings = (options.backend, options.examples, options.seed, options.shapes, options.paths, options.cover_pairs)
     log = journal.path([*settings, *sorted(u.key for u in units)])
@@ -438,9 +454,10 @@ def run(
         if cluster is not None:
             _run_cluster(pooled, options, cluster, jobs, done)
         elif jobs_of is not None:
+            gpus = max(1, len(planning.worker_gpus(options.backend)))
             for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
                 production.share_devices(count)  # the pool's workers inherit it
-                remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count
+                remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count * gpus
                 while remaining:
                     remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
         elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
@@ -505,8 +522,12 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple
     # spawn, not fork: a forked JAX runtime is not safe to use.
     context = multiprocessing.get_context("spawn")
     broken: list[Unit] = []
+    gpus = planning.worker_gpus(options.backend)
     pool = concurrent.futures.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_worker_init, initargs=(options.backend,)
+        max_workers=jobs,
+        mp_context=context,
+        initializer=_worker_init,
+        initargs=(options.backend, gpus, context.Value("i", 0)),
     )
     try:
         futures = {pool.submit(run_unit, unit, options): unit for unit in units}

@@ -4,6 +4,7 @@ layout that fits is checked in every dtype, and the summary says which were not.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import shlex
 
@@ -14,6 +15,7 @@ from pallascheck.cli import main
 from pallascheck.fuzz import plan, verify
 from pallascheck.kernels.backends import Backend
 from pallascheck.properties import production, registry, runner, watchdog
+from pallascheck.properties.device import multidevice
 from pallascheck.properties.families import matmul as matmul_family
 from pallascheck.properties.registry import get_spec
 from pallascheck.properties.spec import Layout
@@ -173,7 +175,7 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     assert plan.jobs_by_memory(100 * gib, 96 * gib, held_big, 12) == 1  # 2 shares of 50 GiB: 96 GiB a worker's host
     assert plan.jobs_by_memory(100 * gib, 10**6 * gib, held_big, 12) == 3  # the device's shares of 30 GiB
     assert plan.jobs_by_memory(10 * gib, 96 * gib, held_big, 12) == 1  # nothing fits: one, skipped by the rule
-    with pytest.raises(ValueError, match="most must be positive"):
+    with pytest.raises(ValueError, match="most and gpus must be positive"):
         plan.jobs_by_memory(100 * gib, 96 * gib, small, 0)
 
     # the shipped layouts on a host of 16 cores and 128 GiB, with an H200's 133 GiB
@@ -195,6 +197,17 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     line = plan.jobs_line(gpu, jobs, [jobs[l.name] for l in every])
     assert line.startswith("jobs by memory: 6 workers for "), line
     assert ", then 1 worker for 1 unit (llama-3.1 8B 128k: b1 s131072 h32/8 d128" in line, line
+    # a host of 4 GPUs (64 cores, 384 GiB for the workers): the counts are a GPU's, the
+    # same on each, held by the host's memory for all of them together (6 x 4 x 16 GiB)
+    monkeypatch.setattr(plan, "worker_gpus", lambda backend: ["0", "1", "2", "3"])
+    monkeypatch.setattr(plan, "cores", lambda: 64)
+    monkeypatch.setattr(plan, "host_budget", lambda: 384 * gib)
+    four = plan.jobs_by_layout(gpu, every)
+    assert max(four.values()) == 6 and four["llama-3.1 8B 128k: b1 s131072 h32/8 d128"] == 1
+    assert plan.jobs_by_memory(100 * gib, 7 * base, small, 12, gpus=4) == 1  # 2 a GPU on 4 would take 8 x base
+    assert plan.jobs_line(gpu, four, list(four.values())).startswith("jobs by memory on each of 4 GPUs: 6 workers for ")
+    monkeypatch.undo()
+    monkeypatch.setattr(plan, "cores", lambda: 16)
     assert plan.default_jobs("verify", gpu, "production") == 1  # no layout known: one
     assert plan.default_jobs("verify", gpu, "small") == 12
     assert plan.default_jobs("verify", Backend("interpret"), "production") == 16
@@ -221,3 +234,19 @@ def test_a_production_run_by_memory_runs_each_count_of_workers_in_a_pool_of_its_
     assert [(j, share) for j, share, _ in pools] == [(3, "3"), (1, "1")]
     assert pools[0][2] == sorted(u.key for u in units if u.layout == "small")
     assert len(rows) == 2 and all(r.passed for r in rows) and failures == []
+
+
+def test_pool_workers_take_the_visible_gpus_in_turn(monkeypatch) -> None:
+    """verify's pool workers spread over the host's GPUs, n on each of them, named as
+    this process's CUDA_VISIBLE_DEVICES names them (a child given "0" under
+    CUDA_VISIBLE_DEVICES=2,3 would drive GPU 0)."""
+    started = multiprocessing.get_context("spawn").Value("i", 0)
+    assert [verify.next_gpu(["2", "3"], started) for _ in range(5)] == ["2", "3", "2", "3", "2"]
+    assert verify.next_gpu([], started) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert multidevice.visible_gpus(2) == ["2", "3"]
+    with pytest.raises(ValueError, match="names only 2 GPUs"):
+        multidevice.visible_gpus(3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert multidevice.visible_gpus(3) == ["0", "1", "2"]
+    assert plan.worker_gpus(Backend("interpret")) == []

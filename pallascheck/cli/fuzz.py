@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     ray_cluster = join_cluster(args.cluster, backend)
     jobs = args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("fuzz", backend, shapes))
     if backend.platform != "cpu":  # workers round-robin the GPUs; on a cluster, Ray gives each its own
-        plan.share_devices("fuzz", backend, jobs, on_cluster=ray_cluster is not None)
+        plan.share_devices(backend, jobs, on_cluster=ray_cluster is not None)
         if shapes == "production":
             named, skipped_layouts = fitting(named, backend)
             not_checked += skipped_layouts

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     jobs = (
-        max(by_layout.values())
+        max(by_layout.values()) * max(1, len(plan.worker_gpus(backend)))  # a count a GPU, on each
         if by_layout
         else args.jobs or (ray_cluster.slots if ray_cluster else plan.default_jobs("verify", backend, args.shapes))
     )
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.shapes == "production":  # on a cluster each worker has a device of its own
         # planned with the device whole where each group of units gets its own share
-        plan.share_devices("verify", backend, 1 if by_layout else jobs, on_cluster=ray_cluster is not None)
+        plan.share_devices(backend, 1 if by_layout else jobs, on_cluster=ray_cluster is not None)
         if backend.is_interpreted:
             raise SystemExit(
                 f"pallascheck: --shapes production needs a GPU backend ({backend} interprets the "

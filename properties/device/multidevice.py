@@ -67,15 +67,22 @@ def run_with_cpu_devices(
     return run_with_devices(target, devices, kwargs, platform="cpu", timeout_s=timeout_s, import_path=import_path)
 
 
+def visible_gpus(count: int) -> list[str]:
+    """The first ``count`` GPUs this process sees, each as a child's
+    CUDA_VISIBLE_DEVICES must name it: from this process's own list where it has one
+    (a child given "0" under CUDA_VISIBLE_DEVICES=2,3 would drive GPU 0, not 2)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(count)]
+    if len(ids) < count:
+        raise ValueError(f"devices={count} but CUDA_VISIBLE_DEVICES={visible!r} names only {len(ids)} GPUs")
+    return ids[:count]
+
+
 def _child_env(platform: str, devices: int) -> dict[str, str]:
     if platform == "cpu":
         env = dict(os.environ, JAX_PLATFORMS="cpu", PALLASCHECK_CPU_DEVICES=str(devices))
     else:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(devices)]
-        if len(ids) < devices:
-            raise ValueError(f"devices={devices} but CUDA_VISIBLE_DEVICES={visible!r} names only {len(ids)} GPUs")
-        env = dict(os.environ, JAX_PLATFORMS="cuda", CUDA_VISIBLE_DEVICES=",".join(ids[:devices]))
+        env = dict(os.environ, JAX_PLATFORMS="cuda", CUDA_VISIBLE_DEVICES=",".join(visible_gpus(devices)))
         env.pop("PALLASCHECK_CPU_DEVICES", None)
     env.update(NO_MULTICAST_ENV)
     return env

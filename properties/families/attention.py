@@ -109,10 +109,13 @@ def production_layouts() -> tuple[Layout, ...]:
         # a mask ([b, h, s, s] booleans) only beside a bias: at 32k a full one is 34 GB on the host
         domain.update(dict(bias_layouts=biases, bias_always=True) if biases else dict(bias=False, mask=False))
         needs = _check_bytes(b, s, s, h, hkv, d, bias=bool(biases), held=True)
-        # One case an example from 32k keys on: its float64 oracle is half a minute
-        # (32k) to minutes (64k: 193 s, first case, H100) of device work, where four
-        # would hold the run up for the layout alone (more: verify --examples)
-        cases = 1 if s >= 32768 else None
+        # One case an example from a 32k case's logits on (b h s^2 >= 2^34, half of
+        # Mistral 32k's 2^35; by the work, not the length, so that the unaligned 32767
+        # counts as 32k: at four cases it took 341 s a unit where Mistral 32k took 146):
+        # its float64 oracle is half a minute (32k) to minutes (64k: 193 s, first case,
+        # H100) of device work, where four would hold the run up for the layout alone
+        # (more: verify --examples)
+        cases = 1 if b * h * s * s >= 2**34 else None
         on_device = _check_bytes(b, s, s, h, hkv, d, bias=bool(biases), held=False)
         return Layout(f"{name}: b{b} s{s} h{h}/{hkv} d{d}", domain, needs, cases, on_device)
 
