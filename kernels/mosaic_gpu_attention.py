@@ -98,7 +98,10 @@ from pallascheck.kernels.backends import Backend, get_backend
 
 NEG_INF = float("-inf")
 BLOCKS = (64, 128)  # wgmma: one warpgroup owns 64-row multiples; larger tiles spill registers
-MAX_HEAD_DIM = 256
+# The widest head_dim any config fits: padded to 192 columns, the smallest config
+# (64-row blocks, two stages) needs 244 KiB of SMEM without a bias (``_smem_bytes``)
+# where a block has 227 KiB; at 128, 164 KiB. wgmma alone would take 256.
+MAX_HEAD_DIM = 128
 _SWIZZLE = 128  # bytes: wgmma's widest swizzle; rows of 64 16-bit or 32 f32 elements
 _SMEM_BYTES = tiling.GPU_SHARED_MEMORY_BYTES
 # SMEM Mosaic GPU allocated beyond our tiles and barriers, measured (see _smem_bytes):
@@ -1081,7 +1084,10 @@ def _check(q: jax.Array, backend: Backend) -> None:
             "interpret for float32"
         )
     if q.shape[3] > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} on Mosaic GPU (wgmma N <= 256), got {q.shape[3]}")
+        raise ValueError(
+            f"head_dim must be <= {MAX_HEAD_DIM} on Mosaic GPU (wider tiles fit no config in 227 KiB of SMEM), "
+            f"got {q.shape[3]}: use backend triton for it"
+        )
     backend.require_available()
 
 

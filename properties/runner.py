@@ -823,12 +823,12 @@ def run_property(
         dtypes = list(spec.dtypes_for(backend))
         drawn = strategies.in_turn(
             case_lists,
-            lambda case: spec.configs(case, backend),
+            lambda case: config_space(spec, case, backend),
             strategies.InTurn(dtypes.index(dtype) if dtype in dtypes else 0, len(dtypes) or 1, seed),
         )
     else:
         drawn = case_lists.flatmap(
-            lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
+            lambda cases: st.tuples(st.just(cases), st.integers(0, len(config_space(spec, cases[0], backend)) - 1))
         )
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     phases += [Phase.target] if search.targeted else []
@@ -914,7 +914,7 @@ def run_property(
     # drawn freely, not in turn: a turn replays its first draw for a repeated token, and
     # a search's many draws repeat Hypothesis' favourite tokens
     free = case_lists.flatmap(
-        lambda cases: st.tuples(st.just(cases), st.integers(0, len(spec.configs(cases[0], backend)) - 1))
+        lambda cases: st.tuples(st.just(cases), st.integers(0, len(config_space(spec, cases[0], backend)) - 1))
     )
     attempt = 0
     while missing and not steered and not tally.findings and not tally.stopped:
@@ -957,8 +957,23 @@ def _config_of(spec: KernelSpec, case: Case, backend: Backend, index: int) -> An
     """The config an example's drawn ``index`` gives ``case``: an index into the first
     case's config space, taken modulo this case's own (a spec whose cases do not share
     their layout still gets a valid config for each)."""
-    space = list(spec.configs(case, backend))
+    space = config_space(spec, case, backend)
     return space[index % len(space)]
+
+
+class NoConfig(Exception):
+    """The kernel has no config for a drawn case on the backend (its config space is
+    empty: at a production layout the Mosaic GPU attention's tiles at head_dim 256 fit
+    no SMEM): nothing can run it, so the case is not checked, saying why; not a crash."""
+
+
+def config_space(spec: KernelSpec, case: Case, backend: Backend) -> list[Any]:
+    """The configs ``spec`` offers ``case`` on ``backend``; ``NoConfig`` where none."""
+    space = list(spec.configs(case, backend))
+    if not space:
+        shapes = ", ".join(f"{name} {tuple(np.shape(a))}" for name, a in case.arrays.items())
+        raise NoConfig(f"{spec.name} has no config for these shapes on {backend} ({shapes})")
+    return space
 
 
 def _reached(
@@ -1052,7 +1067,7 @@ def _draw_covering(
         nonlocal best, found
         cases = example[0]
         # each case under the config of each index, as _config_of gives it
-        spaces = [list(spec.configs(case, backend)) for case in cases]
+        spaces = [config_space(spec, case, backend) for case in cases]
         scored = []
         for index in range(len(spaces[0])):
             met = set().union(
@@ -1106,6 +1121,9 @@ def out_of_device_memory(failure: BaseException) -> bool:
 
 
 def _book(tally: Tally, failure: BaseException, context: checks.Context) -> None:
+    if isinstance(failure, NoConfig):  # not a finding: nothing can run the case
+        tally.stopped = tally.stopped or str(failure)
+        return
     if out_of_device_memory(failure):  # not a finding: the rest is not checked, saying why
         first = next((line.strip() for line in str(failure).splitlines() if "RESOURCE_EXHAUSTED" in line), "")
         tally.stopped = tally.stopped or (

@@ -157,6 +157,28 @@ def test_a_layout_whose_unit_stopped_before_its_first_case_is_not_reached(tmp_pa
     assert verify.unreached(verify.merge_parts(rows)) == [("matmul", "float32", verify.layout_path(TINY[0].name))]
 
 
+@pytest.mark.parametrize("in_turn", [True, False], ids=["in turn", "random"])
+def test_a_layout_the_kernel_has_no_config_for_is_not_checked_saying_why(tmp_path, monkeypatch, in_turn) -> None:
+    """A layout none of the kernel's configs takes (the Mosaic GPU attention at gemma-2's
+    head_dim 256: no tiles fit its SMEM) cannot be run: its rows are not checked, each
+    saying so, and nothing is booked as the kernel's crash (it was: "options must not
+    be empty", a FAIL of a kernel that was never called)."""
+    spec = dataclasses.replace(
+        get_spec("matmul"),
+        configs=lambda case, backend: [],
+        production=production.production_cases("matmul", TINY[:1], matmul_family.cases, matmul_family.Domain()),
+        production_layouts=TINY[:1],
+    )
+    monkeypatch.setattr(verify, "get_spec", lambda name: spec)
+    monkeypatch.chdir(tmp_path)
+    unit = verify.Unit("property", "matmul", "float32", layout=TINY[0].name)
+    # 1 example a layout draws in turn; 3 at random (runner.run_property)
+    options = verify.Options(Backend("interpret"), 1 if in_turn else 3, 0, None, ("float32",), "production")
+    rows, failures = verify._property(unit, options, str(tmp_path / "hang.txt"))
+    assert not failures and rows and not any(r.checked for r in rows), rows
+    assert all(r.note.startswith("matmul has no config for these shapes on interpret (x (64, 64)") for r in rows), rows
+
+
 def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(monkeypatch) -> None:
     """verify --shapes production on a GPU: per layout, as many workers as the device
     holds shares of it and the host holds what they keep there (the results a share
@@ -189,7 +211,7 @@ def test_production_jobs_by_memory_are_the_most_the_device_and_the_host_hold(mon
     # attention's 128k holds its 42 GiB of results on the host at any share below 70 GiB
     assert jobs["llama-3.1 8B 128k: b1 s131072 h32/8 d128"] == 1
     assert jobs["llama-3.1 8B 64k: b1 s65536 h32/8 d128"] == 3  # 4 would hold its results on the host
-    assert jobs["DeepSeek-V3 attention out, 4k tokens: 4096x16384 @ 16384x7168"] == 4  # fp8_matmul's 32.8 GiB
+    assert jobs["DeepSeek-V3 attention out, 4k tokens: 4096x16384 @ 16384x7168"] == 6  # fp8_matmul 6.7 GiB: the host
     assert jobs["Mixtral 8x7B: m8192 k4096 n14336 g8"] == 4  # 5 would hold its results on the host
     assert max(jobs.values()) == 6  # the host's 96 GiB, 16 a worker
     # one count for the whole run would be the smallest: one worker, for every layout

@@ -510,6 +510,17 @@ def _bad_inputs(fn: Callable[..., jax.Array]) -> Callable[[], list[BadInput]]:
                 r"bfloat16 or float16 inputs, got float32",
             ),
             BadInput(
+                "head_dim 192 on Mosaic GPU",
+                lambda: fn(
+                    jnp.ones((1, 8, 4, 192), jnp.bfloat16),
+                    jnp.ones((1, 8, 2, 192), jnp.bfloat16),
+                    jnp.ones((1, 8, 2, 192), jnp.bfloat16),
+                    backend="mosaic_gpu_interpret",
+                ),
+                ValueError,
+                r"head_dim must be <= 128 on Mosaic GPU",
+            ),
+            BadInput(
                 "generic config on Mosaic GPU",
                 lambda: fn(
                     q.astype(jnp.bfloat16),

@@ -37,12 +37,29 @@ class Domain:
     k: tuple[int, ...] = K_DIMS
 
 
+def _check_bytes(m: int, k: int, n: int) -> int:
+    """The check's device bytes at x [m, k] @ w [n, k] (the production tier's memory
+    rule, properties/production.py), every array counted live at once, in bytes an
+    element. Per element of the operands (m k + n k): the FP8 inputs (1) and their
+    scales (at most 1/8: one f32 a row of 128); xla_reference's dequantised f32 copies
+    (4); the oracle's float64 scale broadcasts, dequantised operands and their
+    magnitudes (24). Per element of out (m n): the kernel's, the second run's and
+    xla_reference's bfloat16 outputs (6); the oracle's product and magnitude (16); a
+    bound's result and as much again of temporaries (16); the comparison's float64
+    difference, scaled error and mask-sized temporaries (24). XLA:CPU's buffer
+    assignment of the oracle at DeepSeek-V3's attention out, 2.5 GiB in all (0.17 of
+    inputs, 0.44 of outputs, 1.88 of temporaries, 8 (2 m k + n k) bytes), and of each
+    bound, 0.22 GiB of output and none of temporaries, are within these counts. The
+    oracle is not chunked: at the largest layout this is 6.7 GiB."""
+    operands, out = m * k + n * k, m * n
+    return int((1 + 1 / 8 + 4 + 24) * operands) + (6 + 16 + 16 + 24) * out
+
+
 def production_layouts() -> tuple[Layout, ...]:
     """Layouts of real models; K >= 4096 is where a missing promotion shows (DeepSeek-V3, 3.3)."""
 
     def layout(name: str, m: int, k: int, n: int) -> Layout:
-        # the oracle holds both dequantised operands, the product and its magnitude in float64
-        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), 300 * max(m * n, m * k, k * n))
+        return Layout(f"{name}: {m}x{k} @ {k}x{n}", dict(m=(m,), n=(n,), k=(k,)), _check_bytes(m, k, n))
 
     return (
         layout("square 4096", 4096, 4096, 4096),
