@@ -10,6 +10,8 @@ import json
 from pallascheck.bench import check_time, dispatch_stress
 from pallascheck.bench import ops as bench_ops
 from pallascheck.cli._common import add_backend_option, available_backend
+from pallascheck.fuzz import scope
+from pallascheck.kernels.backends import Backend
 from pallascheck.properties import runner
 from pallascheck.properties.registry import get_spec
 
@@ -20,12 +22,28 @@ def _write_json(path: str | None, result: object) -> None:
             json.dump(result, f, indent=1)
 
 
+def _dtype(kernel: str, asked: str | None, backend: Backend) -> str:
+    """The dtype --check-time and --dispatch-stress check ``kernel`` in: the one asked
+    for (an alias resolved), else bfloat16 where the kernel has it on ``backend``, else
+    its first dtype there (fp8_matmul's float8_e4m3fn); a one-line error for a dtype
+    the kernel does not have."""
+    dtypes = get_spec(kernel).dtypes_for(backend)
+    if asked is None:
+        return "bfloat16" if "bfloat16" in dtypes else dtypes[0]
+    dtype = scope.canonical_dtype(asked)
+    if dtype not in dtypes:
+        hint = scope.did_you_mean(asked, list(dtypes), scope.DTYPE_ALIASES)
+        raise SystemExit(f"pallascheck: --dtype {asked!r}: {kernel} has no such version on {backend}: {hint}")
+    return dtype
+
+
 def run(args: argparse.Namespace) -> int:
     import jax
 
     backend = available_backend(args.backend or "mosaic_gpu")
     if args.check_time:
-        result = check_time.run(args.check_time, backend, dtype=args.dtype, layout=args.layout, cases=args.cases)
+        dtype = _dtype(args.check_time, args.dtype, backend)
+        result = check_time.run(args.check_time, backend, dtype=dtype, layout=args.layout, cases=args.cases)
         print(check_time.summary(result))
         _write_json(args.json, result)
         return 0
@@ -34,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             result = dispatch_stress.run(
                 get_spec(args.dispatch_stress),
                 backend,
-                dtype=args.dtype,
+                dtype=_dtype(args.dispatch_stress, args.dtype, backend),
                 layout=args.layout,
                 cases=args.cases,
                 seconds=args.seconds,
@@ -112,7 +130,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --check-time or --dispatch-stress --shapes production: the production "
         "layout whose name contains this",
     )
-    bench.add_argument("--dtype", default="bfloat16", help="with --check-time or --dispatch-stress: the dtype")
+    bench.add_argument(
+        "--dtype",
+        help="with --check-time or --dispatch-stress: the dtype (aliases such as bf16, e4m3 accepted; default "
+        "bfloat16, or the kernel's own where it has no bfloat16 version: fp8_matmul's float8_e4m3fn)",
+    )
     bench.add_argument(
         "--cases", type=int, default=4, help="with --check-time or --dispatch-stress: cases of the one layout"
     )
