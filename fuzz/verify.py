@@ -417,7 +417,13 @@ def run(
     previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
     start = time.perf_counter()
-    estimate = durations.seconds_left(units, known, [], jobs)
+    gpus = max(1, len(planning.worker_gpus(options.backend))) if cluster is None else 1
+
+    def seconds_left(pending: Sequence[Unit], samples: Sequence[float]) -> float:
+        pools = {u: jobs_of[u] * gpus for u in pending} if jobs_of else {u: jobs for u in pending}
+        return pooled_seconds_left(pools, known, samples)
+
+    estimate = seconds_left(units, [])
     print(
         durations.plan_line("verify", f"{len(units)} units", jobs, len(known), len(units), estimate),
         file=sys.stderr,
@@ -430,9 +436,7 @@ def run(
             journal.append(log, unit.key, result)
         part = f" (part {unit.part + 1} of {unit.parts})" if unit.parts > 1 else ""
         part += f" at {unit.layout}" if unit.layout else ""
-        left = durations.seconds_left(
-            [u for u in units if u not in results], known, [r[2] for r in results.values()], jobs
-        )
+        left = seconds_left([u for u in units if u not in results], [r[2] for r in results.values()])
         print(
             f"  [{len(results)}/{len(units)}] {unit.kernel} {unit.dtype} {unit.kind}{part}: {unit_verdict(result[0])}"
             f" in {result[2]:.1f}s{where} " + durations.progress_suffix(time.perf_counter() - start, left),
@@ -454,7 +458,6 @@ def run(
         if cluster is not None:
             _run_cluster(pooled, options, cluster, jobs, done)
         elif jobs_of is not None:
-            gpus = max(1, len(planning.worker_gpus(options.backend)))
             for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
                 production.share_devices(count)  # the pool's workers inherit it
                 remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count * gpus
@@ -475,6 +478,17 @@ def run(
     finally:  # the finished units' times, for the next run's estimate
         durations.save("verify", {f"{options.backend}:{u.key}": r[2] for u, r in results.items()})
     return _in_order(units, results)
+
+
+def pooled_seconds_left(pool_of: Mapping[Unit, int], known: Mapping[Unit, float], samples: Sequence[float]) -> float:
+    """Seconds left for the pending units ``pool_of`` maps to the size of the pool that
+    runs them: pools run one after another, so each pool's work over its workers, added
+    (one count for the whole run said "9 s left" with attention's 128k pool of 2
+    workers, 12 minutes of it, still ahead)."""
+    pools: dict[int, list[Unit]] = {}
+    for unit, size in pool_of.items():
+        pools.setdefault(size, []).append(unit)
+    return sum(durations.seconds_left(them, known, samples, size) for size, them in pools.items())
 
 
 class Interrupted(Exception):

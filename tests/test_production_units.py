@@ -272,3 +272,14 @@ def test_pool_workers_take_the_visible_gpus_in_turn(monkeypatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert multidevice.visible_gpus(3) == ["0", "1", "2"]
     assert plan.worker_gpus(Backend("interpret")) == []
+
+
+def test_the_time_left_adds_the_pools_each_over_its_own_workers() -> None:
+    """verify at the production tier runs its pools one after another: 20 units of 100 s
+    on 20 workers and 2 of 350 s on 2 take 100 + 350 s, not (2,000 + 700) / 20."""
+    small = {verify.Unit("property", "matmul", "bfloat16", layout=f"l{i}"): 20 for i in range(20)}
+    big = {verify.Unit("property", "attention", d, layout="128k"): 2 for d in ("bfloat16", "float16")}
+    known = {**{u: 100.0 for u in small}, **{u: 350.0 for u in big}}
+    assert verify.pooled_seconds_left({**small, **big}, known, []) == 450.0
+    # units of unknown time take the mean of those finished
+    assert verify.pooled_seconds_left(big, {}, [300.0, 400.0]) == 350.0
