@@ -125,3 +125,32 @@ def test_a_campaign_stopped_by_sigterm_ends_as_interrupted_keeping_what_it_found
     # a task in flight (the worker may be between two) is said to be stopped by the interrupt
     assert "after the time given" not in out, out
     assert driver.returncode is not None and corpus.Corpus(str(tmp_path / "corpus")).failures()
+
+
+def test_a_mutation_run_stopped_by_sigterm_keeps_its_outcomes_and_says_what_did_not_run(tmp_path: Path) -> None:
+    """rms_norm's five statistics mutants (tests/test_mutate.py), one at a time: SIGTERM
+    once the first outcome is written ends the run as Ctrl-C does, exit 130, the
+    outcome kept in --out and the rest listed as not run (interrupted)."""
+    pallascheck = Path(sys.executable).with_name("pallascheck")
+    out = tmp_path / "mutants.jsonl"
+    args = [str(pallascheck), "mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "1", "--jobs", "1"]
+    args += ["--operator", "rescale", "--function", "rms_statistics|layer_norm_statistics", "--out", str(out)]
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
+    driver = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def mutants_written() -> list[dict]:
+        lines = out.read_text().splitlines() if out.exists() else []
+        return [r for r in (json.loads(line) for line in lines if line.endswith("}")) if r["kind"] == "mutant"]
+
+    try:
+        while not mutants_written():  # the first outcome, not the clock
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        printed, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert driver.returncode == 130, printed + err
+    kept = mutants_written()
+    assert kept and len(kept) < 5, kept
+    assert " - interrupted" in printed and "not run (interrupted): #" in printed, printed
