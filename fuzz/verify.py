@@ -417,10 +417,11 @@ def run(
     previous = durations.load("verify")
     known = {u: previous[f"{options.backend}:{u.key}"] for u in units if f"{options.backend}:{u.key}" in previous}
     start = time.perf_counter()
-    gpus = max(1, len(planning.worker_gpus(options.backend))) if cluster is None else 1
+    gpus = planning.worker_gpus(options.backend) if cluster is None else []  # pool workers take them in turn
+    per_count = max(1, len(gpus))
 
     def seconds_left(pending: Sequence[Unit], samples: Sequence[float]) -> float:
-        pools = {u: jobs_of[u] * gpus for u in pending} if jobs_of else {u: jobs for u in pending}
+        pools = {u: jobs_of[u] * per_count for u in pending} if jobs_of else {u: jobs for u in pending}
         return pooled_seconds_left(pools, known, samples)
 
     estimate = seconds_left(units, [])
@@ -460,16 +461,16 @@ def run(
         elif jobs_of is not None:
             for count in sorted({jobs_of[u] for u in pooled}, reverse=True):
                 production.share_devices(count)  # the pool's workers inherit it
-                remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count * gpus
+                remaining, pool_jobs = [u for u in pooled if jobs_of[u] == count], count * per_count
                 while remaining:
-                    remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
+                    remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done, gpus)
         elif jobs <= 1:  # in this process: a hung case ends it, with the watchdog's report
             for unit in pooled:
                 done(unit, run_unit(unit, options))
         else:
             remaining, pool_jobs = list(pooled), jobs
             while remaining:
-                remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done)
+                remaining, pool_jobs = _run_pool(remaining, options, pool_jobs, done, gpus)
         for unit in after:
             done(unit, run_unit(unit, options))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command's handler): what finished is kept
@@ -525,7 +526,7 @@ def unfinished_not_checked(units: Sequence[Unit]) -> list[NotChecked]:
     ]
 
 
-def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple[list[Unit], int]:
+def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done, gpus: Sequence[str]) -> tuple[list[Unit], int]:
     """Run ``units`` on a pool of ``jobs`` processes; returns the units to run again in
     a new pool when a worker died, and that pool's jobs. A unit whose watchdog
     reported a hung case is done, as a failed row. A death no report explains (a
@@ -536,7 +537,6 @@ def _run_pool(units: Sequence[Unit], options: Options, jobs: int, done) -> tuple
     # spawn, not fork: a forked JAX runtime is not safe to use.
     context = multiprocessing.get_context("spawn")
     broken: list[Unit] = []
-    gpus = planning.worker_gpus(options.backend)
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=jobs,
         mp_context=context,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,23 @@ def test_an_interrupted_run_prints_and_keeps_what_finished_and_resume_runs_the_r
     assert not result["interrupted"] and {r["kernel"] for r in result["rows"]} == {"my_specs:FINE", "my_specs:STOPS"}
 
 
+def _terminated_once(args: list[str], cwd: Path, ready: Callable[[], bool]) -> tuple[int, str, str]:
+    """Run the command ``args`` in ``cwd`` (its own compilation cache), send it SIGTERM
+    as `timeout` would once ``ready()`` holds (a state of the run, never a clock), and
+    return its exit status, stdout and stderr."""
+    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(cwd / "cache"))
+    driver = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not ready():
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    return driver.returncode, out, err
+
+
 def test_a_campaign_stopped_by_sigterm_ends_as_interrupted_keeping_what_it_found(tmp_path: Path) -> None:
     from pallascheck.fuzz import corpus
 
@@ -111,20 +129,14 @@ def test_a_campaign_stopped_by_sigterm_ends_as_interrupted_keeping_what_it_found
     pallascheck = Path(sys.executable).with_name("pallascheck")
     args = [str(pallascheck), "fuzz", "--path", tests, "--kernel", "fuzz_targets:WRONG_FIRST_ELEMENT", "--dtype"]
     args += ["float32", "--minutes", "10", "--jobs", "1", "--corpus", str(tmp_path / "corpus")]
-    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
-    driver = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        while not corpus.Corpus(str(tmp_path / "corpus")).failures():  # the campaign's end, not the clock's
-            assert driver.poll() is None, driver.communicate()
-            time.sleep(0.2)
-        driver.send_signal(signal.SIGTERM)
-        out, err = driver.communicate(timeout=120)
-    finally:
-        driver.kill()
+    # once the corpus holds a finding: the campaign's progress, not the clock's
+    returncode, out, err = _terminated_once(
+        args, tmp_path, lambda: bool(corpus.Corpus(str(tmp_path / "corpus")).failures())
+    )
     assert re.search(r"\ninterrupted: 1 tasks, \d+ cases in \d+ s; [1-9]\d* new findings", out), out + err
     # a task in flight (the worker may be between two) is said to be stopped by the interrupt
     assert "after the time given" not in out, out
-    assert driver.returncode is not None and corpus.Corpus(str(tmp_path / "corpus")).failures()
+    assert returncode is not None and corpus.Corpus(str(tmp_path / "corpus")).failures()
 
 
 def test_a_mutation_run_stopped_by_sigterm_keeps_its_outcomes_and_says_what_did_not_run(tmp_path: Path) -> None:
@@ -135,22 +147,13 @@ def test_a_mutation_run_stopped_by_sigterm_keeps_its_outcomes_and_says_what_did_
     out = tmp_path / "mutants.jsonl"
     args = [str(pallascheck), "mutate", "--kernel", "rms_norm", "--dtype", "float32", "--examples", "1", "--jobs", "1"]
     args += ["--operator", "rescale", "--function", "rms_statistics|layer_norm_statistics", "--out", str(out)]
-    env = dict(os.environ, PALLASCHECK_CACHE_DIR=str(tmp_path / "cache"))
-    driver = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def mutants_written() -> list[dict]:
         lines = out.read_text().splitlines() if out.exists() else []
         return [r for r in (json.loads(line) for line in lines if line.endswith("}")) if r["kind"] == "mutant"]
 
-    try:
-        while not mutants_written():  # the first outcome, not the clock
-            assert driver.poll() is None, driver.communicate()
-            time.sleep(0.2)
-        driver.send_signal(signal.SIGTERM)
-        printed, err = driver.communicate(timeout=120)
-    finally:
-        driver.kill()
-    assert driver.returncode == 130, printed + err
+    returncode, printed, err = _terminated_once(args, tmp_path, lambda: bool(mutants_written()))  # the first outcome
+    assert returncode == 130, printed + err
     kept = mutants_written()
     assert kept and len(kept) < 5, kept
     assert " - interrupted" in printed and "not run (interrupted): #" in printed, printed

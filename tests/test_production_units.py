@@ -243,7 +243,7 @@ def test_a_production_run_by_memory_runs_each_count_of_workers_in_a_pool_of_its_
     units = [verify.Unit("property", "k", d, layout=l) for l in ("big", "small") for d in ("float32", "bfloat16")]
     pools = []
 
-    def pool(units, options, jobs, done):
+    def pool(units, options, jobs, done, gpus):
         pools.append((jobs, os.environ[production.SHARING_ENV_VAR], sorted(u.key for u in units)))
         for unit in units:
             done(unit, ([verify.Row(unit.kernel, unit.dtype, "values", True, 1, 0.5, None, 0.1)], [], 0.1))
